@@ -1,0 +1,75 @@
+//! Errors a caller of the session API can act on. They travel back through
+//! reply ports as `Result`s; the HTTP edge maps each variant to one status.
+
+use serde_json::Value;
+
+use crate::model::{SessionId, SessionStatus, ToolCallId};
+use crate::store::StoreError;
+
+/// Why a request to a session was refused. A refused request changed nothing.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SessionError {
+    /// No such session.
+    #[error("session {0} not found")]
+    NotFound(SessionId),
+    /// No such agent.
+    #[error("unknown agent '{0}'")]
+    UnknownAgent(String),
+    /// The session is completed, failed or cancelled.
+    #[error("session {id} is {status} and accepts no more requests")]
+    Terminal {
+        /// Session.
+        id: SessionId,
+        /// Its terminal status.
+        status: SessionStatus,
+    },
+    /// The request needs an idle session (e.g. `done` while a turn runs).
+    #[error("session {id} is {status}; wait for the turn to end or cancel it")]
+    Busy {
+        /// Session.
+        id: SessionId,
+        /// Its status.
+        status: SessionStatus,
+    },
+    /// A submission named calls that are not pending anywhere in the session.
+    #[error("unknown tool call id(s): {}", join(.0))]
+    UnknownCalls(Vec<ToolCallId>),
+    /// A submission named calls that were already decided.
+    #[error("tool call(s) already decided: {}", join(.0))]
+    AlreadyDecided(Vec<ToolCallId>),
+    /// Metadata for calls not decided in the same submission.
+    #[error("metadata given for tool call(s) not decided in this submission: {}", join(.0))]
+    StrayMetadata(Vec<ToolCallId>),
+    /// A submission with no decisions.
+    #[error("the submission contains no decisions")]
+    EmptySubmission,
+    /// Override arguments that fail the tool's schema. Nothing was applied.
+    #[error("override_args for {call_id} fail the tool's schema: {}", .error.get("error").and_then(Value::as_str).unwrap_or("invalid"))]
+    InvalidOverride {
+        /// The call.
+        call_id: ToolCallId,
+        /// The `{"error", "validation_errors"}` object.
+        error: Value,
+    },
+    /// A session with this id already exists (with a different request).
+    #[error("session {0} already exists")]
+    AlreadyExists(SessionId),
+    /// The request itself is invalid (empty message, bad option).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The checkpoint could not be written or read; the request was not applied.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The session actor could not be reached (shutting down, restarting).
+    #[error("session {id} is unavailable: {reason}")]
+    Unavailable {
+        /// Session.
+        id: SessionId,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn join(ids: &[ToolCallId]) -> String {
+    ids.iter().map(ToolCallId::as_str).collect::<Vec<_>>().join(", ")
+}

@@ -1,0 +1,34 @@
+//! `overseer-actors`: the domain model, the actor tree and the ports of
+//! overseer.
+//!
+//! ```text
+//! OrchestratorActor                 (root; supervises root sessions, restarts them)
+//! └── SessionActor                  (one per live session; pure machine + checkpoints)
+//!     ├── ToolCallActor             (one per running tool call)
+//!     └── provider stream task      (not an actor; reports back as messages)
+//! ```
+//!
+//! This crate never touches the network or the disk: storage, providers and
+//! tools are traits ([`store::CheckpointStore`], [`provider::Provider`],
+//! [`tool::Tool`]) implemented by the `overseer` crate. The only
+//! implementations here are the ones that need neither: [`store::MemStore`]
+//! and [`scripted::ScriptedProvider`].
+
+#![warn(missing_docs, unreachable_pub)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod error;
+pub mod hub;
+pub mod model;
+pub mod orchestrator;
+pub mod provider;
+pub mod runtime;
+pub mod scripted;
+pub mod session;
+pub mod store;
+pub mod supervision;
+pub mod tool;
+pub mod tool_call;
+
+pub use error::SessionError;
+pub use runtime::{CreateSession, Overseer, Runtime, RuntimeConfig};

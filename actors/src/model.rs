@@ -1,0 +1,33 @@
+//! The domain model: sessions, transcript entries, tool-call records, decisions,
+//! usage and events. Plain data that serializes to the checkpoint format.
+//!
+//! This module owns the *shape* of the data and the small invariants that belong
+//! to a single value (which states are terminal, how override arguments merge).
+//! It deliberately owns no behaviour over time: the turn loop lives in
+//! [`crate::session::machine`], persistence behind [`crate::store`].
+
+mod call;
+pub(crate) mod decision;
+mod event;
+mod session;
+mod transcript;
+mod usage;
+
+pub use call::{CallState, OnInterrupt, ToolCallId, ToolCallRecord};
+pub use decision::{Decision, DecisionRecord, Submission};
+pub use event::{Event, EventKind, Notification};
+pub use session::{
+    AgentConfig, ApprovalPolicy, EffectiveConfig, ParentLink, QueuedMessage, SessionHeader,
+    SessionId, SessionStatus, StopReason, SCHEMA_VERSION,
+};
+pub use transcript::{ProposedCall, TranscriptEntry};
+pub use usage::Usage;
+
+/// Milliseconds since the Unix epoch: the one wall-clock format in checkpoints,
+/// chosen so that snapshots compare and sort without a date library.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,143 @@
+//! Human decisions on tool calls (§6).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::ToolCallId;
+
+/// One decision for one call, in the wire shape of §6:
+/// `{"decision": "approve"}`, `{"decision": "approve", "override_args": {…}}`,
+/// `{"decision": "deny", "message": "…"}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Decision {
+    /// Run the call, optionally with some arguments replaced (shallow merge).
+    Approve {
+        /// Keys that replace the proposed arguments' keys.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        override_args: Option<Map<String, Value>>,
+    },
+    /// Do not run the call; the model sees `Tool denied by user: <message>`.
+    Deny {
+        /// Why, shown to the model.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+}
+
+impl Decision {
+    /// A plain approval.
+    pub fn approve() -> Self {
+        Self::Approve {
+            override_args: None,
+        }
+    }
+
+    /// A denial with a reason.
+    pub fn deny(message: impl Into<String>) -> Self {
+        Self::Deny {
+            message: Some(message.into()),
+        }
+    }
+}
+
+/// A batch of decisions, as submitted by one caller at one time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Submission {
+    /// Call id → decision.
+    pub decisions: BTreeMap<ToolCallId, Decision>,
+    /// Call id → free-form object recorded with the decision. Every key must
+    /// also be decided in this submission.
+    #[serde(default)]
+    pub metadata: BTreeMap<ToolCallId, Value>,
+    /// Who decided (taken from the caller's token when authenticated).
+    #[serde(default)]
+    pub approved_by: Option<String>,
+}
+
+impl Submission {
+    /// A submission of one decision.
+    pub fn one(id: ToolCallId, decision: Decision) -> Self {
+        let mut decisions = BTreeMap::new();
+        decisions.insert(id, decision);
+        Self {
+            decisions,
+            ..Self::default()
+        }
+    }
+}
+
+/// A decision as recorded on the call: who, when, metadata and, for an edit,
+/// the argument diff (§6).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecisionRecord {
+    /// The decision itself.
+    pub decision: Decision,
+    /// Who decided; `system` for timeouts and policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// Wall-clock time the decision was accepted.
+    pub at_ms: i64,
+    /// Caller-supplied metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Value>,
+    /// For an override: `{key: {"from": old, "to": new}}` of the changed keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args_diff: Option<Value>,
+}
+
+/// Shallow-merges `overrides` into `original` (which should be an object) and
+/// returns the merged arguments and the diff of changed keys.
+pub(crate) fn merge_override(original: &Value, overrides: &Map<String, Value>) -> (Value, Value) {
+    let mut merged = match original {
+        Value::Object(m) => m.clone(),
+        _ => Map::new(),
+    };
+    let mut diff = Map::new();
+    for (k, v) in overrides {
+        let old = merged.insert(k.clone(), v.clone());
+        if old.as_ref() != Some(v) {
+            diff.insert(
+                k.clone(),
+                serde_json::json!({"from": old.unwrap_or(Value::Null), "to": v}),
+            );
+        }
+    }
+    (Value::Object(merged), Value::Object(diff))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn wire_shapes_round_trip() {
+        let d: Decision = serde_json::from_value(json!({"decision": "approve"})).unwrap();
+        assert_eq!(d, Decision::approve());
+        let d: Decision =
+            serde_json::from_value(json!({"decision": "deny", "message": "no"})).unwrap();
+        assert_eq!(d, Decision::deny("no"));
+        let d: Decision = serde_json::from_value(
+            json!({"decision": "approve", "override_args": {"path": "/tmp"}}),
+        )
+        .unwrap();
+        assert!(matches!(d, Decision::Approve { override_args: Some(_) }));
+        assert!(serde_json::from_value::<Decision>(json!({"decision": "maybe"})).is_err());
+    }
+
+    #[test]
+    fn merge_is_shallow_and_diffs_changed_keys() {
+        let original = json!({"a": 1, "b": {"x": 1}});
+        let overrides = json!({"b": {"y": 2}, "c": 3}).as_object().cloned().unwrap();
+        let (merged, diff) = merge_override(&original, &overrides);
+        assert_eq!(merged, json!({"a": 1, "b": {"y": 2}, "c": 3}));
+        assert_eq!(
+            diff,
+            json!({"b": {"from": {"x": 1}, "to": {"y": 2}}, "c": {"from": null, "to": 3}})
+        );
+    }
+}

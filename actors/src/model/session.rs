@@ -1,0 +1,285 @@
+//! The session header: the small, bounded part of a session's snapshot that
+//! every checkpoint rewrites. The transcript and the event log are stored
+//! beside it, entry by entry, so the header's size does not grow with history.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{ToolCallRecord, Usage};
+
+/// The checkpoint format version this binary writes and the newest it reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Identifier of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SessionId(pub uuid::Uuid);
+
+impl SessionId {
+    /// A fresh, time-ordered id (uuid v7), so keys of new sessions append.
+    pub fn generate() -> Self {
+        Self(uuid::Uuid::now_v7())
+    }
+
+    /// The 16 bytes used in storage keys.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        self.0.as_bytes()
+    }
+}
+
+impl std::fmt::Display for SessionId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::str::FromStr for SessionId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        uuid::Uuid::parse_str(s).map(Self)
+    }
+}
+
+/// Session statuses of §4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// Created, no message yet.
+    Pending,
+    /// A turn is in progress.
+    Running,
+    /// At least one call waits for a decision.
+    AwaitingApproval,
+    /// The turn ended; waiting for a follow-up or `done`.
+    AwaitingInput,
+    /// Terminal: finished normally.
+    Completed,
+    /// Terminal: could not go on.
+    Failed,
+    /// Terminal: cancelled.
+    Cancelled,
+}
+
+impl SessionStatus {
+    /// Whether the session accepts no more work.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
+    /// The wire name (`awaiting_approval`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::AwaitingApproval => "awaiting_approval",
+            Self::AwaitingInput => "awaiting_input",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl std::fmt::Display for SessionStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a turn stopped (§4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model answered without calling tools.
+    EndTurn,
+    /// The turn used more than `max_steps` steps.
+    MaxSteps,
+    /// The session was cancelled.
+    Cancelled,
+    /// A budget ran out.
+    BudgetExceeded,
+    /// The provider (or the runtime) failed.
+    Error,
+}
+
+impl StopReason {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EndTurn => "end_turn",
+            Self::MaxSteps => "max_steps",
+            Self::Cancelled => "cancelled",
+            Self::BudgetExceeded => "budget_exceeded",
+            Self::Error => "error",
+        }
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Approval policy of an agent (§6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalPolicy {
+    /// Never ask.
+    Auto,
+    /// Ask for tools that declare `requires_approval`.
+    #[default]
+    PerTool,
+    /// Ask for every call.
+    Always,
+}
+
+/// A named agent configuration (§2), as the runtime needs it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentConfig {
+    /// Agent name.
+    pub name: String,
+    /// Model route name (or model id for the scripted provider).
+    pub model: String,
+    /// System instructions.
+    pub instructions: String,
+    /// Tools the agent may use.
+    pub tools: Vec<String>,
+    /// Approval policy.
+    pub approval: ApprovalPolicy,
+    /// Most steps in one turn.
+    pub max_steps: u32,
+    /// Run a step's approved calls concurrently.
+    pub parallel_tool_calls: bool,
+    /// Seconds a call may wait for a decision before it is denied.
+    pub approval_timeout_secs: u64,
+}
+
+impl AgentConfig {
+    /// An agent with the design's defaults (per_tool approval, 10 steps,
+    /// sequential tools, 24 h approval timeout).
+    pub fn new(name: impl Into<String>, tools: &[&str]) -> Self {
+        Self {
+            name: name.into(),
+            model: "scripted".into(),
+            instructions: String::new(),
+            tools: tools.iter().map(|t| (*t).to_owned()).collect(),
+            approval: ApprovalPolicy::PerTool,
+            max_steps: 10,
+            parallel_tool_calls: false,
+            approval_timeout_secs: 86_400,
+        }
+    }
+
+    /// The configuration a new session of this agent runs under.
+    pub fn effective(&self) -> EffectiveConfig {
+        EffectiveConfig {
+            instructions: self.instructions.clone(),
+            tools: self.tools.clone(),
+            model: self.model.clone(),
+            approval: self.approval,
+            max_steps: self.max_steps,
+            parallel_tool_calls: self.parallel_tool_calls,
+            approval_timeout_secs: self.approval_timeout_secs,
+        }
+    }
+}
+
+/// The configuration one session actually runs under, recorded in its header
+/// so that a later change to the agent's preset does not change a running
+/// session behind its users' backs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EffectiveConfig {
+    /// System instructions.
+    pub instructions: String,
+    /// Tools in scope.
+    pub tools: Vec<String>,
+    /// Model route.
+    pub model: String,
+    /// Approval policy.
+    pub approval: ApprovalPolicy,
+    /// Most steps in one turn.
+    pub max_steps: u32,
+    /// Run a step's approved calls concurrently.
+    pub parallel_tool_calls: bool,
+    /// Seconds a call may wait for a decision.
+    pub approval_timeout_secs: u64,
+}
+
+/// Link from a child session to the call that started it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParentLink {
+    /// Parent session.
+    pub session_id: SessionId,
+    /// The parent's `delegate_task` call.
+    pub call_id: super::ToolCallId,
+    /// Depth of the child (root = 0).
+    pub depth: u32,
+}
+
+/// A user message waiting behind a running turn. Part of the header because it
+/// was acknowledged, so it must survive a crash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueuedMessage {
+    /// The text.
+    pub text: String,
+    /// Accepted at, ms since the epoch.
+    pub at_ms: i64,
+}
+
+/// The header of a session snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionHeader {
+    /// Format version (see [`SCHEMA_VERSION`]).
+    pub schema_version: u32,
+    /// Session id.
+    pub id: SessionId,
+    /// Owning tenant.
+    pub tenant: String,
+    /// Agent name.
+    pub agent: String,
+    /// Optional title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// Free-form caller metadata.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub metadata: Value,
+    /// Parent link for a child session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentLink>,
+    /// Root of the tree (itself for a root session).
+    pub root_id: SessionId,
+    /// Current status.
+    pub status: SessionStatus,
+    /// Created at, ms since the epoch.
+    pub created_at_ms: i64,
+    /// Last transition at, ms since the epoch.
+    pub updated_at_ms: i64,
+    /// Complete (instead of awaiting input) when a turn ends with an empty inbox.
+    #[serde(default)]
+    pub auto_complete: bool,
+    /// What the session runs under.
+    pub config: EffectiveConfig,
+    /// Cumulative usage.
+    pub usage: Usage,
+    /// Turns started so far.
+    pub turn: u32,
+    /// Steps started in the current turn.
+    pub step: u32,
+    /// Why the last turn stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stop_reason: Option<StopReason>,
+    /// Messages accepted while a turn ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inbox: Vec<QueuedMessage>,
+    /// Tool calls of the open step, in proposal order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub open_calls: Vec<ToolCallRecord>,
+    /// Number of transcript entries stored.
+    pub transcript_len: u64,
+    /// Sequence number of the last stored event.
+    pub last_event_seq: u64,
+    /// Why the session failed, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}

@@ -1,0 +1,50 @@
+//! Transcript entries: what the model sees, in order.
+//!
+//! Entries are append-only; each is stored under its own key (§9) so a
+//! checkpoint writes only the new ones.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{ToolCallId, ToolCallRecord};
+
+/// A tool call as the model proposed it, kept inside the assistant entry so
+/// the provider request can replay the conversation faithfully.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProposedCall {
+    /// Runtime-assigned id (also sent to providers as the tool-call id).
+    pub id: ToolCallId,
+    /// Tool name as proposed.
+    pub name: String,
+    /// Arguments as proposed (before any override).
+    pub arguments: Value,
+}
+
+/// One entry of a session's transcript.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+pub enum TranscriptEntry {
+    /// A user message that started (or was queued for) a turn.
+    User {
+        /// The text of the message.
+        text: String,
+        /// Wall-clock time it was accepted, ms since the epoch.
+        at_ms: i64,
+    },
+    /// What the model said in one step, with the tool calls it proposed.
+    Assistant {
+        /// Accumulated text of the step (may be empty when it only called tools).
+        text: String,
+        /// Tool calls in proposal order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ProposedCall>,
+        /// Wall-clock time the step's stream ended.
+        at_ms: i64,
+    },
+    /// The final record of one tool call, including its result. Joins the
+    /// transcript when every call of its step has a result (§5.7).
+    ToolResult {
+        /// The full, terminal record (decision, arguments, result).
+        call: ToolCallRecord,
+    },
+}

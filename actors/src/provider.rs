@@ -1,0 +1,137 @@
+//! The provider port: a request in, a stream of events out (§11).
+//!
+//! This module owns the provider-neutral request and event types and the
+//! [`Provider`] trait. It deliberately knows no wire format: the OpenAI and
+//! Anthropic adapters live in the `overseer` crate (`src/provider/`), and a
+//! provider's own wire types stay on that side of this boundary. The
+//! [`crate::scripted`] provider is here because it touches neither network nor
+//! disk (its scenario is handed to it already parsed).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::model::{SessionId, TranscriptEntry, Usage};
+
+/// A tool as the model is told about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDefinition {
+    /// Tool name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// JSON Schema of its arguments.
+    pub parameters: Value,
+}
+
+/// One inference request, built from a session snapshot (§5.1).
+#[derive(Debug, Clone)]
+pub struct ProviderRequest {
+    /// Session making the request (for logs and for the scripted provider).
+    pub session_id: SessionId,
+    /// Agent name (the scripted provider picks its script by it).
+    pub agent: String,
+    /// Model route.
+    pub model: String,
+    /// System instructions.
+    pub instructions: String,
+    /// The transcript so far. Entries are shared, not copied, so building a
+    /// request does not cost in proportion to the history.
+    pub transcript: Vec<Arc<TranscriptEntry>>,
+    /// Tools in scope.
+    pub tools: Vec<ToolDefinition>,
+}
+
+/// Why the model stopped its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// Natural end of the message.
+    Stop,
+    /// The model wants tools to run.
+    ToolCalls,
+    /// The output hit the provider's length limit.
+    Length,
+    /// Anything else the provider reported.
+    Other,
+}
+
+/// One event of a provider stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProviderEvent {
+    /// A fragment of assistant text.
+    TextDelta(String),
+    /// A complete tool call with parsed arguments.
+    ToolCall {
+        /// Tool name.
+        name: String,
+        /// Arguments (JSON).
+        arguments: Value,
+    },
+    /// Token usage of this request (may arrive more than once; amounts add).
+    Usage(Usage),
+    /// The stream finished normally.
+    Done(FinishReason),
+}
+
+/// Provider failures (§11). Which of them are retried is the runtime's policy.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProviderError {
+    /// Credentials refused.
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    /// Too many requests.
+    #[error("rate limited: {message}")]
+    RateLimited {
+        /// Server-requested wait.
+        retry_after: Option<Duration>,
+        /// Detail.
+        message: String,
+    },
+    /// The connection failed or broke.
+    #[error("transport error: {0}")]
+    Transport(String),
+    /// The server answered with an error status.
+    #[error("server error {status}: {message}")]
+    Server {
+        /// HTTP status.
+        status: u16,
+        /// Body excerpt.
+        message: String,
+    },
+    /// The response could not be understood.
+    #[error("bad response: {0}")]
+    BadResponse(String),
+    /// The request does not fit the model's context.
+    #[error("context overflow: {0}")]
+    ContextOverflow(String),
+    /// A scripted scenario has no step left for this request.
+    #[error("scenario exhausted: {0}")]
+    ScenarioExhausted(String),
+}
+
+impl ProviderError {
+    /// Whether the error is worth retrying before any output (§11).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::RateLimited { .. } | Self::Transport(_) | Self::Server { .. }
+        )
+    }
+}
+
+/// The stream a provider returns.
+pub type ProviderStream = BoxStream<'static, Result<ProviderEvent, ProviderError>>;
+
+/// An LLM provider. Implementations must be cheap to share (`Arc<dyn Provider>`).
+///
+/// The returned stream is driven by a task outside the session's mailbox, so it
+/// may take as long as the model takes; dropping it must cancel the request.
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync + 'static {
+    /// Starts one inference.
+    async fn stream(&self, request: ProviderRequest) -> Result<ProviderStream, ProviderError>;
+}

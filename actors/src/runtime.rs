@@ -1,0 +1,369 @@
+//! The runtime: shared services of the actor tree, and [`Overseer`], the
+//! in-process API (create, message, decide, cancel, done, state, subscribe).
+//!
+//! The handle routes requests straight to live session actors through a
+//! concurrent map, so the orchestrator's mailbox is not on the hot path; it
+//! activates sessions that live only on disk (not yet loaded, hibernated,
+//! restarting) through the orchestrator, which guarantees one actor per id.
+//! It deliberately knows nothing of HTTP, auth or tenancy rules beyond
+//! recording the tenant: those are the edge's (`overseer::http`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef, RpcReplyPort};
+use serde_json::Value;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+use crate::error::SessionError;
+use crate::hub::EventHub;
+use crate::model::{
+    now_ms, AgentConfig, Event, Notification, SessionHeader, SessionId, SessionStatus,
+    Submission, Usage, SCHEMA_VERSION,
+};
+use crate::orchestrator::{OrchestratorActor, OrchestratorArgs, OrchestratorMsg};
+use crate::provider::Provider;
+use crate::session::machine::{Ctx, Input, Session};
+use crate::session::SessionMsg;
+use crate::store::{CheckpointStore, StoredSession};
+use crate::supervision::RestartPolicy;
+use crate::tool::ToolRegistry;
+
+/// Tunables of the runtime.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Restart policy for failed session actors.
+    pub restart: RestartPolicy,
+    /// How long an API call waits for a session actor's answer.
+    pub call_timeout: Duration,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            restart: RestartPolicy::default(),
+            call_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Counters the edge exports as metrics.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Session actor restarts.
+    pub restarts: AtomicU64,
+}
+
+/// Services shared by every actor of the tree.
+pub struct Runtime {
+    /// Checkpoint store.
+    pub store: Arc<dyn CheckpointStore>,
+    /// LLM provider.
+    pub provider: Arc<dyn Provider>,
+    /// Tools.
+    pub tools: ToolRegistry,
+    /// Live event fan-out.
+    pub hub: EventHub,
+    /// Live session actors by id.
+    pub live: DashMap<SessionId, ActorRef<SessionMsg>>,
+    /// Tunables.
+    pub config: RuntimeConfig,
+    /// Counters.
+    pub metrics: Metrics,
+}
+
+/// A request to create a session.
+#[derive(Debug, Clone, Default)]
+pub struct CreateSession {
+    /// Agent name.
+    pub agent: String,
+    /// Owning tenant.
+    pub tenant: String,
+    /// First message; without it the session is `pending`.
+    pub prompt: Option<String>,
+    /// Optional title.
+    pub title: Option<String>,
+    /// Caller metadata.
+    pub metadata: Value,
+    /// Client-chosen id.
+    pub id: Option<SessionId>,
+    /// Complete instead of awaiting input when the turn ends.
+    pub auto_complete: bool,
+}
+
+/// The in-process API of overseer. Cheap to clone.
+#[derive(Clone)]
+pub struct Overseer {
+    runtime: Arc<Runtime>,
+    orchestrator: ActorRef<OrchestratorMsg>,
+    agents: Arc<BTreeMap<String, AgentConfig>>,
+    join: Arc<tokio::sync::Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl Overseer {
+    /// Starts the actor tree. Does not recover stored sessions: call
+    /// [`Overseer::recover`] before accepting work.
+    pub async fn start(
+        agents: Vec<AgentConfig>,
+        store: Arc<dyn CheckpointStore>,
+        provider: Arc<dyn Provider>,
+        tools: ToolRegistry,
+        config: RuntimeConfig,
+    ) -> Result<Self, SessionError> {
+        let runtime = Arc::new(Runtime {
+            store,
+            provider,
+            tools,
+            hub: EventHub::new(),
+            live: DashMap::new(),
+            config,
+            metrics: Metrics::default(),
+        });
+        let (orchestrator, join) = Actor::spawn(
+            None,
+            OrchestratorActor,
+            OrchestratorArgs {
+                runtime: runtime.clone(),
+            },
+        )
+        .await
+        .map_err(|e| SessionError::Invalid(format!("could not start the orchestrator: {e}")))?;
+        let agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
+        Ok(Self {
+            runtime,
+            orchestrator,
+            agents: Arc::new(agents),
+            join: Arc::new(tokio::sync::Mutex::new(Some(join))),
+        })
+    }
+
+    /// The shared services (for the edges: metrics, store access).
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
+    }
+
+    /// The configured agents.
+    pub fn agents(&self) -> impl Iterator<Item = &AgentConfig> {
+        self.agents.values()
+    }
+
+    /// Activates every session that was mid-turn (running or awaiting
+    /// approval) when the previous process stopped. Sessions awaiting input
+    /// stay on disk until touched. Returns how many were activated.
+    pub async fn recover(&self) -> Result<usize, SessionError> {
+        let headers = self
+            .runtime
+            .store
+            .list_by_status(&[SessionStatus::Running, SessionStatus::AwaitingApproval])
+            .await?;
+        let mut n = 0;
+        for h in headers {
+            self.activate(h.id).await?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Creates a session; with a prompt, its first turn starts at once. Returns
+    /// once the session is checkpointed.
+    pub async fn create_session(&self, req: CreateSession) -> Result<SessionId, SessionError> {
+        let agent = self
+            .agents
+            .get(&req.agent)
+            .ok_or_else(|| SessionError::UnknownAgent(req.agent.clone()))?;
+        let id = req.id.unwrap_or_else(SessionId::generate);
+        if req.id.is_some() && self.runtime.store.load_header(id).await?.is_some() {
+            return Err(SessionError::AlreadyExists(id));
+        }
+        let now = now_ms();
+        let header = SessionHeader {
+            schema_version: SCHEMA_VERSION,
+            id,
+            tenant: req.tenant,
+            agent: agent.name.clone(),
+            title: req.title,
+            metadata: req.metadata,
+            parent: None,
+            root_id: id,
+            status: SessionStatus::Pending,
+            created_at_ms: now,
+            updated_at_ms: now,
+            auto_complete: req.auto_complete,
+            config: agent.effective(),
+            usage: Usage::default(),
+            turn: 0,
+            step: 0,
+            last_stop_reason: None,
+            inbox: Vec::new(),
+            open_calls: Vec::new(),
+            transcript_len: 0,
+            last_event_seq: 0,
+        error: None,
+        };
+        let mut session = Session::new(header);
+        if let Some(text) = req.prompt {
+            // The effects are recomputed by the actor's resume on start.
+            session.apply(
+                Input::Message { text },
+                Ctx {
+                    tools: &self.runtime.tools,
+                    now_ms: now,
+                },
+            )?;
+        }
+        self.runtime.store.checkpoint(session.checkpoint()).await?;
+        let events = session.mark_persisted();
+        for e in events {
+            self.runtime.hub.publish(id, Notification::Event(e));
+        }
+        self.spawn(session).await?;
+        Ok(id)
+    }
+
+    /// Sends a user message (starts a turn, or queues behind the running one).
+    pub async fn send_message(&self, id: SessionId, text: impl Into<String>) -> Result<(), SessionError> {
+        let text = text.into();
+        self.route(id, move |reply| SessionMsg::Send(text.clone(), reply))
+            .await
+    }
+
+    /// Submits decisions; acknowledged once checkpointed.
+    pub async fn submit(&self, id: SessionId, submission: Submission) -> Result<(), SessionError> {
+        self.route(id, move |reply| SessionMsg::Decide(submission.clone(), reply))
+            .await
+    }
+
+    /// Cancels the session.
+    pub async fn cancel(&self, id: SessionId) -> Result<(), SessionError> {
+        self.route(id, SessionMsg::Cancel).await
+    }
+
+    /// Marks the session completed.
+    pub async fn done(&self, id: SessionId) -> Result<(), SessionError> {
+        self.route(id, SessionMsg::Done).await
+    }
+
+    /// The session's current state (from its actor when live, else from disk).
+    pub async fn state(&self, id: SessionId) -> Result<StoredSession, SessionError> {
+        let live = self.runtime.live.get(&id).map(|r| r.clone());
+        if let Some(actor) = live {
+            if let Ok(CallResult::Success(s)) = actor
+                .call(SessionMsg::Get, Some(self.runtime.config.call_timeout))
+                .await
+            {
+                return Ok(s);
+            }
+        }
+        self.runtime
+            .store
+            .load(id)
+            .await?
+            .ok_or(SessionError::NotFound(id))
+    }
+
+    /// Live notifications of a session. Subscribe before acting to see every
+    /// event; use [`Overseer::events_after`] to replay what came before.
+    pub fn subscribe(&self, id: SessionId) -> broadcast::Receiver<Notification> {
+        self.runtime.hub.subscribe(id)
+    }
+
+    /// Stored events with `seq > after`.
+    pub async fn events_after(
+        &self,
+        id: SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, SessionError> {
+        Ok(self.runtime.store.events_after(id, after, limit).await?)
+    }
+
+    /// Stops every actor gracefully and flushes the store.
+    pub async fn shutdown(&self) -> Result<(), SessionError> {
+        self.orchestrator.stop(None);
+        if let Some(join) = self.join.lock().await.take() {
+            let _ = join.await;
+        }
+        self.runtime.store.flush().await?;
+        Ok(())
+    }
+
+    async fn spawn(&self, session: Session) -> Result<ActorRef<SessionMsg>, SessionError> {
+        let id = session.header.id;
+        match self
+            .orchestrator
+            .call(
+                |reply| OrchestratorMsg::Spawn(Box::new(session), reply),
+                Some(self.runtime.config.call_timeout),
+            )
+            .await
+        {
+            Ok(CallResult::Success(r)) => r,
+            Ok(_) | Err(_) => Err(SessionError::Unavailable {
+                id,
+                reason: "the orchestrator did not answer".into(),
+            }),
+        }
+    }
+
+    /// The live actor of a session, loading it from disk if needed.
+    async fn activate(&self, id: SessionId) -> Result<ActorRef<SessionMsg>, SessionError> {
+        if let Some(r) = self.runtime.live.get(&id) {
+            return Ok(r.clone());
+        }
+        let stored = self
+            .runtime
+            .store
+            .load(id)
+            .await?
+            .ok_or(SessionError::NotFound(id))?;
+        if stored.header.status.is_terminal() {
+            return Err(SessionError::Terminal {
+                id,
+                status: stored.header.status,
+            });
+        }
+        self.spawn(Session::from_stored(stored)).await
+    }
+
+    async fn route<F>(&self, id: SessionId, make: F) -> Result<(), SessionError>
+    where
+        F: Fn(RpcReplyPort<Result<(), SessionError>>) -> SessionMsg,
+    {
+        // One retry, only when the message was never delivered (the actor had
+        // just stopped): a delivered request is never sent twice.
+        for _ in 0..2 {
+            let actor = self.activate(id).await?;
+            match actor
+                .call(&make, Some(self.runtime.config.call_timeout))
+                .await
+            {
+                Ok(CallResult::Success(r)) => return r,
+                Ok(CallResult::Timeout) => {
+                    return Err(SessionError::Unavailable {
+                        id,
+                        reason: "the session did not answer in time".into(),
+                    })
+                }
+                Ok(CallResult::SenderError) => {
+                    return Err(SessionError::Unavailable {
+                        id,
+                        reason: "the session stopped before answering; check its state".into(),
+                    })
+                }
+                Err(_) => {
+                    let stale = actor.get_id();
+                    self.runtime.live.remove_if(&id, |_, r| r.get_id() == stale);
+                }
+            }
+        }
+        Err(SessionError::Unavailable {
+            id,
+            reason: "the session actor is restarting".into(),
+        })
+    }
+}

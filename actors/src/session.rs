@@ -1,0 +1,426 @@
+//! The session actor: one per live session. It owns the session's in-memory
+//! state, runs the pure transitions of [`machine`], checkpoints each one, and
+//! only then carries out its effects (§3, third invariant).
+//!
+//! It supervises the session's tool-call actors; provider streams run in tasks
+//! of their own and report back as messages, so the mailbox never blocks on a
+//! model or a tool (§3, second invariant) and a cancel is handled at once in
+//! every phase. It deliberately does not restart itself: the orchestrator
+//! reloads the last checkpoint and respawns it (§10).
+
+pub mod machine;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::error::SessionError;
+use crate::model::{now_ms, Notification, Submission, ToolCallId};
+use crate::provider::{ProviderError, ProviderEvent, ProviderRequest};
+use crate::runtime::Runtime;
+use crate::store::StoredSession;
+use crate::tool::ToolContext;
+use crate::tool_call::{crashed, ToolCallActor, ToolCallArgs, ToolCallMsg};
+use machine::{Ctx, Effect, Input, Session};
+
+/// The actor.
+pub struct SessionActor;
+
+/// Messages. RPC variants carry their reply port last.
+pub enum SessionMsg {
+    /// A user message; acknowledged once checkpointed.
+    Send(String, RpcReplyPort<Result<(), SessionError>>),
+    /// Decisions; acknowledged once checkpointed.
+    Decide(Submission, RpcReplyPort<Result<(), SessionError>>),
+    /// Cancel the session (and its subtree).
+    Cancel(RpcReplyPort<Result<(), SessionError>>),
+    /// Mark the session completed.
+    Done(RpcReplyPort<Result<(), SessionError>>),
+    /// The current state.
+    Get(RpcReplyPort<StoredSession>),
+    /// An event of provider stream `attempt`.
+    Provider {
+        /// Stream attempt (older ones are ignored).
+        attempt: u64,
+        /// The event.
+        event: ProviderEvent,
+    },
+    /// Provider stream `attempt` ended.
+    StreamEnded {
+        /// Stream attempt.
+        attempt: u64,
+        /// Outcome.
+        result: Result<(), ProviderError>,
+    },
+    /// A tool-call actor's result.
+    ToolFinished {
+        /// Call.
+        call_id: ToolCallId,
+        /// Dispatch attempt.
+        attempt: u32,
+        /// Result or error object.
+        result: Result<Value, Value>,
+    },
+    /// An approval deadline passed.
+    ApprovalTimeout(ToolCallId),
+}
+
+/// Startup arguments: the session as last checkpointed, and the runtime.
+pub struct SessionArgs {
+    /// The session.
+    pub session: Session,
+    /// Shared services.
+    pub runtime: Arc<Runtime>,
+}
+
+/// The actor's state.
+pub struct SessionState {
+    session: Session,
+    runtime: Arc<Runtime>,
+    stream: Option<JoinHandle<()>>,
+    stream_attempt: u64,
+    tools: HashMap<ActorId, (ToolCallId, u32, ActorRef<ToolCallMsg>)>,
+    span: tracing::Span,
+}
+
+impl Drop for SessionState {
+    fn drop(&mut self) {
+        // A stream task is not an actor: nothing else would stop it.
+        if let Some(h) = self.stream.take() {
+            h.abort();
+        }
+    }
+}
+
+impl Actor for SessionActor {
+    type Msg = SessionMsg;
+    type State = SessionState;
+    type Arguments = SessionArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: SessionArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let h = &args.session.header;
+        let span = tracing::info_span!("session", session_id = %h.id, root_session_id = %h.root_id, agent = %h.agent);
+        Ok(SessionState {
+            session: args.session,
+            runtime: args.runtime,
+            stream: None,
+            stream_attempt: 0,
+            tools: HashMap::new(),
+            span,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Resume here rather than by a message to ourselves, so no request can
+        // be handled before the in-flight work is re-established.
+        let span = state.span.clone();
+        state
+            .transition(&myself, Input::Resume)
+            .instrument(span)
+            .await
+            .map(|_| ())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let span = state.span.clone();
+        async {
+            match msg {
+                SessionMsg::Send(text, reply) => {
+                    state.rpc(&myself, Input::Message { text }, reply).await
+                }
+                SessionMsg::Decide(sub, reply) => {
+                    state.rpc(&myself, Input::Decide(sub), reply).await
+                }
+                SessionMsg::Cancel(reply) => state.rpc(&myself, Input::Cancel, reply).await,
+                SessionMsg::Done(reply) => state.rpc(&myself, Input::Done, reply).await,
+                SessionMsg::Get(reply) => {
+                    let _ = reply.send(StoredSession {
+                        header: state.session.header.clone(),
+                        transcript: state.session.transcript.clone(),
+                    });
+                    Ok(())
+                }
+                SessionMsg::Provider { attempt, event } => {
+                    if attempt != state.stream_attempt {
+                        return Ok(());
+                    }
+                    state.transition(&myself, Input::Provider(event)).await.map(|_| ())
+                }
+                SessionMsg::StreamEnded { attempt, result } => {
+                    if attempt != state.stream_attempt {
+                        return Ok(());
+                    }
+                    state.stream = None;
+                    state
+                        .transition(&myself, Input::StreamEnded(result))
+                        .await
+                        .map(|_| ())
+                }
+                SessionMsg::ToolFinished {
+                    call_id,
+                    attempt,
+                    result,
+                } => {
+                    state.tools.retain(|_, (id, a, _)| !(id == &call_id && *a == attempt));
+                    state
+                        .transition(
+                            &myself,
+                            Input::ToolFinished {
+                                call_id,
+                                attempt,
+                                result,
+                            },
+                        )
+                        .await
+                        .map(|_| ())
+                }
+                SessionMsg::ApprovalTimeout(call_id) => state
+                    .transition(&myself, Input::ApprovalTimedOut { call_id })
+                    .await
+                    .map(|_| ()),
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Overridden on purpose: the default would stop this session whenever
+        // one of its tool-call actors stops, even normally.
+        if let SupervisionEvent::ActorFailed(cell, err) = event {
+            if let Some((call_id, attempt, _)) = state.tools.remove(&cell.get_id()) {
+                tracing::warn!(tool_call_id = %call_id, "tool crashed: {err}");
+                let input = Input::ToolFinished {
+                    call_id,
+                    attempt,
+                    result: Err(crashed(&err.to_string())),
+                };
+                let span = state.span.clone();
+                let _ = state.transition(&myself, input).instrument(span).await?;
+            }
+        } else if let SupervisionEvent::ActorTerminated(cell, _, _) = event {
+            state.tools.remove(&cell.get_id());
+        }
+        Ok(())
+    }
+}
+
+impl SessionState {
+    /// Runs a request-carrying input and answers it only after its checkpoint.
+    async fn rpc(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        input: Input,
+        reply: RpcReplyPort<Result<(), SessionError>>,
+    ) -> Result<(), ActorProcessingErr> {
+        match self.transition(myself, input).await {
+            Ok(Ok(())) => {
+                let _ = reply.send(Ok(()));
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                let _ = reply.send(Err(e));
+                Ok(())
+            }
+            Err(fatal) => {
+                // The checkpoint failed: tell the caller nothing was accepted,
+                // then fail so the supervisor restarts us from the last
+                // durable state.
+                let _ = reply.send(Err(SessionError::Unavailable {
+                    id: self.session.header.id,
+                    reason: fatal.to_string(),
+                }));
+                Err(fatal)
+            }
+        }
+    }
+
+    /// Apply → checkpoint → publish → execute effects. The outer `Err` is fatal
+    /// for the actor (a failed checkpoint); the inner one is the caller's.
+    async fn transition(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        input: Input,
+    ) -> Result<Result<(), SessionError>, ActorProcessingErr> {
+        let ctx = Ctx {
+            tools: &self.runtime.tools,
+            now_ms: now_ms(),
+        };
+        let effects = match self.session.apply(input, ctx) {
+            Ok(fx) => fx,
+            Err(e) => return Ok(Err(e)),
+        };
+        if self.session.is_dirty() {
+            let checkpoint = self.session.checkpoint();
+            self.runtime
+                .store
+                .checkpoint(checkpoint)
+                .await
+                .map_err(|e| -> ActorProcessingErr { Box::new(e) })?;
+            let id = self.session.header.id;
+            for event in self.session.mark_persisted() {
+                self.runtime.hub.publish(id, Notification::Event(event));
+            }
+        }
+        for effect in effects {
+            self.execute(myself, effect).await;
+        }
+        Ok(Ok(()))
+    }
+
+    async fn execute(&mut self, myself: &ActorRef<SessionMsg>, effect: Effect) {
+        match effect {
+            Effect::StartStream(request) => self.start_stream(myself, request),
+            Effect::StopStream => {
+                self.stream_attempt += 1;
+                if let Some(h) = self.stream.take() {
+                    h.abort();
+                }
+            }
+            Effect::Dispatch {
+                call_id,
+                name,
+                arguments,
+                attempt,
+                idempotency_key,
+            } => {
+                self.dispatch(myself, call_id, name, arguments, attempt, idempotency_key)
+                    .await
+            }
+            Effect::KillTools => {
+                for (_, (_, _, actor)) in self.tools.drain() {
+                    actor.kill();
+                }
+            }
+            Effect::ArmApprovalTimer { call_id, after } => {
+                myself.send_after(after, move || SessionMsg::ApprovalTimeout(call_id));
+            }
+            Effect::Delta(text) => self.runtime.hub.publish(
+                self.session.header.id,
+                Notification::TextDelta {
+                    session_id: self.session.header.id,
+                    text,
+                },
+            ),
+        }
+    }
+
+    fn start_stream(&mut self, myself: &ActorRef<SessionMsg>, request: ProviderRequest) {
+        self.stream_attempt += 1;
+        if let Some(h) = self.stream.take() {
+            h.abort();
+        }
+        let attempt = self.stream_attempt;
+        let me = myself.clone();
+        let provider = self.runtime.provider.clone();
+        let task = async move {
+            let result = drive_stream(provider.as_ref(), request, |event| {
+                me.cast(SessionMsg::Provider { attempt, event }).is_ok()
+            })
+            .await;
+            let _ = me.cast(SessionMsg::StreamEnded { attempt, result });
+        };
+        self.stream = Some(tokio::spawn(task.instrument(self.span.clone())));
+    }
+
+    async fn dispatch(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        call_id: ToolCallId,
+        name: String,
+        arguments: Value,
+        attempt: u32,
+        idempotency_key: String,
+    ) {
+        let header = &self.session.header;
+        let Some(tool) = self.runtime.tools.get(&name) else {
+            let _ = myself.cast(SessionMsg::ToolFinished {
+                call_id,
+                attempt,
+                result: Err(crate::tool::not_available(&name)),
+            });
+            return;
+        };
+        let args = ToolCallArgs {
+            tool,
+            ctx: ToolContext {
+                session_id: header.id,
+                tenant: header.tenant.clone(),
+                agent: header.agent.clone(),
+                call_id: call_id.clone(),
+                idempotency_key,
+                attempt,
+            },
+            arguments,
+            session: myself.clone(),
+        };
+        match Actor::spawn_linked(None, ToolCallActor, args, myself.get_cell()).await {
+            Ok((actor, _)) => {
+                if actor.cast(ToolCallMsg::Run).is_ok() {
+                    self.tools
+                        .insert(actor.get_id(), (call_id, attempt, actor));
+                } else {
+                    let _ = myself.cast(SessionMsg::ToolFinished {
+                        call_id,
+                        attempt,
+                        result: Err(crashed("tool-call actor stopped before it ran")),
+                    });
+                }
+            }
+            Err(e) => {
+                let _ = myself.cast(SessionMsg::ToolFinished {
+                    call_id,
+                    attempt,
+                    result: Err(crashed(&format!("could not start tool-call actor: {e}"))),
+                });
+            }
+        }
+    }
+}
+
+/// Drives one provider stream to its end, handing each event to `emit`
+/// (which returns false when the receiver is gone). A stream that stops
+/// without a finish event is a provider error, never a silent success.
+pub async fn drive_stream(
+    provider: &dyn crate::provider::Provider,
+    request: ProviderRequest,
+    mut emit: impl FnMut(ProviderEvent) -> bool,
+) -> Result<(), ProviderError> {
+    let mut stream = provider.stream(request).await?;
+    while let Some(item) = stream.next().await {
+        let event = item?;
+        let done = matches!(event, ProviderEvent::Done(_));
+        if !emit(event) {
+            return Ok(());
+        }
+        if done {
+            return Ok(());
+        }
+    }
+    Err(ProviderError::BadResponse(
+        "the stream ended without a finish".into(),
+    ))
+}

@@ -1,0 +1,1031 @@
+//! The session state machine: the turn loop of §5 and the approval rules of §6
+//! as pure transitions.
+//!
+//! [`Session::apply`] takes an [`Input`] and returns the [`Effect`]s the actor
+//! must carry out (start a provider stream, dispatch a tool, arm a timer…). It
+//! performs no I/O and reads no clock (the caller passes `now_ms`), which is
+//! what makes every rule here unit-testable without actors. What changed is
+//! tracked so the actor can checkpoint exactly the new transcript entries and
+//! events before it executes any effect (§3, third invariant).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::error::SessionError;
+use crate::model::decision::merge_override;
+use crate::model::{
+    ApprovalPolicy, CallState, Decision, DecisionRecord, Event, EventKind, OnInterrupt,
+    ProposedCall, SessionHeader, SessionStatus, StopReason, Submission, ToolCallId,
+    ToolCallRecord, TranscriptEntry, Usage,
+};
+use crate::provider::{ProviderError, ProviderEvent, ProviderRequest};
+use crate::store::{Checkpoint, StoredSession};
+use crate::tool::{not_available, ToolRegistry};
+
+/// Reason recorded when an approval times out (§6).
+pub const APPROVAL_TIMEOUT_REASON: &str = "No approval decision received";
+
+/// Result of a call that was dispatched when the process stopped and whose
+/// outcome is unknown, under `on_interrupt = "fail"` (§9).
+pub fn interrupted_error() -> Value {
+    json!({"error": "interrupted: the process stopped while this tool was running; its outcome is unknown"})
+}
+
+/// Something that happens to a session.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// A user message.
+    Message {
+        /// Its text.
+        text: String,
+    },
+    /// An event of the current provider stream.
+    Provider(ProviderEvent),
+    /// The current provider stream ended.
+    StreamEnded(Result<(), ProviderError>),
+    /// Human decisions.
+    Decide(Submission),
+    /// A tool-call actor reported (or crashed).
+    ToolFinished {
+        /// Call.
+        call_id: ToolCallId,
+        /// Dispatch attempt the result belongs to (stale attempts are ignored).
+        attempt: u32,
+        /// `Ok(result)` or `Err(error object)`.
+        result: Result<Value, Value>,
+    },
+    /// A call's approval deadline passed.
+    ApprovalTimedOut {
+        /// Call.
+        call_id: ToolCallId,
+    },
+    /// Cancel the session.
+    Cancel,
+    /// The user is done with the session.
+    Done,
+    /// The actor (re)started from a checkpoint: continue whatever was in flight.
+    Resume,
+    /// The session cannot go on (e.g. restart limit exceeded): fail it,
+    /// leaving no call in a non-terminal state.
+    Fail {
+        /// Recorded as the session's error.
+        reason: String,
+    },
+}
+
+/// Work the actor carries out after the transition is checkpointed.
+#[derive(Debug, Clone)]
+pub enum Effect {
+    /// Start (or re-issue) the step's provider stream.
+    StartStream(ProviderRequest),
+    /// Abort the provider stream in flight.
+    StopStream,
+    /// Run a call in its own tool-call actor.
+    Dispatch {
+        /// Call.
+        call_id: ToolCallId,
+        /// Tool.
+        name: String,
+        /// Arguments to run with.
+        arguments: Value,
+        /// Attempt number (from 1).
+        attempt: u32,
+        /// Stable idempotency key.
+        idempotency_key: String,
+    },
+    /// Kill every running tool-call actor.
+    KillTools,
+    /// Deliver `ApprovalTimedOut` for this call after a delay.
+    ArmApprovalTimer {
+        /// Call.
+        call_id: ToolCallId,
+        /// Delay.
+        after: Duration,
+    },
+    /// Forward a streamed text fragment to subscribers (never stored).
+    Delta(String),
+}
+
+/// What the machine needs from outside: the tools and the time.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx<'a> {
+    /// All tools of the runtime.
+    pub tools: &'a ToolRegistry,
+    /// Wall-clock now, ms since the epoch.
+    pub now_ms: i64,
+}
+
+/// What the current provider stream produced so far. Never checkpointed: a
+/// lost stream is re-issued whole, so its partial text is never duplicated.
+#[derive(Debug, Clone, Default)]
+struct Partial {
+    text: String,
+    calls: Vec<(String, Value)>,
+    usage: Usage,
+}
+
+/// A session in memory: header, transcript, and what is not yet checkpointed.
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// The header (status, config, open calls, inbox, usage).
+    pub header: SessionHeader,
+    /// The transcript.
+    pub transcript: Vec<Arc<TranscriptEntry>>,
+    persisted_entries: usize,
+    pending_events: Vec<Event>,
+    dirty: bool,
+    partial: Partial,
+}
+
+impl Session {
+    /// A brand-new session; its creation event is pending.
+    pub fn new(header: SessionHeader) -> Self {
+        let agent = header.agent.clone();
+        let mut s = Self {
+            header,
+            transcript: Vec::new(),
+            persisted_entries: 0,
+            pending_events: Vec::new(),
+            dirty: true,
+            partial: Partial::default(),
+        };
+        s.emit(EventKind::SessionCreated { agent }, s.header.created_at_ms);
+        s
+    }
+
+    /// A session read back from the store; nothing pending.
+    pub fn from_stored(stored: StoredSession) -> Self {
+        Self {
+            persisted_entries: stored.transcript.len(),
+            header: stored.header,
+            transcript: stored.transcript,
+            pending_events: Vec::new(),
+            dirty: false,
+            partial: Partial::default(),
+        }
+    }
+
+    /// Whether a checkpoint is needed.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// The checkpoint of everything changed since the last one. Call
+    /// [`Session::mark_persisted`] once it is durable.
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            header: self.header.clone(),
+            entries: self.transcript[self.persisted_entries..]
+                .iter()
+                .enumerate()
+                .map(|(i, e)| ((self.persisted_entries + i) as u64, e.clone()))
+                .collect(),
+            events: self.pending_events.clone(),
+        }
+    }
+
+    /// Marks the last checkpoint durable and hands back its events for publishing.
+    pub fn mark_persisted(&mut self) -> Vec<Event> {
+        self.persisted_entries = self.transcript.len();
+        self.dirty = false;
+        std::mem::take(&mut self.pending_events)
+    }
+
+    /// Undoes nothing, but forgets pending events after a failed checkpoint
+    /// (the actor then fails and restarts from the last durable state).
+    pub fn pending_events(&self) -> &[Event] {
+        &self.pending_events
+    }
+
+    /// Calls waiting for a decision.
+    pub fn pending_approvals(&self) -> Vec<&ToolCallRecord> {
+        self.header
+            .open_calls
+            .iter()
+            .filter(|c| c.state == CallState::AwaitingApproval)
+            .collect()
+    }
+
+    /// Every call record: those in the transcript, then the open step's.
+    pub fn all_calls(&self) -> Vec<&ToolCallRecord> {
+        let mut calls: Vec<&ToolCallRecord> = self
+            .transcript
+            .iter()
+            .filter_map(|e| match e.as_ref() {
+                TranscriptEntry::ToolResult { call } => Some(call),
+                _ => None,
+            })
+            .collect();
+        calls.extend(self.header.open_calls.iter());
+        calls
+    }
+
+    /// The provider request for the current step (§5.1).
+    pub fn provider_request(&self, tools: &ToolRegistry) -> ProviderRequest {
+        ProviderRequest {
+            session_id: self.header.id,
+            agent: self.header.agent.clone(),
+            model: self.header.config.model.clone(),
+            instructions: self.header.config.instructions.clone(),
+            transcript: self.transcript.clone(),
+            tools: tools.definitions(&self.header.config.tools),
+        }
+    }
+
+    /// Applies one input. On `Err` nothing changed.
+    pub fn apply(&mut self, input: Input, ctx: Ctx<'_>) -> Result<Vec<Effect>, SessionError> {
+        let mut fx = Vec::new();
+        match input {
+            Input::Message { text } => self.on_message(text, ctx, &mut fx)?,
+            Input::Provider(ev) => self.on_provider_event(ev, &mut fx),
+            Input::StreamEnded(result) => self.on_stream_ended(result, ctx, &mut fx),
+            Input::Decide(sub) => self.on_decide(sub, ctx, &mut fx)?,
+            Input::ToolFinished {
+                call_id,
+                attempt,
+                result,
+            } => self.on_tool_finished(call_id, attempt, result, ctx, &mut fx),
+            Input::ApprovalTimedOut { call_id } => self.on_approval_timeout(call_id, ctx, &mut fx),
+            Input::Cancel => self.on_cancel(ctx, &mut fx)?,
+            Input::Done => self.on_done(ctx)?,
+            Input::Resume => self.on_resume(ctx, &mut fx),
+            Input::Fail { reason } => self.on_fail(reason, ctx, &mut fx)?,
+        }
+        if self.dirty {
+            self.header.updated_at_ms = ctx.now_ms;
+        }
+        Ok(fx)
+    }
+
+    // ---- inputs -------------------------------------------------------------
+
+    fn on_message(
+        &mut self,
+        text: String,
+        ctx: Ctx<'_>,
+        fx: &mut Vec<Effect>,
+    ) -> Result<(), SessionError> {
+        self.refuse_if_terminal()?;
+        if text.trim().is_empty() {
+            return Err(SessionError::Invalid("message text is empty".into()));
+        }
+        match self.header.status {
+            SessionStatus::Pending | SessionStatus::AwaitingInput => {
+                self.emit(
+                    EventKind::MessageAccepted {
+                        text: text.clone(),
+                        queued: false,
+                    },
+                    ctx.now_ms,
+                );
+                self.push_entry(TranscriptEntry::User {
+                    text,
+                    at_ms: ctx.now_ms,
+                });
+                self.start_turn(ctx, fx);
+            }
+            _ => {
+                self.emit(
+                    EventKind::MessageAccepted {
+                        text: text.clone(),
+                        queued: true,
+                    },
+                    ctx.now_ms,
+                );
+                self.header.inbox.push(crate::model::QueuedMessage {
+                    text,
+                    at_ms: ctx.now_ms,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn on_provider_event(&mut self, ev: ProviderEvent, fx: &mut Vec<Effect>) {
+        if !self.is_streaming() {
+            return;
+        }
+        match ev {
+            ProviderEvent::TextDelta(t) => {
+                self.partial.text.push_str(&t);
+                fx.push(Effect::Delta(t));
+            }
+            ProviderEvent::ToolCall { name, arguments } => self.partial.calls.push((name, arguments)),
+            ProviderEvent::Usage(u) => self.partial.usage.add(&u),
+            ProviderEvent::Done(_) => {}
+        }
+    }
+
+    fn on_stream_ended(
+        &mut self,
+        result: Result<(), ProviderError>,
+        ctx: Ctx<'_>,
+        fx: &mut Vec<Effect>,
+    ) {
+        if !self.is_streaming() {
+            return;
+        }
+        let partial = std::mem::take(&mut self.partial);
+        let mut usage = partial.usage;
+        usage.provider_requests = 1;
+        self.header.usage.add(&usage);
+        self.dirty = true;
+        let step = self.header.step;
+        if let Err(e) = result {
+            // §11: after a failure the partial text is kept and the error is
+            // recorded where the model and the user will both see it.
+            let text = if partial.text.is_empty() {
+                format!("[Provider error: {e}]")
+            } else {
+                format!("{}\n[Provider error: {e}]", partial.text)
+            };
+            self.emit(
+                EventKind::Error {
+                    message: format!("provider error: {e}"),
+                },
+                ctx.now_ms,
+            );
+            self.emit(
+                EventKind::AssistantMessage {
+                    step,
+                    text: text.clone(),
+                },
+                ctx.now_ms,
+            );
+            self.push_entry(TranscriptEntry::Assistant {
+                text,
+                tool_calls: vec![],
+                at_ms: ctx.now_ms,
+            });
+            self.end_turn(StopReason::Error, ctx, fx);
+            return;
+        }
+        let mut records = Vec::with_capacity(partial.calls.len());
+        let mut proposed = Vec::with_capacity(partial.calls.len());
+        for (name, arguments) in partial.calls {
+            let id = ToolCallId::generate();
+            proposed.push(ProposedCall {
+                id: id.clone(),
+                name: name.clone(),
+                arguments: arguments.clone(),
+            });
+            records.push(ToolCallRecord::proposed(id, name, arguments, ctx.now_ms));
+        }
+        self.emit(
+            EventKind::AssistantMessage {
+                step,
+                text: partial.text.clone(),
+            },
+            ctx.now_ms,
+        );
+        self.push_entry(TranscriptEntry::Assistant {
+            text: partial.text,
+            tool_calls: proposed,
+            at_ms: ctx.now_ms,
+        });
+        if records.is_empty() {
+            self.end_turn(StopReason::EndTurn, ctx, fx);
+            return;
+        }
+        for mut call in records {
+            self.emit(
+                EventKind::ToolCallProposed {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                },
+                ctx.now_ms,
+            );
+            self.vet(&mut call, ctx, fx);
+            self.header.open_calls.push(call);
+        }
+        self.advance(ctx, fx);
+    }
+
+    fn on_decide(
+        &mut self,
+        sub: Submission,
+        ctx: Ctx<'_>,
+        fx: &mut Vec<Effect>,
+    ) -> Result<(), SessionError> {
+        self.refuse_if_terminal()?;
+        if sub.decisions.is_empty() {
+            if sub.metadata.is_empty() {
+                return Err(SessionError::EmptySubmission);
+            }
+            return Err(SessionError::StrayMetadata(
+                sub.metadata.keys().cloned().collect(),
+            ));
+        }
+        // Classify every id before changing anything: a submission is applied
+        // whole or not at all.
+        let known: BTreeSet<&ToolCallId> = self.all_calls().into_iter().map(|c| &c.id).collect();
+        let mut unknown = Vec::new();
+        let mut decided = Vec::new();
+        for id in sub.decisions.keys() {
+            match self.header.open_calls.iter().find(|c| &c.id == id) {
+                Some(c) if c.state == CallState::AwaitingApproval => {}
+                Some(_) => decided.push(id.clone()),
+                None if known.contains(id) => decided.push(id.clone()),
+                None => unknown.push(id.clone()),
+            }
+        }
+        if !unknown.is_empty() {
+            return Err(SessionError::UnknownCalls(unknown));
+        }
+        if !decided.is_empty() {
+            return Err(SessionError::AlreadyDecided(decided));
+        }
+        let stray: Vec<ToolCallId> = sub
+            .metadata
+            .keys()
+            .filter(|id| !sub.decisions.contains_key(*id))
+            .cloned()
+            .collect();
+        if !stray.is_empty() {
+            return Err(SessionError::StrayMetadata(stray));
+        }
+        // Validate overrides against the schema before applying any decision.
+        let mut merged = Vec::new();
+        for (id, decision) in &sub.decisions {
+            if let Decision::Approve {
+                override_args: Some(over),
+            } = decision
+            {
+                let Some(call) = self.header.open_calls.iter().find(|c| &c.id == id) else {
+                    continue;
+                };
+                let (args, diff) = merge_override(&call.arguments, over);
+                if let Err(error) = ctx.tools.validate(&call.name, &args) {
+                    return Err(SessionError::InvalidOverride {
+                        call_id: id.clone(),
+                        error,
+                    });
+                }
+                merged.push((id.clone(), args, diff));
+            }
+        }
+        let Submission {
+            decisions,
+            mut metadata,
+            approved_by,
+        } = sub;
+        for (id, decision) in decisions {
+            let (effective, diff) = match merged.iter().position(|(m, _, _)| m == &id) {
+                Some(i) => {
+                    let (_, args, diff) = merged.swap_remove(i);
+                    (Some(args), Some(diff))
+                }
+                None => (None, None),
+            };
+            let record = DecisionRecord {
+                decision: decision.clone(),
+                by: approved_by.clone(),
+                at_ms: ctx.now_ms,
+                metadata: metadata.remove(&id),
+                args_diff: diff,
+            };
+            self.record_decision(&id, record, effective, ctx);
+        }
+        self.advance(ctx, fx);
+        Ok(())
+    }
+
+    fn on_tool_finished(
+        &mut self,
+        call_id: ToolCallId,
+        attempt: u32,
+        result: Result<Value, Value>,
+        ctx: Ctx<'_>,
+        fx: &mut Vec<Effect>,
+    ) {
+        let Some(call) = self
+            .header
+            .open_calls
+            .iter_mut()
+            .find(|c| c.id == call_id && c.state == CallState::Running && c.attempt == attempt)
+        else {
+            return; // stale: cancelled, or an older attempt
+        };
+        let (state, value) = match result {
+            Ok(v) => (CallState::Completed, v),
+            Err(v) => (CallState::Failed, v),
+        };
+        call.finish(state, value.clone(), ctx.now_ms);
+        self.dirty = true;
+        self.emit(
+            EventKind::ToolCallFinished {
+                call_id,
+                state,
+                result: value,
+            },
+            ctx.now_ms,
+        );
+        self.advance(ctx, fx);
+    }
+
+    fn on_approval_timeout(&mut self, call_id: ToolCallId, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        let waiting = self
+            .header
+            .open_calls
+            .iter()
+            .any(|c| c.id == call_id && c.state == CallState::AwaitingApproval);
+        if !waiting || self.header.status.is_terminal() {
+            return;
+        }
+        let record = DecisionRecord {
+            decision: Decision::deny(APPROVAL_TIMEOUT_REASON),
+            by: Some("system".into()),
+            at_ms: ctx.now_ms,
+            metadata: None,
+            args_diff: None,
+        };
+        self.record_decision(&call_id, record, None, ctx);
+        self.advance(ctx, fx);
+    }
+
+    fn on_cancel(&mut self, ctx: Ctx<'_>, fx: &mut Vec<Effect>) -> Result<(), SessionError> {
+        self.refuse_if_terminal()?;
+        if self.is_streaming() {
+            fx.push(Effect::StopStream);
+            let partial = std::mem::take(&mut self.partial);
+            if !partial.text.is_empty() {
+                self.push_entry(TranscriptEntry::Assistant {
+                    text: partial.text,
+                    tool_calls: vec![],
+                    at_ms: ctx.now_ms,
+                });
+            }
+        }
+        if self
+            .header
+            .open_calls
+            .iter()
+            .any(|c| c.state == CallState::Running)
+        {
+            fx.push(Effect::KillTools);
+        }
+        for call in &mut self.header.open_calls {
+            if !call.state.is_terminal() {
+                call.finish(
+                    CallState::Cancelled,
+                    json!({"error": "cancelled: the session was cancelled"}),
+                    ctx.now_ms,
+                );
+            }
+        }
+        self.close_step(ctx);
+        self.header.inbox.clear();
+        let turn_running = matches!(
+            self.header.status,
+            SessionStatus::Running | SessionStatus::AwaitingApproval
+        );
+        if turn_running {
+            self.end_turn(StopReason::Cancelled, ctx, fx);
+        } else {
+            self.set_status(SessionStatus::Cancelled, ctx);
+        }
+        Ok(())
+    }
+
+    fn on_fail(
+        &mut self,
+        reason: String,
+        ctx: Ctx<'_>,
+        fx: &mut Vec<Effect>,
+    ) -> Result<(), SessionError> {
+        self.refuse_if_terminal()?;
+        self.partial = Partial::default();
+        for call in &mut self.header.open_calls {
+            if !call.state.is_terminal() {
+                call.finish(
+                    CallState::Cancelled,
+                    json!({"error": format!("session failed: {reason}")}),
+                    ctx.now_ms,
+                );
+            }
+        }
+        self.close_step(ctx);
+        self.header.inbox.clear();
+        self.emit(
+            EventKind::Error {
+                message: reason.clone(),
+            },
+            ctx.now_ms,
+        );
+        self.header.error = Some(reason);
+        if matches!(
+            self.header.status,
+            SessionStatus::Running | SessionStatus::AwaitingApproval
+        ) {
+            self.header.last_stop_reason = Some(StopReason::Error);
+            self.emit(
+                EventKind::TurnEnded {
+                    turn: self.header.turn,
+                    stop_reason: StopReason::Error,
+                    usage: self.header.usage,
+                },
+                ctx.now_ms,
+            );
+        }
+        fx.push(Effect::StopStream);
+        self.set_status(SessionStatus::Failed, ctx);
+        Ok(())
+    }
+
+    fn on_done(&mut self, ctx: Ctx<'_>) -> Result<(), SessionError> {
+        self.refuse_if_terminal()?;
+        match self.header.status {
+            SessionStatus::Pending | SessionStatus::AwaitingInput => {
+                self.set_status(SessionStatus::Completed, ctx);
+                Ok(())
+            }
+            status => Err(SessionError::Busy {
+                id: self.header.id,
+                status,
+            }),
+        }
+    }
+
+    fn on_resume(&mut self, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        match self.header.status {
+            SessionStatus::Running if self.header.open_calls.is_empty() => {
+                // The step's provider call was in flight: re-issue it (§9).
+                self.partial = Partial::default();
+                fx.push(Effect::StartStream(self.provider_request(ctx.tools)));
+            }
+            SessionStatus::Running | SessionStatus::AwaitingApproval => {
+                for i in 0..self.header.open_calls.len() {
+                    let state = self.header.open_calls[i].state;
+                    if state == CallState::Running {
+                        self.interrupted(i, ctx, fx);
+                    } else if state == CallState::AwaitingApproval {
+                        self.arm_timer(i, ctx, fx);
+                    }
+                }
+                self.advance(ctx, fx);
+            }
+            _ => {}
+        }
+    }
+
+    // ---- the turn loop ------------------------------------------------------
+
+    fn start_turn(&mut self, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        self.header.turn += 1;
+        self.header.step = 0;
+        self.emit(
+            EventKind::TurnStarted {
+                turn: self.header.turn,
+            },
+            ctx.now_ms,
+        );
+        self.set_status(SessionStatus::Running, ctx);
+        self.start_step(ctx, fx);
+    }
+
+    fn start_step(&mut self, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        if self.header.step >= self.header.config.max_steps {
+            self.end_turn(StopReason::MaxSteps, ctx, fx);
+            return;
+        }
+        self.header.step += 1;
+        self.dirty = true;
+        self.partial = Partial::default();
+        fx.push(Effect::StartStream(self.provider_request(ctx.tools)));
+    }
+
+    /// Policy and validation of one freshly proposed call (§5.4, §6).
+    fn vet(&mut self, call: &mut ToolCallRecord, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        let in_scope = self.header.config.tools.iter().any(|t| t == &call.name)
+            && ctx.tools.spec(&call.name).is_some();
+        if !in_scope {
+            self.fail_call(call, not_available(&call.name), ctx);
+            return;
+        }
+        if let Err(error) = ctx.tools.validate(&call.name, &call.arguments) {
+            self.fail_call(call, error, ctx);
+            return;
+        }
+        let requires = ctx
+            .tools
+            .spec(&call.name)
+            .is_some_and(|s| s.requires_approval);
+        let ask = match self.header.config.approval {
+            ApprovalPolicy::Auto => false,
+            ApprovalPolicy::Always => true,
+            ApprovalPolicy::PerTool => requires,
+        };
+        if ask {
+            call.requires_approval = true;
+            call.state = CallState::AwaitingApproval;
+            let secs = self.header.config.approval_timeout_secs;
+            call.approval_deadline_ms =
+                Some(ctx.now_ms.saturating_add((secs as i64).saturating_mul(1000)));
+            self.emit(
+                EventKind::ApprovalRequested {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                    outcome_unknown: false,
+                },
+                ctx.now_ms,
+            );
+            fx.push(Effect::ArmApprovalTimer {
+                call_id: call.id.clone(),
+                after: Duration::from_secs(secs),
+            });
+        } else {
+            call.state = CallState::Approved;
+        }
+    }
+
+    fn fail_call(&mut self, call: &mut ToolCallRecord, error: Value, ctx: Ctx<'_>) {
+        call.finish(CallState::Failed, error.clone(), ctx.now_ms);
+        self.emit(
+            EventKind::ToolCallFinished {
+                call_id: call.id.clone(),
+                state: CallState::Failed,
+                result: error,
+            },
+            ctx.now_ms,
+        );
+    }
+
+    fn record_decision(
+        &mut self,
+        id: &ToolCallId,
+        record: DecisionRecord,
+        effective: Option<Value>,
+        ctx: Ctx<'_>,
+    ) {
+        let Some(i) = self.header.open_calls.iter().position(|c| &c.id == id) else {
+            return;
+        };
+        self.emit(
+            EventKind::DecisionRecorded {
+                call_id: id.clone(),
+                record: record.clone(),
+            },
+            ctx.now_ms,
+        );
+        let call = &mut self.header.open_calls[i];
+        let denial = match &record.decision {
+            Decision::Deny { message } => Some(message.clone()),
+            Decision::Approve { .. } => None,
+        };
+        call.decision = Some(record);
+        let finished = match denial {
+            Some(message) if call.outcome_unknown => {
+                // Denying the re-run of an interrupted call fails it (§9 `ask`).
+                let _ = message;
+                call.finish(CallState::Failed, interrupted_error(), ctx.now_ms);
+                Some((CallState::Failed, interrupted_error()))
+            }
+            Some(message) => {
+                let reason = message.unwrap_or_else(|| "no reason given".into());
+                let result = Value::String(format!("Tool denied by user: {reason}"));
+                call.finish(CallState::Denied, result.clone(), ctx.now_ms);
+                Some((CallState::Denied, result))
+            }
+            None => {
+                if effective.is_some() {
+                    call.effective_arguments = effective;
+                }
+                call.state = CallState::Approved;
+                None
+            }
+        };
+        self.dirty = true;
+        if let Some((state, result)) = finished {
+            self.emit(
+                EventKind::ToolCallFinished {
+                    call_id: id.clone(),
+                    state,
+                    result,
+                },
+                ctx.now_ms,
+            );
+        }
+    }
+
+    /// Moves the open step forward: wait for decisions, dispatch approved calls,
+    /// or close the step and start the next one (§5.5–§5.7).
+    fn advance(&mut self, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        if self.header.status.is_terminal() {
+            return;
+        }
+        if self
+            .header
+            .open_calls
+            .iter()
+            .any(|c| c.state == CallState::AwaitingApproval)
+        {
+            self.set_status(SessionStatus::AwaitingApproval, ctx);
+            return;
+        }
+        self.set_status(SessionStatus::Running, ctx);
+        let calls = &self.header.open_calls;
+        let parallel = self.header.config.parallel_tool_calls;
+        let running = calls.iter().any(|c| c.state == CallState::Running);
+        let to_dispatch: Vec<usize> = if parallel {
+            (0..calls.len())
+                .filter(|&i| calls[i].state == CallState::Approved)
+                .collect()
+        } else if running {
+            vec![]
+        } else {
+            calls
+                .iter()
+                .position(|c| c.state == CallState::Approved)
+                .into_iter()
+                .collect()
+        };
+        for i in to_dispatch {
+            self.dispatch(i, ctx, fx);
+        }
+        if self.header.open_calls.iter().all(|c| c.state.is_terminal()) {
+            self.close_step(ctx);
+            self.start_step(ctx, fx);
+        }
+    }
+
+    /// Records the intent and asks the actor to run the call (§9 effect journal).
+    fn dispatch(&mut self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        let call = &mut self.header.open_calls[i];
+        call.state = CallState::Running;
+        call.attempt += 1;
+        let key = call
+            .idempotency_key
+            .get_or_insert_with(|| call.id.0.clone())
+            .clone();
+        let effect = Effect::Dispatch {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            arguments: call.run_arguments().clone(),
+            attempt: call.attempt,
+            idempotency_key: key,
+        };
+        let (call_id, attempt) = (call.id.clone(), call.attempt);
+        self.header.usage.tool_calls += 1;
+        self.dirty = true;
+        self.emit(EventKind::ToolCallStarted { call_id, attempt }, ctx.now_ms);
+        fx.push(effect);
+    }
+
+    /// A call was running when its actor (or the process) stopped (§9).
+    fn interrupted(&mut self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        let policy = ctx
+            .tools
+            .spec(&self.header.open_calls[i].name)
+            .map(|s| s.interrupt_policy())
+            .unwrap_or(OnInterrupt::Fail);
+        let auto = self.header.config.approval == ApprovalPolicy::Auto;
+        match policy {
+            OnInterrupt::Retry => self.dispatch_again(i, ctx, fx),
+            OnInterrupt::Ask if !auto => {
+                let call = &mut self.header.open_calls[i];
+                call.state = CallState::AwaitingApproval;
+                call.outcome_unknown = true;
+                call.decision = None;
+                call.approval_deadline_ms = Some(ctx.now_ms.saturating_add(
+                    (self.header.config.approval_timeout_secs as i64).saturating_mul(1000),
+                ));
+                let (call_id, name, arguments) =
+                    (call.id.clone(), call.name.clone(), call.run_arguments().clone());
+                self.dirty = true;
+                self.emit(
+                    EventKind::ApprovalRequested {
+                        call_id,
+                        name,
+                        arguments,
+                        outcome_unknown: true,
+                    },
+                    ctx.now_ms,
+                );
+                self.arm_timer(i, ctx, fx);
+            }
+            OnInterrupt::Ask | OnInterrupt::Fail => {
+                let call = &mut self.header.open_calls[i];
+                call.finish(CallState::Failed, interrupted_error(), ctx.now_ms);
+                let call_id = call.id.clone();
+                self.dirty = true;
+                self.emit(
+                    EventKind::ToolCallFinished {
+                        call_id,
+                        state: CallState::Failed,
+                        result: interrupted_error(),
+                    },
+                    ctx.now_ms,
+                );
+            }
+        }
+    }
+
+    fn dispatch_again(&mut self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        self.header.open_calls[i].state = CallState::Approved;
+        if self.header.config.parallel_tool_calls
+            || !self
+                .header
+                .open_calls
+                .iter()
+                .any(|c| c.state == CallState::Running)
+        {
+            self.dispatch(i, ctx, fx);
+        }
+    }
+
+    fn arm_timer(&self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        let call = &self.header.open_calls[i];
+        let remaining = call
+            .approval_deadline_ms
+            .map(|d| d.saturating_sub(ctx.now_ms).max(0) as u64)
+            .unwrap_or(self.header.config.approval_timeout_secs * 1000);
+        fx.push(Effect::ArmApprovalTimer {
+            call_id: call.id.clone(),
+            after: Duration::from_millis(remaining),
+        });
+    }
+
+    /// Moves the open step's finished calls into the transcript, in proposal order.
+    fn close_step(&mut self, _ctx: Ctx<'_>) {
+        let calls = std::mem::take(&mut self.header.open_calls);
+        for call in calls {
+            self.push_entry(TranscriptEntry::ToolResult { call });
+        }
+    }
+
+    fn end_turn(&mut self, reason: StopReason, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        self.header.last_stop_reason = Some(reason);
+        self.emit(
+            EventKind::TurnEnded {
+                turn: self.header.turn,
+                stop_reason: reason,
+                usage: self.header.usage,
+            },
+            ctx.now_ms,
+        );
+        if reason == StopReason::Cancelled {
+            self.set_status(SessionStatus::Cancelled, ctx);
+            return;
+        }
+        if !self.header.inbox.is_empty() {
+            let next = self.header.inbox.remove(0);
+            self.push_entry(TranscriptEntry::User {
+                text: next.text,
+                at_ms: next.at_ms,
+            });
+            self.start_turn(ctx, fx);
+            return;
+        }
+        let status = if self.header.auto_complete {
+            SessionStatus::Completed
+        } else {
+            SessionStatus::AwaitingInput
+        };
+        self.set_status(status, ctx);
+    }
+
+    // ---- helpers ------------------------------------------------------------
+
+    fn is_streaming(&self) -> bool {
+        self.header.status == SessionStatus::Running && self.header.open_calls.is_empty()
+    }
+
+    fn refuse_if_terminal(&self) -> Result<(), SessionError> {
+        if self.header.status.is_terminal() {
+            return Err(SessionError::Terminal {
+                id: self.header.id,
+                status: self.header.status,
+            });
+        }
+        Ok(())
+    }
+
+    fn set_status(&mut self, status: SessionStatus, ctx: Ctx<'_>) {
+        if self.header.status != status {
+            self.header.status = status;
+            self.emit(EventKind::StatusChanged { status }, ctx.now_ms);
+        }
+    }
+
+    fn push_entry(&mut self, entry: TranscriptEntry) {
+        self.transcript.push(Arc::new(entry));
+        self.header.transcript_len = self.transcript.len() as u64;
+        self.dirty = true;
+    }
+
+    fn emit(&mut self, kind: EventKind, at_ms: i64) {
+        self.header.last_event_seq += 1;
+        self.pending_events.push(Event {
+            session_id: self.header.id,
+            seq: self.header.last_event_seq,
+            at_ms,
+            kind,
+        });
+        self.dirty = true;
+    }
+}

@@ -1,0 +1,108 @@
+//! The checkpoint store port (§9).
+//!
+//! This module owns the [`CheckpointStore`] trait, the unit of durability
+//! ([`Checkpoint`]: one session's header plus its new transcript entries and
+//! new events, written atomically) and an in-memory implementation for tests
+//! and embedding. It deliberately knows no disk format: the sled store lives
+//! in the `overseer` crate (`src/store.rs`).
+
+mod memory;
+
+pub use memory::MemStore;
+
+use std::sync::Arc;
+
+use crate::model::{Event, SessionHeader, SessionId, SessionStatus, TranscriptEntry};
+
+/// One atomic write: the header as it is now, plus what was appended since the
+/// previous checkpoint. Its size depends on what changed, not on history.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// The full (small) header.
+    pub header: SessionHeader,
+    /// New transcript entries with their 0-based indexes.
+    pub entries: Vec<(u64, Arc<TranscriptEntry>)>,
+    /// New events (seq ascending).
+    pub events: Vec<Event>,
+}
+
+/// A session as read back from the store.
+#[derive(Debug, Clone)]
+pub struct StoredSession {
+    /// The header.
+    pub header: SessionHeader,
+    /// The whole transcript in order.
+    pub transcript: Vec<Arc<TranscriptEntry>>,
+}
+
+/// A lightweight row for listing and boot recovery, without the transcript.
+pub type SessionSummary = SessionHeader;
+
+/// Store failures.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StoreError {
+    /// The underlying database failed.
+    #[error("storage failure: {0}")]
+    Io(String),
+    /// Stored data could not be decoded.
+    #[error("corrupt record for session {session}: {detail}")]
+    Corrupt {
+        /// Session (or "meta").
+        session: String,
+        /// What failed.
+        detail: String,
+    },
+    /// A snapshot written by a newer binary (§9): refused, never overwritten.
+    #[error("session {session} has schema_version {found}, but this binary reads at most {supported}; upgrade overseer to open it")]
+    SchemaTooNew {
+        /// Session id.
+        session: SessionId,
+        /// Version found on disk.
+        found: u32,
+        /// Newest version this binary reads.
+        supported: u32,
+    },
+}
+
+/// Durable storage of sessions and their event logs.
+///
+/// `checkpoint` returns only once the write is as durable as the store's
+/// configured durability promises (for `fsync`: flushed to disk). Concurrent
+/// checkpoints of different sessions may share one flush.
+#[async_trait::async_trait]
+pub trait CheckpointStore: Send + Sync + 'static {
+    /// Writes one checkpoint atomically.
+    async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError>;
+
+    /// Reads a session back, or `None` if it does not exist. A snapshot with a
+    /// newer `schema_version` is [`StoreError::SchemaTooNew`].
+    async fn load(&self, id: SessionId) -> Result<Option<StoredSession>, StoreError>;
+
+    /// Reads only the header.
+    async fn load_header(&self, id: SessionId) -> Result<Option<SessionHeader>, StoreError>;
+
+    /// Events of a session with `seq > after`, ascending, at most `limit`.
+    async fn events_after(
+        &self,
+        id: SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError>;
+
+    /// Headers of all sessions whose status is one of `statuses` (all when empty).
+    async fn list_by_status(
+        &self,
+        statuses: &[SessionStatus],
+    ) -> Result<Vec<SessionSummary>, StoreError>;
+
+    /// Headers of a tenant's sessions, ascending by id, after `cursor`, at most `limit`.
+    async fn list_tenant(
+        &self,
+        tenant: &str,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError>;
+
+    /// Makes everything written so far durable (used at shutdown).
+    async fn flush(&self) -> Result<(), StoreError>;
+}

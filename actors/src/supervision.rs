@@ -1,0 +1,107 @@
+//! Restart policy (§10) as a pure decision: given the policy, the restarts
+//! seen so far and the time, restart after a backoff or give up.
+//!
+//! Owns only the arithmetic. Reloading the checkpoint and respawning is the
+//! supervisor's job ([`crate::orchestrator`]).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The restart policy of §10.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartPolicy {
+    /// Most restarts within the window.
+    pub max_restarts: u32,
+    /// Window length in seconds.
+    pub restart_window_secs: u64,
+    /// First backoff.
+    pub backoff_base_ms: u64,
+    /// Backoff ceiling.
+    pub backoff_max_ms: u64,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        Self {
+            max_restarts: 3,
+            restart_window_secs: 60,
+            backoff_base_ms: 100,
+            backoff_max_ms: 5_000,
+        }
+    }
+}
+
+/// What to do about a failed actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Respawn after this delay.
+    Restart(Duration),
+    /// The limit is exceeded: mark the session failed.
+    GiveUp,
+}
+
+/// Restarts recorded for one session (monotonic milliseconds).
+#[derive(Debug, Clone, Default)]
+pub struct RestartHistory {
+    at_ms: Vec<u64>,
+}
+
+impl RestartHistory {
+    /// Decides about a new failure at `now_ms` and, for a restart, records it.
+    pub fn decide(&mut self, policy: &RestartPolicy, now_ms: u64) -> Decision {
+        let window = policy.restart_window_secs.saturating_mul(1000);
+        self.at_ms.retain(|&t| now_ms.saturating_sub(t) < window);
+        let n = self.at_ms.len() as u32;
+        if n >= policy.max_restarts {
+            return Decision::GiveUp;
+        }
+        self.at_ms.push(now_ms);
+        let backoff = policy
+            .backoff_base_ms
+            .saturating_mul(1u64 << n.min(20))
+            .min(policy.backoff_max_ms);
+        Decision::Restart(Duration::from_millis(backoff))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backs_off_exponentially_then_gives_up() {
+        let p = RestartPolicy::default();
+        let mut h = RestartHistory::default();
+        assert_eq!(h.decide(&p, 0), Decision::Restart(Duration::from_millis(100)));
+        assert_eq!(h.decide(&p, 10), Decision::Restart(Duration::from_millis(200)));
+        assert_eq!(h.decide(&p, 20), Decision::Restart(Duration::from_millis(400)));
+        assert_eq!(h.decide(&p, 30), Decision::GiveUp);
+    }
+
+    #[test]
+    fn old_restarts_leave_the_window() {
+        let p = RestartPolicy::default();
+        let mut h = RestartHistory::default();
+        for t in 0..3 {
+            assert!(matches!(h.decide(&p, t), Decision::Restart(_)));
+        }
+        assert_eq!(h.decide(&p, 61_000), Decision::Restart(Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn backoff_is_capped() {
+        let p = RestartPolicy {
+            max_restarts: 100,
+            ..RestartPolicy::default()
+        };
+        let mut h = RestartHistory::default();
+        let mut last = Duration::ZERO;
+        for t in 0..20 {
+            if let Decision::Restart(d) = h.decide(&p, t) {
+                last = d;
+            }
+        }
+        assert_eq!(last, Duration::from_millis(5_000));
+    }
+}

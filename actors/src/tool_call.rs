@@ -1,0 +1,116 @@
+//! The tool-call actor: runs exactly one dispatch of one tool call.
+//!
+//! It owns the tool contract of §8 at run time: the per-tool timeout, the
+//! 10 MiB result cap with its exact error object, and crash isolation (a
+//! panicking tool fails only its own actor; the session, its supervisor, turns
+//! the `ActorFailed` event into a `tool crashed` result). It deliberately owns
+//! no state machine: the session decides what a result means.
+
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tracing::Instrument;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+use crate::model::ToolCallId;
+use crate::session::SessionMsg;
+use crate::tool::{Tool, ToolContext, MAX_RESULT_BYTES};
+
+/// The actor.
+pub struct ToolCallActor;
+
+/// Messages.
+pub enum ToolCallMsg {
+    /// Run the tool now.
+    Run,
+}
+
+/// What one dispatch needs.
+pub struct ToolCallArgs {
+    /// The tool.
+    pub tool: Arc<dyn Tool>,
+    /// Call context (ids, idempotency key, attempt).
+    pub ctx: ToolContext,
+    /// Arguments to run with.
+    pub arguments: Value,
+    /// The session to report to.
+    pub session: ActorRef<SessionMsg>,
+}
+
+/// State: the args, consumed by `Run`.
+pub struct ToolCallState {
+    args: Option<ToolCallArgs>,
+}
+
+impl Actor for ToolCallActor {
+    type Msg = ToolCallMsg;
+    type State = ToolCallState;
+    type Arguments = ToolCallArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: ToolCallArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(ToolCallState { args: Some(args) })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let ToolCallMsg::Run = msg;
+        let Some(args) = state.args.take() else {
+            return Ok(());
+        };
+        let call_id: ToolCallId = args.ctx.call_id.clone();
+        let attempt = args.ctx.attempt;
+        let span = tracing::info_span!("tool_call", session_id = %args.ctx.session_id, tool_call_id = %call_id, tool = %args.tool.spec().name);
+        let result = run(args.tool.as_ref(), args.ctx, args.arguments)
+            .instrument(span)
+            .await;
+        // The session may be gone (cancelled); nothing to report to then.
+        let _ = args.session.cast(SessionMsg::ToolFinished {
+            call_id,
+            attempt,
+            result,
+        });
+        myself.stop(None);
+        Ok(())
+    }
+}
+
+/// Runs one call under the §8 contract (timeout, size cap). A panic propagates
+/// to the actor, which is the point: the supervisor records it.
+pub async fn run(tool: &dyn Tool, ctx: ToolContext, arguments: Value) -> Result<Value, Value> {
+    let secs = tool.spec().timeout_secs;
+    match tokio::time::timeout(Duration::from_secs(secs), tool.call(ctx, arguments)).await {
+        Err(_) => Err(json!({"error": format!("tool timed out after {secs} s")})),
+        Ok(Err(e)) => Err(e.to_value()),
+        Ok(Ok(value)) => cap_result(value),
+    }
+}
+
+/// Replaces a result over [`MAX_RESULT_BYTES`] by the error object of §8.
+pub fn cap_result(value: Value) -> Result<Value, Value> {
+    let size = match serde_json::to_vec(&value) {
+        Ok(bytes) => bytes.len(),
+        Err(e) => return Err(json!({"error": format!("tool result is not serializable: {e}")})),
+    };
+    if size > MAX_RESULT_BYTES {
+        return Err(json!({
+            "error": format!("Tool result exceeded maximum size of {MAX_RESULT_BYTES} bytes"),
+            "actual_size": size,
+            "truncated": true,
+        }));
+    }
+    Ok(value)
+}
+
+/// The result recorded for a tool whose actor crashed.
+pub fn crashed(reason: &str) -> Value {
+    json!({"error": format!("tool crashed: {reason}")})
+}

@@ -1,0 +1,1 @@
+//! placeholder: scenario (being written)

@@ -71,5 +71,8 @@ pub enum SessionError {
 }
 
 fn join(ids: &[ToolCallId]) -> String {
-    ids.iter().map(ToolCallId::as_str).collect::<Vec<_>>().join(", ")
+    ids.iter()
+        .map(ToolCallId::as_str)
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -25,7 +25,10 @@ pub struct OrchestratorActor;
 /// Messages.
 pub enum OrchestratorMsg {
     /// Start the actor for a checkpointed session (or return the live one).
-    Spawn(Box<Session>, RpcReplyPort<Result<ActorRef<SessionMsg>, SessionError>>),
+    Spawn(
+        Box<Session>,
+        RpcReplyPort<Result<ActorRef<SessionMsg>, SessionError>>,
+    ),
     /// Respawn a failed session from its last checkpoint (sent after backoff).
     Restart {
         /// Session.
@@ -144,13 +147,16 @@ impl OrchestratorState {
 
     fn forget(&mut self, actor: ActorId) -> Option<SessionId> {
         let id = self.by_actor.remove(&actor)?;
-        self.runtime
-            .live
-            .remove_if(&id, |_, r| r.get_id() == actor);
+        self.runtime.live.remove_if(&id, |_, r| r.get_id() == actor);
         Some(id)
     }
 
-    async fn on_failure(&mut self, myself: &ActorRef<OrchestratorMsg>, id: SessionId, reason: String) {
+    async fn on_failure(
+        &mut self,
+        myself: &ActorRef<OrchestratorMsg>,
+        id: SessionId,
+        reason: String,
+    ) {
         let now = self.epoch.elapsed().as_millis() as u64;
         let decision = self
             .restarts
@@ -159,7 +165,10 @@ impl OrchestratorState {
             .decide(&self.runtime.config.restart, now);
         match decision {
             Decision::Restart(after) => {
-                self.runtime.metrics.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.runtime
+                    .metrics
+                    .restarts
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 myself.send_after(after, move || OrchestratorMsg::Restart { id, reason });
             }
             Decision::GiveUp => {

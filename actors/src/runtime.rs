@@ -23,8 +23,8 @@ use tokio::task::JoinHandle;
 use crate::error::SessionError;
 use crate::hub::EventHub;
 use crate::model::{
-    now_ms, AgentConfig, Event, Notification, SessionHeader, SessionId, SessionStatus,
-    Submission, Usage, SCHEMA_VERSION,
+    now_ms, AgentConfig, Event, Notification, SessionHeader, SessionId, SessionStatus, Submission,
+    Usage, SCHEMA_VERSION,
 };
 use crate::orchestrator::{OrchestratorActor, OrchestratorArgs, OrchestratorMsg};
 use crate::provider::Provider;
@@ -203,7 +203,7 @@ impl Overseer {
             open_calls: Vec::new(),
             transcript_len: 0,
             last_event_seq: 0,
-        error: None,
+            error: None,
         };
         let mut session = Session::new(header);
         if let Some(text) = req.prompt {
@@ -226,7 +226,11 @@ impl Overseer {
     }
 
     /// Sends a user message (starts a turn, or queues behind the running one).
-    pub async fn send_message(&self, id: SessionId, text: impl Into<String>) -> Result<(), SessionError> {
+    pub async fn send_message(
+        &self,
+        id: SessionId,
+        text: impl Into<String>,
+    ) -> Result<(), SessionError> {
         let text = text.into();
         self.route(id, move |reply| SessionMsg::Send(text.clone(), reply))
             .await
@@ -234,8 +238,10 @@ impl Overseer {
 
     /// Submits decisions; acknowledged once checkpointed.
     pub async fn submit(&self, id: SessionId, submission: Submission) -> Result<(), SessionError> {
-        self.route(id, move |reply| SessionMsg::Decide(submission.clone(), reply))
-            .await
+        self.route(id, move |reply| {
+            SessionMsg::Decide(submission.clone(), reply)
+        })
+        .await
     }
 
     /// Cancels the session.

@@ -310,10 +310,17 @@ mod tests {
         )
         .unwrap();
         let p = ScriptedProvider::new(scenario);
-        let user = TranscriptEntry::User { text: "task 42".into(), at_ms: 0 };
+        let user = TranscriptEntry::User {
+            text: "task 42".into(),
+            at_ms: 0,
+        };
         let evs = p.events_for(&request("a", vec![user.clone()])).unwrap();
         assert!(evs.iter().any(|e| matches!(e, Ok(ProviderEvent::ToolCall { arguments, .. }) if arguments == &json!({"key": 42}))));
-        let assistant = TranscriptEntry::Assistant { text: String::new(), tool_calls: vec![], at_ms: 0 };
+        let assistant = TranscriptEntry::Assistant {
+            text: String::new(),
+            tool_calls: vec![],
+            at_ms: 0,
+        };
         let evs = p
             .events_for(&request("a", vec![user.clone(), assistant.clone()]))
             .unwrap();

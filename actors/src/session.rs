@@ -162,7 +162,10 @@ impl Actor for SessionActor {
                     if attempt != state.stream_attempt {
                         return Ok(());
                     }
-                    state.transition(&myself, Input::Provider(event)).await.map(|_| ())
+                    state
+                        .transition(&myself, Input::Provider(event))
+                        .await
+                        .map(|_| ())
                 }
                 SessionMsg::StreamEnded { attempt, result } => {
                     if attempt != state.stream_attempt {
@@ -179,7 +182,9 @@ impl Actor for SessionActor {
                     attempt,
                     result,
                 } => {
-                    state.tools.retain(|_, (id, a, _)| !(id == &call_id && *a == attempt));
+                    state
+                        .tools
+                        .retain(|_, (id, a, _)| !(id == &call_id && *a == attempt));
                     state
                         .transition(
                             &myself,
@@ -380,8 +385,7 @@ impl SessionState {
         match Actor::spawn_linked(None, ToolCallActor, args, myself.get_cell()).await {
             Ok((actor, _)) => {
                 if actor.cast(ToolCallMsg::Run).is_ok() {
-                    self.tools
-                        .insert(actor.get_id(), (call_id, attempt, actor));
+                    self.tools.insert(actor.get_id(), (call_id, attempt, actor));
                 } else {
                     let _ = myself.cast(SessionMsg::ToolFinished {
                         call_id,

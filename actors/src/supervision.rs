@@ -73,9 +73,18 @@ mod tests {
     fn backs_off_exponentially_then_gives_up() {
         let p = RestartPolicy::default();
         let mut h = RestartHistory::default();
-        assert_eq!(h.decide(&p, 0), Decision::Restart(Duration::from_millis(100)));
-        assert_eq!(h.decide(&p, 10), Decision::Restart(Duration::from_millis(200)));
-        assert_eq!(h.decide(&p, 20), Decision::Restart(Duration::from_millis(400)));
+        assert_eq!(
+            h.decide(&p, 0),
+            Decision::Restart(Duration::from_millis(100))
+        );
+        assert_eq!(
+            h.decide(&p, 10),
+            Decision::Restart(Duration::from_millis(200))
+        );
+        assert_eq!(
+            h.decide(&p, 20),
+            Decision::Restart(Duration::from_millis(400))
+        );
         assert_eq!(h.decide(&p, 30), Decision::GiveUp);
     }
 
@@ -86,7 +95,10 @@ mod tests {
         for t in 0..3 {
             assert!(matches!(h.decide(&p, t), Decision::Restart(_)));
         }
-        assert_eq!(h.decide(&p, 61_000), Decision::Restart(Duration::from_millis(100)));
+        assert_eq!(
+            h.decide(&p, 61_000),
+            Decision::Restart(Duration::from_millis(100))
+        );
     }
 
     #[test]

@@ -9,9 +9,9 @@
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
-use tracing::Instrument;
 use serde_json::{json, Value};
 use std::sync::Arc;
+use tracing::Instrument;
 
 use crate::model::ToolCallId;
 use crate::session::SessionMsg;

@@ -125,7 +125,12 @@ mod tests {
             json!({"decision": "approve", "override_args": {"path": "/tmp"}}),
         )
         .unwrap();
-        assert!(matches!(d, Decision::Approve { override_args: Some(_) }));
+        assert!(matches!(
+            d,
+            Decision::Approve {
+                override_args: Some(_)
+            }
+        ));
         assert!(serde_json::from_value::<Decision>(json!({"decision": "maybe"})).is_err());
     }
 

@@ -21,6 +21,9 @@ pub struct ProposedCall {
 }
 
 /// One entry of a session's transcript.
+// Entries always live behind an `Arc`, so the variants' size difference costs
+// nothing per entry and boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum TranscriptEntry {

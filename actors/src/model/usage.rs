@@ -19,7 +19,9 @@ impl Usage {
     /// Adds `other` into `self`, saturating rather than wrapping: a corrupt
     /// provider figure must not turn a budget check upside down.
     pub fn add(&mut self, other: &Usage) {
-        self.provider_requests = self.provider_requests.saturating_add(other.provider_requests);
+        self.provider_requests = self
+            .provider_requests
+            .saturating_add(other.provider_requests);
         self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
         self.tool_calls = self.tool_calls.saturating_add(other.tool_calls);

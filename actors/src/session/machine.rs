@@ -18,8 +18,8 @@ use crate::error::SessionError;
 use crate::model::decision::merge_override;
 use crate::model::{
     ApprovalPolicy, CallState, Decision, DecisionRecord, Event, EventKind, OnInterrupt,
-    ProposedCall, SessionHeader, SessionStatus, StopReason, Submission, ToolCallId,
-    ToolCallRecord, TranscriptEntry, Usage,
+    ProposedCall, SessionHeader, SessionStatus, StopReason, Submission, ToolCallId, ToolCallRecord,
+    TranscriptEntry, Usage,
 };
 use crate::provider::{ProviderError, ProviderEvent, ProviderRequest};
 use crate::store::{Checkpoint, StoredSession};
@@ -313,7 +313,9 @@ impl Session {
                 self.partial.text.push_str(&t);
                 fx.push(Effect::Delta(t));
             }
-            ProviderEvent::ToolCall { name, arguments } => self.partial.calls.push((name, arguments)),
+            ProviderEvent::ToolCall { name, arguments } => {
+                self.partial.calls.push((name, arguments))
+            }
             ProviderEvent::Usage(u) => self.partial.usage.add(&u),
             ProviderEvent::Done(_) => {}
         }
@@ -723,8 +725,10 @@ impl Session {
             call.requires_approval = true;
             call.state = CallState::AwaitingApproval;
             let secs = self.header.config.approval_timeout_secs;
-            call.approval_deadline_ms =
-                Some(ctx.now_ms.saturating_add((secs as i64).saturating_mul(1000)));
+            call.approval_deadline_ms = Some(
+                ctx.now_ms
+                    .saturating_add((secs as i64).saturating_mul(1000)),
+            );
             self.emit(
                 EventKind::ApprovalRequested {
                     call_id: call.id.clone(),
@@ -894,8 +898,11 @@ impl Session {
                 call.approval_deadline_ms = Some(ctx.now_ms.saturating_add(
                     (self.header.config.approval_timeout_secs as i64).saturating_mul(1000),
                 ));
-                let (call_id, name, arguments) =
-                    (call.id.clone(), call.name.clone(), call.run_arguments().clone());
+                let (call_id, name, arguments) = (
+                    call.id.clone(),
+                    call.name.clone(),
+                    call.run_arguments().clone(),
+                );
                 self.dirty = true;
                 self.emit(
                     EventKind::ApprovalRequested {

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use crate::model::{Event, SessionHeader, SessionId, SessionStatus, TranscriptEntry, SCHEMA_VERSION};
+use crate::model::{
+    Event, SessionHeader, SessionId, SessionStatus, TranscriptEntry, SCHEMA_VERSION,
+};
 
 use super::{Checkpoint, CheckpointStore, SessionSummary, StoreError, StoredSession};
 

@@ -1,0 +1,834 @@
+//! The turn loop and approval semantics through the in-process API
+//! (`Overseer`), with real actors, the scripted provider and the in-memory
+//! store. Timing-dependent rules (approval and tool timeouts) run on paused
+//! tokio time; synchronisation is by subscribed events, never by sleeping.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use overseer_actors::model::{
+    AgentConfig, ApprovalPolicy, CallState, Decision, EventKind, Notification, SessionId,
+    SessionStatus, StopReason, Submission, ToolCallId, TranscriptEntry,
+};
+use overseer_actors::provider::{
+    Provider, ProviderError, ProviderEvent, ProviderRequest, ProviderStream,
+};
+use overseer_actors::scripted::{Scenario, ScriptedProvider};
+use overseer_actors::store::{CheckpointStore, MemStore};
+use overseer_actors::tool::{Tool, ToolContext, ToolError, ToolRegistry, ToolSpec};
+use overseer_actors::{CreateSession, Overseer, RuntimeConfig, SessionError};
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+// ---- test tools -------------------------------------------------------------
+
+/// Echoes its arguments; requires approval; counts executions.
+struct Echo {
+    spec: ToolSpec,
+    runs: Arc<AtomicU32>,
+    seen: Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+#[async_trait::async_trait]
+impl Tool for Echo {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    async fn call(&self, _ctx: ToolContext, arguments: Value) -> Result<Value, ToolError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        self.seen.lock().unwrap().push(arguments.clone());
+        Ok(json!({"echo": arguments}))
+    }
+}
+
+/// Never finishes (until killed or timed out).
+struct Stuck(ToolSpec);
+
+#[async_trait::async_trait]
+impl Tool for Stuck {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    async fn call(&self, _ctx: ToolContext, _arguments: Value) -> Result<Value, ToolError> {
+        futures::future::pending::<()>().await;
+        Ok(Value::Null)
+    }
+}
+
+/// Returns a result larger than the 10 MiB cap.
+struct Huge(ToolSpec);
+
+#[async_trait::async_trait]
+impl Tool for Huge {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    async fn call(&self, _ctx: ToolContext, _arguments: Value) -> Result<Value, ToolError> {
+        Ok(Value::String("x".repeat(11 * 1024 * 1024)))
+    }
+}
+
+/// Panics.
+struct Boom(ToolSpec);
+
+#[async_trait::async_trait]
+impl Tool for Boom {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    async fn call(&self, _ctx: ToolContext, _arguments: Value) -> Result<Value, ToolError> {
+        panic!("boom went the tool");
+    }
+}
+
+fn object_schema() -> Value {
+    json!({"type": "object"})
+}
+
+struct Harness {
+    ov: Overseer,
+    store: MemStore,
+    echo_runs: Arc<AtomicU32>,
+    echo_seen: Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+fn tools(runs: Arc<AtomicU32>, seen: Arc<std::sync::Mutex<Vec<Value>>>) -> ToolRegistry {
+    let echo_schema = json!({
+        "type": "object",
+        "properties": {"text": {"type": "string"}, "count": {"type": "integer"}},
+        "required": ["text"],
+        "additionalProperties": false
+    });
+    ToolRegistry::new(vec![
+        Arc::new(Echo {
+            spec: ToolSpec::new("echo", "echoes", echo_schema).with_approval(true),
+            runs,
+            seen,
+        }),
+        Arc::new(Stuck(
+            ToolSpec::new("stuck", "never ends", object_schema()).with_timeout(5),
+        )),
+        Arc::new(Huge(ToolSpec::new("huge", "too big", object_schema()))),
+        Arc::new(Boom(ToolSpec::new("boom", "panics", object_schema()))),
+        Arc::new(Echo {
+            spec: ToolSpec::new("free_echo", "echoes without approval", object_schema()),
+            runs: Arc::new(AtomicU32::new(0)),
+            seen: Arc::new(std::sync::Mutex::new(Vec::new())),
+        }),
+    ])
+    .unwrap()
+}
+
+fn agent(tools: &[&str]) -> AgentConfig {
+    let mut a = AgentConfig::new("a", tools);
+    a.max_steps = 5;
+    a
+}
+
+async fn harness_with(agent: AgentConfig, provider: Arc<dyn Provider>) -> Harness {
+    let store = MemStore::new();
+    let runs = Arc::new(AtomicU32::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ov = Overseer::start(
+        vec![agent],
+        Arc::new(store.clone()),
+        provider,
+        tools(runs.clone(), seen.clone()),
+        RuntimeConfig::default(),
+    )
+    .await
+    .unwrap();
+    Harness {
+        ov,
+        store,
+        echo_runs: runs,
+        echo_seen: seen,
+    }
+}
+
+async fn harness(agent: AgentConfig, steps: Value) -> Harness {
+    let scenario =
+        Scenario::from_json(&json!({"name": "test", "agents": {"a": steps}}).to_string()).unwrap();
+    harness_with(agent, Arc::new(ScriptedProvider::new(scenario))).await
+}
+
+impl Harness {
+    /// Creates a session with `prompt`, subscribed before it starts.
+    async fn start(&self, prompt: &str) -> (SessionId, broadcast::Receiver<Notification>) {
+        let id = SessionId::generate();
+        let rx = self.ov.subscribe(id);
+        self.ov
+            .create_session(CreateSession {
+                agent: "a".into(),
+                tenant: "t".into(),
+                prompt: Some(prompt.into()),
+                id: Some(id),
+                ..CreateSession::default()
+            })
+            .await
+            .unwrap();
+        (id, rx)
+    }
+
+    async fn pending(&self, id: SessionId) -> Vec<ToolCallId> {
+        let s = self.ov.state(id).await.unwrap();
+        s.header
+            .open_calls
+            .iter()
+            .filter(|c| c.state == CallState::AwaitingApproval)
+            .map(|c| c.id.clone())
+            .collect()
+    }
+
+    async fn approve(&self, id: SessionId, call: &ToolCallId) {
+        self.ov
+            .submit(id, Submission::one(call.clone(), Decision::approve()))
+            .await
+            .unwrap();
+    }
+
+    async fn transcript(&self, id: SessionId) -> Vec<TranscriptEntry> {
+        let s = self.ov.state(id).await.unwrap();
+        s.transcript.iter().map(|e| (**e).clone()).collect()
+    }
+}
+
+/// Waits until a durable event matches; returns it.
+async fn until(
+    rx: &mut broadcast::Receiver<Notification>,
+    pred: impl Fn(&EventKind) -> bool,
+) -> EventKind {
+    loop {
+        match rx.recv().await {
+            Ok(Notification::Event(e)) if pred(&e.kind) => return e.kind,
+            Ok(_) => {}
+            Err(e) => panic!("event stream ended: {e}"),
+        }
+    }
+}
+
+async fn until_status(rx: &mut broadcast::Receiver<Notification>, status: SessionStatus) {
+    until(
+        rx,
+        |k| matches!(k, EventKind::StatusChanged { status: s } if *s == status),
+    )
+    .await;
+}
+
+async fn turn_end(rx: &mut broadcast::Receiver<Notification>) -> StopReason {
+    match until(rx, |k| matches!(k, EventKind::TurnEnded { .. })).await {
+        EventKind::TurnEnded { stop_reason, .. } => stop_reason,
+        _ => unreachable!(),
+    }
+}
+
+fn final_text(t: &[TranscriptEntry]) -> String {
+    t.iter()
+        .rev()
+        .find_map(|e| match e {
+            TranscriptEntry::Assistant { text, .. } => Some(text.clone()),
+            _ => None,
+        })
+        .unwrap()
+}
+
+fn tool_results(t: &[TranscriptEntry]) -> Vec<(String, CallState, Value)> {
+    t.iter()
+        .filter_map(|e| match e {
+            TranscriptEntry::ToolResult { call } => {
+                Some((call.name.clone(), call.state, call.result.clone().unwrap()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every call of the session, wherever it is, is terminal.
+async fn assert_all_terminal(h: &Harness, id: SessionId) {
+    let s = h.ov.state(id).await.unwrap();
+    for c in &s.header.open_calls {
+        assert!(
+            c.state.is_terminal(),
+            "open call {} left in {:?}",
+            c.id,
+            c.state
+        );
+    }
+    for e in &s.transcript {
+        if let TranscriptEntry::ToolResult { call } = e.as_ref() {
+            assert!(
+                call.state.is_terminal(),
+                "call {} left in {:?}",
+                call.id,
+                call.state
+            );
+        }
+    }
+    // The store agrees with memory.
+    let stored = h.store.load(id).await.unwrap().unwrap();
+    assert_eq!(stored.header.status, s.header.status);
+    assert!(stored
+        .header
+        .open_calls
+        .iter()
+        .all(|c| c.state.is_terminal()));
+}
+
+fn echo_then_answer() -> Value {
+    json!([
+        {"text": "Let me echo.", "tool_calls": [{"name": "echo", "arguments": {"text": "hi"}}]},
+        {"text": "Result: {{tool_result}}"}
+    ])
+}
+
+// ---- approvals ----------------------------------------------------------------
+
+#[tokio::test]
+async fn approve_runs_the_tool_and_the_model_answers_with_its_result() {
+    let h = harness(agent(&["echo"]), echo_then_answer()).await;
+    let (id, mut rx) = h.start("please echo").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let pending = h.pending(id).await;
+    assert_eq!(pending.len(), 1);
+    assert_eq!(
+        h.echo_runs.load(Ordering::SeqCst),
+        0,
+        "nothing runs before approval"
+    );
+    h.ov.submit(
+        id,
+        Submission {
+            decisions: BTreeMap::from([(pending[0].clone(), Decision::approve())]),
+            metadata: BTreeMap::from([(pending[0].clone(), json!({"ticket": 7}))]),
+            approved_by: Some("alice".into()),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let t = h.transcript(id).await;
+    assert_eq!(final_text(&t), r#"Result: {"echo":{"text":"hi"}}"#);
+    assert_eq!(h.echo_runs.load(Ordering::SeqCst), 1);
+    let s = h.ov.state(id).await.unwrap();
+    assert_eq!(s.header.status, SessionStatus::AwaitingInput);
+    let call = match t
+        .iter()
+        .find(|e| matches!(e, TranscriptEntry::ToolResult { .. }))
+    {
+        Some(TranscriptEntry::ToolResult { call }) => call.clone(),
+        _ => panic!("no tool result"),
+    };
+    let d = call.decision.unwrap();
+    assert_eq!(d.by.as_deref(), Some("alice"));
+    assert_eq!(d.metadata, Some(json!({"ticket": 7})));
+    assert_eq!(s.header.usage.tool_calls, 1);
+    assert_eq!(s.header.usage.provider_requests, 2);
+}
+
+#[tokio::test]
+async fn approve_with_valid_override_runs_merged_arguments_and_records_the_diff() {
+    let h = harness(agent(&["echo"]), echo_then_answer()).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let call = h.pending(id).await.remove(0);
+    let over = json!({"count": 3}).as_object().cloned();
+    h.ov.submit(
+        id,
+        Submission::one(
+            call.clone(),
+            Decision::Approve {
+                override_args: over,
+            },
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(
+        h.echo_seen.lock().unwrap().clone(),
+        vec![json!({"text": "hi", "count": 3})]
+    );
+    let t = h.transcript(id).await;
+    let rec = t
+        .iter()
+        .find_map(|e| match e {
+            TranscriptEntry::ToolResult { call } => Some(call.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(rec.arguments, json!({"text": "hi"}), "the proposal is kept");
+    assert_eq!(
+        rec.effective_arguments,
+        Some(json!({"text": "hi", "count": 3}))
+    );
+    assert_eq!(
+        rec.decision.unwrap().args_diff,
+        Some(json!({"count": {"from": null, "to": 3}}))
+    );
+}
+
+#[tokio::test]
+async fn schema_invalid_override_is_refused_and_the_call_stays_decidable() {
+    let h = harness(agent(&["echo"]), echo_then_answer()).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let call = h.pending(id).await.remove(0);
+    let over = json!({"count": "three"}).as_object().cloned();
+    let err =
+        h.ov.submit(
+            id,
+            Submission::one(
+                call.clone(),
+                Decision::Approve {
+                    override_args: over,
+                },
+            ),
+        )
+        .await
+        .unwrap_err();
+    match err {
+        SessionError::InvalidOverride { call_id, error } => {
+            assert_eq!(call_id, call);
+            assert!(error["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("schema validation failed"));
+            assert!(!error["validation_errors"].as_array().unwrap().is_empty());
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(h.pending(id).await, vec![call.clone()], "still pending");
+    h.approve(id, &call).await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(
+        h.echo_seen.lock().unwrap().clone(),
+        vec![json!({"text": "hi"})]
+    );
+}
+
+#[tokio::test]
+async fn deny_with_message_reaches_the_model() {
+    let h = harness(agent(&["echo"]), echo_then_answer()).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let call = h.pending(id).await.remove(0);
+    h.ov.submit(id, Submission::one(call, Decision::deny("not today")))
+        .await
+        .unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let t = h.transcript(id).await;
+    assert_eq!(final_text(&t), "Result: Tool denied by user: not today");
+    assert_eq!(tool_results(&t)[0].1, CallState::Denied);
+    assert_eq!(h.echo_runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn partial_submission_waits_for_the_rest() {
+    let steps = json!([
+        {"tool_calls": [
+            {"name": "echo", "arguments": {"text": "one"}},
+            {"name": "echo", "arguments": {"text": "two"}}
+        ]},
+        {"text": "both done"}
+    ]);
+    let h = harness(agent(&["echo"]), steps).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let pending = h.pending(id).await;
+    assert_eq!(pending.len(), 2);
+    h.approve(id, &pending[1]).await;
+    let s = h.ov.state(id).await.unwrap();
+    assert_eq!(s.header.status, SessionStatus::AwaitingApproval);
+    assert_eq!(h.pending(id).await, vec![pending[0].clone()]);
+    assert_eq!(
+        h.echo_runs.load(Ordering::SeqCst),
+        0,
+        "the step waits for every decision"
+    );
+    h.approve(id, &pending[0]).await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    // Results join the transcript in proposal order.
+    assert_eq!(
+        h.echo_seen.lock().unwrap().clone(),
+        vec![json!({"text": "one"}), json!({"text": "two"})]
+    );
+    let t = h.transcript(id).await;
+    let results: Vec<Value> = tool_results(&t).into_iter().map(|r| r.2).collect();
+    assert_eq!(
+        results,
+        vec![
+            json!({"echo": {"text": "one"}}),
+            json!({"echo": {"text": "two"}})
+        ]
+    );
+}
+
+#[tokio::test]
+async fn submission_errors_name_the_ids_and_change_nothing() {
+    let steps = json!([
+        {"tool_calls": [
+            {"name": "echo", "arguments": {"text": "one"}},
+            {"name": "echo", "arguments": {"text": "two"}}
+        ]},
+        {"text": "ok"}
+    ]);
+    let h = harness(agent(&["echo"]), steps).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let p = h.pending(id).await;
+    let ghost = ToolCallId::from("call_ghost");
+
+    // Unknown ids (even mixed with a valid one): nothing applied.
+    let mut sub = Submission::one(ghost.clone(), Decision::approve());
+    sub.decisions.insert(p[0].clone(), Decision::approve());
+    assert_eq!(
+        h.ov.submit(id, sub).await.unwrap_err(),
+        SessionError::UnknownCalls(vec![ghost.clone()])
+    );
+    assert_eq!(h.pending(id).await.len(), 2);
+
+    // Already decided.
+    h.approve(id, &p[0]).await;
+    assert_eq!(
+        h.ov.submit(id, Submission::one(p[0].clone(), Decision::deny("late")))
+            .await
+            .unwrap_err(),
+        SessionError::AlreadyDecided(vec![p[0].clone()])
+    );
+
+    // Metadata for an id not decided in the same submission.
+    let mut sub = Submission::one(p[1].clone(), Decision::approve());
+    sub.metadata.insert(p[0].clone(), json!({"x": 1}));
+    assert_eq!(
+        h.ov.submit(id, sub).await.unwrap_err(),
+        SessionError::StrayMetadata(vec![p[0].clone()])
+    );
+    assert_eq!(
+        h.pending(id).await,
+        vec![p[1].clone()],
+        "the stray submission applied nothing"
+    );
+
+    // An empty submission.
+    assert_eq!(
+        h.ov.submit(id, Submission::default()).await.unwrap_err(),
+        SessionError::EmptySubmission
+    );
+    let msg = SessionError::UnknownCalls(vec![ghost]).to_string();
+    assert!(msg.contains("call_ghost"), "{msg}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn undecided_call_is_denied_after_the_approval_timeout() {
+    let mut a = agent(&["echo"]);
+    a.approval_timeout_secs = 30;
+    let h = harness(a, echo_then_answer()).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    // Paused time auto-advances to the timer once everything is idle.
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let t = h.transcript(id).await;
+    assert_eq!(
+        final_text(&t),
+        "Result: Tool denied by user: No approval decision received"
+    );
+    let results = tool_results(&t);
+    assert_eq!(results[0].1, CallState::Denied);
+    assert_eq!(h.echo_runs.load(Ordering::SeqCst), 0);
+}
+
+// ---- the tool contract ----------------------------------------------------------
+
+#[tokio::test]
+async fn tool_outside_the_scope_fails_with_the_exact_error() {
+    // `free_echo` exists in the runtime but not in this agent's tools.
+    let steps = json!([
+        {"tool_calls": [{"name": "free_echo", "arguments": {}}, {"name": "nope", "arguments": {}}]},
+        {"text": "{{tool_result}}"}
+    ]);
+    let h = harness(agent(&["echo"]), steps).await;
+    let (id, mut rx) = h.start("go").await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let t = h.transcript(id).await;
+    let r = tool_results(&t);
+    assert_eq!(
+        r[0].2,
+        json!({"error": "tool 'free_echo' is not available in this session"})
+    );
+    assert_eq!(
+        r[1].2,
+        json!({"error": "tool 'nope' is not available in this session"})
+    );
+    assert!(r.iter().all(|x| x.1 == CallState::Failed));
+}
+
+#[tokio::test]
+async fn schema_invalid_arguments_fail_before_approval() {
+    let steps = json!([
+        {"tool_calls": [{"name": "echo", "arguments": {"txt": 1}}]},
+        {"text": "{{tool_result}}"}
+    ]);
+    let h = harness(agent(&["echo"]), steps).await;
+    let (id, mut rx) = h.start("go").await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let t = h.transcript(id).await;
+    let (_, state, result) = tool_results(&t).remove(0);
+    assert_eq!(state, CallState::Failed);
+    assert!(result["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("schema validation failed: "));
+    assert!(result["validation_errors"].as_array().unwrap().len() >= 2);
+    assert_eq!(h.echo_runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tool_timeout_fails_the_call_with_its_duration() {
+    let steps = json!([
+        {"tool_calls": [{"name": "stuck", "arguments": {}}]},
+        {"text": "{{tool_result}}"}
+    ]);
+    let h = harness(agent(&["stuck"]), steps).await;
+    let (id, mut rx) = h.start("go").await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let t = h.transcript(id).await;
+    assert_eq!(
+        tool_results(&t)[0].2,
+        json!({"error": "tool timed out after 5 s"})
+    );
+    assert_eq!(tool_results(&t)[0].1, CallState::Failed);
+}
+
+#[tokio::test]
+async fn oversized_result_is_replaced_by_the_exact_error_object() {
+    let steps = json!([
+        {"tool_calls": [{"name": "huge", "arguments": {}}]},
+        {"text": "ok"}
+    ]);
+    let h = harness(agent(&["huge"]), steps).await;
+    let (id, mut rx) = h.start("go").await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let t = h.transcript(id).await;
+    let size = 11 * 1024 * 1024 + 2; // the JSON string's quotes
+    assert_eq!(
+        tool_results(&t)[0].2,
+        json!({"error": "Tool result exceeded maximum size of 10485760 bytes", "actual_size": size, "truncated": true})
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_tool_fails_only_its_call() {
+    let steps = json!([
+        {"tool_calls": [{"name": "boom", "arguments": {}}]},
+        {"text": "survived: {{tool_result}}"}
+    ]);
+    let h = harness(agent(&["boom"]), steps).await;
+    let (id, mut rx) = h.start("go").await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let t = h.transcript(id).await;
+    let (_, state, result) = tool_results(&t).remove(0);
+    assert_eq!(state, CallState::Failed);
+    let msg = result["error"].as_str().unwrap();
+    assert!(msg.starts_with("tool crashed: "), "{msg}");
+    assert!(msg.contains("boom went the tool"), "{msg}");
+    assert!(final_text(&t).starts_with("survived: "));
+    // The session actor is still the same live session and takes more work.
+    assert_eq!(
+        h.ov.state(id).await.unwrap().header.status,
+        SessionStatus::AwaitingInput
+    );
+}
+
+// ---- cancel -------------------------------------------------------------------
+
+/// Streams one delta, then hangs: a model that is "still thinking".
+struct Hanging;
+
+#[async_trait::async_trait]
+impl Provider for Hanging {
+    async fn stream(&self, _r: ProviderRequest) -> Result<ProviderStream, ProviderError> {
+        use futures::StreamExt;
+        let first = futures::stream::iter(vec![Ok(ProviderEvent::TextDelta("thinking".into()))]);
+        Ok(first.chain(futures::stream::pending()).boxed())
+    }
+}
+
+#[tokio::test]
+async fn cancel_while_streaming() {
+    let h = harness_with(agent(&["echo"]), Arc::new(Hanging)).await;
+    let (id, mut rx) = h.start("go").await;
+    loop {
+        if let Ok(Notification::TextDelta { .. }) = rx.recv().await {
+            break;
+        }
+    }
+    h.ov.cancel(id).await.unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::Cancelled);
+    let s = h.ov.state(id).await.unwrap();
+    assert_eq!(s.header.status, SessionStatus::Cancelled);
+    // The partial text is kept.
+    assert_eq!(final_text(&h.transcript(id).await), "thinking");
+    assert_all_terminal(&h, id).await;
+}
+
+#[tokio::test]
+async fn cancel_while_a_tool_runs() {
+    let steps = json!([{"tool_calls": [{"name": "stuck", "arguments": {}}]}]);
+    let h = harness(agent(&["stuck"]), steps).await;
+    let (id, mut rx) = h.start("go").await;
+    until(&mut rx, |k| matches!(k, EventKind::ToolCallStarted { .. })).await;
+    h.ov.cancel(id).await.unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::Cancelled);
+    let t = h.transcript(id).await;
+    assert_eq!(tool_results(&t)[0].1, CallState::Cancelled);
+    assert_all_terminal(&h, id).await;
+}
+
+#[tokio::test]
+async fn cancel_while_awaiting_approval() {
+    let h = harness(agent(&["echo"]), echo_then_answer()).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let call = h.pending(id).await.remove(0);
+    h.ov.cancel(id).await.unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::Cancelled);
+    assert_all_terminal(&h, id).await;
+    // A decision after the cancel is refused and nothing runs.
+    let err =
+        h.ov.submit(id, Submission::one(call, Decision::approve()))
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SessionError::Terminal {
+                status: SessionStatus::Cancelled,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(h.echo_runs.load(Ordering::SeqCst), 0);
+}
+
+// ---- turns --------------------------------------------------------------------
+
+#[tokio::test]
+async fn max_steps_stops_the_turn() {
+    let call = json!({"tool_calls": [{"name": "free_echo", "arguments": {}}]});
+    let steps = json!([call, call, call, call]);
+    let mut a = agent(&["free_echo"]);
+    a.max_steps = 3;
+    let h = harness(a, steps).await;
+    let (id, mut rx) = h.start("loop forever").await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::MaxSteps);
+    let s = h.ov.state(id).await.unwrap();
+    assert_eq!(s.header.step, 3);
+    assert_eq!(s.header.usage.provider_requests, 3);
+    assert_eq!(s.header.last_stop_reason, Some(StopReason::MaxSteps));
+}
+
+#[tokio::test]
+async fn messages_sent_while_running_start_the_next_turns_in_order() {
+    let steps = json!([
+        {"tool_calls": [{"name": "echo", "arguments": {"text": "x"}}]},
+        {"text": "first: {{user}}"},
+        {"text": "second: {{user}}"},
+        {"text": "third: {{user}}"}
+    ]);
+    let h = harness(agent(&["echo"]), steps).await;
+    let (id, mut rx) = h.start("one").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    h.ov.send_message(id, "two").await.unwrap();
+    h.ov.send_message(id, "three").await.unwrap();
+    assert_eq!(h.ov.state(id).await.unwrap().header.inbox.len(), 2);
+    let call = h.pending(id).await.remove(0);
+    h.approve(id, &call).await;
+    for _ in 0..3 {
+        assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    }
+    let t = h.transcript(id).await;
+    let texts: Vec<String> = t
+        .iter()
+        .filter_map(|e| match e {
+            TranscriptEntry::Assistant { text, .. } if !text.is_empty() => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(texts, vec!["first: one", "second: two", "third: three"]);
+    let s = h.ov.state(id).await.unwrap();
+    assert_eq!(s.header.turn, 3);
+    assert!(s.header.inbox.is_empty());
+}
+
+#[tokio::test]
+async fn a_terminal_session_refuses_messages() {
+    let h = harness(agent(&[]), json!([{"text": "hello"}])).await;
+    let (id, mut rx) = h.start("hi").await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    h.ov.done(id).await.unwrap();
+    let err = h.ov.send_message(id, "more").await.unwrap_err();
+    assert_eq!(
+        err,
+        SessionError::Terminal {
+            id,
+            status: SessionStatus::Completed
+        }
+    );
+    assert!(err.to_string().contains("completed"));
+    assert!(matches!(
+        h.ov.cancel(id).await.unwrap_err(),
+        SessionError::Terminal { .. }
+    ));
+}
+
+#[tokio::test]
+async fn an_exhausted_scenario_ends_the_turn_with_a_loud_error() {
+    let steps = json!([{"tool_calls": [{"name": "free_echo", "arguments": {}}]}]);
+    let h = harness(agent(&["free_echo"]), steps).await;
+    let (id, mut rx) = h.start("go").await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::Error);
+    let text = final_text(&h.transcript(id).await);
+    assert!(
+        text.contains("[Provider error: scenario exhausted"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn auto_policy_never_asks_and_always_policy_asks_for_everything() {
+    let mut a = agent(&["echo"]);
+    a.approval = ApprovalPolicy::Auto;
+    let h = harness(a, echo_then_answer()).await;
+    let (_, mut rx) = h.start("go").await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(h.echo_runs.load(Ordering::SeqCst), 1);
+
+    let mut a = agent(&["free_echo"]);
+    a.approval = ApprovalPolicy::Always;
+    let steps = json!([{"tool_calls": [{"name": "free_echo", "arguments": {}}]}, {"text": "ok"}]);
+    let h = harness(a, steps).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    assert_eq!(h.pending(id).await.len(), 1);
+}
+
+#[tokio::test]
+async fn every_transition_is_checkpointed_before_it_is_observable() {
+    let h = harness(agent(&["echo"]), echo_then_answer()).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    // What a subscriber saw is already in the store.
+    let stored = h.store.load(id).await.unwrap().unwrap();
+    assert_eq!(stored.header.status, SessionStatus::AwaitingApproval);
+    let events = h.ov.events_after(id, 0, 1000).await.unwrap();
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "dense, ordered"
+    );
+}

@@ -18,6 +18,10 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod error;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
+#[cfg(not(feature = "fault-injection"))]
+mod fault_off;
 pub mod hub;
 pub mod model;
 pub mod orchestrator;
@@ -31,4 +35,8 @@ pub mod tool;
 pub mod tool_call;
 
 pub use error::SessionError;
+#[cfg(feature = "fault-injection")]
+pub(crate) use fault::fault_point;
+#[cfg(not(feature = "fault-injection"))]
+pub(crate) use fault_off::fault_point;
 pub use runtime::{CreateSession, Overseer, Runtime, RuntimeConfig};

@@ -41,6 +41,9 @@ pub struct RuntimeConfig {
     pub restart: RestartPolicy,
     /// How long an API call waits for a session actor's answer.
     pub call_timeout: Duration,
+    /// Stop the actor of a session idle this long (awaiting input or
+    /// approval) and keep it only on disk; `None` never hibernates.
+    pub idle_hibernate: Option<Duration>,
 }
 
 impl Default for RuntimeConfig {
@@ -48,6 +51,7 @@ impl Default for RuntimeConfig {
         Self {
             restart: RestartPolicy::default(),
             call_timeout: Duration::from_secs(30),
+            idle_hibernate: Some(Duration::from_secs(300)),
         }
     }
 }
@@ -57,6 +61,10 @@ impl Default for RuntimeConfig {
 pub struct Metrics {
     /// Session actor restarts.
     pub restarts: AtomicU64,
+    /// Sessions hibernated (actor stopped, kept on disk).
+    pub hibernations: AtomicU64,
+    /// Sessions activated from disk (after hibernation or a restart of the process).
+    pub activations: AtomicU64,
 }
 
 /// Services shared by every actor of the tree.
@@ -75,6 +83,17 @@ pub struct Runtime {
     pub config: RuntimeConfig,
     /// Counters.
     pub metrics: Metrics,
+    /// The orchestrator, set once at start.
+    pub(crate) orchestrator: std::sync::OnceLock<ActorRef<OrchestratorMsg>>,
+    /// Approval timers armed in this process (session, call), so a session
+    /// that is activated again does not arm a second timer for the same call.
+    pub(crate) timers: dashmap::DashSet<(SessionId, crate::model::ToolCallId)>,
+    /// The in-memory half of the effect journal: what this process knows of
+    /// dispatched calls whose results their sessions have not yet recorded.
+    /// It survives a session actor's crash (not the process's), so a restart
+    /// in-process never re-runs a tool that did not start or already finished.
+    pub(crate) journal:
+        DashMap<(SessionId, crate::model::ToolCallId), (u32, crate::session::machine::Dispatched)>,
 }
 
 /// A request to create a session.
@@ -123,6 +142,9 @@ impl Overseer {
             live: DashMap::new(),
             config,
             metrics: Metrics::default(),
+            orchestrator: std::sync::OnceLock::new(),
+            timers: dashmap::DashSet::new(),
+            journal: DashMap::new(),
         });
         let (orchestrator, join) = Actor::spawn(
             None,
@@ -133,6 +155,7 @@ impl Overseer {
         )
         .await
         .map_err(|e| SessionError::Invalid(format!("could not start the orchestrator: {e}")))?;
+        let _ = runtime.orchestrator.set(orchestrator.clone());
         let agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
         Ok(Self {
             runtime,
@@ -163,7 +186,7 @@ impl Overseer {
             .await?;
         let mut n = 0;
         for h in headers {
-            self.activate(h.id).await?;
+            self.runtime.activate(h.id).await?;
             n += 1;
         }
         Ok(n)
@@ -221,7 +244,7 @@ impl Overseer {
         for e in events {
             self.runtime.hub.publish(id, Notification::Event(e));
         }
-        self.spawn(session).await?;
+        self.runtime.spawn(session).await?;
         Ok(id)
     }
 
@@ -232,26 +255,28 @@ impl Overseer {
         text: impl Into<String>,
     ) -> Result<(), SessionError> {
         let text = text.into();
-        self.route(id, move |reply| SessionMsg::Send(text.clone(), reply))
+        self.runtime
+            .route(id, move |reply| SessionMsg::Send(text.clone(), reply))
             .await
     }
 
     /// Submits decisions; acknowledged once checkpointed.
     pub async fn submit(&self, id: SessionId, submission: Submission) -> Result<(), SessionError> {
-        self.route(id, move |reply| {
-            SessionMsg::Decide(submission.clone(), reply)
-        })
-        .await
+        self.runtime
+            .route(id, move |reply| {
+                SessionMsg::Decide(submission.clone(), reply)
+            })
+            .await
     }
 
     /// Cancels the session.
     pub async fn cancel(&self, id: SessionId) -> Result<(), SessionError> {
-        self.route(id, SessionMsg::Cancel).await
+        self.runtime.route(id, SessionMsg::Cancel).await
     }
 
     /// Marks the session completed.
     pub async fn done(&self, id: SessionId) -> Result<(), SessionError> {
-        self.route(id, SessionMsg::Done).await
+        self.runtime.route(id, SessionMsg::Done).await
     }
 
     /// The session's current state (from its actor when live, else from disk).
@@ -297,14 +322,25 @@ impl Overseer {
         self.runtime.store.flush().await?;
         Ok(())
     }
+}
 
-    async fn spawn(&self, session: Session) -> Result<ActorRef<SessionMsg>, SessionError> {
+impl Runtime {
+    fn orchestrator(&self) -> Result<&ActorRef<OrchestratorMsg>, SessionError> {
+        self.orchestrator
+            .get()
+            .ok_or(SessionError::Invalid("the runtime is not started".into()))
+    }
+
+    pub(crate) async fn spawn(
+        &self,
+        session: Session,
+    ) -> Result<ActorRef<SessionMsg>, SessionError> {
         let id = session.header.id;
         match self
-            .orchestrator
+            .orchestrator()?
             .call(
                 |reply| OrchestratorMsg::Spawn(Box::new(session), reply),
-                Some(self.runtime.config.call_timeout),
+                Some(self.config.call_timeout),
             )
             .await
         {
@@ -317,12 +353,11 @@ impl Overseer {
     }
 
     /// The live actor of a session, loading it from disk if needed.
-    async fn activate(&self, id: SessionId) -> Result<ActorRef<SessionMsg>, SessionError> {
-        if let Some(r) = self.runtime.live.get(&id) {
+    pub async fn activate(&self, id: SessionId) -> Result<ActorRef<SessionMsg>, SessionError> {
+        if let Some(r) = self.live.get(&id) {
             return Ok(r.clone());
         }
         let stored = self
-            .runtime
             .store
             .load(id)
             .await?
@@ -333,10 +368,14 @@ impl Overseer {
                 status: stored.header.status,
             });
         }
+        self.metrics
+            .activations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.spawn(Session::from_stored(stored)).await
     }
 
-    async fn route<F>(&self, id: SessionId, make: F) -> Result<(), SessionError>
+    /// Sends a request to a session (activating it) and waits for its answer.
+    pub async fn route<F>(&self, id: SessionId, make: F) -> Result<(), SessionError>
     where
         F: Fn(RpcReplyPort<Result<(), SessionError>>) -> SessionMsg,
     {
@@ -344,10 +383,7 @@ impl Overseer {
         // just stopped): a delivered request is never sent twice.
         for _ in 0..2 {
             let actor = self.activate(id).await?;
-            match actor
-                .call(&make, Some(self.runtime.config.call_timeout))
-                .await
-            {
+            match actor.call(&make, Some(self.config.call_timeout)).await {
                 Ok(CallResult::Success(r)) => return r,
                 Ok(CallResult::Timeout) => {
                     return Err(SessionError::Unavailable {
@@ -361,15 +397,72 @@ impl Overseer {
                         reason: "the session stopped before answering; check its state".into(),
                     })
                 }
-                Err(_) => {
-                    let stale = actor.get_id();
-                    self.runtime.live.remove_if(&id, |_, r| r.get_id() == stale);
-                }
+                Err(_) => self.await_stopped(id, &actor).await,
             }
         }
         Err(SessionError::Unavailable {
             id,
             reason: "the session actor is restarting".into(),
         })
+    }
+
+    /// Delivers a fire-and-forget message, activating the session if it
+    /// lives only on disk (a timer firing while the session hibernates).
+    pub async fn deliver(
+        &self,
+        id: SessionId,
+        make: impl Fn() -> SessionMsg,
+    ) -> Result<(), SessionError> {
+        for _ in 0..2 {
+            let actor = self.activate(id).await?;
+            match actor.cast(make()) {
+                Ok(()) => return Ok(()),
+                Err(_) => self.await_stopped(id, &actor).await,
+            }
+        }
+        Err(SessionError::Unavailable {
+            id,
+            reason: "the session actor is restarting".into(),
+        })
+    }
+
+    /// A send was refused: the actor is draining (hibernating) or stopping.
+    /// Wait until it has stopped, so its last checkpoint is the one the next
+    /// activation loads, then forget it.
+    async fn await_stopped(&self, id: SessionId, actor: &ActorRef<SessionMsg>) {
+        let deadline = tokio::time::Instant::now() + self.config.call_timeout;
+        while actor.get_status() != ractor::ActorStatus::Stopped
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let stale = actor.get_id();
+        self.live.remove_if(&id, |_, r| r.get_id() == stale);
+    }
+
+    /// Arms an approval timer that survives hibernation: it fires through
+    /// [`Runtime::deliver`], which activates the session if needed.
+    pub(crate) fn arm_approval_timer(
+        self: &Arc<Self>,
+        id: SessionId,
+        call_id: crate::model::ToolCallId,
+        after: Duration,
+    ) {
+        if !self.timers.insert((id, call_id.clone())) {
+            return;
+        }
+        let rt = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            // A runtime that was shut down has nobody to deliver to.
+            let Some(rt) = rt.upgrade() else { return };
+            rt.timers.remove(&(id, call_id.clone()));
+            if let Err(e) = rt
+                .deliver(id, || SessionMsg::ApprovalTimeout(call_id.clone()))
+                .await
+            {
+                tracing::debug!(session_id = %id, "approval timer not delivered: {e}");
+            }
+        });
     }
 }

@@ -26,7 +26,7 @@ use crate::runtime::Runtime;
 use crate::store::StoredSession;
 use crate::tool::ToolContext;
 use crate::tool_call::{crashed, ToolCallActor, ToolCallArgs, ToolCallMsg};
-use machine::{Ctx, Effect, Input, Session};
+use machine::{Ctx, Dispatched, Effect, Input, Session};
 
 /// The actor.
 pub struct SessionActor;
@@ -68,6 +68,11 @@ pub enum SessionMsg {
     },
     /// An approval deadline passed.
     ApprovalTimeout(ToolCallId),
+    /// The idle timer armed after message number `n` fired.
+    Hibernate(u64),
+    /// Fault injection: panic now (sent by a tool-call actor at `during_tool`).
+    #[cfg(feature = "fault-injection")]
+    InjectedPanic,
 }
 
 /// Startup arguments: the session as last checkpointed, and the runtime.
@@ -86,6 +91,9 @@ pub struct SessionState {
     stream_attempt: u64,
     tools: HashMap<ActorId, (ToolCallId, u32, ActorRef<ToolCallMsg>)>,
     span: tracing::Span,
+    /// Messages handled so far; an idle timer only hibernates the session if
+    /// nothing happened since it was armed.
+    activity: u64,
 }
 
 impl Drop for SessionState {
@@ -116,6 +124,7 @@ impl Actor for SessionActor {
             stream_attempt: 0,
             tools: HashMap::new(),
             span,
+            activity: 0,
         })
     }
 
@@ -127,11 +136,23 @@ impl Actor for SessionActor {
         // Resume here rather than by a message to ourselves, so no request can
         // be handled before the in-flight work is re-established.
         let span = state.span.clone();
-        state
-            .transition(&myself, Input::Resume)
+        let id = state.session.header.id;
+        let journal = state
+            .session
+            .header
+            .open_calls
+            .iter()
+            .filter_map(|c| {
+                let entry = state.runtime.journal.get(&(id, c.id.clone()))?;
+                Some((c.id.clone(), entry.0, entry.1.clone()))
+            })
+            .collect();
+        let _ = state
+            .transition(&myself, Input::Resume { journal })
             .instrument(span)
-            .await
-            .map(|_| ())
+            .await?;
+        state.arm_idle_timer(&myself);
+        Ok(())
     }
 
     async fn handle(
@@ -140,14 +161,32 @@ impl Actor for SessionActor {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        if let SessionMsg::Hibernate(n) = msg {
+            if n == state.activity && state.is_idle() {
+                state
+                    .runtime
+                    .metrics
+                    .hibernations
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(session_id = %state.session.header.id, "hibernating");
+                // Drain, not stop: messages already queued are still handled,
+                // later sends are refused and the router re-activates the
+                // session from its checkpoint once this actor has stopped.
+                myself.drain()?;
+            }
+            return Ok(());
+        }
+        state.activity += 1;
         let span = state.span.clone();
-        async {
+        let result = async {
             match msg {
                 SessionMsg::Send(text, reply) => {
                     state.rpc(&myself, Input::Message { text }, reply).await
                 }
                 SessionMsg::Decide(sub, reply) => {
-                    state.rpc(&myself, Input::Decide(sub), reply).await
+                    state.rpc(&myself, Input::Decide(sub), reply).await?;
+                    crate::fault_point!(AfterDecisionAck, state.session.header.id);
+                    Ok(())
                 }
                 SessionMsg::Cancel(reply) => state.rpc(&myself, Input::Cancel, reply).await,
                 SessionMsg::Done(reply) => state.rpc(&myself, Input::Done, reply).await,
@@ -162,6 +201,7 @@ impl Actor for SessionActor {
                     if attempt != state.stream_attempt {
                         return Ok(());
                     }
+                    crate::fault_point!(MidStream, state.session.header.id);
                     state
                         .transition(&myself, Input::Provider(event))
                         .await
@@ -185,7 +225,8 @@ impl Actor for SessionActor {
                     state
                         .tools
                         .retain(|_, (id, a, _)| !(id == &call_id && *a == attempt));
-                    state
+                    let key = (state.session.header.id, call_id.clone());
+                    let _ = state
                         .transition(
                             &myself,
                             Input::ToolFinished {
@@ -194,17 +235,27 @@ impl Actor for SessionActor {
                                 result,
                             },
                         )
-                        .await
-                        .map(|_| ())
+                        .await?;
+                    // Recorded durably now: the journal entry has served.
+                    state
+                        .runtime
+                        .journal
+                        .remove_if(&key, |_, (a, _)| *a == attempt);
+                    Ok(())
                 }
                 SessionMsg::ApprovalTimeout(call_id) => state
                     .transition(&myself, Input::ApprovalTimedOut { call_id })
                     .await
                     .map(|_| ()),
+                SessionMsg::Hibernate(_) => Ok(()),
+                #[cfg(feature = "fault-injection")]
+                SessionMsg::InjectedPanic => panic!("injected fault at DuringTool"),
             }
         }
         .instrument(span)
-        .await
+        .await;
+        state.arm_idle_timer(&myself);
+        result
     }
 
     async fn handle_supervisor_evt(
@@ -234,6 +285,23 @@ impl Actor for SessionActor {
 }
 
 impl SessionState {
+    /// Nothing in flight and waiting on someone else: safe to hibernate.
+    fn is_idle(&self) -> bool {
+        use crate::model::SessionStatus::{AwaitingApproval, AwaitingInput};
+        matches!(self.session.header.status, AwaitingInput | AwaitingApproval)
+            && self.stream.is_none()
+            && self.tools.is_empty()
+    }
+
+    fn arm_idle_timer(&self, myself: &ActorRef<SessionMsg>) {
+        if let Some(after) = self.runtime.config.idle_hibernate {
+            if self.is_idle() {
+                let n = self.activity;
+                myself.send_after(after, move || SessionMsg::Hibernate(n));
+            }
+        }
+    }
+
     /// Runs a request-carrying input and answers it only after its checkpoint.
     async fn rpc(
         &mut self,
@@ -278,6 +346,20 @@ impl SessionState {
             Ok(fx) => fx,
             Err(e) => return Ok(Err(e)),
         };
+        // Journal the dispatches before their intent becomes durable: if this
+        // actor dies between the checkpoint and the spawn, its restart knows
+        // the tools never started and dispatches them instead of asking.
+        for effect in &effects {
+            if let Effect::Dispatch {
+                call_id, attempt, ..
+            } = effect
+            {
+                self.runtime.journal.insert(
+                    (self.session.header.id, call_id.clone()),
+                    (*attempt, Dispatched::NotStarted),
+                );
+            }
+        }
         if self.session.is_dirty() {
             let checkpoint = self.session.checkpoint();
             self.runtime
@@ -286,6 +368,7 @@ impl SessionState {
                 .await
                 .map_err(|e| -> ActorProcessingErr { Box::new(e) })?;
             let id = self.session.header.id;
+            crate::fault_point!(AfterCheckpoint, id);
             for event in self.session.mark_persisted() {
                 self.runtime.hub.publish(id, Notification::Event(event));
             }
@@ -316,12 +399,17 @@ impl SessionState {
                     .await
             }
             Effect::KillTools => {
-                for (_, (_, _, actor)) in self.tools.drain() {
+                for (_, (call_id, attempt, actor)) in self.tools.drain() {
                     actor.kill();
+                    let key = (self.session.header.id, call_id);
+                    self.runtime
+                        .journal
+                        .remove_if(&key, |_, (a, _)| *a == attempt);
                 }
             }
             Effect::ArmApprovalTimer { call_id, after } => {
-                myself.send_after(after, move || SessionMsg::ApprovalTimeout(call_id));
+                self.runtime
+                    .arm_approval_timer(self.session.header.id, call_id, after);
             }
             Effect::Delta(text) => self.runtime.hub.publish(
                 self.session.header.id,
@@ -360,6 +448,7 @@ impl SessionState {
         attempt: u32,
         idempotency_key: String,
     ) {
+        crate::fault_point!(BeforeToolDispatch, self.session.header.id);
         let header = &self.session.header;
         let Some(tool) = self.runtime.tools.get(&name) else {
             let _ = myself.cast(SessionMsg::ToolFinished {
@@ -370,6 +459,7 @@ impl SessionState {
             return;
         };
         let args = ToolCallArgs {
+            runtime: self.runtime.clone(),
             tool,
             ctx: ToolContext {
                 session_id: header.id,

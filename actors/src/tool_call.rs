@@ -14,6 +14,7 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 use crate::model::ToolCallId;
+use crate::session::machine::Dispatched;
 use crate::session::SessionMsg;
 use crate::tool::{Tool, ToolContext, MAX_RESULT_BYTES};
 
@@ -28,6 +29,8 @@ pub enum ToolCallMsg {
 
 /// What one dispatch needs.
 pub struct ToolCallArgs {
+    /// Shared services (for the in-memory effect journal).
+    pub runtime: Arc<crate::runtime::Runtime>,
     /// The tool.
     pub tool: Arc<dyn Tool>,
     /// Call context (ids, idempotency key, attempt).
@@ -66,13 +69,33 @@ impl Actor for ToolCallActor {
         let Some(args) = state.args.take() else {
             return Ok(());
         };
+        #[cfg(feature = "fault-injection")]
+        {
+            use crate::fault::{check, FaultAction, FaultPoint};
+            match check(FaultPoint::DuringTool, args.ctx.session_id) {
+                // The session (not this call) is the actor that fails: it
+                // dies with the tool running, as in a crash mid-tool.
+                Some(FaultAction::Panic) => {
+                    let _ = args.session.cast(SessionMsg::InjectedPanic);
+                    futures::future::pending::<()>().await;
+                }
+                Some(FaultAction::Abort) => crate::fault::abort(FaultPoint::DuringTool),
+                None => {}
+            }
+        }
         let call_id: ToolCallId = args.ctx.call_id.clone();
         let attempt = args.ctx.attempt;
         let span = tracing::info_span!("tool_call", session_id = %args.ctx.session_id, tool_call_id = %call_id, tool = %args.tool.spec().name);
+        let key = (args.ctx.session_id, call_id.clone());
+        let journal = &args.runtime.journal;
+        journal.insert(key.clone(), (attempt, Dispatched::Started));
         let result = run(args.tool.as_ref(), args.ctx, args.arguments)
             .instrument(span)
             .await;
-        // The session may be gone (cancelled); nothing to report to then.
+        // Journal first: if the session crashed meanwhile, its restart finds
+        // the result here instead of running the tool again.
+        journal.insert(key, (attempt, Dispatched::Finished(result.clone())));
+        // The session may be gone (cancelled, crashed); nothing to report to then.
         let _ = args.session.cast(SessionMsg::ToolFinished {
             call_id,
             attempt,

@@ -66,8 +66,13 @@ pub enum Input {
     Cancel,
     /// The user is done with the session.
     Done,
-    /// The actor (re)started from a checkpoint: continue whatever was in flight.
-    Resume,
+    /// The actor (re)started from a checkpoint: continue whatever was in
+    /// flight. `journal` says, for calls dispatched by this process, what is
+    /// known of them; a running call absent from it has an unknown outcome.
+    Resume {
+        /// What this process knows of the open step's running calls.
+        journal: Vec<(ToolCallId, u32, Dispatched)>,
+    },
     /// The session cannot go on (e.g. restart limit exceeded): fail it,
     /// leaving no call in a non-terminal state.
     Fail {
@@ -107,6 +112,18 @@ pub enum Effect {
     },
     /// Forward a streamed text fragment to subscribers (never stored).
     Delta(String),
+}
+
+/// What the process knows of a dispatched call whose result the session has
+/// not recorded (the in-memory half of the effect journal, §9).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dispatched {
+    /// The tool body never started: dispatching again runs it once.
+    NotStarted,
+    /// The tool started and never reported: its outcome is unknown.
+    Started,
+    /// The tool finished; the result is spliced in, never re-run.
+    Finished(Result<Value, Value>),
 }
 
 /// What the machine needs from outside: the tools and the time.
@@ -251,7 +268,7 @@ impl Session {
             Input::ApprovalTimedOut { call_id } => self.on_approval_timeout(call_id, ctx, &mut fx),
             Input::Cancel => self.on_cancel(ctx, &mut fx)?,
             Input::Done => self.on_done(ctx)?,
-            Input::Resume => self.on_resume(ctx, &mut fx),
+            Input::Resume { journal } => self.on_resume(journal, ctx, &mut fx),
             Input::Fail { reason } => self.on_fail(reason, ctx, &mut fx)?,
         }
         if self.dirty {
@@ -652,7 +669,12 @@ impl Session {
         }
     }
 
-    fn on_resume(&mut self, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+    fn on_resume(
+        &mut self,
+        journal: Vec<(ToolCallId, u32, Dispatched)>,
+        ctx: Ctx<'_>,
+        fx: &mut Vec<Effect>,
+    ) {
         match self.header.status {
             SessionStatus::Running if self.header.open_calls.is_empty() => {
                 // The step's provider call was in flight: re-issue it (§9).
@@ -663,7 +685,19 @@ impl Session {
                 for i in 0..self.header.open_calls.len() {
                     let state = self.header.open_calls[i].state;
                     if state == CallState::Running {
-                        self.interrupted(i, ctx, fx);
+                        let call = &self.header.open_calls[i];
+                        let known = journal
+                            .iter()
+                            .find(|(id, attempt, _)| id == &call.id && *attempt == call.attempt)
+                            .map(|(_, _, d)| d.clone());
+                        match known {
+                            Some(Dispatched::NotStarted) => self.dispatch_again(i, ctx, fx),
+                            Some(Dispatched::Finished(result)) => {
+                                let (id, attempt) = (call.id.clone(), call.attempt);
+                                self.on_tool_finished(id, attempt, result, ctx, &mut Vec::new());
+                            }
+                            Some(Dispatched::Started) | None => self.interrupted(i, ctx, fx),
+                        }
                     } else if state == CallState::AwaitingApproval {
                         self.arm_timer(i, ctx, fx);
                     }

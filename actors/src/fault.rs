@@ -1,0 +1,154 @@
+//! Fault injection for tests (cargo feature `fault-injection`, off by
+//! default): named points in the actors where a planned fault makes the actor
+//! panic, or the whole process abort, on the Nth hit.
+//!
+//! Owns the plan registry and the hit counting. Without the feature the
+//! [`fault_point!`] macro expands to nothing, so release builds contain no
+//! trace of it. Plans can be filtered by session, so tests running in one
+//! process do not trip over each other's faults.
+
+use std::sync::Mutex;
+
+use crate::model::SessionId;
+
+/// The named points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPoint {
+    /// In the session actor, right after a checkpoint became durable, before
+    /// its events are published and its effects run.
+    AfterCheckpoint,
+    /// In the session actor, after a call's intent is checkpointed, before
+    /// its tool-call actor is spawned.
+    BeforeToolDispatch,
+    /// In the tool-call actor, after it started and before the tool body runs;
+    /// `Panic` fails the *session* actor (which kills the tool with it).
+    DuringTool,
+    /// In the session actor, while handling a streamed provider event.
+    MidStream,
+    /// In the session actor, after a decision submission was acknowledged.
+    AfterDecisionAck,
+}
+
+impl FaultPoint {
+    /// Parses the snake_case name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "after_checkpoint" => Self::AfterCheckpoint,
+            "before_tool_dispatch" => Self::BeforeToolDispatch,
+            "during_tool" => Self::DuringTool,
+            "mid_stream" => Self::MidStream,
+            "after_decision_ack" => Self::AfterDecisionAck,
+            _ => return None,
+        })
+    }
+}
+
+/// What happens when a plan fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Panic in the actor (a supervised failure).
+    Panic,
+    /// Abort the process (a `kill -9`).
+    Abort,
+}
+
+/// One planned fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultPlan {
+    /// Where.
+    pub point: FaultPoint,
+    /// On which hit (1-based) of the point (for the session, if filtered).
+    pub nth: u64,
+    /// What.
+    pub action: FaultAction,
+    /// Only hits in this session count; `None` counts every session.
+    pub session: Option<SessionId>,
+    /// Fire on every hit from the Nth on (a crash loop), not only once.
+    pub repeat: bool,
+}
+
+static PLANS: Mutex<Vec<(FaultPlan, u64)>> = Mutex::new(Vec::new());
+
+/// Adds a plan.
+pub fn arm(plan: FaultPlan) {
+    PLANS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((plan, 0));
+}
+
+/// Arms the plan in env `OVERSEER_FAULT` = `point:nth:panic|abort`, if set.
+/// Returns a description of what was armed, or an error naming the bad part.
+pub fn arm_from_env() -> Result<Option<String>, String> {
+    let Ok(spec) = std::env::var("OVERSEER_FAULT") else {
+        return Ok(None);
+    };
+    let parts: Vec<&str> = spec.split(':').collect();
+    let [point, nth, action] = parts.as_slice() else {
+        return Err(format!(
+            "OVERSEER_FAULT={spec}: expected point:nth:panic|abort"
+        ));
+    };
+    let point =
+        FaultPoint::parse(point).ok_or(format!("OVERSEER_FAULT: unknown point '{point}'"))?;
+    let nth: u64 = nth
+        .parse()
+        .map_err(|_| format!("OVERSEER_FAULT: nth '{nth}' is not a number"))?;
+    let action = match *action {
+        "panic" => FaultAction::Panic,
+        "abort" => FaultAction::Abort,
+        other => return Err(format!("OVERSEER_FAULT: unknown action '{other}'")),
+    };
+    arm(FaultPlan {
+        point,
+        nth,
+        action,
+        session: None,
+        repeat: false,
+    });
+    Ok(Some(spec))
+}
+
+/// Counts a hit of `point` in `session` and fires a matching plan.
+pub fn hit(point: FaultPoint, session: SessionId) {
+    match check(point, session) {
+        Some(FaultAction::Panic) => panic!("injected fault at {point:?}"),
+        Some(FaultAction::Abort) => abort(point),
+        None => {}
+    }
+}
+
+/// Aborts the process like a `kill -9` would end it.
+pub fn abort(point: FaultPoint) -> ! {
+    eprintln!("injected fault: aborting the process at {point:?}");
+    std::process::abort()
+}
+
+/// Counts a hit and returns the action of a plan that fires, without firing it.
+pub fn check(point: FaultPoint, session: SessionId) -> Option<FaultAction> {
+    let mut fire = None;
+    {
+        let mut plans = PLANS.lock().unwrap_or_else(|e| e.into_inner());
+        for (plan, hits) in plans.iter_mut() {
+            if plan.point != point || plan.session.is_some_and(|s| s != session) {
+                continue;
+            }
+            *hits += 1;
+            if *hits == plan.nth || (plan.repeat && *hits > plan.nth) {
+                fire = Some(plan.action);
+            }
+        }
+    }
+    fire
+}
+
+/// Marks a fault point. Expands to nothing without the `fault-injection` feature.
+macro_rules! fault_point {
+    ($point:ident, $session:expr) => {
+        #[cfg(feature = "fault-injection")]
+        {
+            $crate::fault::hit($crate::fault::FaultPoint::$point, $session);
+        }
+    };
+}
+pub(crate) use fault_point;

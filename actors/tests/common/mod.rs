@@ -1,0 +1,293 @@
+//! Shared helpers of the actors integration tests: test tools, a harness
+//! around `Overseer` with the in-memory store, and event waiting.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+
+use overseer_actors::model::{
+    AgentConfig, CallState, Decision, EventKind, Notification, SessionId, SessionStatus,
+    StopReason, Submission, ToolCallId, TranscriptEntry,
+};
+use overseer_actors::provider::Provider;
+use overseer_actors::scripted::{Scenario, ScriptedProvider};
+use overseer_actors::store::{CheckpointStore, MemStore};
+use overseer_actors::tool::{Tool, ToolContext, ToolError, ToolRegistry, ToolSpec};
+use overseer_actors::{CreateSession, Overseer, RuntimeConfig};
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use tokio::sync::broadcast;
+
+// ---- test tools -------------------------------------------------------------
+
+/// Echoes its arguments; requires approval; counts executions.
+pub struct Echo {
+    spec: ToolSpec,
+    runs: Arc<AtomicU32>,
+    seen: Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+#[async_trait::async_trait]
+impl Tool for Echo {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+    async fn call(&self, _ctx: ToolContext, arguments: Value) -> Result<Value, ToolError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        self.seen.lock().unwrap().push(arguments.clone());
+        Ok(json!({"echo": arguments}))
+    }
+}
+
+/// Never finishes (until killed or timed out).
+pub struct Stuck(ToolSpec);
+
+#[async_trait::async_trait]
+impl Tool for Stuck {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    async fn call(&self, _ctx: ToolContext, _arguments: Value) -> Result<Value, ToolError> {
+        futures::future::pending::<()>().await;
+        Ok(Value::Null)
+    }
+}
+
+/// Returns a result larger than the 10 MiB cap.
+pub struct Huge(ToolSpec);
+
+#[async_trait::async_trait]
+impl Tool for Huge {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    async fn call(&self, _ctx: ToolContext, _arguments: Value) -> Result<Value, ToolError> {
+        Ok(Value::String("x".repeat(11 * 1024 * 1024)))
+    }
+}
+
+/// Panics.
+pub struct Boom(ToolSpec);
+
+#[async_trait::async_trait]
+impl Tool for Boom {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    async fn call(&self, _ctx: ToolContext, _arguments: Value) -> Result<Value, ToolError> {
+        panic!("boom went the tool");
+    }
+}
+
+pub fn object_schema() -> Value {
+    json!({"type": "object"})
+}
+
+pub struct Harness {
+    pub ov: Overseer,
+    pub store: MemStore,
+    pub echo_runs: Arc<AtomicU32>,
+    pub echo_seen: Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+pub fn tools(runs: Arc<AtomicU32>, seen: Arc<std::sync::Mutex<Vec<Value>>>) -> ToolRegistry {
+    let echo_schema = json!({
+        "type": "object",
+        "properties": {"text": {"type": "string"}, "count": {"type": "integer"}},
+        "required": ["text"],
+        "additionalProperties": false
+    });
+    ToolRegistry::new(vec![
+        Arc::new(Echo {
+            spec: ToolSpec::new("echo", "echoes", echo_schema).with_approval(true),
+            runs,
+            seen,
+        }),
+        Arc::new(Stuck(
+            ToolSpec::new("stuck", "never ends", object_schema()).with_timeout(5),
+        )),
+        Arc::new(Huge(ToolSpec::new("huge", "too big", object_schema()))),
+        Arc::new(Boom(ToolSpec::new("boom", "panics", object_schema()))),
+        Arc::new(Echo {
+            spec: ToolSpec::new("free_echo", "echoes without approval", object_schema()),
+            runs: Arc::new(AtomicU32::new(0)),
+            seen: Arc::new(std::sync::Mutex::new(Vec::new())),
+        }),
+    ])
+    .unwrap()
+}
+
+pub fn agent(tools: &[&str]) -> AgentConfig {
+    let mut a = AgentConfig::new("a", tools);
+    a.max_steps = 5;
+    a
+}
+
+pub async fn harness_with(agent: AgentConfig, provider: Arc<dyn Provider>) -> Harness {
+    harness_cfg(agent, provider, RuntimeConfig::default()).await
+}
+
+pub async fn harness_cfg(
+    agent: AgentConfig,
+    provider: Arc<dyn Provider>,
+    config: RuntimeConfig,
+) -> Harness {
+    let store = MemStore::new();
+    let runs = Arc::new(AtomicU32::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ov = Overseer::start(
+        vec![agent],
+        Arc::new(store.clone()),
+        provider,
+        tools(runs.clone(), seen.clone()),
+        config,
+    )
+    .await
+    .unwrap();
+    Harness {
+        ov,
+        store,
+        echo_runs: runs,
+        echo_seen: seen,
+    }
+}
+
+pub fn scripted(steps: Value) -> Arc<dyn Provider> {
+    let scenario =
+        Scenario::from_json(&json!({"name": "test", "agents": {"a": steps}}).to_string()).unwrap();
+    Arc::new(ScriptedProvider::new(scenario))
+}
+
+pub async fn harness(agent: AgentConfig, steps: Value) -> Harness {
+    harness_with(agent, scripted(steps)).await
+}
+
+impl Harness {
+    /// Creates a session with `prompt`, subscribed before it starts.
+    pub async fn start(&self, prompt: &str) -> (SessionId, broadcast::Receiver<Notification>) {
+        let id = SessionId::generate();
+        let rx = self.ov.subscribe(id);
+        self.ov
+            .create_session(CreateSession {
+                agent: "a".into(),
+                tenant: "t".into(),
+                prompt: Some(prompt.into()),
+                id: Some(id),
+                ..CreateSession::default()
+            })
+            .await
+            .unwrap();
+        (id, rx)
+    }
+
+    pub async fn pending(&self, id: SessionId) -> Vec<ToolCallId> {
+        let s = self.ov.state(id).await.unwrap();
+        s.header
+            .open_calls
+            .iter()
+            .filter(|c| c.state == CallState::AwaitingApproval)
+            .map(|c| c.id.clone())
+            .collect()
+    }
+
+    pub async fn approve(&self, id: SessionId, call: &ToolCallId) {
+        self.ov
+            .submit(id, Submission::one(call.clone(), Decision::approve()))
+            .await
+            .unwrap();
+    }
+
+    pub async fn transcript(&self, id: SessionId) -> Vec<TranscriptEntry> {
+        let s = self.ov.state(id).await.unwrap();
+        s.transcript.iter().map(|e| (**e).clone()).collect()
+    }
+}
+
+/// Waits until a durable event matches; returns it.
+pub async fn until(
+    rx: &mut broadcast::Receiver<Notification>,
+    pred: impl Fn(&EventKind) -> bool,
+) -> EventKind {
+    loop {
+        match rx.recv().await {
+            Ok(Notification::Event(e)) if pred(&e.kind) => return e.kind,
+            Ok(_) => {}
+            Err(e) => panic!("event stream ended: {e}"),
+        }
+    }
+}
+
+pub async fn until_status(rx: &mut broadcast::Receiver<Notification>, status: SessionStatus) {
+    until(
+        rx,
+        |k| matches!(k, EventKind::StatusChanged { status: s } if *s == status),
+    )
+    .await;
+}
+
+pub async fn turn_end(rx: &mut broadcast::Receiver<Notification>) -> StopReason {
+    match until(rx, |k| matches!(k, EventKind::TurnEnded { .. })).await {
+        EventKind::TurnEnded { stop_reason, .. } => stop_reason,
+        _ => unreachable!(),
+    }
+}
+
+pub fn final_text(t: &[TranscriptEntry]) -> String {
+    t.iter()
+        .rev()
+        .find_map(|e| match e {
+            TranscriptEntry::Assistant { text, .. } => Some(text.clone()),
+            _ => None,
+        })
+        .unwrap()
+}
+
+pub fn tool_results(t: &[TranscriptEntry]) -> Vec<(String, CallState, Value)> {
+    t.iter()
+        .filter_map(|e| match e {
+            TranscriptEntry::ToolResult { call } => {
+                Some((call.name.clone(), call.state, call.result.clone().unwrap()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every call of the session, wherever it is, is terminal.
+pub async fn assert_all_terminal(h: &Harness, id: SessionId) {
+    let s = h.ov.state(id).await.unwrap();
+    for c in &s.header.open_calls {
+        assert!(
+            c.state.is_terminal(),
+            "open call {} left in {:?}",
+            c.id,
+            c.state
+        );
+    }
+    for e in &s.transcript {
+        if let TranscriptEntry::ToolResult { call } = e.as_ref() {
+            assert!(
+                call.state.is_terminal(),
+                "call {} left in {:?}",
+                call.id,
+                call.state
+            );
+        }
+    }
+    // The store agrees with memory.
+    let stored = h.store.load(id).await.unwrap().unwrap();
+    assert_eq!(stored.header.status, s.header.status);
+    assert!(stored
+        .header
+        .open_calls
+        .iter()
+        .all(|c| c.state.is_terminal()));
+}
+
+pub fn echo_then_answer() -> Value {
+    json!([
+        {"text": "Let me echo.", "tool_calls": [{"name": "echo", "arguments": {"text": "hi"}}]},
+        {"text": "Result: {{tool_result}}"}
+    ])
+}

@@ -1,0 +1,275 @@
+//! Supervision, restart from checkpoints and hibernation through the
+//! in-process API. Fault-point tests need the `fault-injection` feature
+//! (`cargo test --workspace --all-features`); hibernation tests run always.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use overseer_actors::model::{
+    CallState, Decision, EventKind, SessionStatus, StopReason, Submission, TranscriptEntry,
+};
+use overseer_actors::{RuntimeConfig, SessionError};
+use serde_json::Value;
+
+/// The comparable shape of a transcript: roles, texts, tool names, states and
+/// results (ids differ between runs).
+fn shape(t: &[TranscriptEntry]) -> Vec<String> {
+    t.iter()
+        .map(|e| match e {
+            TranscriptEntry::User { text, .. } => format!("user: {text}"),
+            TranscriptEntry::Assistant {
+                text, tool_calls, ..
+            } => {
+                let names: Vec<&str> = tool_calls.iter().map(|c| c.name.as_str()).collect();
+                format!("assistant: {text} {names:?}")
+            }
+            TranscriptEntry::ToolResult { call } => format!(
+                "tool {}: {:?} {}",
+                call.name,
+                call.state,
+                call.result.clone().unwrap_or(Value::Null)
+            ),
+        })
+        .collect()
+}
+
+fn hibernating(secs: u64) -> RuntimeConfig {
+    RuntimeConfig {
+        idle_hibernate: Some(Duration::from_secs(secs)),
+        ..RuntimeConfig::default()
+    }
+}
+
+/// Waits (in paused time) until the session has no live actor.
+async fn until_hibernated(h: &Harness, id: overseer_actors::model::SessionId) {
+    for _ in 0..1000 {
+        if !h.ov.runtime().live.contains_key(&id) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    panic!("session {id} never hibernated");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hibernated_session_is_activated_by_a_message() {
+    let steps = serde_json::json!([{"text": "one"}, {"text": "two: {{user}}"}]);
+    let h = harness_cfg(agent(&[]), scripted(steps), hibernating(10)).await;
+    let (id, mut rx) = h.start("first").await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    until_hibernated(&h, id).await;
+    assert_eq!(
+        h.ov.runtime().metrics.hibernations.load(Ordering::Relaxed),
+        1
+    );
+    h.ov.send_message(id, "second").await.unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(final_text(&h.transcript(id).await), "two: second");
+    assert!(h.ov.runtime().metrics.activations.load(Ordering::Relaxed) >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hibernated_session_is_activated_by_an_approval() {
+    let h = harness_cfg(
+        agent(&["echo"]),
+        scripted(echo_then_answer()),
+        hibernating(10),
+    )
+    .await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    until_hibernated(&h, id).await;
+    // Still listable and decidable while only on disk.
+    let call = h.pending(id).await.remove(0);
+    h.approve(id, &call).await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(h.echo_runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_approval_timeout_fires_while_hibernated() {
+    let mut a = agent(&["echo"]);
+    a.approval_timeout_secs = 120;
+    let h = harness_cfg(a, scripted(echo_then_answer()), hibernating(10)).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    until_hibernated(&h, id).await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(
+        final_text(&h.transcript(id).await),
+        "Result: Tool denied by user: No approval decision received"
+    );
+}
+
+#[cfg(feature = "fault-injection")]
+mod faults {
+    use super::*;
+    use overseer_actors::fault::{arm, FaultAction, FaultPlan, FaultPoint};
+
+    async fn baseline() -> Vec<String> {
+        let h = harness(agent(&["echo"]), echo_then_answer()).await;
+        let (id, mut rx) = h.start("go").await;
+        until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+        let call = h.pending(id).await.remove(0);
+        h.approve(id, &call).await;
+        turn_end(&mut rx).await;
+        shape(&h.transcript(id).await)
+    }
+
+    /// Runs the approve-and-execute scenario with one panic planned at
+    /// `point` on hit `nth`, and checks the §10 promise.
+    async fn survives(point: FaultPoint, nth: u64) {
+        let expected = baseline().await;
+        let h = harness(agent(&["echo"]), echo_then_answer()).await;
+        let id = overseer_actors::model::SessionId::generate();
+        arm(FaultPlan {
+            point,
+            nth,
+            action: FaultAction::Panic,
+            session: Some(id),
+            repeat: false,
+        });
+        let mut rx = h.ov.subscribe(id);
+        h.ov.create_session(overseer_actors::CreateSession {
+            agent: "a".into(),
+            tenant: "t".into(),
+            prompt: Some("go".into()),
+            id: Some(id),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+        // A fault before the approval may restart the session; the pending
+        // call survives it.
+        let mut pending = h.pending(id).await;
+        while pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            pending = h.pending(id).await;
+        }
+        let call = pending.remove(0);
+        // If the actor dies between the decision's checkpoint and the reply,
+        // the caller is told to check: a retry then finds it already decided.
+        loop {
+            match h
+                .ov
+                .submit(id, Submission::one(call.clone(), Decision::approve()))
+                .await
+            {
+                Ok(()) | Err(SessionError::AlreadyDecided(_)) => break,
+                Err(SessionError::Unavailable { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        loop {
+            let s = h.ov.state(id).await.unwrap();
+            if s.header.status == SessionStatus::AwaitingInput {
+                break;
+            }
+            assert!(!s.header.status.is_terminal(), "{:?}", s.header);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let t = h.transcript(id).await;
+        assert_eq!(shape(&t), expected, "same transcript as without the fault");
+        assert_eq!(
+            h.echo_runs.load(Ordering::SeqCst),
+            1,
+            "the tool ran exactly once"
+        );
+        let asked =
+            h.ov.events_after(id, 0, 10_000)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|e| matches!(e.kind, EventKind::ApprovalRequested { .. }))
+                .count();
+        assert_eq!(asked, 1, "the decided approval is not asked again");
+        assert!(
+            h.ov.runtime().metrics.restarts.load(Ordering::Relaxed) >= 1,
+            "a restart happened"
+        );
+        assert!(t.iter().all(|e| match e {
+            TranscriptEntry::ToolResult { call } => call.state == CallState::Completed,
+            _ => true,
+        }));
+    }
+
+    #[tokio::test]
+    async fn after_checkpoint() {
+        survives(FaultPoint::AfterCheckpoint, 2).await;
+    }
+
+    #[tokio::test]
+    async fn before_tool_dispatch() {
+        survives(FaultPoint::BeforeToolDispatch, 1).await;
+    }
+
+    #[tokio::test]
+    async fn during_tool() {
+        survives(FaultPoint::DuringTool, 1).await;
+    }
+
+    #[tokio::test]
+    async fn mid_stream() {
+        survives(FaultPoint::MidStream, 1).await;
+    }
+
+    #[tokio::test]
+    async fn after_decision_ack() {
+        survives(FaultPoint::AfterDecisionAck, 1).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_crash_loop_fails_the_session_after_max_restarts_with_backoff() {
+        let steps = serde_json::json!([{"text": "hello there"}]);
+        let h = harness(agent(&[]), steps).await;
+        let id = overseer_actors::model::SessionId::generate();
+        arm(FaultPlan {
+            point: FaultPoint::MidStream,
+            nth: 1,
+            action: FaultAction::Panic,
+            session: Some(id),
+            repeat: true,
+        });
+        let mut rx = h.ov.subscribe(id);
+        let started = tokio::time::Instant::now();
+        h.ov.create_session(overseer_actors::CreateSession {
+            agent: "a".into(),
+            tenant: "t".into(),
+            prompt: Some("go".into()),
+            id: Some(id),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        // A neighbour session is unaffected.
+        let (other, mut other_rx) = h.start("hi").await;
+        assert_eq!(turn_end(&mut other_rx).await, StopReason::EndTurn);
+        until_status(&mut rx, SessionStatus::Failed).await;
+        // Backoff 100 + 200 + 400 ms of (paused, deterministic) tokio time.
+        assert!(
+            started.elapsed() >= Duration::from_millis(700),
+            "{:?}",
+            started.elapsed()
+        );
+        let s = h.ov.state(id).await.unwrap();
+        let err = s.header.error.unwrap();
+        assert!(err.starts_with("restart limit exceeded: "), "{err}");
+        assert!(err.contains("injected fault"), "{err}");
+        assert_eq!(h.ov.runtime().metrics.restarts.load(Ordering::Relaxed), 3);
+        assert_eq!(
+            h.ov.state(other).await.unwrap().header.status,
+            SessionStatus::AwaitingInput
+        );
+        // The orchestrator still serves new sessions.
+        let (_, mut rx3) = h.start("again").await;
+        assert_eq!(turn_end(&mut rx3).await, StopReason::EndTurn);
+    }
+}

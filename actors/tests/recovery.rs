@@ -10,33 +10,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::*;
-use overseer_actors::model::{
-    CallState, Decision, EventKind, SessionStatus, StopReason, Submission, TranscriptEntry,
-};
-use overseer_actors::{RuntimeConfig, SessionError};
-use serde_json::Value;
-
-/// The comparable shape of a transcript: roles, texts, tool names, states and
-/// results (ids differ between runs).
-fn shape(t: &[TranscriptEntry]) -> Vec<String> {
-    t.iter()
-        .map(|e| match e {
-            TranscriptEntry::User { text, .. } => format!("user: {text}"),
-            TranscriptEntry::Assistant {
-                text, tool_calls, ..
-            } => {
-                let names: Vec<&str> = tool_calls.iter().map(|c| c.name.as_str()).collect();
-                format!("assistant: {text} {names:?}")
-            }
-            TranscriptEntry::ToolResult { call } => format!(
-                "tool {}: {:?} {}",
-                call.name,
-                call.state,
-                call.result.clone().unwrap_or(Value::Null)
-            ),
-        })
-        .collect()
-}
+use overseer_actors::model::{SessionStatus, StopReason};
+use overseer_actors::RuntimeConfig;
 
 fn hibernating(secs: u64) -> RuntimeConfig {
     RuntimeConfig {
@@ -109,6 +84,32 @@ async fn an_approval_timeout_fires_while_hibernated() {
 #[cfg(feature = "fault-injection")]
 mod faults {
     use super::*;
+    use overseer_actors::model::{CallState, Decision, EventKind, Submission, TranscriptEntry};
+    use overseer_actors::SessionError;
+    use serde_json::Value;
+
+    /// The comparable shape of a transcript: roles, texts, tool names, states and
+    /// results (ids differ between runs).
+    fn shape(t: &[TranscriptEntry]) -> Vec<String> {
+        t.iter()
+            .map(|e| match e {
+                TranscriptEntry::User { text, .. } => format!("user: {text}"),
+                TranscriptEntry::Assistant {
+                    text, tool_calls, ..
+                } => {
+                    let names: Vec<&str> = tool_calls.iter().map(|c| c.name.as_str()).collect();
+                    format!("assistant: {text} {names:?}")
+                }
+                TranscriptEntry::ToolResult { call } => format!(
+                    "tool {}: {:?} {}",
+                    call.name,
+                    call.state,
+                    call.result.clone().unwrap_or(Value::Null)
+                ),
+            })
+            .collect()
+    }
+
     use overseer_actors::fault::{arm, FaultAction, FaultPlan, FaultPoint};
 
     async fn baseline() -> Vec<String> {

@@ -81,6 +81,86 @@ async fn an_approval_timeout_fires_while_hibernated() {
     );
 }
 
+/// Stops the first runtime (as a crashed process would, its in-memory
+/// journal is gone) and recovers the same store in a fresh one.
+async fn crash_and_recover(
+    h: &Harness,
+    agent: overseer_actors::model::AgentConfig,
+    steps: serde_json::Value,
+) -> overseer_actors::Overseer {
+    h.ov.shutdown().await.unwrap();
+    let ov = overseer_actors::Overseer::start(
+        vec![agent],
+        std::sync::Arc::new(h.store.clone()),
+        scripted(steps),
+        tools(Default::default(), Default::default()),
+        RuntimeConfig::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ov.recover().await.unwrap(), 1);
+    ov
+}
+
+#[tokio::test]
+async fn after_a_process_crash_a_running_call_with_unknown_outcome_is_asked_again() {
+    use overseer_actors::model::{CallState, Decision, EventKind, Submission};
+    let steps = serde_json::json!([
+        {"tool_calls": [{"name": "stuck", "arguments": {}}]},
+        {"text": "{{tool_result}}"}
+    ]);
+    let h = harness(agent(&["stuck"]), steps.clone()).await;
+    let (id, mut rx) = h.start("go").await;
+    until(&mut rx, |k| matches!(k, EventKind::ToolCallStarted { .. })).await;
+    let ov = crash_and_recover(&h, agent(&["stuck"]), steps).await;
+    let s = ov.state(id).await.unwrap();
+    assert_eq!(s.header.status, SessionStatus::AwaitingApproval);
+    let call = &s.header.open_calls[0];
+    assert_eq!(call.state, CallState::AwaitingApproval);
+    assert!(call.outcome_unknown);
+    // Refusing the re-run fails the call with the interrupted error.
+    let mut rx = ov.subscribe(id);
+    ov.submit(
+        id,
+        Submission::one(call.id.clone(), Decision::deny("do not re-run")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let t = ov.state(id).await.unwrap();
+    let text = final_text(
+        &t.transcript
+            .iter()
+            .map(|e| (**e).clone())
+            .collect::<Vec<_>>(),
+    );
+    assert!(
+        text.contains("interrupted: the process stopped while this tool was running"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn after_a_process_crash_an_idempotent_call_is_retried_with_the_same_key() {
+    use overseer_actors::model::EventKind;
+    let steps = serde_json::json!([{"tool_calls": [{"name": "stuck_idem", "arguments": {}}]}]);
+    let h = harness(agent(&["stuck_idem"]), steps.clone()).await;
+    let (id, mut rx) = h.start("go").await;
+    until(&mut rx, |k| matches!(k, EventKind::ToolCallStarted { .. })).await;
+    let first = h.ov.state(id).await.unwrap().header.open_calls[0].clone();
+    let ov = crash_and_recover(&h, agent(&["stuck_idem"]), steps).await;
+    let s = ov.state(id).await.unwrap();
+    let call = &s.header.open_calls[0];
+    assert_eq!(call.attempt, 2, "dispatched again");
+    assert_eq!(
+        call.idempotency_key, first.idempotency_key,
+        "with the same key"
+    );
+    assert_eq!(call.idempotency_key.as_deref(), Some(first.id.as_str()));
+    assert!(!call.outcome_unknown);
+    ov.cancel(id).await.unwrap();
+}
+
 #[cfg(feature = "fault-injection")]
 mod faults {
     use super::*;

@@ -107,6 +107,10 @@ pub fn tools(runs: Arc<AtomicU32>, seen: Arc<std::sync::Mutex<Vec<Value>>>) -> T
         Arc::new(Stuck(
             ToolSpec::new("stuck", "never ends", object_schema()).with_timeout(5),
         )),
+        Arc::new(Stuck(
+            ToolSpec::new("stuck_idem", "never ends, safe to retry", object_schema())
+                .idempotent(true),
+        )),
         Arc::new(Huge(ToolSpec::new("huge", "too big", object_schema()))),
         Arc::new(Boom(ToolSpec::new("boom", "panics", object_schema()))),
         Arc::new(Echo {

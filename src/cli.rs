@@ -1,1 +1,777 @@
-//! placeholder: cli (being written)
+//! The command line (§12): argument types and the `overseer run` command.
+//!
+//! `run` hosts the whole runtime in-process on an embedded sled store: it
+//! creates one session, streams the agent's text to stdout and progress to
+//! stderr, settles approvals as `--approve` says (asking on a terminal), and
+//! completes the session when its turn ends. This module owns that terminal
+//! interaction and the exit status. It deliberately holds no session logic
+//! (every decision goes through [`Overseer`]'s public API, exactly as an HTTP
+//! client's would) and no output beyond the terminal: `serve` and the HTTP
+//! client commands belong next to the HTTP edge.
+
+use std::collections::HashMap;
+use std::fmt::Display;
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::{Map, Value};
+use tokio::sync::{broadcast, mpsc};
+
+use overseer_actors::model::{
+    CallState, Decision, Event, EventKind, Notification, SessionId, StopReason, Submission,
+    ToolCallId, Usage,
+};
+use overseer_actors::provider::Provider;
+use overseer_actors::scripted::{Scenario, ScriptedProvider};
+use overseer_actors::tool::{ToolRegistry, ToolRegistryError};
+use overseer_actors::{CreateSession, Overseer, SessionError};
+
+use crate::config::{Config, ConfigError, LoadOptions, Overrides, ProviderKind};
+use crate::scenario::{self, ScenarioLoadError};
+use crate::store::SledStore;
+use crate::tools::builtin_registry;
+
+/// The tenant of sessions created by `overseer run`: the CLI has no token to
+/// take one from, and one fixed name keeps local runs listable together.
+pub const CLI_TENANT: &str = "local";
+
+/// The message the model sees for calls denied by `--approve deny`.
+pub const DENY_MESSAGE: &str = "denied by --approve deny";
+
+/// Longest excerpt of a tool result or arguments on a status line.
+const EXCERPT_CHARS: usize = 200;
+
+/// `overseer`: a supervised actor tree hosting LLM agent sessions.
+#[derive(Debug, Parser)]
+#[command(name = "overseer", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run one prompt in-process on an embedded store: the agent's text goes
+    /// to stdout, progress to stderr. Exits 0 when the turn ends with
+    /// `end_turn`, 1 otherwise.
+    Run(RunArgs),
+}
+
+/// Arguments of `overseer run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Config file (default: ./config/overseer.toml if present, else the
+    /// built-in defaults).
+    #[arg(long, value_name = "FILE", env = "OVERSEER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Agent to run.
+    #[arg(long, value_name = "NAME", default_value = "assistant")]
+    pub agent: String,
+    /// Scenario file for the scripted provider (overrides provider.scenario).
+    #[arg(long, value_name = "FILE")]
+    pub scenario: Option<PathBuf>,
+    /// How tool calls that need approval are decided.
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = ApproveMode::Ask)]
+    pub approve: ApproveMode,
+    /// Data directory of the store (overrides store.data_dir).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// The user message (several words are joined with spaces).
+    #[arg(value_name = "PROMPT", required = true, num_args = 1..)]
+    pub prompt: Vec<String>,
+}
+
+/// `--approve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ApproveMode {
+    /// Ask on the terminal for each call (stdin must be a terminal).
+    Ask,
+    /// Approve every call.
+    Auto,
+    /// Deny every call.
+    Deny,
+}
+
+/// Why a command failed. Every message is one line; the binary prints it as
+/// `error: <message>`.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Scenario file.
+    #[error(transparent)]
+    Scenario(#[from] ScenarioLoadError),
+    /// Built-in tools.
+    #[error("tools: {0}")]
+    Tools(#[from] ToolRegistryError),
+    /// `--agent` names no configured agent.
+    #[error("unknown agent '{name}' (configured: {available})")]
+    UnknownAgent {
+        /// The name given.
+        name: String,
+        /// The configured names.
+        available: String,
+    },
+    /// `--approve ask` without a terminal to ask on.
+    #[error("--approve ask needs a terminal on stdin to ask for approvals; use --approve auto or --approve deny when stdin is not a terminal")]
+    NotATerminal,
+    /// Blank prompt.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// The store could not be opened.
+    #[error("cannot open the store in {}: {message}", dir.display())]
+    Store {
+        /// Data directory.
+        dir: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+    /// The session API refused a request.
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    /// The turn ended, but not with `end_turn`.
+    #[error("turn ended with {reason}{}", detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
+    TurnEnded {
+        /// The stop reason.
+        reason: StopReason,
+        /// The session's last error message, if any.
+        detail: Option<String>,
+    },
+    /// The live event stream stopped before the turn ended.
+    #[error("the session's event stream closed before its turn ended")]
+    StreamClosed,
+}
+
+/// Runs a parsed command line.
+pub fn execute(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Run(args) => run(args),
+    }
+}
+
+/// Logs (tracing) go to stderr, `warn` and above unless `RUST_LOG` says
+/// otherwise, so they never mix with the agent's text on stdout.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// `overseer run`. Everything that can be refused without side effects
+/// (config, agent, terminal, scenario) is checked before the store is opened,
+/// so a refused run leaves no trace on disk.
+pub fn run(args: RunArgs) -> Result<(), CliError> {
+    let prompt = args.prompt.join(" ");
+    if prompt.trim().is_empty() {
+        return Err(CliError::EmptyPrompt);
+    }
+    let tools = builtin_registry()?;
+    let options = LoadOptions {
+        path: args.config.clone(),
+        overrides: Overrides {
+            data_dir: args.data.clone(),
+            durability: None,
+            scenario: args.scenario.clone(),
+        },
+    };
+    let config = Config::load(&options, &tools)?;
+    if config.agent(&args.agent).is_none() {
+        return Err(CliError::UnknownAgent {
+            name: args.agent,
+            available: config.agent_names().join(", "),
+        });
+    }
+    if args.approve == ApproveMode::Ask && !std::io::stdin().is_terminal() {
+        return Err(CliError::NotATerminal);
+    }
+    let provider: Arc<dyn Provider> = match config.provider.kind {
+        ProviderKind::Scripted => {
+            let scenario: Scenario = scenario::resolve(&config.provider.scenario)?;
+            Arc::new(ScriptedProvider::new(scenario))
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::Runtime)?;
+    let result = rt.block_on(run_session(
+        config,
+        tools,
+        provider,
+        args.agent,
+        prompt,
+        args.approve,
+    ));
+    // A terminal read may still wait for a line nobody will type (the turn
+    // ended while a prompt was open): do not wait for it.
+    rt.shutdown_timeout(Duration::from_millis(100));
+    result
+}
+
+async fn run_session(
+    config: Config,
+    tools: ToolRegistry,
+    provider: Arc<dyn Provider>,
+    agent: String,
+    prompt: String,
+    mode: ApproveMode,
+) -> Result<(), CliError> {
+    let dir = config.store.data_dir.clone();
+    let durability = config.store.durability;
+    let open_dir = dir.clone();
+    // sled opens (and may recover) files synchronously: keep it off the
+    // async workers.
+    let store = tokio::task::spawn_blocking(move || SledStore::open(&open_dir, durability))
+        .await
+        .map_err(|e| CliError::Store {
+            dir: dir.clone(),
+            message: e.to_string(),
+        })?
+        .map_err(|e| CliError::Store {
+            dir,
+            message: e.to_string(),
+        })?;
+    let overseer = Overseer::start(
+        config.agent_configs(),
+        Arc::new(store),
+        provider,
+        tools,
+        config.runtime_config(),
+    )
+    .await?;
+    let outcome = drive(&overseer, agent, prompt, mode).await;
+    // Shut down whatever happened, so the store is flushed.
+    let shutdown = overseer.shutdown().await;
+    outcome?;
+    shutdown?;
+    Ok(())
+}
+
+/// Creates the session, follows it to the end of its turn, completes it.
+async fn drive(
+    overseer: &Overseer,
+    agent: String,
+    prompt: String,
+    mode: ApproveMode,
+) -> Result<(), CliError> {
+    // Sessions interrupted mid-turn by an earlier process resume here; they
+    // are not ours to follow, but leaving them dormant would orphan them.
+    let recovered = overseer.recover().await?;
+    if recovered > 0 {
+        status(format_args!(
+            "recovered {recovered} interrupted session(s) from the store"
+        ));
+    }
+    let id = SessionId::generate();
+    // Subscribe before the session exists so not one event is missed.
+    let mut rx = overseer.subscribe(id);
+    overseer
+        .create_session(CreateSession {
+            agent,
+            tenant: CLI_TENANT.into(),
+            prompt: Some(prompt),
+            id: Some(id),
+            ..CreateSession::default()
+        })
+        .await?;
+    status(format_args!("session: {id}"));
+
+    let (pending_tx, pending_rx) = mpsc::unbounded_channel();
+    let decider = tokio::spawn(decide_calls(overseer.clone(), id, mode, pending_rx));
+    let (interrupt_tx, mut interrupt_rx) = mpsc::unbounded_channel();
+    let interrupts = tokio::spawn(watch_interrupts(interrupt_tx));
+
+    let mut follower = Follower::new(pending_tx);
+    let end = follower
+        .follow(overseer, id, &mut rx, &mut interrupt_rx)
+        .await;
+    decider.abort();
+    interrupts.abort();
+    let end = end?;
+
+    // The CLI sends no follow-up, so complete the session rather than leave it
+    // awaiting input forever (a cancelled one is already terminal).
+    let state = overseer.state(id).await?;
+    if !state.header.status.is_terminal() {
+        overseer.done(id).await?;
+    }
+    match end.reason {
+        StopReason::EndTurn => Ok(()),
+        reason => Err(CliError::TurnEnded {
+            reason,
+            detail: end.detail,
+        }),
+    }
+}
+
+/// How a turn ended.
+struct TurnEnd {
+    reason: StopReason,
+    detail: Option<String>,
+}
+
+/// A call waiting for a decision, as announced by its event.
+struct PendingCall {
+    id: ToolCallId,
+    name: String,
+    arguments: Value,
+    outcome_unknown: bool,
+}
+
+/// Follows one session's notifications: text to stdout, progress to stderr,
+/// approval requests to the decider.
+struct Follower {
+    pending: mpsc::UnboundedSender<PendingCall>,
+    names: HashMap<ToolCallId, String>,
+    last_seq: u64,
+    last_error: Option<String>,
+    /// Text of the current step already written to stdout.
+    printed: String,
+    /// Deltas may have been lost (lagged): print the step's stored text.
+    resync: bool,
+}
+
+impl Follower {
+    fn new(pending: mpsc::UnboundedSender<PendingCall>) -> Self {
+        Self {
+            pending,
+            names: HashMap::new(),
+            last_seq: 0,
+            last_error: None,
+            printed: String::new(),
+            resync: false,
+        }
+    }
+
+    async fn follow(
+        &mut self,
+        overseer: &Overseer,
+        id: SessionId,
+        rx: &mut broadcast::Receiver<Notification>,
+        interrupts: &mut mpsc::UnboundedReceiver<()>,
+    ) -> Result<TurnEnd, CliError> {
+        let mut interrupted = false;
+        loop {
+            tokio::select! {
+                n = rx.recv() => match n {
+                    Ok(Notification::TextDelta { text, .. }) => self.text(&text),
+                    Ok(Notification::Event(event)) => {
+                        if let Some(end) = self.event(event) {
+                            return Ok(end);
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        // The live buffer overflowed: the store has every
+                        // event; only text deltas are gone (see `resync`).
+                        self.resync = true;
+                        let missed = overseer.events_after(id, self.last_seq, usize::MAX).await?;
+                        for event in missed {
+                            if let Some(end) = self.event(event) {
+                                return Ok(end);
+                            }
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return Err(CliError::StreamClosed),
+                },
+                Some(()) = interrupts.recv(), if !interrupted => {
+                    interrupted = true;
+                    self.end_line();
+                    status("interrupted: cancelling the session (Ctrl-C again quits at once)");
+                    if let Err(e) = overseer.cancel(id).await {
+                        status(format_args!("could not cancel the session: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
+    fn text(&mut self, text: &str) {
+        self.printed.push_str(text);
+        out(text);
+    }
+
+    /// Handles one durable event; returns how the turn ended, at its end.
+    fn event(&mut self, event: Event) -> Option<TurnEnd> {
+        // Events replayed after a lag may repeat live ones.
+        if event.seq <= self.last_seq {
+            return None;
+        }
+        self.last_seq = event.seq;
+        match event.kind {
+            EventKind::AssistantMessage { text, .. } => {
+                if self.resync {
+                    let rest = text.strip_prefix(self.printed.as_str()).unwrap_or(&text);
+                    out(rest);
+                    self.printed.push_str(rest);
+                    self.resync = false;
+                }
+                self.end_line();
+            }
+            EventKind::ToolCallProposed {
+                call_id,
+                name,
+                arguments,
+            } => {
+                status(format_args!(
+                    "tool proposed: {name} {} ({call_id})",
+                    excerpt(&arguments)
+                ));
+                self.names.insert(call_id, name);
+            }
+            EventKind::ApprovalRequested {
+                call_id,
+                name,
+                arguments,
+                outcome_unknown,
+            } => {
+                let note = if outcome_unknown {
+                    " [outcome unknown: it was running when the process stopped]"
+                } else {
+                    ""
+                };
+                status(format_args!(
+                    "approval requested: {name} {} ({call_id}){note}",
+                    excerpt(&arguments)
+                ));
+                let _ = self.pending.send(PendingCall {
+                    id: call_id,
+                    name,
+                    arguments,
+                    outcome_unknown,
+                });
+            }
+            EventKind::DecisionRecorded { call_id, record } => {
+                let by = record.by.as_deref().unwrap_or("unknown");
+                let line = match &record.decision {
+                    Decision::Approve { .. } => match &record.args_diff {
+                        Some(diff) => format!("approved by {by} with edits {}", excerpt(diff)),
+                        None => format!("approved by {by}"),
+                    },
+                    Decision::Deny { message } => format!(
+                        "denied by {by}: {}",
+                        message.as_deref().unwrap_or("(no reason)")
+                    ),
+                };
+                status(format_args!("decision: {line} ({call_id})"));
+            }
+            EventKind::ToolCallStarted { call_id, attempt } if attempt > 1 => {
+                status(format_args!(
+                    "tool re-dispatched: {} attempt {attempt} ({call_id})",
+                    self.name(&call_id)
+                ));
+            }
+            EventKind::ToolCallFinished {
+                call_id,
+                state,
+                result,
+            } => {
+                let label = match state {
+                    CallState::Completed => "tool done",
+                    _ => "tool ended",
+                };
+                let shown = match &result {
+                    Value::String(s) => s.clone(),
+                    other => excerpt(other),
+                };
+                status(format_args!(
+                    "{label}: {} {} ({call_id}): {shown}",
+                    self.name(&call_id),
+                    call_state_name(state),
+                ));
+            }
+            EventKind::Error { message } => {
+                self.end_line();
+                status(format_args!("session error: {message}"));
+                self.last_error = Some(message);
+            }
+            EventKind::TurnEnded {
+                stop_reason, usage, ..
+            } => {
+                self.end_line();
+                status(format_args!(
+                    "turn ended: {stop_reason} ({})",
+                    usage_line(&usage)
+                ));
+                return Some(TurnEnd {
+                    reason: stop_reason,
+                    detail: self.last_error.take(),
+                });
+            }
+            EventKind::StatusChanged { status: s } if s.is_terminal() => {
+                // A session can fail (restart limit) outside a turn: no
+                // TurnEnded comes then.
+                self.end_line();
+                return Some(TurnEnd {
+                    reason: StopReason::Error,
+                    detail: Some(
+                        self.last_error
+                            .take()
+                            .unwrap_or_else(|| format!("the session is {s}")),
+                    ),
+                });
+            }
+            _ => {}
+        }
+        None
+    }
+
+    fn name(&self, id: &ToolCallId) -> &str {
+        self.names.get(id).map_or("tool", String::as_str)
+    }
+
+    /// Ends the agent's line on stdout so stderr lines do not run into it.
+    fn end_line(&mut self) {
+        if !self.printed.is_empty() && !self.printed.ends_with('\n') {
+            out("\n");
+        }
+        self.printed.clear();
+    }
+}
+
+/// Settles approval requests one at a time, in the order they were asked.
+async fn decide_calls(
+    overseer: Overseer,
+    id: SessionId,
+    mode: ApproveMode,
+    mut pending: mpsc::UnboundedReceiver<PendingCall>,
+) {
+    let by = std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .map_or_else(|_| "cli".to_owned(), |u| format!("cli:{u}"));
+    while let Some(call) = pending.recv().await {
+        // Failures are reported by `submit`; the session's events tell the rest.
+        match mode {
+            ApproveMode::Auto => {
+                let _ = submit(&overseer, id, &call, Decision::approve(), &by).await;
+            }
+            ApproveMode::Deny => {
+                let _ = submit(&overseer, id, &call, Decision::deny(DENY_MESSAGE), &by).await;
+            }
+            ApproveMode::Ask => ask(&overseer, id, &call, &by).await,
+        }
+    }
+}
+
+async fn submit(
+    overseer: &Overseer,
+    id: SessionId,
+    call: &PendingCall,
+    decision: Decision,
+    by: &str,
+) -> Result<(), SessionError> {
+    let mut submission = Submission::one(call.id.clone(), decision);
+    submission.approved_by = Some(by.to_owned());
+    let result = overseer.submit(id, submission).await;
+    if let Err(e) = &result {
+        if !matches!(e, SessionError::InvalidOverride { .. }) {
+            // Decided elsewhere (timeout, cancel): the events tell the rest.
+            status(format_args!(
+                "could not submit the decision for {}: {e}",
+                call.id
+            ));
+        }
+    }
+    result
+}
+
+/// Asks on the terminal until the decision is accepted.
+async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
+    loop {
+        let note = if call.outcome_unknown {
+            " (it was running when the process stopped; approving runs it again)"
+        } else {
+            ""
+        };
+        let question = format!(
+            "approve {} {} ({}){note}? [y]es/[n]o/[e]dit: ",
+            call.name,
+            excerpt(&call.arguments),
+            call.id
+        );
+        let Some(answer) = read_line(question).await else {
+            // End of input: nobody is left to ask.
+            let _ = submit(
+                overseer,
+                id,
+                call,
+                Decision::deny("no answer (end of input)"),
+                by,
+            )
+            .await;
+            return;
+        };
+        let decision = match answer.trim().to_ascii_lowercase().as_str() {
+            "y" | "yes" => Decision::approve(),
+            "n" | "no" => {
+                let reason = read_line("reason (optional): ".to_owned())
+                    .await
+                    .map(|r| r.trim().to_owned())
+                    .filter(|r| !r.is_empty())
+                    .unwrap_or_else(|| "denied at the terminal".to_owned());
+                Decision::deny(reason)
+            }
+            "e" | "edit" => {
+                let Some(text) =
+                    read_line("arguments to replace, as a JSON object: ".to_owned()).await
+                else {
+                    continue;
+                };
+                match serde_json::from_str::<Map<String, Value>>(text.trim()) {
+                    Ok(override_args) => Decision::Approve {
+                        override_args: Some(override_args),
+                    },
+                    Err(e) => {
+                        status(format_args!("not a JSON object: {e}"));
+                        continue;
+                    }
+                }
+            }
+            _ => {
+                status("answer y, n or e");
+                continue;
+            }
+        };
+        match submit(overseer, id, call, decision, by).await {
+            Err(e @ SessionError::InvalidOverride { .. }) => status(format_args!("error: {e}")),
+            _ => return,
+        }
+    }
+}
+
+/// Prints `prompt` on stderr and reads one line from stdin on a blocking
+/// thread (never on an async worker). `None` at end of input.
+async fn read_line(prompt: String) -> Option<String> {
+    tokio::task::spawn_blocking(move || {
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "{prompt}");
+        let _ = err.flush();
+        drop(err);
+        let mut line = String::new();
+        match std::io::stdin().lock().read_line(&mut line) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => Some(line),
+        }
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Forwards Ctrl-C: the first cancels the session gracefully; a second one
+/// exits at once (checkpoints are already durable, so nothing is lost).
+async fn watch_interrupts(tx: mpsc::UnboundedSender<()>) {
+    let mut seen = 0;
+    while tokio::signal::ctrl_c().await.is_ok() {
+        seen += 1;
+        if seen > 1 {
+            std::process::exit(130);
+        }
+        if tx.send(()).is_err() {
+            return;
+        }
+    }
+}
+
+/// Writes the agent's text to stdout. Write errors (a closed pipe) are
+/// ignored: the session goes on and its transcript is in the store.
+fn out(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.flush();
+}
+
+/// Writes one progress line to stderr (without `eprintln!`'s panic on a
+/// closed stderr).
+fn status(line: impl Display) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// Prints a command's error as the one line the binary ends with.
+pub fn report(error: &CliError) {
+    // Messages are one line by construction; this guards against a foreign
+    // error (sled, I/O) that is not.
+    let message = error.to_string();
+    let message = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    status(format_args!("error: {message}"));
+}
+
+fn excerpt(value: &Value) -> String {
+    let text = value.to_string();
+    if text.chars().count() <= EXCERPT_CHARS {
+        return text;
+    }
+    let cut: String = text.chars().take(EXCERPT_CHARS).collect();
+    format!("{cut}…")
+}
+
+fn call_state_name(state: CallState) -> &'static str {
+    match state {
+        CallState::Proposed => "proposed",
+        CallState::AwaitingApproval => "awaiting_approval",
+        CallState::Approved => "approved",
+        CallState::Denied => "denied",
+        CallState::Running => "running",
+        CallState::Completed => "completed",
+        CallState::Failed => "failed",
+        CallState::Cancelled => "cancelled",
+    }
+}
+
+fn usage_line(u: &Usage) -> String {
+    format!(
+        "{} provider request(s), {} input + {} output tokens, {} tool call(s)",
+        u.provider_requests, u.input_tokens, u.output_tokens, u.tool_calls
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_command_line() {
+        let cli = Cli::try_parse_from([
+            "overseer",
+            "run",
+            "--agent",
+            "auto",
+            "--approve",
+            "deny",
+            "--data",
+            "/tmp/d",
+            "What",
+            "time?",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command;
+        assert_eq!(args.agent, "auto");
+        assert_eq!(args.approve, ApproveMode::Deny);
+        assert_eq!(args.prompt.join(" "), "What time?");
+        let cli = Cli::try_parse_from(["overseer", "run", "hi"]).unwrap();
+        let Command::Run(args) = cli.command;
+        assert_eq!(args.agent, "assistant");
+        assert_eq!(args.approve, ApproveMode::Ask);
+        assert!(Cli::try_parse_from(["overseer", "run", "--approve", "maybe", "hi"]).is_err());
+    }
+
+    #[test]
+    fn turn_end_error_is_one_line() {
+        let e = CliError::TurnEnded {
+            reason: StopReason::MaxSteps,
+            detail: None,
+        };
+        assert_eq!(e.to_string(), "turn ended with max_steps");
+    }
+}

@@ -1,1 +1,941 @@
-//! placeholder: config (being written)
+//! Configuration (§12): `config/overseer.toml`, then `OVERSEER_*` environment
+//! variables, then command-line flags.
+//!
+//! This module owns the typed shape of the file, the layering, and the
+//! reporting: unknown keys are errors and every invalid value is reported with
+//! its key (`agents[1].approval: unknown variant 'sometimes', expected
+//! auto|per_tool|always`), all problems of a file at once. It converts the
+//! result into the types the runtime takes ([`AgentConfig`], [`RuntimeConfig`]).
+//! It deliberately does not build what the configuration describes (store,
+//! provider, tools): the binaries do, so a library user can configure the
+//! runtime without this file. Secrets are never read from here (§12).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use toml::{Table, Value};
+
+use overseer_actors::model::{AgentConfig, ApprovalPolicy};
+use overseer_actors::supervision::RestartPolicy;
+use overseer_actors::tool::ToolRegistry;
+use overseer_actors::RuntimeConfig;
+
+use crate::store::Durability;
+
+/// Where the configuration is looked for when no path is given.
+pub const DEFAULT_CONFIG_PATH: &str = "config/overseer.toml";
+
+/// The default configuration, compiled in: used when no path is given and
+/// [`DEFAULT_CONFIG_PATH`] does not exist, so the binary runs from anywhere
+/// with exactly the defaults a checkout has.
+pub const DEFAULT_CONFIG: &str = include_str!("../config/overseer.toml");
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[store]`.
+    #[serde(default)]
+    pub store: StoreSection,
+    /// `[runtime]`.
+    #[serde(default)]
+    pub runtime: RuntimeSection,
+    /// `[provider]`.
+    #[serde(default)]
+    pub provider: ProviderSection,
+    /// `[[agents]]`.
+    #[serde(default)]
+    pub agents: Vec<AgentSection>,
+}
+
+/// `[store]`: the embedded sled database.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    /// Database directory.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    /// Flush policy of checkpoints.
+    #[serde(default)]
+    pub durability: Durability,
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        Self {
+            data_dir: default_data_dir(),
+            durability: Durability::default(),
+        }
+    }
+}
+
+/// `[runtime]`: supervision and timing (§10).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeSection {
+    /// Restarts allowed within the window.
+    #[serde(default = "default_max_restarts")]
+    pub max_restarts: u32,
+    /// Restart-counting window, seconds.
+    #[serde(default = "default_restart_window_secs")]
+    pub restart_window_secs: u64,
+    /// Idle time before a session hibernates, seconds.
+    #[serde(default = "default_idle_hibernate_secs")]
+    pub idle_hibernate_secs: u64,
+    /// How long an API call waits for a session actor, seconds.
+    #[serde(default = "default_call_timeout_secs")]
+    pub call_timeout_secs: u64,
+}
+
+impl Default for RuntimeSection {
+    fn default() -> Self {
+        Self {
+            max_restarts: default_max_restarts(),
+            restart_window_secs: default_restart_window_secs(),
+            idle_hibernate_secs: default_idle_hibernate_secs(),
+            call_timeout_secs: default_call_timeout_secs(),
+        }
+    }
+}
+
+/// `[provider]`: which LLM serves the agents (§11).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderSection {
+    /// Provider kind.
+    #[serde(default)]
+    pub kind: ProviderKind,
+    /// Scenario file of the scripted provider.
+    #[serde(default = "default_scenario")]
+    pub scenario: PathBuf,
+}
+
+impl Default for ProviderSection {
+    fn default() -> Self {
+        Self {
+            kind: ProviderKind::default(),
+            scenario: default_scenario(),
+        }
+    }
+}
+
+/// Provider kinds this binary can build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// Plays a scenario file; no network, no key.
+    #[default]
+    Scripted,
+}
+
+/// One `[[agents]]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSection {
+    /// Unique name.
+    pub name: String,
+    /// Model route.
+    #[serde(default = "default_model")]
+    pub model: String,
+    /// System instructions.
+    #[serde(default)]
+    pub instructions: String,
+    /// Tools the agent may call.
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Approval policy.
+    #[serde(default)]
+    pub approval: ApprovalPolicy,
+    /// Most steps in one turn.
+    #[serde(default = "default_max_steps")]
+    pub max_steps: u32,
+    /// Run a step's approved calls concurrently.
+    #[serde(default)]
+    pub parallel_tool_calls: bool,
+    /// Seconds before an undecided call is denied.
+    #[serde(default = "default_approval_timeout_secs")]
+    pub approval_timeout_secs: u64,
+}
+
+impl AgentSection {
+    /// The agent as the runtime takes it.
+    pub fn to_agent_config(&self) -> AgentConfig {
+        AgentConfig {
+            name: self.name.clone(),
+            model: self.model.clone(),
+            instructions: self.instructions.clone(),
+            tools: self.tools.clone(),
+            approval: self.approval,
+            max_steps: self.max_steps,
+            parallel_tool_calls: self.parallel_tool_calls,
+            approval_timeout_secs: self.approval_timeout_secs,
+        }
+    }
+}
+
+fn default_data_dir() -> PathBuf {
+    PathBuf::from("data")
+}
+fn default_max_restarts() -> u32 {
+    3
+}
+fn default_restart_window_secs() -> u64 {
+    60
+}
+fn default_idle_hibernate_secs() -> u64 {
+    300
+}
+fn default_call_timeout_secs() -> u64 {
+    30
+}
+fn default_scenario() -> PathBuf {
+    PathBuf::from(crate::scenario::DEFAULT_SCENARIO_PATH)
+}
+fn default_model() -> String {
+    "scripted".into()
+}
+fn default_max_steps() -> u32 {
+    10
+}
+fn default_approval_timeout_secs() -> u64 {
+    86_400
+}
+
+/// One invalid value (or unknown key), named by its key path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Key path (`agents[1].approval`), or `VAR (key)` for the environment.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl Problem {
+    fn new(key: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// Why the configuration could not be loaded. Every message is one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("{origin}:{line}:{column}: invalid TOML: {message}")]
+    Syntax {
+        /// The file (or `built-in defaults`).
+        origin: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// The parser's message.
+        message: String,
+    },
+    /// Unknown keys or invalid values, all of them.
+    #[error("{origin}: {}", join_problems(problems))]
+    Invalid {
+        /// The file, `built-in defaults` or `environment`.
+        origin: String,
+        /// Every problem found.
+        problems: Vec<Problem>,
+    },
+}
+
+fn join_problems(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(Problem::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Values given as command-line flags; they win over file and environment.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--data`.
+    pub data_dir: Option<PathBuf>,
+    /// Durability (no `run` flag sets it; for the server's flags).
+    pub durability: Option<Durability>,
+    /// `--scenario`.
+    pub scenario: Option<PathBuf>,
+}
+
+/// How to load the configuration.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// An explicit file (`--config`): it must exist. Without it,
+    /// [`DEFAULT_CONFIG_PATH`] is used if present, else [`DEFAULT_CONFIG`].
+    pub path: Option<PathBuf>,
+    /// Flag values.
+    pub overrides: Overrides,
+}
+
+/// The environment variables that override scalar keys, with those keys.
+/// An empty variable counts as unset, as container runtimes often set them so.
+pub const ENV_OVERRIDES: &[(&str, &str)] = &[
+    ("OVERSEER_DATA_DIR", "store.data_dir"),
+    ("OVERSEER_DURABILITY", "store.durability"),
+    ("OVERSEER_MAX_RESTARTS", "runtime.max_restarts"),
+    (
+        "OVERSEER_RESTART_WINDOW_SECS",
+        "runtime.restart_window_secs",
+    ),
+    (
+        "OVERSEER_IDLE_HIBERNATE_SECS",
+        "runtime.idle_hibernate_secs",
+    ),
+    ("OVERSEER_CALL_TIMEOUT_SECS", "runtime.call_timeout_secs"),
+    ("OVERSEER_PROVIDER", "provider.kind"),
+    ("OVERSEER_SCENARIO", "provider.scenario"),
+];
+
+impl Config {
+    /// Loads file, environment and flags, then validates against `tools`.
+    /// Blocking (reads a file): call it before the async runtime starts or
+    /// from a blocking thread.
+    pub fn load(opts: &LoadOptions, tools: &ToolRegistry) -> Result<Self, ConfigError> {
+        Self::load_with_env(opts, tools, |var| std::env::var_os(var))
+    }
+
+    /// [`Config::load`] with the environment supplied by the caller (tests).
+    pub fn load_with_env(
+        opts: &LoadOptions,
+        tools: &ToolRegistry,
+        env: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Self, ConfigError> {
+        let (origin, text) = match &opts.path {
+            Some(path) => (path.display().to_string(), read(path)?),
+            None if Path::new(DEFAULT_CONFIG_PATH).exists() => {
+                let path = Path::new(DEFAULT_CONFIG_PATH);
+                (path.display().to_string(), read(path)?)
+            }
+            None => ("built-in defaults".to_owned(), DEFAULT_CONFIG.to_owned()),
+        };
+        let mut config = Self::parse(&text, &origin)?;
+        config.apply_env(env)?;
+        config.apply_overrides(&opts.overrides);
+        let problems = config.problems(tools);
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid { origin, problems })
+        }
+    }
+
+    /// The compiled-in defaults, unvalidated against any tool registry.
+    pub fn builtin() -> Result<Self, ConfigError> {
+        Self::parse(DEFAULT_CONFIG, "built-in defaults")
+    }
+
+    /// Parses TOML text. `origin` names it in errors. Checks shape only (keys
+    /// and types); see [`Config::validate`] for the rules across values.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let table: Table = toml::from_str(text).map_err(|e| syntax_error(origin, text, &e))?;
+        Value::Table(table.clone())
+            .try_into::<Config>()
+            .map_err(|e| ConfigError::Invalid {
+                origin: origin.to_owned(),
+                problems: explain(&table, &e),
+            })
+    }
+
+    /// Checks the rules across values: unique agent names, existing tools,
+    /// limits within range.
+    pub fn validate(&self, tools: &ToolRegistry, origin: &str) -> Result<(), ConfigError> {
+        let problems = self.problems(tools);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid {
+                origin: origin.to_owned(),
+                problems,
+            })
+        }
+    }
+
+    fn problems(&self, tools: &ToolRegistry) -> Vec<Problem> {
+        let mut out = Vec::new();
+        if self.store.data_dir.as_os_str().is_empty() {
+            out.push(Problem::new("store.data_dir", "must not be empty"));
+        }
+        let at_least_one = [
+            (
+                "runtime.restart_window_secs",
+                self.runtime.restart_window_secs,
+            ),
+            ("runtime.call_timeout_secs", self.runtime.call_timeout_secs),
+        ];
+        for (key, value) in at_least_one {
+            if value == 0 {
+                out.push(Problem::new(key, "must be at least 1"));
+            }
+        }
+        if self.provider.kind == ProviderKind::Scripted
+            && self.provider.scenario.as_os_str().is_empty()
+        {
+            out.push(Problem::new("provider.scenario", "must not be empty"));
+        }
+        if self.agents.is_empty() {
+            out.push(Problem::new(
+                "agents",
+                "at least one [[agents]] table is required",
+            ));
+        }
+        let available = tools.names().collect::<Vec<_>>().join(", ");
+        let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, agent) in self.agents.iter().enumerate() {
+            let at = |key: &str| format!("agents[{i}].{key}");
+            if agent.name.trim().is_empty() {
+                out.push(Problem::new(at("name"), "must not be empty"));
+            } else if let Some(first) = seen.get(agent.name.as_str()) {
+                out.push(Problem::new(
+                    at("name"),
+                    format!(
+                        "duplicate agent name '{}' (also agents[{first}])",
+                        agent.name
+                    ),
+                ));
+            } else {
+                seen.insert(&agent.name, i);
+            }
+            if agent.max_steps == 0 {
+                out.push(Problem::new(at("max_steps"), "must be at least 1"));
+            }
+            if agent.approval_timeout_secs == 0 {
+                out.push(Problem::new(
+                    at("approval_timeout_secs"),
+                    "must be at least 1",
+                ));
+            }
+            for (j, tool) in agent.tools.iter().enumerate() {
+                if tools.spec(tool).is_none() {
+                    out.push(Problem::new(
+                        at("tools"),
+                        format!(
+                            "agent '{}' lists unknown tool '{tool}' (available: {available})",
+                            agent.name
+                        ),
+                    ));
+                } else if agent.tools[..j].contains(tool) {
+                    out.push(Problem::new(
+                        at("tools"),
+                        format!("agent '{}' lists tool '{tool}' twice", agent.name),
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    fn apply_env(&mut self, env: impl Fn(&str) -> Option<OsString>) -> Result<(), ConfigError> {
+        // Empty counts as unset (see ENV_OVERRIDES).
+        let get = |var: &str| env(var).filter(|v| !v.is_empty());
+        let mut problems = Vec::new();
+        if let Some(dir) = get("OVERSEER_DATA_DIR") {
+            self.store.data_dir = PathBuf::from(dir);
+        }
+        if let Some(path) = get("OVERSEER_SCENARIO") {
+            self.provider.scenario = PathBuf::from(path);
+        }
+        env_value(
+            &get,
+            "OVERSEER_DURABILITY",
+            false,
+            &mut self.store.durability,
+            &mut problems,
+        );
+        env_value(
+            &get,
+            "OVERSEER_PROVIDER",
+            false,
+            &mut self.provider.kind,
+            &mut problems,
+        );
+        let rt = &mut self.runtime;
+        env_value(
+            &get,
+            "OVERSEER_MAX_RESTARTS",
+            true,
+            &mut rt.max_restarts,
+            &mut problems,
+        );
+        env_value(
+            &get,
+            "OVERSEER_RESTART_WINDOW_SECS",
+            true,
+            &mut rt.restart_window_secs,
+            &mut problems,
+        );
+        env_value(
+            &get,
+            "OVERSEER_IDLE_HIBERNATE_SECS",
+            true,
+            &mut rt.idle_hibernate_secs,
+            &mut problems,
+        );
+        env_value(
+            &get,
+            "OVERSEER_CALL_TIMEOUT_SECS",
+            true,
+            &mut rt.call_timeout_secs,
+            &mut problems,
+        );
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid {
+                origin: "environment".into(),
+                problems,
+            })
+        }
+    }
+
+    fn apply_overrides(&mut self, o: &Overrides) {
+        if let Some(dir) = &o.data_dir {
+            self.store.data_dir.clone_from(dir);
+        }
+        if let Some(d) = o.durability {
+            self.store.durability = d;
+        }
+        if let Some(path) = &o.scenario {
+            self.provider.scenario.clone_from(path);
+        }
+    }
+
+    /// The agent named `name`.
+    pub fn agent(&self, name: &str) -> Option<&AgentSection> {
+        self.agents.iter().find(|a| a.name == name)
+    }
+
+    /// Names of the configured agents, in file order.
+    pub fn agent_names(&self) -> Vec<&str> {
+        self.agents.iter().map(|a| a.name.as_str()).collect()
+    }
+
+    /// Every agent as the runtime takes it.
+    pub fn agent_configs(&self) -> Vec<AgentConfig> {
+        self.agents
+            .iter()
+            .map(AgentSection::to_agent_config)
+            .collect()
+    }
+
+    /// The runtime tunables. Backoff figures are the design's (§10) and not
+    /// configurable.
+    pub fn runtime_config(&self) -> RuntimeConfig {
+        let defaults = RestartPolicy::default();
+        RuntimeConfig {
+            restart: RestartPolicy {
+                max_restarts: self.runtime.max_restarts,
+                restart_window_secs: self.runtime.restart_window_secs,
+                backoff_base_ms: defaults.backoff_base_ms,
+                backoff_max_ms: defaults.backoff_max_ms,
+            },
+            call_timeout: Duration::from_secs(self.runtime.call_timeout_secs),
+            idle_hibernate: self.idle_hibernate(),
+        }
+    }
+
+    /// Idle time before a session hibernates (§10); `None` (configured as 0)
+    /// never hibernates.
+    pub fn idle_hibernate(&self) -> Option<Duration> {
+        match self.runtime.idle_hibernate_secs {
+            0 => None,
+            secs => Some(Duration::from_secs(secs)),
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Applies one environment override, recording a problem instead of failing
+/// so every bad variable is reported at once.
+fn env_value<T: DeserializeOwned>(
+    get: &impl Fn(&str) -> Option<OsString>,
+    var: &str,
+    numeric: bool,
+    slot: &mut T,
+    problems: &mut Vec<Problem>,
+) {
+    let Some(raw) = get(var) else { return };
+    let key = ENV_OVERRIDES
+        .iter()
+        .find(|(v, _)| *v == var)
+        .map_or("?", |(_, k)| *k);
+    let name = format!("{var} ({key})");
+    let Some(raw) = raw.to_str() else {
+        problems.push(Problem::new(name, "not valid UTF-8"));
+        return;
+    };
+    // Going through a TOML value gives the same messages as the file.
+    let value = if numeric {
+        match raw.trim().parse::<i64>() {
+            Ok(n) => Value::Integer(n),
+            Err(_) => {
+                problems.push(Problem::new(
+                    name,
+                    format!("expected an integer, found '{raw}'"),
+                ));
+                return;
+            }
+        }
+    } else {
+        Value::String(raw.to_owned())
+    };
+    match value.try_into::<T>() {
+        Ok(v) => *slot = v,
+        Err(e) => problems.push(Problem::new(name, humanize(e.message()))),
+    }
+}
+
+fn syntax_error(origin: &str, text: &str, e: &toml::de::Error) -> ConfigError {
+    let start = e.span().map_or(0, |s| s.start).min(text.len());
+    let before = text.get(..start).unwrap_or("");
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    ConfigError::Syntax {
+        origin: origin.to_owned(),
+        line,
+        column,
+        message: one_line(e.message()),
+    }
+}
+
+/// Finds which keys made a whole-file deserialization fail.
+///
+/// Serde reports *what* is wrong but not *where*; rather than depend on a
+/// path-tracking deserializer, each key is tried alone (inside a minimal valid
+/// table) against the same derived types, so the messages and the rules stay
+/// those of the types themselves.
+fn explain(table: &Table, whole: &toml::de::Error) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (key, value) in table {
+        match (key.as_str(), value) {
+            ("store", Value::Table(t)) => {
+                problems.extend(bad_keys::<StoreSection>(t, &Table::new(), "store"))
+            }
+            ("runtime", Value::Table(t)) => {
+                problems.extend(bad_keys::<RuntimeSection>(t, &Table::new(), "runtime"))
+            }
+            ("provider", Value::Table(t)) => {
+                problems.extend(bad_keys::<ProviderSection>(t, &Table::new(), "provider"))
+            }
+            ("agents", Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    problems.extend(explain_agent(i, item));
+                }
+            }
+            _ => {
+                let mut alone = Table::new();
+                alone.insert(key.clone(), value.clone());
+                if let Err(e) = Value::Table(alone).try_into::<Config>() {
+                    problems.push(problem_for(key, e.message()));
+                }
+            }
+        }
+    }
+    if problems.is_empty() {
+        problems.push(Problem::new("(document)", humanize(whole.message())));
+    }
+    problems
+}
+
+fn explain_agent(i: usize, item: &Value) -> Vec<Problem> {
+    let path = format!("agents[{i}]");
+    let Value::Table(t) = item else {
+        return vec![Problem::new(
+            path,
+            format!("expected a table ([[agents]]), found {}", item.type_str()),
+        )];
+    };
+    let mut base = Table::new();
+    base.insert("name".into(), Value::String("_".into()));
+    let mut problems = Vec::new();
+    if !t.contains_key("name") {
+        problems.push(Problem::new(format!("{path}.name"), "required"));
+    }
+    problems.extend(bad_keys::<AgentSection>(t, &base, &path));
+    if problems.is_empty() {
+        if let Err(e) = item.clone().try_into::<AgentSection>() {
+            problems.push(Problem::new(path, humanize(e.message())));
+        }
+    }
+    problems
+}
+
+fn bad_keys<T: DeserializeOwned>(table: &Table, base: &Table, path: &str) -> Vec<Problem> {
+    table
+        .iter()
+        .filter_map(|(k, v)| {
+            let mut alone = base.clone();
+            alone.insert(k.clone(), v.clone());
+            Value::Table(alone)
+                .try_into::<T>()
+                .err()
+                .map(|e| problem_for(&format!("{path}.{k}"), e.message()))
+        })
+        .collect()
+}
+
+fn problem_for(key: &str, message: &str) -> Problem {
+    Problem::new(key, humanize(message))
+}
+
+/// Rewrites serde's messages into the house style:
+/// ``unknown variant `x`, expected one of `a`, `b` `` becomes
+/// `unknown variant 'x', expected a|b`, and an unknown field becomes
+/// `unknown key, expected one of a, b` (the key is already in the path).
+fn humanize(message: &str) -> String {
+    let message = one_line(message);
+    let (head, options) = if let Some((head, tail)) = message.split_once(", expected one of ") {
+        let options: Vec<String> = tail
+            .split(", ")
+            .map(|s| s.trim_matches('`').to_owned())
+            .collect();
+        (head.to_owned(), options)
+    } else if let Some((head, tail)) = message
+        .split_once(", expected `")
+        .filter(|(h, _)| h.starts_with("unknown "))
+    {
+        let options = tail
+            .trim_end_matches('`')
+            .split("` or `")
+            .map(str::to_owned)
+            .collect();
+        (head.to_owned(), options)
+    } else {
+        return message.replace('`', "'");
+    };
+    if head.starts_with("unknown field") {
+        format!("unknown key, expected one of {}", options.join(", "))
+    } else {
+        format!("{}, expected {}", head.replace('`', "'"), options.join("|"))
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::builtin_registry;
+
+    fn no_env(_: &str) -> Option<OsString> {
+        None
+    }
+
+    fn parse_err(text: &str) -> String {
+        Config::parse(text, "test.toml").unwrap_err().to_string()
+    }
+
+    fn load_text(
+        text: &str,
+        env: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        let opts = LoadOptions {
+            path: Some(path),
+            overrides: Overrides::default(),
+        };
+        Config::load_with_env(&opts, &builtin_registry().unwrap(), env)
+    }
+
+    const MINIMAL: &str = "[[agents]]\nname = \"a\"\n";
+
+    #[test]
+    fn builtin_file_is_valid_and_has_the_demo_agents() {
+        let c = Config::builtin().unwrap();
+        c.validate(&builtin_registry().unwrap(), "built-in")
+            .unwrap();
+        assert_eq!(c.agent_names(), vec!["assistant", "auto"]);
+        let assistant = c.agent("assistant").unwrap();
+        assert_eq!(assistant.approval, ApprovalPolicy::Always);
+        assert_eq!(assistant.tools, vec!["current_time".to_owned()]);
+        assert_eq!(c.agent("auto").unwrap().approval, ApprovalPolicy::Auto);
+    }
+
+    #[test]
+    fn file_values_equal_the_serde_defaults() {
+        // The commented file claims to show every default; hold it to that.
+        let file = Config::builtin().unwrap();
+        let bare = Config::parse(MINIMAL, "t").unwrap();
+        assert_eq!(file.runtime, bare.runtime);
+        assert_eq!(file.provider, bare.provider);
+        assert_eq!(file.store, bare.store);
+        assert_eq!(file.store.durability, Durability::Fsync);
+        let a = &bare.agents[0];
+        for f in &file.agents {
+            assert_eq!(f.model, a.model);
+            assert_eq!(f.max_steps, a.max_steps);
+            assert_eq!(f.parallel_tool_calls, a.parallel_tool_calls);
+            assert_eq!(f.approval_timeout_secs, a.approval_timeout_secs);
+        }
+        assert_eq!(a.approval, ApprovalPolicy::PerTool);
+    }
+
+    #[test]
+    fn unknown_variant_names_its_key_in_house_style() {
+        let e = parse_err(
+            "[[agents]]\nname = \"a\"\n[[agents]]\nname = \"b\"\napproval = \"sometimes\"\n",
+        );
+        assert_eq!(
+            e,
+            "test.toml: agents[1].approval: unknown variant 'sometimes', expected auto|per_tool|always"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_everywhere() {
+        assert!(parse_err("bogus = 1\n").contains("bogus: unknown key"));
+        let e = parse_err("[store]\nbogus = 1\n");
+        assert!(
+            e.contains("store.bogus: unknown key, expected one of data_dir, durability"),
+            "{e}"
+        );
+        let e = parse_err("[[agents]]\nname = \"a\"\ncolour = \"red\"\n");
+        assert!(e.contains("agents[0].colour: unknown key"), "{e}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let e = parse_err(
+            "[store]\ndurability = \"never\"\n[runtime]\nmax_restarts = -1\ncall_timeout_secs = \"x\"\n[[agents]]\nmodel = \"m\"\n",
+        );
+        assert!(
+            e.contains("store.durability: unknown variant 'never', expected fsync|os"),
+            "{e}"
+        );
+        assert!(e.contains("runtime.max_restarts: invalid value"), "{e}");
+        assert!(e.contains("runtime.call_timeout_secs: invalid type"), "{e}");
+        assert!(e.contains("agents[0].name: required"), "{e}");
+        assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn syntax_errors_give_a_position_on_one_line() {
+        let e = parse_err("[store]\ndata_dir = \n");
+        assert!(e.starts_with("test.toml:2:"), "{e}");
+        assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn validation_names_agent_and_tool() {
+        let text = "[[agents]]\nname = \"a\"\ntools = [\"current_time\", \"launch_rockets\"]\nmax_steps = 0\n[[agents]]\nname = \"a\"\n";
+        let e = load_text(text, no_env).unwrap_err().to_string();
+        assert!(e.contains("agents[0].tools: agent 'a' lists unknown tool 'launch_rockets' (available: current_time)"), "{e}");
+        assert!(e.contains("agents[0].max_steps: must be at least 1"), "{e}");
+        assert!(
+            e.contains("agents[1].name: duplicate agent name 'a' (also agents[0])"),
+            "{e}"
+        );
+        let e = load_text("[store]\n", no_env).unwrap_err().to_string();
+        assert!(e.contains("agents: at least one"), "{e}");
+    }
+
+    #[test]
+    fn env_overrides_file_and_flags_override_env() {
+        let env = |var: &str| match var {
+            "OVERSEER_DATA_DIR" => Some(OsString::from("/env/data")),
+            "OVERSEER_DURABILITY" => Some(OsString::from("os")),
+            "OVERSEER_MAX_RESTARTS" => Some(OsString::from("7")),
+            "OVERSEER_SCENARIO" => Some(OsString::from("")),
+            _ => None,
+        };
+        let c = load_text(MINIMAL, env).unwrap();
+        assert_eq!(c.store.data_dir, PathBuf::from("/env/data"));
+        assert_eq!(c.store.durability, Durability::Os);
+        assert_eq!(c.runtime.max_restarts, 7);
+        assert_eq!(c.runtime_config().restart.max_restarts, 7);
+        // Empty means unset.
+        assert_eq!(c.provider.scenario, default_scenario());
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, MINIMAL).unwrap();
+        let opts = LoadOptions {
+            path: Some(path),
+            overrides: Overrides {
+                data_dir: Some("/flag/data".into()),
+                ..Overrides::default()
+            },
+        };
+        let c = Config::load_with_env(&opts, &builtin_registry().unwrap(), env).unwrap();
+        assert_eq!(c.store.data_dir, PathBuf::from("/flag/data"));
+    }
+
+    #[test]
+    fn bad_env_values_name_the_variable_and_key() {
+        let env = |var: &str| match var {
+            "OVERSEER_DURABILITY" => Some(OsString::from("sometimes")),
+            "OVERSEER_CALL_TIMEOUT_SECS" => Some(OsString::from("soon")),
+            _ => None,
+        };
+        let e = load_text(MINIMAL, env).unwrap_err().to_string();
+        assert!(e.starts_with("environment: "), "{e}");
+        assert!(e.contains("OVERSEER_DURABILITY (store.durability): unknown variant 'sometimes', expected fsync|os"), "{e}");
+        assert!(
+            e.contains(
+                "OVERSEER_CALL_TIMEOUT_SECS (runtime.call_timeout_secs): expected an integer"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn explicit_missing_file_is_an_error_naming_it() {
+        let opts = LoadOptions {
+            path: Some("/nonexistent/overseer.toml".into()),
+            overrides: Overrides::default(),
+        };
+        let e = Config::load_with_env(&opts, &builtin_registry().unwrap(), no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/overseer.toml"), "{e}");
+    }
+
+    #[test]
+    fn converts_to_runtime_types() {
+        let c = Config::builtin().unwrap();
+        let agents = c.agent_configs();
+        assert_eq!(agents[0].name, "assistant");
+        assert_eq!(agents[0].max_steps, 10);
+        let rc = c.runtime_config();
+        assert_eq!(rc.call_timeout, Duration::from_secs(30));
+        assert_eq!(rc.restart.restart_window_secs, 60);
+        assert_eq!(rc.idle_hibernate, Some(Duration::from_secs(300)));
+        let mut c = c;
+        c.runtime.idle_hibernate_secs = 0;
+        assert_eq!(c.runtime_config().idle_hibernate, None);
+    }
+}

@@ -1,0 +1,332 @@
+//! Black-box tests of `overseer run`: the built binary as a process, on a
+//! fresh data directory, its stores inspected afterwards with `SledStore`.
+//!
+//! Each test runs in a temporary working directory, so the binary finds no
+//! `config/overseer.toml` and no scenario file there: these tests also prove
+//! that the compiled-in defaults make it work from anywhere. They do not
+//! cover asking on a terminal (that needs a pseudo-terminal) beyond the
+//! refusal without one.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use overseer::store::{Durability, SledStore};
+use overseer_actors::model::SessionStatus;
+use overseer_actors::store::CheckpointStore;
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn session_id(&self) -> String {
+        self.stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("session: "))
+            .unwrap_or_else(|| panic!("no session line in stderr:\n{}", self.stderr))
+            .trim()
+            .to_owned()
+    }
+
+    fn last_stderr_line(&self) -> &str {
+        self.stderr.lines().last().unwrap_or("")
+    }
+}
+
+/// Runs the binary in `cwd` with a clean `OVERSEER_*` environment and stdin
+/// that is not a terminal.
+fn overseer(cwd: &Path, args: &[&str]) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_overseer"));
+    cmd.args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .env_remove("RUST_LOG");
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("OVERSEER_") {
+            cmd.env_remove(key);
+        }
+    }
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = cmd.output().expect("run overseer");
+    Run {
+        code: status.code(),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    }
+}
+
+fn data_arg(dir: &Path) -> String {
+    dir.join("data").display().to_string()
+}
+
+fn workdir() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    (tmp, data)
+}
+
+#[test]
+fn approve_auto_runs_the_demo_end_to_end() {
+    let (tmp, _) = workdir();
+    let run = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--approve",
+            "auto",
+            "--data",
+            &data_arg(tmp.path()),
+            "What time is it?",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "stderr:\n{}", run.stderr);
+    assert!(
+        run.stdout.contains("Let me check the clock."),
+        "{}",
+        run.stdout
+    );
+    // The answer carries the tool's result.
+    assert!(run.stdout.contains("\"utc\":\""), "{}", run.stdout);
+    assert!(run.stdout.contains("\"unix_ms\":"), "{}", run.stdout);
+    assert!(run.stderr.contains("session: "), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("approval requested: current_time"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("turn ended: end_turn"),
+        "{}",
+        run.stderr
+    );
+    // Progress stays off stdout.
+    assert!(!run.stdout.contains("session: "));
+}
+
+#[test]
+fn approve_deny_lets_the_model_see_the_denial() {
+    let (tmp, _) = workdir();
+    let run = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--approve",
+            "deny",
+            "--data",
+            &data_arg(tmp.path()),
+            "What time is it?",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "stderr:\n{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("Tool denied by user: denied by --approve deny"),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("unix_ms"));
+}
+
+#[test]
+fn approve_ask_without_a_terminal_refuses_before_creating_anything() {
+    let (tmp, data) = workdir();
+    let run = overseer(
+        tmp.path(),
+        &["run", "--data", &data_arg(tmp.path()), "What time is it?"],
+    );
+    assert_ne!(run.code, Some(0));
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .starts_with("error: --approve ask needs a terminal"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("session: "));
+    assert!(!data.exists(), "the store was created");
+}
+
+#[test]
+fn two_runs_on_one_data_dir_keep_both_sessions() {
+    let (tmp, data) = workdir();
+    let args = [
+        "run",
+        "--agent",
+        "auto",
+        "--approve",
+        "deny",
+        "--data",
+        &data_arg(tmp.path()),
+        "time?",
+    ];
+    let first = overseer(tmp.path(), &args);
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    let second = overseer(tmp.path(), &args);
+    assert_eq!(second.code, Some(0), "{}", second.stderr);
+    // The `auto` agent never asks, so --approve deny has nothing to deny.
+    assert!(second.stdout.contains("unix_ms"), "{}", second.stdout);
+    let (a, b) = (first.session_id(), second.session_id());
+    assert_ne!(a, b);
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let sessions = rt.block_on(async {
+        let store = SledStore::open(&data, Durability::Fsync).expect("open store");
+        store.list_tenant("local", None, 100).await.expect("list")
+    });
+    let mut ids: Vec<String> = sessions.iter().map(|h| h.id.to_string()).collect();
+    ids.sort();
+    let mut expected = vec![a, b];
+    expected.sort();
+    assert_eq!(ids, expected);
+    // `run` completes its session when the turn ends.
+    assert!(sessions
+        .iter()
+        .all(|h| h.status == SessionStatus::Completed && h.agent == "auto"));
+}
+
+#[test]
+fn an_exhausted_scenario_fails_with_a_one_line_reason() {
+    let (tmp, _) = workdir();
+    let scenario = tmp.path().join("short.json");
+    std::fs::write(
+        &scenario,
+        r#"{"name": "short", "agents": {"assistant": [
+            {"text": "Checking.", "tool_calls": [{"name": "current_time", "arguments": {}}]}
+        ]}}"#,
+    )
+    .expect("write scenario");
+    let run = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--approve",
+            "auto",
+            "--scenario",
+            &scenario.display().to_string(),
+            "--data",
+            &data_arg(tmp.path()),
+            "What time is it?",
+        ],
+    );
+    assert_ne!(run.code, Some(0), "{}", run.stderr);
+    let last = run.last_stderr_line();
+    assert!(
+        last.starts_with("error: turn ended with error"),
+        "{}",
+        run.stderr
+    );
+    assert!(last.contains("scenario exhausted"), "{}", run.stderr);
+    assert!(last.contains("short"), "{}", run.stderr);
+}
+
+#[test]
+fn an_unknown_agent_is_a_clear_error() {
+    let (tmp, data) = workdir();
+    let run = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--agent",
+            "nobody",
+            "--approve",
+            "auto",
+            "--data",
+            &data_arg(tmp.path()),
+            "hi",
+        ],
+    );
+    assert_ne!(run.code, Some(0));
+    assert_eq!(
+        run.stderr.trim(),
+        "error: unknown agent 'nobody' (configured: assistant, auto)"
+    );
+    assert!(!data.exists());
+}
+
+#[test]
+fn a_config_with_an_unknown_key_names_it() {
+    let (tmp, _) = workdir();
+    let config = tmp.path().join("overseer.toml");
+    std::fs::write(
+        &config,
+        "[store]\ndata_dir = \"data\"\nflush_every = 3\n\n[[agents]]\nname = \"assistant\"\n",
+    )
+    .expect("write config");
+    let run = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--config",
+            &config.display().to_string(),
+            "--approve",
+            "auto",
+            "hi",
+        ],
+    );
+    assert_ne!(run.code, Some(0));
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("store.flush_every: unknown key"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("overseer.toml"), "{}", run.stderr);
+}
+
+#[test]
+fn an_invalid_value_names_its_key() {
+    let (tmp, _) = workdir();
+    let config = tmp.path().join("overseer.toml");
+    std::fs::write(
+        &config,
+        "[[agents]]\nname = \"assistant\"\n[[agents]]\nname = \"b\"\napproval = \"sometimes\"\n",
+    )
+    .expect("write config");
+    let run = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--config",
+            &config.display().to_string(),
+            "--approve",
+            "auto",
+            "hi",
+        ],
+    );
+    assert_ne!(run.code, Some(0));
+    assert!(
+        run.stderr.contains(
+            "agents[1].approval: unknown variant 'sometimes', expected auto|per_tool|always"
+        ),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn the_checkout_config_file_is_used_from_the_repository() {
+    // From the repository root, config/overseer.toml and the scenario file on
+    // disk are the ones read.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let run = overseer(
+        root,
+        &[
+            "run",
+            "--approve",
+            "auto",
+            "--data",
+            &data_arg(tmp.path()),
+            "What time is it?",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.contains("unix_ms"), "{}", run.stdout);
+}

@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use toml::{Table, Value};
 
-use overseer_actors::model::{AgentConfig, ApprovalPolicy};
+use overseer_actors::model::{AgentConfig, ApprovalPolicy, Budget, ChildApproval};
 use overseer_actors::supervision::RestartPolicy;
 use overseer_actors::tool::ToolRegistry;
 use overseer_actors::RuntimeConfig;
@@ -160,6 +160,29 @@ pub struct AgentSection {
     /// Seconds before an undecided call is denied.
     #[serde(default = "default_approval_timeout_secs")]
     pub approval_timeout_secs: u64,
+    /// Agents this one may delegate to with the built-in `delegate_task`.
+    #[serde(default)]
+    pub subagents: Vec<String>,
+    /// Children's approvals: "propagate" (decided at the root) or "auto_approve".
+    #[serde(default)]
+    pub child_approval: ChildApproval,
+    /// Deepest allowed delegation (root = 0).
+    #[serde(default = "default_max_delegation_depth")]
+    pub max_delegation_depth: u32,
+    /// Most live children per session.
+    #[serde(default = "default_max_children")]
+    pub max_children: u32,
+    /// Spending limits: `{ max_tokens, max_tool_calls, max_steps, max_wall_clock_secs }`.
+    #[serde(default)]
+    pub budget: Budget,
+}
+
+fn default_max_delegation_depth() -> u32 {
+    3
+}
+
+fn default_max_children() -> u32 {
+    8
 }
 
 impl AgentSection {
@@ -174,6 +197,11 @@ impl AgentSection {
             max_steps: self.max_steps,
             parallel_tool_calls: self.parallel_tool_calls,
             approval_timeout_secs: self.approval_timeout_secs,
+            subagents: self.subagents.clone(),
+            child_approval: self.child_approval,
+            max_delegation_depth: self.max_delegation_depth,
+            max_children: self.max_children,
+            budget: self.budget,
         }
     }
 }
@@ -428,6 +456,17 @@ impl Config {
                     at("approval_timeout_secs"),
                     "must be at least 1",
                 ));
+            }
+            for sub in &agent.subagents {
+                if !self.agents.iter().any(|a| &a.name == sub) {
+                    out.push(Problem::new(
+                        at("subagents"),
+                        format!("agent '{}' lists unknown subagent '{sub}'", agent.name),
+                    ));
+                }
+            }
+            if agent.max_children == 0 {
+                out.push(Problem::new(at("max_children"), "must be at least 1"));
             }
             for (j, tool) in agent.tools.iter().enumerate() {
                 if tools.spec(tool).is_none() {

@@ -17,6 +17,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod delegation;
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
@@ -39,4 +40,4 @@ pub use error::SessionError;
 pub(crate) use fault::fault_point;
 #[cfg(not(feature = "fault-injection"))]
 pub(crate) use fault_off::fault_point;
-pub use runtime::{CreateSession, Overseer, Runtime, RuntimeConfig};
+pub use runtime::{CreateSession, Overseer, PendingApproval, Runtime, RuntimeConfig, TreeNode};

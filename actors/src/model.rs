@@ -17,8 +17,8 @@ pub use call::{CallState, OnInterrupt, ToolCallId, ToolCallRecord};
 pub use decision::{Decision, DecisionRecord, Submission};
 pub use event::{Event, EventKind, Notification};
 pub use session::{
-    AgentConfig, ApprovalPolicy, EffectiveConfig, ParentLink, QueuedMessage, SessionHeader,
-    SessionId, SessionStatus, StopReason, SCHEMA_VERSION,
+    AgentConfig, ApprovalPolicy, Budget, ChildApproval, EffectiveConfig, ParentLink, QueuedMessage,
+    SessionHeader, SessionId, SessionStatus, StopReason, SCHEMA_VERSION,
 };
 pub use transcript::{ProposedCall, TranscriptEntry};
 pub use usage::Usage;

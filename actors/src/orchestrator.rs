@@ -13,9 +13,9 @@ use std::sync::Arc;
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::error::SessionError;
-use crate::model::{now_ms, SessionId};
+use crate::model::SessionId;
 use crate::runtime::Runtime;
-use crate::session::machine::{Ctx, Input, Session};
+use crate::session::machine::Session;
 use crate::session::{SessionActor, SessionArgs, SessionMsg};
 use crate::supervision::{Decision, RestartHistory};
 
@@ -173,7 +173,8 @@ impl OrchestratorState {
             }
             Decision::GiveUp => {
                 self.restarts.remove(&id);
-                if let Err(e) = self.mark_failed(id, &reason).await {
+                let why = format!("restart limit exceeded: {reason}");
+                if let Err(e) = self.runtime.fail_session(id, &why).await {
                     tracing::error!(session_id = %id, "could not record the failure: {e}");
                 }
             }
@@ -201,30 +202,5 @@ impl OrchestratorState {
         if let Err(e) = self.spawn(myself, Session::from_stored(loaded)).await {
             Box::pin(self.on_failure(myself, id, e.to_string())).await;
         }
-    }
-
-    async fn mark_failed(&self, id: SessionId, reason: &str) -> Result<(), SessionError> {
-        let Some(stored) = self.runtime.store.load(id).await? else {
-            return Ok(());
-        };
-        let mut session = Session::from_stored(stored);
-        let ctx = Ctx {
-            tools: &self.runtime.tools,
-            now_ms: now_ms(),
-        };
-        session.apply(
-            Input::Fail {
-                reason: format!("restart limit exceeded: {reason}"),
-            },
-            ctx,
-        )?;
-        let checkpoint = session.checkpoint();
-        self.runtime.store.checkpoint(checkpoint).await?;
-        for event in session.mark_persisted() {
-            self.runtime
-                .hub
-                .publish(id, crate::model::Notification::Event(event));
-        }
-        Ok(())
     }
 }

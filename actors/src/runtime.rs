@@ -24,7 +24,7 @@ use crate::error::SessionError;
 use crate::hub::EventHub;
 use crate::model::{
     now_ms, AgentConfig, Event, Notification, SessionHeader, SessionId, SessionStatus, Submission,
-    Usage, SCHEMA_VERSION,
+    ToolCallId, Usage, SCHEMA_VERSION,
 };
 use crate::orchestrator::{OrchestratorActor, OrchestratorArgs, OrchestratorMsg};
 use crate::provider::Provider;
@@ -83,6 +83,8 @@ pub struct Runtime {
     pub config: RuntimeConfig,
     /// Counters.
     pub metrics: Metrics,
+    /// Agents by name.
+    pub agents: BTreeMap<String, AgentConfig>,
     /// The orchestrator, set once at start.
     pub(crate) orchestrator: std::sync::OnceLock<ActorRef<OrchestratorMsg>>,
     /// Approval timers armed in this process (session, call), so a session
@@ -120,7 +122,6 @@ pub struct CreateSession {
 pub struct Overseer {
     runtime: Arc<Runtime>,
     orchestrator: ActorRef<OrchestratorMsg>,
-    agents: Arc<BTreeMap<String, AgentConfig>>,
     join: Arc<tokio::sync::Mutex<Option<JoinHandle<()>>>>,
 }
 
@@ -134,7 +135,17 @@ impl Overseer {
         tools: ToolRegistry,
         config: RuntimeConfig,
     ) -> Result<Self, SessionError> {
+        // `delegate_task` is part of every runtime; it is in an agent's scope
+        // only when the agent lists subagents.
+        let tools = if tools.spec(crate::delegation::DELEGATE_TASK).is_some() {
+            tools
+        } else {
+            tools
+                .extended(vec![Arc::new(crate::delegation::DelegateTask::default())])
+                .map_err(|e| SessionError::Invalid(e.to_string()))?
+        };
         let runtime = Arc::new(Runtime {
+            agents: agents.into_iter().map(|a| (a.name.clone(), a)).collect(),
             store,
             provider,
             tools,
@@ -156,11 +167,9 @@ impl Overseer {
         .await
         .map_err(|e| SessionError::Invalid(format!("could not start the orchestrator: {e}")))?;
         let _ = runtime.orchestrator.set(orchestrator.clone());
-        let agents = agents.into_iter().map(|a| (a.name.clone(), a)).collect();
         Ok(Self {
             runtime,
             orchestrator,
-            agents: Arc::new(agents),
             join: Arc::new(tokio::sync::Mutex::new(Some(join))),
         })
     }
@@ -172,7 +181,7 @@ impl Overseer {
 
     /// The configured agents.
     pub fn agents(&self) -> impl Iterator<Item = &AgentConfig> {
-        self.agents.values()
+        self.runtime.agents.values()
     }
 
     /// Activates every session that was mid-turn (running or awaiting
@@ -185,7 +194,8 @@ impl Overseer {
             .list_by_status(&[SessionStatus::Running, SessionStatus::AwaitingApproval])
             .await?;
         let mut n = 0;
-        for h in headers {
+        // Children are resumed by their parents, under their supervision.
+        for h in headers.into_iter().filter(|h| h.parent.is_none()) {
             self.runtime.activate(h.id).await?;
             n += 1;
         }
@@ -196,6 +206,7 @@ impl Overseer {
     /// once the session is checkpointed.
     pub async fn create_session(&self, req: CreateSession) -> Result<SessionId, SessionError> {
         let agent = self
+            .runtime
             .agents
             .get(&req.agent)
             .ok_or_else(|| SessionError::UnknownAgent(req.agent.clone()))?;
@@ -219,6 +230,7 @@ impl Overseer {
             auto_complete: req.auto_complete,
             config: agent.effective(),
             usage: Usage::default(),
+            children_usage: Usage::default(),
             turn: 0,
             step: 0,
             last_stop_reason: None,
@@ -260,13 +272,150 @@ impl Overseer {
             .await
     }
 
-    /// Submits decisions; acknowledged once checkpointed.
+    /// Submits decisions; acknowledged once checkpointed. Calls of
+    /// descendants whose approvals propagate to `id` may be decided here
+    /// (§7): the decisions are routed to the sessions that own them.
     pub async fn submit(&self, id: SessionId, submission: Submission) -> Result<(), SessionError> {
-        self.runtime
-            .route(id, move |reply| {
-                SessionMsg::Decide(submission.clone(), reply)
-            })
-            .await
+        let direct = submission.clone();
+        let result = self
+            .runtime
+            .route(id, move |reply| SessionMsg::Decide(direct.clone(), reply))
+            .await;
+        match result {
+            // The session refused atomically; some ids may belong to children.
+            Err(SessionError::UnknownCalls(_)) => self.submit_in_tree(id, submission).await,
+            other => other,
+        }
+    }
+
+    async fn submit_in_tree(&self, id: SessionId, sub: Submission) -> Result<(), SessionError> {
+        let tree = self.tree(id).await?;
+        let mut owner: BTreeMap<ToolCallId, SessionId> = BTreeMap::new();
+        let mut known: std::collections::BTreeSet<ToolCallId> = Default::default();
+        tree.walk(&mut |node, reachable| {
+            for c in &node.calls {
+                known.insert(c.clone());
+            }
+            if reachable {
+                for p in &node.pending {
+                    owner.insert(p.call.id.clone(), node.session_id);
+                }
+            }
+        });
+        let unknown: Vec<ToolCallId> = sub
+            .decisions
+            .keys()
+            .filter(|c| !owner.contains_key(*c) && !known.contains(*c))
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            return Err(SessionError::UnknownCalls(unknown));
+        }
+        let decided: Vec<ToolCallId> = sub
+            .decisions
+            .keys()
+            .filter(|c| !owner.contains_key(*c))
+            .cloned()
+            .collect();
+        if !decided.is_empty() {
+            return Err(SessionError::AlreadyDecided(decided));
+        }
+        let stray: Vec<ToolCallId> = sub
+            .metadata
+            .keys()
+            .filter(|c| !sub.decisions.contains_key(*c))
+            .cloned()
+            .collect();
+        if !stray.is_empty() {
+            return Err(SessionError::StrayMetadata(stray));
+        }
+        let mut parts: BTreeMap<SessionId, Submission> = BTreeMap::new();
+        for (call, decision) in sub.decisions {
+            let Some(session) = owner.get(&call) else {
+                continue;
+            };
+            let part = parts.entry(*session).or_insert_with(|| Submission {
+                approved_by: sub.approved_by.clone(),
+                ..Submission::default()
+            });
+            if let Some(m) = sub.metadata.get(&call) {
+                part.metadata.insert(call.clone(), m.clone());
+            }
+            part.decisions.insert(call, decision);
+        }
+        for (session, part) in parts {
+            self.runtime
+                .route(session, move |reply| {
+                    SessionMsg::Decide(part.clone(), reply)
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The session tree rooted at `id`: each node's agent, status, usage
+    /// (own and rolled up) and pending approvals (§7).
+    pub async fn tree(&self, id: SessionId) -> Result<TreeNode, SessionError> {
+        let stored = self.state(id).await?;
+        let session = Session::from_stored(stored);
+        let h = &session.header;
+        let mut child_ids = Vec::new();
+        for c in session.all_calls() {
+            if let Some(child) = c.child {
+                if !child_ids.contains(&child) {
+                    child_ids.push(child);
+                }
+            }
+        }
+        let mut children = Vec::new();
+        for child in child_ids {
+            match Box::pin(self.tree(child)).await {
+                Ok(node) => children.push(node),
+                Err(SessionError::NotFound(_)) => {} // intent recorded, child not yet created
+                Err(e) => return Err(e),
+            }
+        }
+        let mut subtree_usage = h.usage;
+        for c in &children {
+            subtree_usage.add(&c.subtree_usage);
+        }
+        Ok(TreeNode {
+            session_id: h.id,
+            agent: h.agent.clone(),
+            status: h.status,
+            stop_reason: h.last_stop_reason,
+            depth: h.parent.as_ref().map_or(0, |p| p.depth),
+            propagates: h.parent.as_ref().is_some_and(|p| p.propagate),
+            usage: h.usage,
+            subtree_usage,
+            pending: session
+                .pending_approvals()
+                .into_iter()
+                .map(|c| PendingApproval {
+                    session_id: h.id,
+                    path: vec![h.id],
+                    call: c.clone(),
+                })
+                .collect(),
+            calls: session
+                .all_calls()
+                .into_iter()
+                .map(|c| c.id.clone())
+                .collect(),
+            children,
+        })
+    }
+
+    /// Every approval decidable at `id`: its own and those of descendants whose
+    /// requests propagate to it, each with the path of sessions leading to it.
+    pub async fn pending_approvals(
+        &self,
+        id: SessionId,
+    ) -> Result<Vec<PendingApproval>, SessionError> {
+        let tree = self.tree(id).await?;
+        let mut out = Vec::new();
+        collect_pending(&tree, &mut Vec::new(), &mut out);
+        Ok(out)
     }
 
     /// Cancels the session.
@@ -465,4 +614,108 @@ impl Runtime {
             }
         });
     }
+
+    /// Marks a session failed (restart limit exceeded) in its checkpoint,
+    /// leaving no call non-terminal. Returns the failed session.
+    pub(crate) async fn fail_session(
+        &self,
+        id: SessionId,
+        reason: &str,
+    ) -> Result<Option<Session>, SessionError> {
+        let Some(stored) = self.store.load(id).await? else {
+            return Ok(None);
+        };
+        let mut session = Session::from_stored(stored);
+        session.apply(
+            Input::Fail {
+                reason: reason.to_owned(),
+            },
+            Ctx {
+                tools: &self.tools,
+                now_ms: now_ms(),
+            },
+        )?;
+        self.store.checkpoint(session.checkpoint()).await?;
+        for event in session.mark_persisted() {
+            self.hub.publish(id, Notification::Event(event));
+        }
+        Ok(Some(session))
+    }
+}
+
+/// A pending approval as seen from an ancestor.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PendingApproval {
+    /// The session that owns the call.
+    pub session_id: SessionId,
+    /// Sessions from the queried one down to the owner.
+    pub path: Vec<SessionId>,
+    /// The call.
+    pub call: crate::model::ToolCallRecord,
+}
+
+/// One node of a session tree.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TreeNode {
+    /// Session.
+    pub session_id: SessionId,
+    /// Agent.
+    pub agent: String,
+    /// Status.
+    pub status: SessionStatus,
+    /// Why its last turn stopped.
+    pub stop_reason: Option<crate::model::StopReason>,
+    /// Depth (root = 0).
+    pub depth: u32,
+    /// Whether its approvals surface at its parent.
+    pub propagates: bool,
+    /// Its own usage.
+    pub usage: Usage,
+    /// Its usage plus its whole subtree's.
+    pub subtree_usage: Usage,
+    /// Its own pending approvals.
+    pub pending: Vec<PendingApproval>,
+    /// Ids of all its calls (decided or not).
+    #[serde(skip)]
+    pub calls: Vec<ToolCallId>,
+    /// Children, in call order.
+    pub children: Vec<TreeNode>,
+}
+
+impl TreeNode {
+    /// Visits every node with whether its approvals reach this node.
+    fn walk(&self, f: &mut impl FnMut(&TreeNode, bool)) {
+        fn go(n: &TreeNode, reachable: bool, f: &mut impl FnMut(&TreeNode, bool)) {
+            f(n, reachable);
+            for c in &n.children {
+                go(c, reachable && c.propagates, f);
+            }
+        }
+        go(self, true, f);
+    }
+
+    /// This node and every descendant, depth first.
+    pub fn nodes(&self) -> Vec<&TreeNode> {
+        let mut out = vec![self];
+        for c in &self.children {
+            out.extend(c.nodes());
+        }
+        out
+    }
+}
+
+fn collect_pending(node: &TreeNode, path: &mut Vec<SessionId>, out: &mut Vec<PendingApproval>) {
+    path.push(node.session_id);
+    for p in &node.pending {
+        out.push(PendingApproval {
+            path: path.clone(),
+            ..p.clone()
+        });
+    }
+    for c in &node.children {
+        if c.propagates {
+            collect_pending(c, path, out);
+        }
+    }
+    path.pop();
 }

@@ -8,6 +8,7 @@
 //! every phase. It deliberately does not restart itself: the orchestrator
 //! reloads the last checkpoint and respawns it (§10).
 
+mod delegate;
 pub mod machine;
 
 use std::collections::HashMap;
@@ -70,6 +71,26 @@ pub enum SessionMsg {
     ApprovalTimeout(ToolCallId),
     /// The idle timer armed after message number `n` fired.
     Hibernate(u64),
+    /// A child session ended its turn.
+    ChildFinished {
+        /// This session's `delegate_task` call.
+        call_id: ToolCallId,
+        /// Its attempt.
+        attempt: u32,
+        /// The child's result.
+        result: Result<Value, Value>,
+        /// What the child's subtree spent.
+        usage: crate::model::Usage,
+    },
+    /// A propagating child started or stopped waiting for a decision.
+    ChildWaiting {
+        /// This session's `delegate_task` call.
+        call_id: ToolCallId,
+        /// Whether it waits.
+        waiting: bool,
+    },
+    /// Respawn a failed child from its checkpoint (after backoff).
+    RestartChild(crate::model::SessionId),
     /// Fault injection: panic now (sent by a tool-call actor at `during_tool`).
     #[cfg(feature = "fault-injection")]
     InjectedPanic,
@@ -94,6 +115,12 @@ pub struct SessionState {
     /// Messages handled so far; an idle timer only hibernates the session if
     /// nothing happened since it was armed.
     activity: u64,
+    /// Live child sessions by actor: (child id, our call, its attempt).
+    children: HashMap<ActorId, (crate::model::SessionId, ToolCallId, u32)>,
+    /// Restarts of each child, for the policy of §10.
+    child_restarts: HashMap<crate::model::SessionId, crate::supervision::RestartHistory>,
+    /// Monotonic origin for restart windows.
+    epoch: tokio::time::Instant,
 }
 
 impl Drop for SessionState {
@@ -125,6 +152,9 @@ impl Actor for SessionActor {
             tools: HashMap::new(),
             span,
             activity: 0,
+            children: HashMap::new(),
+            child_restarts: HashMap::new(),
+            epoch: tokio::time::Instant::now(),
         })
     }
 
@@ -248,6 +278,31 @@ impl Actor for SessionActor {
                     .await
                     .map(|_| ()),
                 SessionMsg::Hibernate(_) => Ok(()),
+                SessionMsg::ChildFinished {
+                    call_id,
+                    attempt,
+                    result,
+                    usage,
+                } => state
+                    .transition(
+                        &myself,
+                        Input::ChildFinished {
+                            call_id,
+                            attempt,
+                            result,
+                            usage,
+                        },
+                    )
+                    .await
+                    .map(|_| ()),
+                SessionMsg::ChildWaiting { call_id, waiting } => state
+                    .transition(&myself, Input::ChildWaiting { call_id, waiting })
+                    .await
+                    .map(|_| ()),
+                SessionMsg::RestartChild(child) => {
+                    state.restart_child(&myself, child).await;
+                    Ok(())
+                }
                 #[cfg(feature = "fault-injection")]
                 SessionMsg::InjectedPanic => panic!("injected fault at DuringTool"),
             }
@@ -266,6 +321,26 @@ impl Actor for SessionActor {
     ) -> Result<(), ActorProcessingErr> {
         // Overridden on purpose: the default would stop this session whenever
         // one of its tool-call actors stops, even normally.
+        if let SupervisionEvent::ActorFailed(cell, err) = &event {
+            if state.children.contains_key(&cell.get_id()) {
+                let span = state.span.clone();
+                state
+                    .on_child_failed(&myself, cell, err.to_string())
+                    .instrument(span)
+                    .await;
+                return Ok(());
+            }
+        }
+        if let SupervisionEvent::ActorTerminated(cell, _, _) = &event {
+            if let Some((child, _, _)) = state.children.remove(&cell.get_id()) {
+                let stale = cell.get_id();
+                state
+                    .runtime
+                    .live
+                    .remove_if(&child, |_, r| r.get_id() == stale);
+                return Ok(());
+            }
+        }
         if let SupervisionEvent::ActorFailed(cell, err) = event {
             if let Some((call_id, attempt, _)) = state.tools.remove(&cell.get_id()) {
                 tracing::warn!(tool_call_id = %call_id, "tool crashed: {err}");
@@ -291,6 +366,13 @@ impl SessionState {
         matches!(self.session.header.status, AwaitingInput | AwaitingApproval)
             && self.stream.is_none()
             && self.tools.is_empty()
+            && self.children.is_empty()
+            && self
+                .session
+                .header
+                .open_calls
+                .iter()
+                .all(|c| c.state != crate::model::CallState::Running)
     }
 
     fn arm_idle_timer(&self, myself: &ActorRef<SessionMsg>) {
@@ -342,6 +424,7 @@ impl SessionState {
             tools: &self.runtime.tools,
             now_ms: now_ms(),
         };
+        let before = self.session.header.status;
         let effects = match self.session.apply(input, ctx) {
             Ok(fx) => fx,
             Err(e) => return Ok(Err(e)),
@@ -376,6 +459,9 @@ impl SessionState {
         for effect in effects {
             self.execute(myself, effect).await;
         }
+        if self.session.header.parent.is_some() && before != self.session.header.status {
+            self.report_to_parent(before).await;
+        }
         Ok(Ok(()))
     }
 
@@ -405,6 +491,22 @@ impl SessionState {
                     self.runtime
                         .journal
                         .remove_if(&key, |_, (a, _)| *a == attempt);
+                }
+            }
+            Effect::Delegate {
+                call_id,
+                attempt,
+                child,
+                args,
+                grant,
+            } => {
+                self.delegate(myself, call_id, attempt, child, args, grant)
+                    .await
+            }
+            Effect::CancelChild(child) => {
+                // Downwards only, so this call cannot deadlock with the child.
+                if let Err(e) = self.runtime.route(child, SessionMsg::Cancel).await {
+                    tracing::debug!(session_id = %child, "child not cancelled: {e}");
                 }
             }
             Effect::ArmApprovalTimer { call_id, after } => {

@@ -197,6 +197,13 @@ impl ToolRegistry {
         })
     }
 
+    /// This registry plus `extra` tools.
+    pub fn extended(&self, extra: Vec<Arc<dyn Tool>>) -> Result<Self, ToolRegistryError> {
+        let mut tools: Vec<Arc<dyn Tool>> = self.tools.values().map(|r| r.tool.clone()).collect();
+        tools.extend(extra);
+        Self::new(tools)
+    }
+
     /// The tool named `name`.
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
         self.tools.get(name).map(|r| r.tool.clone())

@@ -116,6 +116,13 @@ pub struct ToolCallRecord {
     /// it took effect; a human decides whether to run it again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub outcome_unknown: bool,
+    /// For `delegate_task`: the child session running it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child: Option<super::SessionId>,
+    /// For `delegate_task`: the child (or its subtree) waits for a decision
+    /// that surfaces here.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub child_waiting: bool,
     /// The result (a tool's JSON, or an `{"error": …}` object).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
@@ -141,6 +148,8 @@ impl ToolCallRecord {
             attempt: 0,
             idempotency_key: None,
             outcome_unknown: false,
+            child: None,
+            child_waiting: false,
             result: None,
             proposed_at_ms: at_ms,
             finished_at_ms: None,

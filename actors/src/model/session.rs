@@ -134,6 +134,89 @@ pub enum ApprovalPolicy {
     Always,
 }
 
+/// Whether a child's approvals go up to a human at the root, or are granted
+/// automatically (§7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChildApproval {
+    /// Pending approvals of children appear at the root and are decided there.
+    #[default]
+    Propagate,
+    /// Children never ask.
+    AutoApprove,
+}
+
+/// Spending limits of a session (§7). `None` is unlimited. A child is granted
+/// at most what its parent has left.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// Input plus output tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Dispatched tool calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tool_calls: Option<u64>,
+    /// Provider steps (across turns).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u64>,
+    /// Seconds since the session was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wall_clock_secs: Option<u64>,
+}
+
+impl Budget {
+    /// The tighter of two budgets, dimension by dimension.
+    pub fn min(self, other: Budget) -> Budget {
+        fn m(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+            match (a, b) {
+                (Some(x), Some(y)) => Some(x.min(y)),
+                (x, None) => x,
+                (None, y) => y,
+            }
+        }
+        Budget {
+            max_tokens: m(self.max_tokens, other.max_tokens),
+            max_tool_calls: m(self.max_tool_calls, other.max_tool_calls),
+            max_steps: m(self.max_steps, other.max_steps),
+            max_wall_clock_secs: m(self.max_wall_clock_secs, other.max_wall_clock_secs),
+        }
+    }
+
+    /// What is left after spending `used` over `elapsed_secs`.
+    pub fn remaining(&self, used: &Usage, elapsed_secs: u64) -> Budget {
+        Budget {
+            max_tokens: self
+                .max_tokens
+                .map(|b| b.saturating_sub(used.total_tokens())),
+            max_tool_calls: self
+                .max_tool_calls
+                .map(|b| b.saturating_sub(used.tool_calls)),
+            max_steps: self
+                .max_steps
+                .map(|b| b.saturating_sub(used.provider_requests)),
+            max_wall_clock_secs: self
+                .max_wall_clock_secs
+                .map(|b| b.saturating_sub(elapsed_secs)),
+        }
+    }
+
+    /// The first dimension `used` has reached, if any (a limit is reached when
+    /// nothing of it is left).
+    pub fn exhausted(&self, used: &Usage, elapsed_secs: u64) -> Option<&'static str> {
+        if self.max_tokens.is_some_and(|b| used.total_tokens() >= b) {
+            return Some("tokens");
+        }
+        if self.max_steps.is_some_and(|b| used.provider_requests >= b) {
+            return Some("steps");
+        }
+        if self.max_wall_clock_secs.is_some_and(|b| elapsed_secs >= b) {
+            return Some("wall_clock_secs");
+        }
+        None
+    }
+}
+
 /// A named agent configuration (§2), as the runtime needs it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentConfig {
@@ -153,6 +236,16 @@ pub struct AgentConfig {
     pub parallel_tool_calls: bool,
     /// Seconds a call may wait for a decision before it is denied.
     pub approval_timeout_secs: u64,
+    /// Agents this one may delegate to with `delegate_task`.
+    pub subagents: Vec<String>,
+    /// How children's approvals are handled.
+    pub child_approval: ChildApproval,
+    /// Deepest allowed delegation (a root is depth 0).
+    pub max_delegation_depth: u32,
+    /// Most live children per session.
+    pub max_children: u32,
+    /// Spending limits.
+    pub budget: Budget,
 }
 
 impl AgentConfig {
@@ -168,19 +261,35 @@ impl AgentConfig {
             max_steps: 10,
             parallel_tool_calls: false,
             approval_timeout_secs: 86_400,
+            subagents: Vec::new(),
+            child_approval: ChildApproval::Propagate,
+            max_delegation_depth: 3,
+            max_children: 8,
+            budget: Budget::default(),
         }
     }
 
     /// The configuration a new session of this agent runs under.
     pub fn effective(&self) -> EffectiveConfig {
+        let mut tools = self.tools.clone();
+        // `delegate_task` exists exactly for agents that list subagents (§7).
+        tools.retain(|t| t != crate::delegation::DELEGATE_TASK);
+        if !self.subagents.is_empty() {
+            tools.push(crate::delegation::DELEGATE_TASK.to_owned());
+        }
         EffectiveConfig {
             instructions: self.instructions.clone(),
-            tools: self.tools.clone(),
+            tools,
             model: self.model.clone(),
             approval: self.approval,
             max_steps: self.max_steps,
             parallel_tool_calls: self.parallel_tool_calls,
             approval_timeout_secs: self.approval_timeout_secs,
+            subagents: self.subagents.clone(),
+            child_approval: self.child_approval,
+            max_delegation_depth: self.max_delegation_depth,
+            max_children: self.max_children,
+            budget: self.budget,
         }
     }
 }
@@ -204,6 +313,29 @@ pub struct EffectiveConfig {
     pub parallel_tool_calls: bool,
     /// Seconds a call may wait for a decision.
     pub approval_timeout_secs: u64,
+    /// Agents this session may delegate to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subagents: Vec<String>,
+    /// How children's approvals are handled.
+    #[serde(default)]
+    pub child_approval: ChildApproval,
+    /// Deepest allowed delegation.
+    #[serde(default = "default_depth")]
+    pub max_delegation_depth: u32,
+    /// Most live children.
+    #[serde(default = "default_children")]
+    pub max_children: u32,
+    /// Spending limits (for a child: what it was granted).
+    #[serde(default)]
+    pub budget: Budget,
+}
+
+fn default_depth() -> u32 {
+    3
+}
+
+fn default_children() -> u32 {
+    8
 }
 
 /// Link from a child session to the call that started it.
@@ -213,6 +345,12 @@ pub struct ParentLink {
     pub session_id: SessionId,
     /// The parent's `delegate_task` call.
     pub call_id: super::ToolCallId,
+    /// Dispatch attempt of that call (the child reports with it).
+    #[serde(default)]
+    pub attempt: u32,
+    /// Whether this child's approvals surface at the root.
+    #[serde(default)]
+    pub propagate: bool,
     /// Depth of the child (root = 0).
     pub depth: u32,
 }
@@ -260,8 +398,11 @@ pub struct SessionHeader {
     pub auto_complete: bool,
     /// What the session runs under.
     pub config: EffectiveConfig,
-    /// Cumulative usage.
+    /// Cumulative usage of this session alone.
     pub usage: Usage,
+    /// Usage reported by finished children (their whole subtrees).
+    #[serde(default)]
+    pub children_usage: Usage,
     /// Turns started so far.
     pub turn: u32,
     /// Steps started in the current turn.

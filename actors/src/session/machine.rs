@@ -14,12 +14,13 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::delegation::{DelegateArgs, DELEGATE_TASK};
 use crate::error::SessionError;
 use crate::model::decision::merge_override;
 use crate::model::{
-    ApprovalPolicy, CallState, Decision, DecisionRecord, Event, EventKind, OnInterrupt,
-    ProposedCall, SessionHeader, SessionStatus, StopReason, Submission, ToolCallId, ToolCallRecord,
-    TranscriptEntry, Usage,
+    ApprovalPolicy, Budget, CallState, Decision, DecisionRecord, Event, EventKind, OnInterrupt,
+    ProposedCall, SessionHeader, SessionId, SessionStatus, StopReason, Submission, ToolCallId,
+    ToolCallRecord, TranscriptEntry, Usage,
 };
 use crate::provider::{ProviderError, ProviderEvent, ProviderRequest};
 use crate::store::{Checkpoint, StoredSession};
@@ -62,6 +63,24 @@ pub enum Input {
         /// Call.
         call_id: ToolCallId,
     },
+    /// A child session started by a `delegate_task` call ended its turn.
+    ChildFinished {
+        /// The parent's call.
+        call_id: ToolCallId,
+        /// Dispatch attempt of that call.
+        attempt: u32,
+        /// The child's result (see [`crate::delegation::child_result`]).
+        result: Result<Value, Value>,
+        /// What the child's subtree spent.
+        usage: Usage,
+    },
+    /// A propagating child started or stopped waiting for a decision.
+    ChildWaiting {
+        /// The parent's call.
+        call_id: ToolCallId,
+        /// Whether it waits now.
+        waiting: bool,
+    },
     /// Cancel the session.
     Cancel,
     /// The user is done with the session.
@@ -103,6 +122,21 @@ pub enum Effect {
     },
     /// Kill every running tool-call actor.
     KillTools,
+    /// Start (or resume) the child session of a `delegate_task` call.
+    Delegate {
+        /// The parent's call.
+        call_id: ToolCallId,
+        /// Its attempt.
+        attempt: u32,
+        /// The child's id (fixed in the intent, so a restart finds the same child).
+        child: SessionId,
+        /// Parsed arguments.
+        args: DelegateArgs,
+        /// What the parent has left to grant.
+        grant: Budget,
+    },
+    /// Cancel a child session (and its subtree).
+    CancelChild(SessionId),
     /// Deliver `ApprovalTimedOut` for this call after a delay.
     ArmApprovalTimer {
         /// Call.
@@ -266,6 +300,34 @@ impl Session {
                 result,
             } => self.on_tool_finished(call_id, attempt, result, ctx, &mut fx),
             Input::ApprovalTimedOut { call_id } => self.on_approval_timeout(call_id, ctx, &mut fx),
+            Input::ChildFinished {
+                call_id,
+                attempt,
+                result,
+                usage,
+            } => {
+                let running = self.header.open_calls.iter().any(|c| {
+                    c.id == call_id && c.state == CallState::Running && c.attempt == attempt
+                });
+                if running {
+                    self.header.children_usage.add(&usage);
+                    self.on_tool_finished(call_id, attempt, result, ctx, &mut fx);
+                }
+            }
+            Input::ChildWaiting { call_id, waiting } => {
+                if let Some(c) = self
+                    .header
+                    .open_calls
+                    .iter_mut()
+                    .find(|c| c.id == call_id && c.state == CallState::Running)
+                {
+                    if c.child_waiting != waiting {
+                        c.child_waiting = waiting;
+                        self.dirty = true;
+                        self.advance(ctx, &mut fx);
+                    }
+                }
+            }
             Input::Cancel => self.on_cancel(ctx, &mut fx)?,
             Input::Done => self.on_done(ctx)?,
             Input::Resume { journal } => self.on_resume(journal, ctx, &mut fx),
@@ -579,14 +641,7 @@ impl Session {
                 });
             }
         }
-        if self
-            .header
-            .open_calls
-            .iter()
-            .any(|c| c.state == CallState::Running)
-        {
-            fx.push(Effect::KillTools);
-        }
+        self.stop_calls(fx);
         for call in &mut self.header.open_calls {
             if !call.state.is_terminal() {
                 call.finish(
@@ -684,7 +739,13 @@ impl Session {
             SessionStatus::Running | SessionStatus::AwaitingApproval => {
                 for i in 0..self.header.open_calls.len() {
                     let state = self.header.open_calls[i].state;
-                    if state == CallState::Running {
+                    if state == CallState::Running
+                        && self.header.open_calls[i].name == DELEGATE_TASK
+                    {
+                        // A child is a session of its own with its own
+                        // checkpoints: resume it, never re-create it.
+                        self.delegate_effect(i, ctx, fx);
+                    } else if state == CallState::Running {
                         let call = &self.header.open_calls[i];
                         let known = journal
                             .iter()
@@ -728,6 +789,11 @@ impl Session {
             self.end_turn(StopReason::MaxSteps, ctx, fx);
             return;
         }
+        let elapsed = self.elapsed_secs(ctx);
+        if let Some(limit) = self.header.config.budget.exhausted(&self.spent(), elapsed) {
+            self.stop_for_budget(limit, ctx, fx);
+            return;
+        }
         self.header.step += 1;
         self.dirty = true;
         self.partial = Partial::default();
@@ -745,6 +811,12 @@ impl Session {
         if let Err(error) = ctx.tools.validate(&call.name, &call.arguments) {
             self.fail_call(call, error, ctx);
             return;
+        }
+        if call.name == DELEGATE_TASK {
+            if let Err(error) = self.check_delegation(&call.arguments) {
+                self.fail_call(call, error, ctx);
+                return;
+            }
         }
         let requires = ctx
             .tools
@@ -865,23 +937,46 @@ impl Session {
             self.set_status(SessionStatus::AwaitingApproval, ctx);
             return;
         }
-        self.set_status(SessionStatus::Running, ctx);
+        // A propagating child that waits for a decision makes this session
+        // wait too (§4), while its other calls go on.
+        let child_waits = self
+            .header
+            .open_calls
+            .iter()
+            .any(|c| c.state == CallState::Running && c.child_waiting);
+        self.set_status(
+            if child_waits {
+                SessionStatus::AwaitingApproval
+            } else {
+                SessionStatus::Running
+            },
+            ctx,
+        );
         let calls = &self.header.open_calls;
         let parallel = self.header.config.parallel_tool_calls;
-        let running = calls.iter().any(|c| c.state == CallState::Running);
-        let to_dispatch: Vec<usize> = if parallel {
-            (0..calls.len())
-                .filter(|&i| calls[i].state == CallState::Approved)
-                .collect()
-        } else if running {
-            vec![]
-        } else {
-            calls
-                .iter()
-                .position(|c| c.state == CallState::Approved)
-                .into_iter()
-                .collect()
-        };
+        let is_plain = |c: &ToolCallRecord| c.name != DELEGATE_TASK;
+        let running_plain = calls
+            .iter()
+            .any(|c| c.state == CallState::Running && is_plain(c));
+        // Delegations always run concurrently (§5.6); other calls in proposal
+        // order unless the agent allows parallel calls.
+        let mut to_dispatch: Vec<usize> = (0..calls.len())
+            .filter(|&i| calls[i].state == CallState::Approved && !is_plain(&calls[i]))
+            .collect();
+        let plain = (0..calls.len())
+            .filter(|&i| calls[i].state == CallState::Approved && is_plain(&calls[i]));
+        if parallel {
+            to_dispatch.extend(plain);
+        } else if !running_plain {
+            to_dispatch.extend(plain.take(1));
+        }
+        to_dispatch.sort_unstable();
+        if !to_dispatch.is_empty() {
+            if let Some(limit) = self.tool_budget_exhausted(to_dispatch.len() as u64) {
+                self.stop_for_budget(limit, ctx, fx);
+                return;
+            }
+        }
         for i in to_dispatch {
             self.dispatch(i, ctx, fx);
         }
@@ -893,6 +988,34 @@ impl Session {
 
     /// Records the intent and asks the actor to run the call (§9 effect journal).
     fn dispatch(&mut self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        if self.header.open_calls[i].name == DELEGATE_TASK {
+            let live = self
+                .header
+                .open_calls
+                .iter()
+                .filter(|c| c.name == DELEGATE_TASK && c.state == CallState::Running)
+                .count() as u32;
+            let max = self.header.config.max_children;
+            if live >= max {
+                let error = json!({"error": format!(
+                    "max_children reached: this session already has {live} live child session(s) (max_children = {max})"
+                )});
+                let mut call = self.header.open_calls[i].clone();
+                self.fail_call(&mut call, error, ctx);
+                self.header.open_calls[i] = call;
+                return;
+            }
+            let call = &mut self.header.open_calls[i];
+            call.state = CallState::Running;
+            call.attempt += 1;
+            call.child.get_or_insert_with(SessionId::generate);
+            let (call_id, attempt) = (call.id.clone(), call.attempt);
+            self.header.usage.tool_calls += 1;
+            self.dirty = true;
+            self.emit(EventKind::ToolCallStarted { call_id, attempt }, ctx.now_ms);
+            self.delegate_effect(i, ctx, fx);
+            return;
+        }
         let call = &mut self.header.open_calls[i];
         call.state = CallState::Running;
         call.attempt += 1;
@@ -1028,6 +1151,121 @@ impl Session {
             SessionStatus::AwaitingInput
         };
         self.set_status(status, ctx);
+    }
+
+    // ---- delegation and budgets -----------------------------------------------
+
+    /// What this session and its finished children spent.
+    pub fn spent(&self) -> Usage {
+        let mut u = self.header.usage;
+        u.add(&self.header.children_usage);
+        u
+    }
+
+    fn elapsed_secs(&self, ctx: Ctx<'_>) -> u64 {
+        (ctx.now_ms.saturating_sub(self.header.created_at_ms) / 1000).max(0) as u64
+    }
+
+    /// The subagent and depth rules of §7, checked when the call is proposed.
+    fn check_delegation(&self, arguments: &Value) -> Result<(), Value> {
+        let args: DelegateArgs = serde_json::from_value(arguments.clone())
+            .map_err(|e| json!({"error": format!("invalid delegate_task arguments: {e}")}))?;
+        let cfg = &self.header.config;
+        if !cfg.subagents.iter().any(|a| a == &args.agent) {
+            return Err(json!({"error": format!(
+                "agent '{}' is not a subagent of '{}' (subagents: {})",
+                args.agent,
+                self.header.agent,
+                cfg.subagents.join(", ")
+            )}));
+        }
+        let depth = self.header.parent.as_ref().map_or(0, |p| p.depth);
+        if depth + 1 > cfg.max_delegation_depth {
+            return Err(json!({"error": format!(
+                "delegation depth limit reached: a child here would be at depth {} (max_delegation_depth = {})",
+                depth + 1,
+                cfg.max_delegation_depth
+            )}));
+        }
+        Ok(())
+    }
+
+    fn delegate_effect(&mut self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        let call = &self.header.open_calls[i];
+        let args: DelegateArgs = match serde_json::from_value(call.run_arguments().clone()) {
+            Ok(a) => a,
+            Err(e) => {
+                let error = json!({"error": format!("invalid delegate_task arguments: {e}")});
+                let mut call = call.clone();
+                call.finish(CallState::Failed, error.clone(), ctx.now_ms);
+                let id = call.id.clone();
+                self.header.open_calls[i] = call;
+                self.emit(
+                    EventKind::ToolCallFinished {
+                        call_id: id,
+                        state: CallState::Failed,
+                        result: error,
+                    },
+                    ctx.now_ms,
+                );
+                return;
+            }
+        };
+        let Some(child) = call.child else { return };
+        let grant = self
+            .header
+            .config
+            .budget
+            .remaining(&self.spent(), self.elapsed_secs(ctx));
+        fx.push(Effect::Delegate {
+            call_id: call.id.clone(),
+            attempt: call.attempt,
+            child,
+            args,
+            grant,
+        });
+    }
+
+    /// Whether dispatching `n` more calls would pass the tool-call budget.
+    fn tool_budget_exhausted(&self, n: u64) -> Option<&'static str> {
+        let max = self.header.config.budget.max_tool_calls?;
+        (self.spent().tool_calls.saturating_add(n) > max).then_some("tool_calls")
+    }
+
+    /// Kills running tools and cancels running children (effects only).
+    fn stop_calls(&self, fx: &mut Vec<Effect>) {
+        let calls = &self.header.open_calls;
+        if calls
+            .iter()
+            .any(|c| c.state == CallState::Running && c.name != DELEGATE_TASK)
+        {
+            fx.push(Effect::KillTools);
+        }
+        for c in calls {
+            if c.state == CallState::Running && c.name == DELEGATE_TASK {
+                if let Some(child) = c.child {
+                    fx.push(Effect::CancelChild(child));
+                }
+            }
+        }
+    }
+
+    /// Ends the turn with `budget_exceeded`; no call is left non-terminal.
+    fn stop_for_budget(&mut self, limit: &str, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        self.stop_calls(fx);
+        let reason = format!("budget exceeded: {limit}");
+        for call in &mut self.header.open_calls {
+            if !call.state.is_terminal() {
+                call.finish(
+                    CallState::Cancelled,
+                    json!({ "error": reason.clone() }),
+                    ctx.now_ms,
+                );
+            }
+        }
+        self.close_step(ctx);
+        self.emit(EventKind::Error { message: reason }, ctx.now_ms);
+        self.end_turn(StopReason::BudgetExceeded, ctx, fx);
     }
 
     // ---- helpers ------------------------------------------------------------

@@ -295,3 +295,55 @@ pub fn echo_then_answer() -> Value {
         {"text": "Result: {{tool_result}}"}
     ])
 }
+
+/// A runtime with several agents and one scenario for all of them
+/// (`steps` maps agent name to its steps).
+pub async fn harness_agents(
+    agents: Vec<AgentConfig>,
+    steps: Value,
+    config: RuntimeConfig,
+) -> Harness {
+    let scenario =
+        Scenario::from_json(&json!({"name": "test", "agents": steps}).to_string()).unwrap();
+    let store = MemStore::new();
+    let runs = Arc::new(AtomicU32::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ov = Overseer::start(
+        agents,
+        Arc::new(store.clone()),
+        Arc::new(ScriptedProvider::new(scenario)),
+        tools(runs.clone(), seen.clone()),
+        config,
+    )
+    .await
+    .unwrap();
+    Harness {
+        ov,
+        store,
+        echo_runs: runs,
+        echo_seen: seen,
+    }
+}
+
+impl Harness {
+    /// Creates a session of `agent` with `prompt`, subscribed before it starts.
+    pub async fn start_agent(
+        &self,
+        agent: &str,
+        prompt: &str,
+    ) -> (SessionId, broadcast::Receiver<Notification>) {
+        let id = SessionId::generate();
+        let rx = self.ov.subscribe(id);
+        self.ov
+            .create_session(CreateSession {
+                agent: agent.into(),
+                tenant: "t".into(),
+                prompt: Some(prompt.into()),
+                id: Some(id),
+                ..CreateSession::default()
+            })
+            .await
+            .unwrap();
+        (id, rx)
+    }
+}

@@ -53,7 +53,7 @@ pub enum FaultAction {
 }
 
 /// One planned fault.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FaultPlan {
     /// Where.
     pub point: FaultPoint,
@@ -63,6 +63,9 @@ pub struct FaultPlan {
     pub action: FaultAction,
     /// Only hits in this session count; `None` counts every session.
     pub session: Option<SessionId>,
+    /// Only hits in sessions of this agent count (e.g. a child whose id is
+    /// not known in advance); `None` counts every agent.
+    pub agent: Option<String>,
     /// Fire on every hit from the Nth on (a crash loop), not only once.
     pub repeat: bool,
 }
@@ -104,14 +107,15 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
         nth,
         action,
         session: None,
+        agent: None,
         repeat: false,
     });
     Ok(Some(spec))
 }
 
-/// Counts a hit of `point` in `session` and fires a matching plan.
-pub fn hit(point: FaultPoint, session: SessionId) {
-    match check(point, session) {
+/// Counts a hit of `point` in `session` (of `agent`) and fires a matching plan.
+pub fn hit(point: FaultPoint, session: SessionId, agent: &str) {
+    match check(point, session, agent) {
         Some(FaultAction::Panic) => panic!("injected fault at {point:?}"),
         Some(FaultAction::Abort) => abort(point),
         None => {}
@@ -125,12 +129,15 @@ pub fn abort(point: FaultPoint) -> ! {
 }
 
 /// Counts a hit and returns the action of a plan that fires, without firing it.
-pub fn check(point: FaultPoint, session: SessionId) -> Option<FaultAction> {
+pub fn check(point: FaultPoint, session: SessionId, agent: &str) -> Option<FaultAction> {
     let mut fire = None;
     {
         let mut plans = PLANS.lock().unwrap_or_else(|e| e.into_inner());
         for (plan, hits) in plans.iter_mut() {
-            if plan.point != point || plan.session.is_some_and(|s| s != session) {
+            if plan.point != point
+                || plan.session.is_some_and(|s| s != session)
+                || plan.agent.as_deref().is_some_and(|a| a != agent)
+            {
                 continue;
             }
             *hits += 1;
@@ -144,10 +151,11 @@ pub fn check(point: FaultPoint, session: SessionId) -> Option<FaultAction> {
 
 /// Marks a fault point. Expands to nothing without the `fault-injection` feature.
 macro_rules! fault_point {
-    ($point:ident, $session:expr) => {
+    ($point:ident, $header:expr) => {
         #[cfg(feature = "fault-injection")]
         {
-            $crate::fault::hit($crate::fault::FaultPoint::$point, $session);
+            let header: &$crate::model::SessionHeader = $header;
+            $crate::fault::hit($crate::fault::FaultPoint::$point, header.id, &header.agent);
         }
     };
 }

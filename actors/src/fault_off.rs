@@ -1,6 +1,6 @@
 //! Without the `fault-injection` feature, fault points compile to nothing.
 
 macro_rules! fault_point {
-    ($point:ident, $session:expr) => {};
+    ($point:ident, $header:expr) => {};
 }
 pub(crate) use fault_point;

@@ -215,7 +215,7 @@ impl Actor for SessionActor {
                 }
                 SessionMsg::Decide(sub, reply) => {
                     state.rpc(&myself, Input::Decide(sub), reply).await?;
-                    crate::fault_point!(AfterDecisionAck, state.session.header.id);
+                    crate::fault_point!(AfterDecisionAck, &state.session.header);
                     Ok(())
                 }
                 SessionMsg::Cancel(reply) => state.rpc(&myself, Input::Cancel, reply).await,
@@ -231,7 +231,7 @@ impl Actor for SessionActor {
                     if attempt != state.stream_attempt {
                         return Ok(());
                     }
-                    crate::fault_point!(MidStream, state.session.header.id);
+                    crate::fault_point!(MidStream, &state.session.header);
                     state
                         .transition(&myself, Input::Provider(event))
                         .await
@@ -451,7 +451,7 @@ impl SessionState {
                 .await
                 .map_err(|e| -> ActorProcessingErr { Box::new(e) })?;
             let id = self.session.header.id;
-            crate::fault_point!(AfterCheckpoint, id);
+            crate::fault_point!(AfterCheckpoint, &self.session.header);
             for event in self.session.mark_persisted() {
                 self.runtime.hub.publish(id, Notification::Event(event));
             }
@@ -550,7 +550,7 @@ impl SessionState {
         attempt: u32,
         idempotency_key: String,
     ) {
-        crate::fault_point!(BeforeToolDispatch, self.session.header.id);
+        crate::fault_point!(BeforeToolDispatch, &self.session.header);
         let header = &self.session.header;
         let Some(tool) = self.runtime.tools.get(&name) else {
             let _ = myself.cast(SessionMsg::ToolFinished {

@@ -72,7 +72,7 @@ impl Actor for ToolCallActor {
         #[cfg(feature = "fault-injection")]
         {
             use crate::fault::{check, FaultAction, FaultPoint};
-            match check(FaultPoint::DuringTool, args.ctx.session_id) {
+            match check(FaultPoint::DuringTool, args.ctx.session_id, &args.ctx.agent) {
                 // The session (not this call) is the actor that fails: it
                 // dies with the tool running, as in a crash mid-tool.
                 Some(FaultAction::Panic) => {

@@ -441,3 +441,60 @@ async fn a_tree_killed_mid_delegation_recovers_and_finishes() {
     )
     .starts_with("root: "));
 }
+
+#[cfg(feature = "fault-injection")]
+mod faults {
+    use super::*;
+    use overseer_actors::fault::{arm, FaultAction, FaultPlan, FaultPoint};
+
+    fn crash_tree(child: &str) -> (Vec<AgentConfig>, Value) {
+        let r = root(&[child]);
+        let steps = json!({
+            "root": [{"tool_calls": [delegate(child, "work")]}, {"text": "root: {{tool_result}}"}],
+            child: [{"text": "child finished its work"}]
+        });
+        (vec![r, named(child, &[])], steps)
+    }
+
+    fn panic_in(agent: &str, repeat: bool) {
+        arm(FaultPlan {
+            point: FaultPoint::MidStream,
+            nth: 1,
+            action: FaultAction::Panic,
+            session: None,
+            agent: Some(agent.into()),
+            repeat,
+        });
+    }
+
+    #[tokio::test]
+    async fn a_crashed_child_restarts_from_its_checkpoint_while_the_parent_waits() {
+        let (agents, steps) = crash_tree("crashy_once");
+        let h = harness_agents(agents, steps, RuntimeConfig::default()).await;
+        panic_in("crashy_once", false);
+        let (id, mut rx) = h.start_agent("root", "go").await;
+        assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+        let text = final_text(&h.transcript(id).await);
+        assert!(text.contains("child finished its work"), "{text}");
+        assert!(h.ov.runtime().metrics.restarts.load(Ordering::Relaxed) >= 1);
+        let tree = h.ov.tree(id).await.unwrap();
+        assert_eq!(tree.children[0].status, SessionStatus::Completed);
+    }
+
+    #[tokio::test]
+    async fn a_child_past_its_restart_limit_is_an_error_result_and_the_parent_completes() {
+        let (agents, steps) = crash_tree("crashy_always");
+        let h = harness_agents(agents, steps, RuntimeConfig::default()).await;
+        panic_in("crashy_always", true);
+        let (id, mut rx) = h.start_agent("root", "go").await;
+        assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+        let t = h.transcript(id).await;
+        let (state, result) = results(&t).remove(0);
+        assert_eq!(state, CallState::Failed);
+        let msg = result["error"].as_str().unwrap();
+        assert!(msg.contains("restart limit exceeded"), "{msg}");
+        let tree = h.ov.tree(id).await.unwrap();
+        assert_eq!(tree.children[0].status, SessionStatus::Failed);
+        assert_eq!(tree.status, SessionStatus::AwaitingInput);
+    }
+}

@@ -213,6 +213,7 @@ mod faults {
             nth,
             action: FaultAction::Panic,
             session: Some(id),
+            agent: None,
             repeat: false,
         });
         let mut rx = h.ov.subscribe(id);
@@ -317,6 +318,7 @@ mod faults {
             nth: 1,
             action: FaultAction::Panic,
             session: Some(id),
+            agent: None,
             repeat: true,
         });
         let mut rx = h.ov.subscribe(id);

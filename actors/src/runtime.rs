@@ -105,6 +105,8 @@ pub struct CreateSession {
     pub agent: String,
     /// Owning tenant.
     pub tenant: String,
+    /// Who starts it (a token's `sub`), recorded and passed to tools.
+    pub created_by: Option<String>,
     /// First message; without it the session is `pending`.
     pub prompt: Option<String>,
     /// Optional title.
@@ -219,6 +221,7 @@ impl Overseer {
             schema_version: SCHEMA_VERSION,
             id,
             tenant: req.tenant,
+            created_by: req.created_by,
             agent: agent.name.clone(),
             title: req.title,
             metadata: req.metadata,

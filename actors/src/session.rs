@@ -570,6 +570,12 @@ impl SessionState {
                 call_id: call_id.clone(),
                 idempotency_key,
                 attempt,
+                scope: crate::tool::CallScope {
+                    sub: header.created_by.clone(),
+                    root_session_id: Some(header.root_id),
+                    parent_session_id: header.parent.as_ref().map(|p| p.session_id),
+                    allowed_tools: header.config.tools.clone(),
+                },
             },
             arguments,
             session: myself.clone(),

@@ -97,6 +97,23 @@ pub struct ToolContext {
     pub idempotency_key: String,
     /// Dispatch attempt, from 1.
     pub attempt: u32,
+    /// Who and what the call acts for: the claims of its scope token (§8).
+    pub scope: CallScope,
+}
+
+/// The scope a call acts under: what a scope token (§8) says about it. The
+/// edge mints the token from this; a child's `allowed_tools` is always a
+/// subset of its parent's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CallScope {
+    /// Who started the root session (a token's `sub`), if known.
+    pub sub: Option<String>,
+    /// Root of the session tree.
+    pub root_session_id: Option<SessionId>,
+    /// Parent session, for a child.
+    pub parent_session_id: Option<SessionId>,
+    /// Tools the session may call.
+    pub allowed_tools: Vec<String>,
 }
 
 /// A tool's own failure; becomes the call's error result.

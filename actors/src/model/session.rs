@@ -374,6 +374,9 @@ pub struct SessionHeader {
     pub id: SessionId,
     /// Owning tenant.
     pub tenant: String,
+    /// Who started the session (or its root), e.g. a token's `sub`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
     /// Agent name.
     pub agent: String,
     /// Optional title.

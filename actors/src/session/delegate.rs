@@ -93,6 +93,7 @@ pub(crate) fn new_child(
         schema_version: SCHEMA_VERSION,
         id: child,
         tenant: parent.tenant.clone(),
+        created_by: parent.created_by.clone(),
         agent: agent.name.clone(),
         title: None,
         metadata: Value::Null,

@@ -1,0 +1,317 @@
+//! The HTTP API of §12 on axum: routes, the shared application state, and
+//! [`serve`] with graceful shutdown.
+//!
+//! This module owns the wire: JSON shapes, status codes (the rule is in
+//! [`error`]), authentication and scope checks per route, tenant isolation
+//! (another tenant's session is a 404 everywhere), request-body limits, CORS
+//! and Server-Sent Events. It deliberately holds no session logic: every
+//! request becomes one call on the [`Overseer`] handle, and the handle's
+//! answer (or [`SessionError`](overseer_actors::SessionError)) becomes the
+//! response. It does not own the process either: signals, config and the
+//! final [`Overseer::shutdown`] belong to the caller (`overseer serve`).
+//!
+//! Shapes: `GET /v1/sessions/{id}` and the 201 of a create answer the
+//! session header's fields plus its `transcript`; list rows, cancel and done
+//! answer the header alone (acting on a long session does not ship its
+//! history back); approvals answer `{session_id, status, pending: [...]}`.
+//!
+//! Scopes per route: reads (`GET` of sessions, tree, approvals, events,
+//! agents) need `sessions:read`; create, message, cancel and done need
+//! `sessions:write`; deciding approvals needs `approvals:write`; `admin`
+//! implies all three. `admin` does not cross tenants. `/healthz` and
+//! `/readyz` are unauthenticated.
+
+mod error;
+mod events;
+mod extract;
+mod idempotency;
+mod sessions;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use axum::{Json, Router};
+use overseer_actors::model::SessionId;
+use overseer_actors::Overseer;
+use serde_json::json;
+use tokio::sync::watch;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::trace::TraceLayer;
+
+pub use error::ApiError;
+
+use crate::auth::AuthConfig;
+use idempotency::{IdempotencyLog, DEFAULT_CAPACITY};
+
+/// The body limit of §12: bodies over 1 MiB are refused with 413.
+pub const BODY_LIMIT_BYTES: usize = 1024 * 1024;
+
+/// Tunables of the HTTP edge.
+#[derive(Debug, Clone, Default)]
+pub struct HttpOptions {
+    /// Origins allowed by CORS. Empty (the default) disables CORS entirely;
+    /// `"*"` allows any origin. Each entry is an origin such as
+    /// `https://console.example.com`.
+    pub cors_allow_origins: Vec<String>,
+}
+
+impl HttpOptions {
+    /// Checks the options, naming the first invalid value.
+    pub fn validate(&self) -> Result<(), HttpError> {
+        self.cors_layer().map(|_| ())
+    }
+
+    fn cors_layer(&self) -> Result<Option<CorsLayer>, HttpError> {
+        if self.cors_allow_origins.is_empty() {
+            return Ok(None);
+        }
+        let origin = if self.cors_allow_origins.iter().any(|o| o == "*") {
+            AllowOrigin::any()
+        } else {
+            let values = self
+                .cors_allow_origins
+                .iter()
+                .map(|o| {
+                    HeaderValue::from_str(o)
+                        .ok()
+                        .filter(|_| o.starts_with("http://") || o.starts_with("https://"))
+                        .ok_or_else(|| HttpError::InvalidOrigin(o.clone()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            AllowOrigin::list(values)
+        };
+        Ok(Some(
+            CorsLayer::new()
+                .allow_origin(origin)
+                .allow_methods([Method::GET, Method::POST])
+                .allow_headers([
+                    header::AUTHORIZATION,
+                    header::CONTENT_TYPE,
+                    HeaderName::from_static("last-event-id"),
+                ]),
+        ))
+    }
+}
+
+/// Why the HTTP edge refused to start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HttpError {
+    /// `auth = "none"` on a listener other people can reach.
+    #[error("auth = \"none\" is only allowed on a loopback listener, but the server would listen on {0}; configure a JWT key (OVERSEER_JWT_SECRET or a public key) or listen on 127.0.0.1")]
+    OpenListenerWithoutAuth(SocketAddr),
+    /// A CORS origin that is not an `http(s)://host[:port]` header value.
+    #[error("invalid CORS origin '{0}': expected e.g. https://console.example.com or \"*\"")]
+    InvalidOrigin(String),
+}
+
+impl From<HttpError> for std::io::Error {
+    fn from(e: HttpError) -> Self {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, e)
+    }
+}
+
+/// Refuses to run without auth on a non-loopback address (§12).
+pub fn check_listener(addr: SocketAddr, auth: &AuthConfig) -> Result<(), HttpError> {
+    if auth.is_enabled() || addr.ip().to_canonical().is_loopback() {
+        Ok(())
+    } else {
+        Err(HttpError::OpenListenerWithoutAuth(addr))
+    }
+}
+
+/// What every handler shares. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    overseer: Overseer,
+    auth: AuthConfig,
+    options: HttpOptions,
+    ready: AtomicBool,
+    shutdown_tx: watch::Sender<bool>,
+    creates: IdempotencyLog<SessionId>,
+    messages: IdempotencyLog<(SessionId, String)>,
+}
+
+impl AppState {
+    /// State with default options. Not ready until [`AppState::set_ready`].
+    pub fn new(overseer: Overseer, auth: AuthConfig) -> Self {
+        Self::with_options(overseer, auth, HttpOptions::default())
+    }
+
+    /// State with the given options. Not ready until [`AppState::set_ready`].
+    pub fn with_options(overseer: Overseer, auth: AuthConfig, options: HttpOptions) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                overseer,
+                auth,
+                options,
+                ready: AtomicBool::new(false),
+                shutdown_tx: watch::channel(false).0,
+                creates: IdempotencyLog::new(DEFAULT_CAPACITY),
+                messages: IdempotencyLog::new(DEFAULT_CAPACITY),
+            }),
+        }
+    }
+
+    /// The in-process API.
+    pub fn overseer(&self) -> &Overseer {
+        &self.inner.overseer
+    }
+
+    /// How callers are authenticated.
+    pub fn auth(&self) -> &AuthConfig {
+        &self.inner.auth
+    }
+
+    /// Marks recovery finished (`/readyz` answers 200 from now on).
+    pub fn set_ready(&self, ready: bool) {
+        self.inner.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// Whether `/readyz` answers 200.
+    pub fn is_ready(&self) -> bool {
+        self.inner.ready.load(Ordering::SeqCst)
+    }
+
+    /// Ends every open event stream (so a graceful shutdown is not held
+    /// open by clients that would otherwise listen forever) and marks the
+    /// server not ready.
+    pub fn begin_shutdown(&self) {
+        self.set_ready(false);
+        self.inner.shutdown_tx.send_replace(true);
+    }
+
+    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.inner.shutdown_tx.subscribe()
+    }
+
+    pub(crate) fn creates(&self) -> &IdempotencyLog<SessionId> {
+        &self.inner.creates
+    }
+
+    pub(crate) fn messages(&self) -> &IdempotencyLog<(SessionId, String)> {
+        &self.inner.messages
+    }
+}
+
+/// The API's routes over `state`. Invalid CORS origins are skipped with an
+/// error log here; [`serve`] refuses them up front.
+pub fn router(state: AppState) -> Router {
+    let cors = match state.inner.options.cors_layer() {
+        Ok(layer) => layer,
+        Err(e) => {
+            tracing::error!(error = %e, "CORS disabled");
+            None
+        }
+    };
+    let router = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/v1/agents", get(sessions::agents))
+        .route("/v1/sessions", get(sessions::list).post(sessions::create))
+        .route("/v1/sessions/{id}", get(sessions::show))
+        .route("/v1/sessions/{id}/tree", get(sessions::tree))
+        .route("/v1/sessions/{id}/messages", post(sessions::message))
+        .route(
+            "/v1/sessions/{id}/approvals",
+            get(sessions::pending).post(sessions::decide),
+        )
+        .route("/v1/sessions/{id}/cancel", post(sessions::cancel))
+        .route("/v1/sessions/{id}/done", post(sessions::done))
+        .route("/v1/sessions/{id}/events", get(events::stream))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state);
+    match cors {
+        Some(cors) => router.layer(cors),
+        None => router,
+    }
+}
+
+/// Serves the API on `listener` until `shutdown` resolves, then stops
+/// accepting, ends open event streams and waits for in-flight requests.
+///
+/// `overseer` must already be recovered ([`Overseer::recover`]): the server
+/// reports ready at once. The caller still owns `overseer` and should call
+/// [`Overseer::shutdown`] after this returns, to stop the actors and flush
+/// the store. Refuses [`AuthConfig::None`] on a non-loopback address.
+pub async fn serve(
+    overseer: Overseer,
+    listener: tokio::net::TcpListener,
+    auth: AuthConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_with(overseer, listener, auth, HttpOptions::default(), shutdown).await
+}
+
+/// [`serve`] with options (CORS).
+pub async fn serve_with(
+    overseer: Overseer,
+    listener: tokio::net::TcpListener,
+    auth: AuthConfig,
+    options: HttpOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr = listener.local_addr()?;
+    check_listener(addr, &auth)?;
+    options.validate()?;
+    let state = AppState::with_options(overseer, auth, options);
+    state.set_ready(true);
+    let app = router(state.clone());
+    tracing::info!(%addr, "overseer API listening");
+    // Without TCP_NODELAY, Nagle's algorithm holds back the small writes of
+    // an event stream until the client's delayed ACK (~40 ms per event).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutting down the API: no new connections, closing event streams");
+            state.begin_shutdown();
+        })
+        .await
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.is_ready() {
+        Json(json!({"status": "ready"})).into_response()
+    } else {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "the server is recovering sessions or shutting down",
+        )
+        .into_response()
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
+}

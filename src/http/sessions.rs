@@ -1,0 +1,457 @@
+//! Handlers of the session resources: create, list, show, tree, messages,
+//! approvals, cancel, done, and the agent list.
+//!
+//! This module owns the JSON shapes of requests and responses and the order
+//! of checks of every route: scope first, then tenant ownership (a session of
+//! another tenant is answered exactly like a missing one), then the body's
+//! meaning, then one call on the [`Overseer`](overseer_actors::Overseer).
+//! It deliberately does not interpret session state beyond presenting it:
+//! whether a message, decision or cancel is allowed is the session's call.
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use overseer_actors::model::{
+    Decision, SessionHeader, SessionId, SessionStatus, Submission, ToolCallId, TranscriptEntry,
+};
+use overseer_actors::store::StoredSession;
+use overseer_actors::{CreateSession, SessionError};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use super::extract::{ApiJson, ApiQuery, Approve, Authorized, Read, SessionPath, Write};
+use super::idempotency::Outcome;
+use super::{ApiError, AppState};
+use crate::auth::Principal;
+
+/// Default page size of `GET /v1/sessions`.
+const DEFAULT_PAGE: usize = 50;
+/// Largest page size of `GET /v1/sessions`.
+const MAX_PAGE: usize = 200;
+/// Most stored rows one list request examines. With a selective filter a
+/// page may come back short (even empty) with a `next_cursor`: the client
+/// keeps paging, and no single request scans a whole tenant.
+const MAX_SCAN: usize = 2_000;
+/// Longest accepted `message_id`.
+const MAX_MESSAGE_ID: usize = 200;
+
+/// A session as the API shows it: its header fields, plus the transcript.
+#[derive(Serialize)]
+struct SessionView<'a> {
+    #[serde(flatten)]
+    header: &'a SessionHeader,
+    transcript: Vec<&'a TranscriptEntry>,
+}
+
+fn session_json(stored: &StoredSession) -> Value {
+    to_json(&SessionView {
+        header: &stored.header,
+        transcript: stored.transcript.iter().map(|e| e.as_ref()).collect(),
+    })
+}
+
+/// Serializes a domain value. These types serialize infallibly (string
+/// keys, no custom serializers); the fallback only avoids a panic path.
+fn to_json<T: Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or_else(|e| json!({"error": e.to_string()}))
+}
+
+/// The header of `id` if it exists and belongs to the caller's tenant; a
+/// 404 otherwise, identical in both cases.
+pub(super) async fn owned_header(
+    state: &AppState,
+    principal: &Principal,
+    id: SessionId,
+) -> Result<SessionHeader, ApiError> {
+    match state.overseer().runtime().store.load_header(id).await? {
+        Some(h) if h.tenant == principal.tenant => Ok(h),
+        _ => Err(ApiError::session_not_found(id)),
+    }
+}
+
+/// The state of `id` if it belongs to the caller's tenant.
+async fn owned_state(
+    state: &AppState,
+    principal: &Principal,
+    id: SessionId,
+) -> Result<StoredSession, ApiError> {
+    match state.overseer().state(id).await {
+        Ok(s) if s.header.tenant == principal.tenant => Ok(s),
+        Ok(_) | Err(SessionError::NotFound(_)) => Err(ApiError::session_not_found(id)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+// ---- create -----------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CreateBody {
+    agent: String,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    title: Option<String>,
+    #[serde(default)]
+    metadata: Option<Map<String, Value>>,
+    #[serde(default)]
+    id: Option<SessionId>,
+    #[serde(default)]
+    auto_complete: bool,
+}
+
+/// `POST /v1/sessions` → 201 with the session. With a client-chosen `id` the
+/// request is idempotent: the same request again answers 201 with the same
+/// session and has no second effect; a different request (or another
+/// tenant) with a taken id is a 409.
+pub(super) async fn create(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Write>,
+    ApiJson(body): ApiJson<CreateBody>,
+) -> Result<Response, ApiError> {
+    let metadata = body
+        .metadata
+        .clone()
+        .map(Value::Object)
+        .unwrap_or(Value::Null);
+    let request = CreateSession {
+        agent: body.agent.clone(),
+        tenant: principal.tenant.clone(),
+        created_by: Some(principal.sub.clone()),
+        prompt: body.prompt.clone(),
+        title: body.title.clone(),
+        metadata: metadata.clone(),
+        id: body.id,
+        auto_complete: body.auto_complete,
+    };
+    let overseer = state.overseer();
+    let id = match body.id {
+        None => overseer.create_session(request).await?,
+        Some(id) => {
+            // Concurrent retries wait for the first attempt instead of racing
+            // it into the store.
+            let run = state
+                .creates()
+                .run(id, "", || async move {
+                    match overseer.create_session(request).await {
+                        Ok(_) | Err(SessionError::AlreadyExists(_)) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                })
+                .await;
+            match run {
+                Outcome::Done | Outcome::Mismatch => {}
+                Outcome::Failed(e) => return Err(e.into()),
+            }
+            id
+        }
+    };
+    let stored = overseer.state(id).await?;
+    if body.id.is_some() && !same_create(&stored, &principal, &body, &metadata) {
+        return Err(ApiError::conflict(
+            "already_exists",
+            format!("session {id} already exists and was created by a different request"),
+        ));
+    }
+    let mut response = (StatusCode::CREATED, Json(session_json(&stored))).into_response();
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/sessions/{id}")) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+/// Whether a stored session is what `body` would have created, so a retry
+/// can be answered as the original was.
+fn same_create(stored: &StoredSession, p: &Principal, body: &CreateBody, metadata: &Value) -> bool {
+    let h = &stored.header;
+    // A prompt given at creation is the first user entry, stamped with the
+    // creation time; a later message has a later stamp.
+    let prompt = stored.transcript.first().and_then(|e| match e.as_ref() {
+        TranscriptEntry::User { text, at_ms } if *at_ms == h.created_at_ms => Some(text.as_str()),
+        _ => None,
+    });
+    h.tenant == p.tenant
+        && h.agent == body.agent
+        && h.title == body.title
+        && &h.metadata == metadata
+        && h.auto_complete == body.auto_complete
+        && prompt == body.prompt.as_deref()
+}
+
+// ---- list -------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListQuery {
+    #[serde(default)]
+    status: Option<SessionStatus>,
+    #[serde(default)]
+    agent: Option<String>,
+    #[serde(default)]
+    cursor: Option<SessionId>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// `GET /v1/sessions?status=&agent=&cursor=&limit=`: the caller's tenant's
+/// sessions, ascending by id, `{sessions, next_cursor}`.
+pub(super) async fn list(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Read>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("limit: must be between 1 and {MAX_PAGE}"),
+        ));
+    }
+    let store = &state.overseer().runtime().store;
+    let mut sessions = Vec::new();
+    let mut after = q.cursor;
+    let mut scanned = 0;
+    let mut next_cursor = None;
+    'scan: loop {
+        // Fetch more than a page when filtering, but never past the scan cap.
+        let want = (limit * 2).clamp(50, 500).min(MAX_SCAN - scanned);
+        let batch = store.list_tenant(&principal.tenant, after, want).await?;
+        let exhausted = batch.len() < want;
+        for h in batch {
+            scanned += 1;
+            after = Some(h.id);
+            let keep = q.status.is_none_or(|s| s == h.status)
+                && q.agent.as_deref().is_none_or(|a| a == h.agent);
+            if keep {
+                sessions.push(h);
+                if sessions.len() == limit {
+                    next_cursor = after;
+                    break 'scan;
+                }
+            }
+        }
+        if exhausted {
+            break;
+        }
+        if scanned >= MAX_SCAN {
+            next_cursor = after;
+            break;
+        }
+    }
+    Ok(Json(
+        json!({"sessions": sessions, "next_cursor": next_cursor}),
+    ))
+}
+
+// ---- show, tree ---------------------------------------------------------------
+
+/// `GET /v1/sessions/{id}`.
+pub(super) async fn show(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Read>,
+    SessionPath(id): SessionPath,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(session_json(
+        &owned_state(&state, &principal, id).await?,
+    )))
+}
+
+/// `GET /v1/sessions/{id}/tree`: the session and its subtree (§7): each
+/// node's agent, status, stop reason, own and rolled-up usage, pending
+/// approvals and children.
+pub(super) async fn tree(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Read>,
+    SessionPath(id): SessionPath,
+) -> Result<Json<Value>, ApiError> {
+    owned_header(&state, &principal, id).await?;
+    let tree = state.overseer().tree(id).await?;
+    Ok(Json(to_json(&tree)))
+}
+
+// ---- messages -----------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MessageBody {
+    text: String,
+    #[serde(default)]
+    message_id: Option<String>,
+}
+
+/// `POST /v1/sessions/{id}/messages` → 202 once the message is checkpointed
+/// (it starts a turn now, or queues behind the running one). A repeated
+/// `message_id` with the same text is accepted once and answered the same.
+pub(super) async fn message(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Write>,
+    SessionPath(id): SessionPath,
+    ApiJson(body): ApiJson<MessageBody>,
+) -> Result<Response, ApiError> {
+    owned_header(&state, &principal, id).await?;
+    let overseer = state.overseer();
+    match &body.message_id {
+        None => overseer.send_message(id, body.text).await?,
+        Some(mid) => {
+            if mid.is_empty() || mid.len() > MAX_MESSAGE_ID {
+                return Err(ApiError::bad_request(
+                    "invalid_body",
+                    format!("message_id: must be 1 to {MAX_MESSAGE_ID} bytes"),
+                ));
+            }
+            let text = body.text.clone();
+            let run = state
+                .messages()
+                .run((id, mid.clone()), &body.text, || {
+                    overseer.send_message(id, text)
+                })
+                .await;
+            match run {
+                Outcome::Done => {}
+                Outcome::Mismatch => {
+                    return Err(ApiError::conflict(
+                        "message_id_reused",
+                        format!("message_id '{mid}' was already used with a different text"),
+                    ))
+                }
+                Outcome::Failed(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"session_id": id, "message_id": body.message_id})),
+    )
+        .into_response())
+}
+
+// ---- approvals ------------------------------------------------------------------
+
+/// Every call decidable at `id` (its own, and those of descendants whose
+/// requests propagate to it), each with the path of sessions that leads to
+/// it: `{session_id, status, pending: [...]}`.
+async fn pending_json(state: &AppState, header: &SessionHeader) -> Result<Value, ApiError> {
+    let pending: Vec<Value> = state
+        .overseer()
+        .pending_approvals(header.id)
+        .await?
+        .into_iter()
+        .map(|p| {
+            json!({
+                "call_id": p.call.id,
+                "session_id": p.session_id,
+                "session_path": p.path,
+                "name": p.call.name,
+                "arguments": p.call.arguments,
+                "outcome_unknown": p.call.outcome_unknown,
+                "proposed_at_ms": p.call.proposed_at_ms,
+                "approval_deadline_ms": p.call.approval_deadline_ms,
+            })
+        })
+        .collect();
+    Ok(json!({"session_id": header.id, "status": header.status, "pending": pending}))
+}
+
+/// `GET /v1/sessions/{id}/approvals`.
+pub(super) async fn pending(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Read>,
+    SessionPath(id): SessionPath,
+) -> Result<Json<Value>, ApiError> {
+    let header = owned_header(&state, &principal, id).await?;
+    Ok(Json(pending_json(&state, &header).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DecideBody {
+    decisions: BTreeMap<ToolCallId, Decision>,
+    #[serde(default)]
+    metadata: BTreeMap<ToolCallId, Value>,
+    /// Accepted for clients that send the full §6 shape, but an
+    /// authenticated caller's identity always comes from the token.
+    #[serde(default)]
+    approved_by: Option<String>,
+}
+
+/// `POST /v1/sessions/{id}/approvals` with `{decisions, metadata?}` → 200
+/// with the remaining pending calls, once the decisions are checkpointed.
+pub(super) async fn decide(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Approve>,
+    SessionPath(id): SessionPath,
+    ApiJson(body): ApiJson<DecideBody>,
+) -> Result<Json<Value>, ApiError> {
+    owned_header(&state, &principal, id).await?;
+    let approved_by = match body.approved_by {
+        Some(claimed) if principal.authenticated && claimed != principal.sub => {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                format!(
+                    "approved_by: '{claimed}' differs from the token's subject '{}'; omit it, it is taken from the token",
+                    principal.sub
+                ),
+            ))
+        }
+        // Without auth there is no token to contradict the body.
+        Some(claimed) if !principal.authenticated && !claimed.is_empty() => claimed,
+        _ => principal.sub.clone(),
+    };
+    let submission = Submission {
+        decisions: body.decisions,
+        metadata: body.metadata,
+        approved_by: Some(approved_by),
+    };
+    state.overseer().submit(id, submission).await?;
+    let header = owned_header(&state, &principal, id).await?;
+    Ok(Json(pending_json(&state, &header).await?))
+}
+
+// ---- cancel, done -------------------------------------------------------------------
+
+/// `POST /v1/sessions/{id}/cancel` → 200 with the session's header (as in
+/// the list; the transcript is `GET /v1/sessions/{id}`'s, so that acting on a
+/// long session does not ship its whole history back).
+pub(super) async fn cancel(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Write>,
+    SessionPath(id): SessionPath,
+) -> Result<Json<Value>, ApiError> {
+    owned_header(&state, &principal, id).await?;
+    state.overseer().cancel(id).await?;
+    header_json(&state, &principal, id).await
+}
+
+/// `POST /v1/sessions/{id}/done` → 200 with the session's header.
+pub(super) async fn done(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Write>,
+    SessionPath(id): SessionPath,
+) -> Result<Json<Value>, ApiError> {
+    owned_header(&state, &principal, id).await?;
+    state.overseer().done(id).await?;
+    header_json(&state, &principal, id).await
+}
+
+async fn header_json(
+    state: &AppState,
+    principal: &Principal,
+    id: SessionId,
+) -> Result<Json<Value>, ApiError> {
+    let header = owned_state(state, principal, id).await?.header;
+    Ok(Json(to_json(&header)))
+}
+
+// ---- agents ---------------------------------------------------------------------------
+
+/// `GET /v1/agents`: the configured agents.
+pub(super) async fn agents(
+    State(state): State<AppState>,
+    Authorized(_, _): Authorized<Read>,
+) -> Result<Json<Value>, ApiError> {
+    let agents: Vec<_> = state.overseer().agents().collect();
+    Ok(Json(json!({ "agents": agents })))
+}

@@ -1,0 +1,506 @@
+//! Shared helpers of the black-box HTTP tests: a whole service (sled store in
+//! a temp dir, scripted provider, a tool that needs approval) on a real
+//! loopback socket, tokens, and a small Server-Sent Events reader.
+//!
+//! It deliberately reaches into nothing private: everything goes through the
+//! public API of `overseer` and `overseer-actors`, as a user's program would.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use futures::{Stream, StreamExt};
+use overseer::auth::{self, AuthConfig};
+use overseer::http::{self, HttpOptions};
+use overseer::store::{Durability, SledStore};
+use overseer_actors::model::AgentConfig;
+use overseer_actors::scripted::{Scenario, ScriptedProvider};
+use overseer_actors::tool::{Tool, ToolContext, ToolError, ToolRegistry, ToolSpec};
+use overseer_actors::{Overseer, RuntimeConfig};
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// HS256 secret of the test servers.
+pub const SECRET: &str = "test-secret-0123456789-abcdefghijklmnopqrstuvwxyz";
+
+/// The longest any single wait in a test may take before it fails. It only
+/// turns a hang into a failure; nothing is timed against it.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Every scope.
+pub const ALL: &[&str] = &["sessions:read", "sessions:write", "approvals:write"];
+
+/// A tool with side effects: it needs approval, and its argument schema is
+/// strict so that an override can fail it.
+struct WriteRecord {
+    spec: ToolSpec,
+}
+
+impl WriteRecord {
+    fn new() -> Self {
+        Self {
+            spec: ToolSpec::new(
+                "write_record",
+                "Writes a record.",
+                json!({
+                    "type": "object",
+                    "properties": {"key": {"type": "integer"}},
+                    "required": ["key"],
+                    "additionalProperties": false
+                }),
+            )
+            .with_approval(true),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Tool for WriteRecord {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn call(&self, _ctx: ToolContext, arguments: Value) -> Result<Value, ToolError> {
+        Ok(json!({ "written": arguments.get("key").cloned().unwrap_or(Value::Null) }))
+    }
+}
+
+/// Words of the `chatty` agent's reply, and the size of each: together far
+/// more than socket buffers and the live event buffer hold, so a client that
+/// does not read falls behind.
+pub const CHATTY_WORDS: usize = 6_000;
+pub const CHATTY_WORD_BYTES: usize = 2_000;
+
+fn scenario() -> Scenario {
+    let word = "x".repeat(CHATTY_WORD_BYTES - 1);
+    let chatty = vec![format!("{word} "); CHATTY_WORDS].concat();
+    let doc = json!({
+        "name": "http-tests",
+        "agents": {
+            "ops": [
+                {"text": "I will write record {{user_number}}.",
+                 "tool_calls": [{"name": "write_record", "arguments": {"key": "{{user_number}}"}}]},
+                {"text": "Wrote it: {{tool_result}}"},
+                {"text": "Anything else?"}
+            ],
+            "chat": [
+                {"text": "hello there"},
+                {"text": "hello again"},
+                {"text": "third time"}
+            ],
+            "chatty": [
+                {"text": chatty}
+            ],
+            "lead": [
+                {"tool_calls": [{"name": "delegate_task", "arguments": {"agent": "ops", "goal": "write record 5"}}]},
+                {"text": "lead: {{tool_result}}"}
+            ]
+        }
+    });
+    Scenario::from_json(&doc.to_string()).expect("scenario")
+}
+
+fn agents() -> Vec<AgentConfig> {
+    // `lead` delegates to `ops`; the child's approvals propagate to the root.
+    let mut lead = AgentConfig::new("lead", &["write_record"]);
+    lead.subagents = vec!["ops".into()];
+    vec![
+        AgentConfig::new("ops", &["write_record"]),
+        AgentConfig::new("chat", &[]),
+        AgentConfig::new("chatty", &[]),
+        lead,
+    ]
+}
+
+/// The HS256 auth of the test servers.
+pub fn hs256() -> AuthConfig {
+    AuthConfig::hs256(SECRET.as_bytes()).expect("auth")
+}
+
+/// A token of `tenant`/`sub` with `scopes`, valid for an hour.
+pub fn token(tenant: &str, sub: &str, scopes: &[&str]) -> String {
+    let scopes: Vec<String> = scopes.iter().map(|s| (*s).to_owned()).collect();
+    auth::mint(
+        SECRET.as_bytes(),
+        tenant,
+        sub,
+        &scopes,
+        Duration::from_secs(3600),
+    )
+    .expect("mint")
+}
+
+/// A running service.
+pub struct Server {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub overseer: Overseer,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// Starts a service with HS256 auth.
+    pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(hs256(), HttpOptions::default()).await
+    }
+
+    /// Starts a service with the given auth and options.
+    pub async fn start_with(auth: AuthConfig, options: HttpOptions) -> anyhow::Result<Self> {
+        Self::start_in(tempfile::tempdir()?, auth, options).await
+    }
+
+    /// Starts a service on an existing data directory (a restart).
+    pub async fn start_in(
+        dir: tempfile::TempDir,
+        auth: AuthConfig,
+        options: HttpOptions,
+    ) -> anyhow::Result<Self> {
+        // reqwest is built without a default TLS provider; plain HTTP still
+        // builds a TLS config, so install one (once per process).
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let store = SledStore::open(dir.path(), Durability::Os)?;
+        let tools = ToolRegistry::new(vec![Arc::new(WriteRecord::new()) as Arc<dyn Tool>])?;
+        let overseer = Overseer::start(
+            agents(),
+            Arc::new(store),
+            Arc::new(ScriptedProvider::new(scenario())),
+            tools,
+            RuntimeConfig::default(),
+        )
+        .await?;
+        overseer.recover().await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(http::serve_with(
+            overseer.clone(),
+            listener,
+            auth,
+            options,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Ok(Self {
+            base,
+            client: reqwest::Client::new(),
+            overseer,
+            stop: Some(stop),
+            task: Some(task),
+            _dir: dir,
+        })
+    }
+
+    /// `base` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn get(&self, path: &str, token: &str) -> reqwest::RequestBuilder {
+        self.client.get(self.url(path)).bearer_auth(token)
+    }
+
+    pub fn post(&self, path: &str, token: &str, body: &Value) -> reqwest::RequestBuilder {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(token)
+            .json(body)
+    }
+
+    /// Creates a session of `agent` with `prompt`; returns its id.
+    pub async fn create(
+        &self,
+        token: &str,
+        agent: &str,
+        prompt: Option<&str>,
+    ) -> anyhow::Result<String> {
+        let mut body = json!({ "agent": agent });
+        if let Some(p) = prompt {
+            body["prompt"] = json!(p);
+        }
+        let (status, v) = send(self.post("/v1/sessions", token, &body)).await?;
+        if status != 201 {
+            bail!("create answered {status}: {v}");
+        }
+        v["id"]
+            .as_str()
+            .map(str::to_owned)
+            .context("id in the create answer")
+    }
+
+    /// Creates an `ops` session and waits until its call awaits approval;
+    /// returns (session id, call id).
+    pub async fn create_pending(&self, token: &str) -> anyhow::Result<(String, String)> {
+        let id = self
+            .create(token, "ops", Some("please write record 42"))
+            .await?;
+        let mut events = Sse::open(self, token, &id, None).await?;
+        let msgs = events.until_type("approval_requested").await?;
+        let call = msgs
+            .last()
+            .and_then(|m| m.data["call_id"].as_str())
+            .context("call_id")?
+            .to_owned();
+        Ok((id, call))
+    }
+
+    /// Stops the HTTP server gracefully, then the actor tree.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.stop_keep_data().await.map(drop)
+    }
+
+    /// Stops like [`Server::stop`] and hands back the data directory, so a
+    /// new server can start on it.
+    pub async fn stop_keep_data(mut self) -> anyhow::Result<tempfile::TempDir> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(PATIENCE, task)
+                .await
+                .context("graceful shutdown did not finish")???;
+        }
+        self.overseer.shutdown().await?;
+        let Server { overseer, _dir, .. } = self;
+        // The store (and its directory lock) goes with the last handle.
+        drop(overseer);
+        Ok(_dir)
+    }
+}
+
+/// Sends a request; returns the status and the JSON body (`Null` if none).
+pub async fn send(req: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> {
+    let resp = req.send().await?;
+    let status = resp.status().as_u16();
+    let text = resp.text().await?;
+    let v = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).with_context(|| format!("non-JSON body ({status}): {text}"))?
+    };
+    Ok((status, v))
+}
+
+/// Asserts an error answer: status, JSON shape and code.
+pub async fn expect_error(
+    req: reqwest::RequestBuilder,
+    status: u16,
+    code: &str,
+) -> anyhow::Result<Value> {
+    let (got, v) = send(req).await?;
+    if got != status || v["error"]["code"] != code || !v["error"]["message"].is_string() {
+        bail!("expected {status} {code}, got {got}: {v}");
+    }
+    Ok(v)
+}
+
+/// One Server-Sent Event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SseMsg {
+    pub id: Option<u64>,
+    pub event: String,
+    pub data: Value,
+}
+
+type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<axum::body::Bytes>> + Send>>;
+
+/// A minimal SSE reader over a reqwest response.
+pub struct Sse {
+    body: ByteStream,
+    buf: Vec<u8>,
+    scanned: usize,
+    eof: bool,
+}
+
+impl Sse {
+    /// Opens the event stream of session `id`, resuming after `last_event_id`.
+    pub async fn open(
+        server: &Server,
+        token: &str,
+        id: &str,
+        last_event_id: Option<u64>,
+    ) -> anyhow::Result<Self> {
+        let mut req = server.get(&format!("/v1/sessions/{id}/events"), token);
+        if let Some(last) = last_event_id {
+            req = req.header("Last-Event-ID", last.to_string());
+        }
+        Self::from_request(req).await
+    }
+
+    /// Opens a stream from an arbitrary request.
+    pub async fn from_request(req: reqwest::RequestBuilder) -> anyhow::Result<Self> {
+        let resp = req.send().await?;
+        let status = resp.status();
+        if status != 200 {
+            bail!(
+                "event stream answered {status}: {}",
+                resp.text().await.unwrap_or_default()
+            );
+        }
+        let ct = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        if !ct.starts_with("text/event-stream") {
+            bail!("event stream has content-type {ct}");
+        }
+        Ok(Self {
+            body: Box::pin(resp.bytes_stream()),
+            buf: Vec::new(),
+            scanned: 0,
+            eof: false,
+        })
+    }
+
+    /// The next event, or `None` when the server ended the stream.
+    pub async fn next(&mut self) -> anyhow::Result<Option<SseMsg>> {
+        tokio::time::timeout(PATIENCE, self.next_inner())
+            .await
+            .map_err(|_| anyhow!("no event within {PATIENCE:?}"))?
+    }
+
+    async fn next_inner(&mut self) -> anyhow::Result<Option<SseMsg>> {
+        loop {
+            // Resume the search where the last one stopped: a multi-megabyte
+            // event arrives in many chunks, and rescanning it per chunk would
+            // be quadratic.
+            let from = self.scanned.saturating_sub(1);
+            if let Some(end) = find(&self.buf[from..], b"\n\n").map(|i| i + from) {
+                self.scanned = 0;
+                let block: Vec<u8> = self.buf.drain(..end + 2).collect();
+                if let Some(msg) = parse_block(&String::from_utf8(block)?)? {
+                    return Ok(Some(msg));
+                }
+                continue;
+            }
+            self.scanned = self.buf.len();
+            if self.eof {
+                return Ok(None);
+            }
+            match self.body.next().await {
+                Some(chunk) => self.buf.extend_from_slice(&chunk?),
+                None => self.eof = true,
+            }
+        }
+    }
+
+    /// Events up to and including the first that satisfies `pred`.
+    pub async fn until(&mut self, pred: impl Fn(&SseMsg) -> bool) -> anyhow::Result<Vec<SseMsg>> {
+        let mut out = Vec::new();
+        loop {
+            let msg = self
+                .next()
+                .await?
+                .context("stream ended before the awaited event")?;
+            let done = pred(&msg);
+            out.push(msg);
+            if done {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Events up to and including the first of type `ty`.
+    pub async fn until_type(&mut self, ty: &str) -> anyhow::Result<Vec<SseMsg>> {
+        self.until(|m| m.event == ty).await
+    }
+
+    /// Events up to and including the session's change to `status`.
+    pub async fn until_status(&mut self, status: &str) -> anyhow::Result<Vec<SseMsg>> {
+        self.until(|m| m.event == "status_changed" && m.data["status"] == status)
+            .await
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Parses one event block; comment-only blocks (keep-alives) are `None`.
+fn parse_block(block: &str) -> anyhow::Result<Option<SseMsg>> {
+    let mut id = None;
+    let mut event = None;
+    let mut data: Vec<&str> = Vec::new();
+    for line in block.lines() {
+        if line.is_empty() || line.starts_with(':') {
+            continue;
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "id" => id = Some(value.parse::<u64>()?),
+            "event" => event = Some(value.to_owned()),
+            "data" => data.push(value),
+            _ => {}
+        }
+    }
+    if event.is_none() && data.is_empty() {
+        return Ok(None);
+    }
+    let data = serde_json::from_str(&data.join("\n"))?;
+    Ok(Some(SseMsg {
+        id,
+        event: event.unwrap_or_else(|| "message".into()),
+        data,
+    }))
+}
+
+/// The ids of the stored (id-carrying) events among `msgs`.
+pub fn ids(msgs: &[SseMsg]) -> Vec<u64> {
+    msgs.iter().filter_map(|m| m.id).collect()
+}
+
+/// Unpadded base64url, for hand-made tokens.
+pub fn b64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        let chars = chunk.len() + 1;
+        for i in 0..chars {
+            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// Follows a session's events like a well-behaved client: whenever the
+/// server ends the stream (it disconnects clients that fall behind), it
+/// reconnects with `Last-Event-ID`. Returns every event up to and including
+/// the first that satisfies `pred`, plus how many connections it took.
+pub async fn follow(
+    server: &Server,
+    token: &str,
+    id: &str,
+    pred: impl Fn(&SseMsg) -> bool,
+) -> anyhow::Result<(Vec<SseMsg>, usize)> {
+    let mut last = None;
+    let mut out = Vec::new();
+    for connections in 1..=1_000 {
+        let mut sse = Sse::open(server, token, id, last).await?;
+        while let Some(m) = sse.next().await? {
+            if m.id.is_some() {
+                last = m.id;
+            }
+            let done = pred(&m);
+            out.push(m);
+            if done {
+                return Ok((out, connections));
+            }
+        }
+    }
+    bail!("the awaited event never came")
+}

@@ -1,0 +1,224 @@
+//! The §11 error policy as a [`Provider`] decorator.
+//!
+//! Before any event has reached the caller, a rate-limit, server or
+//! transport error is retried up to three times, waiting 1 s, 2 s, 4 s
+//! (doubling, capped at 10 s) or what the server's `retry-after` asks; an
+//! authentication error re-reads the key from the environment once and
+//! retries. Once an event has been handed on, nothing is retried: the error
+//! passes through, and the runtime keeps the partial text and records
+//! `[Provider error: …]`.
+//!
+//! This module owns only that policy. It deliberately knows no wire format
+//! and no status code: the inner provider has already classified its failure
+//! as a [`ProviderError`]. Waits use `tokio::time`, so tests can run them on
+//! a paused clock.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use overseer_actors::provider::{Provider, ProviderError, ProviderRequest, ProviderStream};
+
+use super::KeySource;
+
+/// How failures before the first event are retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt (§11: 3).
+    pub max_retries: u32,
+    /// Wait before the first retry; doubles with each retry.
+    pub initial_backoff: Duration,
+    /// Longest computed wait.
+    pub max_backoff: Duration,
+    /// Longest `retry-after` honoured; a server asking for more is answered
+    /// with a failure now rather than a turn that hangs for minutes.
+    pub max_retry_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_retries: 3,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(10),
+            max_retry_after: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before retry number `retry` (0-based) after `error`, or
+    /// `None` when the policy gives up.
+    pub fn delay(&self, retry: u32, error: &ProviderError) -> Option<Duration> {
+        if retry >= self.max_retries || !error.is_retryable() {
+            return None;
+        }
+        if let ProviderError::RateLimited {
+            retry_after: Some(wait),
+            ..
+        } = error
+        {
+            return (*wait <= self.max_retry_after).then_some(*wait);
+        }
+        let factor = 2u32.saturating_pow(retry);
+        Some(
+            self.initial_backoff
+                .saturating_mul(factor)
+                .min(self.max_backoff),
+        )
+    }
+}
+
+/// A provider that applies the §11 error policy to another.
+pub struct RetryingProvider {
+    inner: Arc<dyn Provider>,
+    keys: Option<Arc<KeySource>>,
+    policy: RetryPolicy,
+}
+
+impl RetryingProvider {
+    /// Wraps `inner`. `keys` is the key source `inner` reads, refreshed once
+    /// after an authentication failure; without one, auth errors are final.
+    pub fn new(
+        inner: Arc<dyn Provider>,
+        keys: Option<Arc<KeySource>>,
+        policy: RetryPolicy,
+    ) -> Self {
+        Self {
+            inner,
+            keys,
+            policy,
+        }
+    }
+}
+
+/// How one attempt ended before handing anything on.
+enum Attempt {
+    /// The first event arrived (or the stream was empty): hand it all on.
+    Started(ProviderStream),
+    /// It failed before any event.
+    Failed(ProviderError),
+}
+
+impl RetryingProvider {
+    /// One attempt, up to its first event. Waiting for that event here is
+    /// what makes an error that comes before any output retryable.
+    async fn attempt(&self, request: &ProviderRequest) -> Attempt {
+        let mut stream = match self.inner.stream(request.clone()).await {
+            Ok(stream) => stream,
+            Err(e) => return Attempt::Failed(e),
+        };
+        match stream.next().await {
+            Some(Err(e)) => Attempt::Failed(e),
+            Some(Ok(first)) => Attempt::Started(
+                futures::stream::once(async { Ok(first) })
+                    .chain(stream)
+                    .boxed(),
+            ),
+            // An empty stream is the caller's to judge (it has no finish).
+            None => Attempt::Started(stream),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for RetryingProvider {
+    async fn stream(&self, request: ProviderRequest) -> Result<ProviderStream, ProviderError> {
+        let mut retries = 0u32;
+        let mut key_reloaded = false;
+        loop {
+            let error = match self.attempt(&request).await {
+                Attempt::Started(stream) => return Ok(stream),
+                Attempt::Failed(e) => e,
+            };
+            if let ProviderError::Auth(message) = &error {
+                let Some(keys) = self.keys.as_ref().filter(|_| !key_reloaded) else {
+                    return Err(error);
+                };
+                key_reloaded = true;
+                if let Err(why) = keys.reload() {
+                    return Err(ProviderError::Auth(format!(
+                        "{message}; the key could not be re-read: {why}"
+                    )));
+                }
+                tracing::warn!(
+                    session_id = %request.session_id,
+                    var = keys.var().unwrap_or_default(),
+                    "provider refused the key; re-read it from the environment and retrying"
+                );
+                continue;
+            }
+            match self.policy.delay(retries, &error) {
+                Some(wait) => {
+                    retries += 1;
+                    tracing::warn!(
+                        session_id = %request.session_id,
+                        error = %error,
+                        retry = retries,
+                        wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                        "provider request failed before any output; retrying"
+                    );
+                    tokio::time::sleep(wait).await;
+                }
+                None if retries > 0 => return Err(gave_up(error, retries + 1)),
+                None => return Err(error),
+            }
+        }
+    }
+}
+
+/// Says in the error how hard we tried, so "server error 500" is not read
+/// as a single unlucky request.
+fn gave_up(error: ProviderError, attempts: u32) -> ProviderError {
+    let note = format!(" (gave up after {attempts} attempts)");
+    match error {
+        ProviderError::RateLimited {
+            retry_after,
+            message,
+        } => ProviderError::RateLimited {
+            retry_after,
+            message: message + &note,
+        },
+        ProviderError::Transport(m) => ProviderError::Transport(m + &note),
+        ProviderError::Server { status, message } => ProviderError::Server {
+            status,
+            message: message + &note,
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_one_second_capped_at_ten() {
+        let p = RetryPolicy {
+            max_retries: 6,
+            ..RetryPolicy::default()
+        };
+        let server = ProviderError::Server {
+            status: 500,
+            message: String::new(),
+        };
+        let waits: Vec<_> = (0..7).map(|r| p.delay(r, &server)).collect();
+        let s = |n| Some(Duration::from_secs(n));
+        assert_eq!(waits, vec![s(1), s(2), s(4), s(8), s(10), s(10), None]);
+    }
+
+    #[test]
+    fn retry_after_is_honoured_within_bounds_and_other_errors_are_final() {
+        let p = RetryPolicy::default();
+        let limited = |secs| ProviderError::RateLimited {
+            retry_after: Some(Duration::from_secs(secs)),
+            message: String::new(),
+        };
+        assert_eq!(p.delay(0, &limited(0)), Some(Duration::ZERO));
+        assert_eq!(p.delay(2, &limited(30)), Some(Duration::from_secs(30)));
+        assert_eq!(p.delay(0, &limited(3600)), None);
+        assert_eq!(p.delay(3, &limited(0)), None);
+        assert_eq!(p.delay(0, &ProviderError::BadResponse("x".into())), None);
+        assert_eq!(p.delay(0, &ProviderError::Auth("x".into())), None);
+    }
+}

@@ -1,0 +1,1338 @@
+//! The real providers against real HTTP servers on loopback (§11).
+//!
+//! Each test starts an axum server that speaks the provider's wire format as
+//! its public API reference documents it, byte for byte in the SSE framing
+//! (`data: {...}\n\n` for OpenAI chat completions, `event: ...\ndata: ...\n\n`
+//! for Anthropic Messages), records every request it receives, and answers
+//! from a per-test script. The tests assert on the events the provider
+//! yields and on the request bodies the server received.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::Response;
+use axum::Router;
+use futures::StreamExt;
+use overseer::provider::{
+    build_provider, AnthropicProvider, Endpoint, KeySource, OpenAiProvider, ProviderKind,
+    RetryPolicy, RetryingProvider, RouteConfig,
+};
+use overseer_actors::model::{
+    AgentConfig, CallState, Decision, EventKind, Notification, ProposedCall, SessionId, StopReason,
+    Submission, ToolCallId, ToolCallRecord, TranscriptEntry, Usage,
+};
+use overseer_actors::provider::{
+    FinishReason, Provider, ProviderError, ProviderEvent, ProviderRequest, ProviderStream,
+    ToolDefinition,
+};
+use overseer_actors::store::MemStore;
+use overseer_actors::tool::{Tool, ToolContext, ToolError, ToolRegistry, ToolSpec};
+use overseer_actors::{CreateSession, Overseer, RuntimeConfig};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+// ---- the test server ----------------------------------------------------------
+
+/// One piece of a streamed response.
+enum Part {
+    /// Bytes sent as they are.
+    Bytes(String),
+    /// Waits until the test says go (to prove earlier parts arrived alone).
+    Wait(Arc<Notify>),
+}
+
+/// How a streamed response ends after its parts.
+enum End {
+    /// The body completes normally.
+    Close,
+    /// The connection is dropped mid-body.
+    Abort,
+    /// Nothing more is ever sent.
+    Stall,
+}
+
+/// The server's answer to one request.
+enum Reply {
+    Sse(Vec<Part>, End),
+    Status(u16, Vec<(&'static str, &'static str)>, String),
+}
+
+fn sse(parts: Vec<String>) -> Reply {
+    Reply::Sse(parts.into_iter().map(Part::Bytes).collect(), End::Close)
+}
+
+/// What the server received.
+#[derive(Clone)]
+struct Received {
+    path: String,
+    headers: HeaderMap,
+    body: Value,
+}
+
+type Script = Arc<dyn Fn(usize, &HeaderMap) -> Reply + Send + Sync>;
+
+#[derive(Clone)]
+struct ServerState {
+    script: Script,
+    received: Arc<Mutex<Vec<Received>>>,
+}
+
+struct TestServer {
+    base: String,
+    received: Arc<Mutex<Vec<Received>>>,
+}
+
+impl TestServer {
+    /// Starts a server answering request `n` (from 0) with `script(n, headers)`.
+    async fn start(script: impl Fn(usize, &HeaderMap) -> Reply + Send + Sync + 'static) -> Self {
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let state = ServerState {
+            script: Arc::new(script),
+            received: received.clone(),
+        };
+        let app = Router::new().fallback(handle).with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            base: format!("http://{addr}"),
+            received,
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.received.lock().unwrap().len()
+    }
+
+    fn request(&self, n: usize) -> Received {
+        self.received.lock().unwrap()[n].clone()
+    }
+}
+
+async fn handle(
+    State(state): State<ServerState>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let n = {
+        let mut received = state.received.lock().unwrap();
+        received.push(Received {
+            path: uri.path().to_owned(),
+            headers: headers.clone(),
+            body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        });
+        received.len() - 1
+    };
+    match (state.script)(n, &headers) {
+        Reply::Status(status, extra, body) => {
+            let mut response = Response::builder()
+                .status(StatusCode::from_u16(status).unwrap())
+                .header("content-type", "application/json");
+            for (name, value) in extra {
+                response = response.header(name, value);
+            }
+            response.body(Body::from(body)).unwrap()
+        }
+        Reply::Sse(parts, end) => {
+            let stream = async_stream::stream! {
+                for part in parts {
+                    match part {
+                        Part::Bytes(text) => yield Ok::<_, std::io::Error>(Bytes::from(text)),
+                        Part::Wait(go) => go.notified().await,
+                    }
+                }
+                match end {
+                    End::Close => {}
+                    End::Abort => yield Err(std::io::Error::other("test server drops the connection")),
+                    End::Stall => futures::future::pending::<()>().await,
+                }
+            };
+            Response::builder()
+                .status(200)
+                .header("content-type", "text/event-stream; charset=utf-8")
+                .header("cache-control", "no-cache")
+                .body(Body::from_stream(stream))
+                .unwrap()
+        }
+    }
+}
+
+// ---- wire builders --------------------------------------------------------------
+
+/// One `chat.completion.chunk` event, as OpenAI frames it.
+fn oa_chunk(delta: Value, finish: Option<&str>) -> String {
+    let chunk = json!({
+        "id": "chatcmpl-7QyqpwdfhqwajicIEznoc6Q47XAyW",
+        "object": "chat.completion.chunk",
+        "created": 1_694_268_190,
+        "model": "gpt-4o-mini-2024-07-18",
+        "system_fingerprint": "fp_44709d6fcb",
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        "usage": null
+    });
+    format!("data: {chunk}\n\n")
+}
+
+fn oa_text(text: &str) -> String {
+    oa_chunk(json!({"content": text}), None)
+}
+
+fn oa_role() -> String {
+    oa_chunk(
+        json!({"role": "assistant", "content": "", "refusal": null}),
+        None,
+    )
+}
+
+fn oa_finish(reason: &str) -> String {
+    oa_chunk(json!({}), Some(reason))
+}
+
+/// The trailing usage chunk of `stream_options.include_usage`: no choices.
+fn oa_usage(prompt: u64, completion: u64) -> String {
+    let chunk = json!({
+        "id": "chatcmpl-7QyqpwdfhqwajicIEznoc6Q47XAyW",
+        "object": "chat.completion.chunk",
+        "created": 1_694_268_190,
+        "model": "gpt-4o-mini-2024-07-18",
+        "system_fingerprint": "fp_44709d6fcb",
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0}
+        }
+    });
+    format!("data: {chunk}\n\n")
+}
+
+const OA_DONE: &str = "data: [DONE]\n\n";
+
+/// The first fragment of a streamed tool call: index, id, name, no arguments.
+fn oa_call_start(index: u32, id: &str, name: &str) -> String {
+    oa_chunk(
+        json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
+        None,
+    )
+}
+
+fn oa_call_args(index: u32, fragment: &str) -> String {
+    oa_chunk(
+        json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]}),
+        None,
+    )
+}
+
+fn oa_text_reply(parts: &[&str]) -> Reply {
+    let mut events = vec![oa_role()];
+    events.extend(parts.iter().map(|p| oa_text(p)));
+    events.extend([oa_finish("stop"), oa_usage(9, 4), OA_DONE.to_owned()]);
+    sse(events)
+}
+
+/// One Anthropic event: `event: NAME\ndata: JSON\n\n`.
+fn an(event: &str, data: Value) -> String {
+    format!("event: {event}\ndata: {data}\n\n")
+}
+
+fn an_start(input_tokens: u64) -> String {
+    an(
+        "message_start",
+        json!({"type": "message_start", "message": {
+            "id": "msg_014p7gG3wDgGV9EUtLvnow3U", "type": "message", "role": "assistant",
+            "model": "claude-sonnet-4-5", "stop_sequence": null,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1},
+            "content": [], "stop_reason": null
+        }}),
+    )
+}
+
+fn an_text_start(index: u32) -> String {
+    an(
+        "content_block_start",
+        json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}),
+    )
+}
+
+fn an_text(index: u32, text: &str) -> String {
+    an(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}),
+    )
+}
+
+fn an_tool_start(index: u32, id: &str, name: &str) -> String {
+    an(
+        "content_block_start",
+        json!({"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+    )
+}
+
+fn an_json(index: u32, partial: &str) -> String {
+    an(
+        "content_block_delta",
+        json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": partial}}),
+    )
+}
+
+fn an_stop(index: u32) -> String {
+    an(
+        "content_block_stop",
+        json!({"type": "content_block_stop", "index": index}),
+    )
+}
+
+fn an_ping() -> String {
+    an("ping", json!({"type": "ping"}))
+}
+
+fn an_delta(stop_reason: &str, output_tokens: u64) -> String {
+    an(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": null}, "usage": {"output_tokens": output_tokens}}),
+    )
+}
+
+fn an_message_stop() -> String {
+    an("message_stop", json!({"type": "message_stop"}))
+}
+
+fn an_text_reply(parts: &[&str]) -> Reply {
+    let mut events = vec![an_start(9), an_text_start(0), an_ping()];
+    events.extend(parts.iter().map(|p| an_text(0, p)));
+    events.extend([an_stop(0), an_delta("end_turn", 4), an_message_stop()]);
+    sse(events)
+}
+
+// ---- helpers ---------------------------------------------------------------------
+
+fn crypto() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
+fn route(kind: ProviderKind, server: &TestServer) -> RouteConfig {
+    let mut route = RouteConfig::new(kind, "test-model");
+    route.base_url = Some(match kind {
+        ProviderKind::Openai => format!("{}/v1", server.base),
+        _ => server.base.clone(),
+    });
+    route
+}
+
+/// The provider of `route` as the service builds it (default §11 policy).
+fn built(route: &RouteConfig) -> Arc<dyn Provider> {
+    crypto();
+    build_provider(route).unwrap()
+}
+
+fn endpoint(kind: ProviderKind, server: &TestServer) -> Endpoint {
+    crypto();
+    let base = match kind {
+        ProviderKind::Openai => format!("{}/v1", server.base),
+        _ => server.base.clone(),
+    };
+    Endpoint::new(base, "test-model")
+}
+
+fn raw(kind: ProviderKind, endpoint: Endpoint) -> Arc<dyn Provider> {
+    match kind {
+        ProviderKind::Openai => Arc::new(OpenAiProvider::new(endpoint).unwrap()),
+        _ => Arc::new(AnthropicProvider::new(endpoint).unwrap()),
+    }
+}
+
+/// The §11 policy with millisecond waits, for tests that must not sleep
+/// whole seconds on a real clock.
+fn fast_policy() -> RetryPolicy {
+    RetryPolicy {
+        initial_backoff: Duration::from_millis(5),
+        max_backoff: Duration::from_millis(20),
+        ..RetryPolicy::default()
+    }
+}
+
+fn request(transcript: Vec<TranscriptEntry>, tools: Vec<ToolDefinition>) -> ProviderRequest {
+    ProviderRequest {
+        session_id: SessionId::generate(),
+        agent: "a".into(),
+        model: "route".into(),
+        instructions: "You are terse.".into(),
+        transcript: transcript.into_iter().map(Arc::new).collect(),
+        tools,
+    }
+}
+
+fn hello() -> ProviderRequest {
+    request(
+        vec![TranscriptEntry::User {
+            text: "Say hello".into(),
+            at_ms: 0,
+        }],
+        vec![],
+    )
+}
+
+type Item = Result<ProviderEvent, ProviderError>;
+
+/// Every item of one request; a failure of `stream()` itself is the last item.
+async fn collect(provider: &dyn Provider, request: ProviderRequest) -> Vec<Item> {
+    let run = async {
+        match provider.stream(request).await {
+            Ok(stream) => stream.collect::<Vec<_>>().await,
+            Err(e) => vec![Err(e)],
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("the provider stream did not end")
+}
+
+fn text_of(items: &[Item]) -> String {
+    items
+        .iter()
+        .filter_map(|i| match i {
+            Ok(ProviderEvent::TextDelta(t)) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn usage(input: u64, output: u64) -> ProviderEvent {
+    ProviderEvent::Usage(Usage {
+        provider_requests: 0,
+        input_tokens: input,
+        output_tokens: output,
+        tool_calls: 0,
+    })
+}
+
+async fn next_event(stream: &mut ProviderStream) -> ProviderEvent {
+    tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("no event in time")
+        .expect("stream ended")
+        .expect("stream failed")
+}
+
+// ---- text streaming and usage -------------------------------------------------------
+
+#[tokio::test]
+async fn openai_streams_text_deltas_as_they_arrive_with_usage() {
+    let go = Arc::new(Notify::new());
+    let gate = go.clone();
+    let server = TestServer::start(move |_, _| {
+        Reply::Sse(
+            vec![
+                Part::Bytes(oa_role()),
+                Part::Bytes(oa_text("Hel")),
+                // The rest is held back until the test has seen "Hel": the
+                // delta must reach the caller before the response completes.
+                Part::Wait(gate.clone()),
+                Part::Bytes(oa_text("lo")),
+                Part::Bytes(oa_text(" world")),
+                Part::Bytes(oa_finish("stop")),
+                Part::Bytes(oa_usage(12, 5)),
+                Part::Bytes(OA_DONE.to_owned()),
+            ],
+            End::Close,
+        )
+    })
+    .await;
+    let provider = built(&route(ProviderKind::Openai, &server));
+    let mut stream = provider.stream(hello()).await.unwrap();
+    assert_eq!(
+        next_event(&mut stream).await,
+        ProviderEvent::TextDelta("Hel".into())
+    );
+    go.notify_one();
+    let rest: Vec<_> = stream.collect().await;
+    assert_eq!(
+        rest,
+        vec![
+            Ok(ProviderEvent::TextDelta("lo".into())),
+            Ok(ProviderEvent::TextDelta(" world".into())),
+            Ok(usage(12, 5)),
+            Ok(ProviderEvent::Done(FinishReason::Stop)),
+        ]
+    );
+
+    let got = server.request(0);
+    assert_eq!(got.path, "/v1/chat/completions");
+    assert_eq!(got.body["model"], "test-model");
+    assert_eq!(got.body["stream"], true);
+    assert_eq!(got.body["stream_options"], json!({"include_usage": true}));
+    assert_eq!(
+        got.body["messages"],
+        json!([
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Say hello"}
+        ])
+    );
+    // No tools in scope: no `tools` key (some servers reject an empty list).
+    assert!(got.body.get("tools").is_none());
+    // No key variable configured: no credentials sent.
+    assert!(got.headers.get("authorization").is_none());
+}
+
+#[tokio::test]
+async fn anthropic_streams_text_deltas_as_they_arrive_with_usage() {
+    let var = "OVERSEER_TEST_ANTHROPIC_TEXT_KEY";
+    std::env::set_var(var, "sk-ant-text");
+    let go = Arc::new(Notify::new());
+    let gate = go.clone();
+    let server = TestServer::start(move |_, _| {
+        Reply::Sse(
+            vec![
+                Part::Bytes(an_start(25)),
+                Part::Bytes(an_text_start(0)),
+                Part::Bytes(an_ping()),
+                Part::Bytes(an_text(0, "Hel")),
+                Part::Wait(gate.clone()),
+                Part::Bytes(an_text(0, "lo")),
+                Part::Bytes(an_stop(0)),
+                Part::Bytes(an_delta("end_turn", 15)),
+                Part::Bytes(an_message_stop()),
+            ],
+            End::Close,
+        )
+    })
+    .await;
+    let mut route = route(ProviderKind::Anthropic, &server);
+    route.api_key_env = Some(var.into());
+    route.max_tokens = Some(1024);
+    let provider = built(&route);
+    let mut stream = provider.stream(hello()).await.unwrap();
+    assert_eq!(
+        next_event(&mut stream).await,
+        ProviderEvent::TextDelta("Hel".into())
+    );
+    go.notify_one();
+    let rest: Vec<_> = stream.collect().await;
+    assert_eq!(
+        rest,
+        vec![
+            Ok(ProviderEvent::TextDelta("lo".into())),
+            Ok(usage(25, 15)),
+            Ok(ProviderEvent::Done(FinishReason::Stop)),
+        ]
+    );
+
+    let got = server.request(0);
+    assert_eq!(got.path, "/v1/messages");
+    assert_eq!(got.headers["x-api-key"], "sk-ant-text");
+    assert_eq!(got.headers["anthropic-version"], "2023-06-01");
+    assert!(got.headers.get("authorization").is_none());
+    assert_eq!(
+        got.body,
+        json!({
+            "model": "test-model",
+            "max_tokens": 1024,
+            "system": "You are terse.",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Say hello"}]}],
+            "stream": true
+        })
+    );
+}
+
+// ---- tool calls -----------------------------------------------------------------------
+
+#[tokio::test]
+async fn openai_assembles_several_tool_calls_from_fragments() {
+    let server = TestServer::start(|_, _| {
+        sse(vec![
+            oa_role(),
+            oa_text("Checking."),
+            oa_call_start(0, "call_DdmO9pD3xa9XTPNJ32zg2hcA", "get_weather"),
+            oa_call_args(0, "{\"lo"),
+            oa_call_args(0, "cation\": \"Pa"),
+            oa_call_args(0, "ris\", \"unit\""),
+            oa_call_start(1, "call_ABCdef", "get_time"),
+            oa_call_args(0, ": \"c\"}"),
+            oa_call_args(1, "{\"tz\":"),
+            oa_call_args(1, "\"Europe/Paris\"}"),
+            oa_finish("tool_calls"),
+            oa_usage(80, 40),
+            OA_DONE.to_owned(),
+        ])
+    })
+    .await;
+    let provider = built(&route(ProviderKind::Openai, &server));
+    let items = collect(provider.as_ref(), hello()).await;
+    assert_eq!(
+        items,
+        vec![
+            Ok(ProviderEvent::TextDelta("Checking.".into())),
+            Ok(ProviderEvent::ToolCall {
+                name: "get_weather".into(),
+                arguments: json!({"location": "Paris", "unit": "c"})
+            }),
+            Ok(ProviderEvent::ToolCall {
+                name: "get_time".into(),
+                arguments: json!({"tz": "Europe/Paris"})
+            }),
+            Ok(usage(80, 40)),
+            Ok(ProviderEvent::Done(FinishReason::ToolCalls)),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn openai_assembles_one_tool_call() {
+    let server = TestServer::start(|_, _| {
+        sse(vec![
+            oa_role(),
+            oa_call_start(0, "call_1", "now"),
+            oa_call_args(0, "{}"),
+            oa_finish("tool_calls"),
+            oa_usage(3, 2),
+            OA_DONE.to_owned(),
+        ])
+    })
+    .await;
+    let provider = built(&route(ProviderKind::Openai, &server));
+    let items = collect(provider.as_ref(), hello()).await;
+    assert_eq!(
+        items,
+        vec![
+            Ok(ProviderEvent::ToolCall {
+                name: "now".into(),
+                arguments: json!({})
+            }),
+            Ok(usage(3, 2)),
+            Ok(ProviderEvent::Done(FinishReason::ToolCalls)),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn anthropic_assembles_tool_use_blocks_from_partial_json() {
+    let server = TestServer::start(|_, _| {
+        sse(vec![
+            an_start(472),
+            an_text_start(0),
+            an_text(0, "Okay, let me check."),
+            an_stop(0),
+            an_tool_start(1, "toolu_01T1x1fJ34qAmk2tNTrN7Up6", "get_weather"),
+            an_json(1, ""),
+            an_json(1, "{\"location\":"),
+            an_json(1, " \"San Fra"),
+            an_ping(),
+            an_json(1, "ncisco, CA\", \"unit\": \"fahrenheit\"}"),
+            an_stop(1),
+            an_tool_start(2, "toolu_02", "get_time"),
+            an_stop(2),
+            an_delta("tool_use", 89),
+            an_message_stop(),
+        ])
+    })
+    .await;
+    let provider = built(&route(ProviderKind::Anthropic, &server));
+    let items = collect(provider.as_ref(), hello()).await;
+    assert_eq!(
+        items,
+        vec![
+            Ok(ProviderEvent::TextDelta("Okay, let me check.".into())),
+            Ok(ProviderEvent::ToolCall {
+                name: "get_weather".into(),
+                arguments: json!({"location": "San Francisco, CA", "unit": "fahrenheit"})
+            }),
+            // A tool_use block with no input deltas has an empty input.
+            Ok(ProviderEvent::ToolCall {
+                name: "get_time".into(),
+                arguments: json!({})
+            }),
+            Ok(usage(472, 89)),
+            Ok(ProviderEvent::Done(FinishReason::ToolCalls)),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn arguments_that_never_parse_are_a_bad_response_naming_the_tool() {
+    let oa = TestServer::start(|_, _| {
+        sse(vec![
+            oa_call_start(0, "call_1", "get_weather"),
+            oa_call_args(0, "{\"location\": \"Par"),
+            oa_finish("tool_calls"),
+            OA_DONE.to_owned(),
+        ])
+    })
+    .await;
+    let items = collect(built(&route(ProviderKind::Openai, &oa)).as_ref(), hello()).await;
+    assert!(
+        matches!(items.last(), Some(Err(ProviderError::BadResponse(m))) if m.contains("get_weather")),
+        "{items:?}"
+    );
+    assert_eq!(oa.count(), 1, "a bad response is not retried");
+
+    let an_server = TestServer::start(|_, _| {
+        sse(vec![
+            an_start(1),
+            an_tool_start(0, "toolu_1", "get_weather"),
+            an_json(0, "{\"location\": "),
+            an_stop(0),
+            an_delta("tool_use", 1),
+            an_message_stop(),
+        ])
+    })
+    .await;
+    let items = collect(
+        built(&route(ProviderKind::Anthropic, &an_server)).as_ref(),
+        hello(),
+    )
+    .await;
+    assert!(
+        matches!(items.last(), Some(Err(ProviderError::BadResponse(m))) if m.contains("get_weather")),
+        "{items:?}"
+    );
+}
+
+// ---- request shape ------------------------------------------------------------------------
+
+fn weather_tool() -> ToolDefinition {
+    ToolDefinition {
+        name: "get_weather".into(),
+        description: "Current weather of a city".into(),
+        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    }
+}
+
+/// A transcript with a step that called two tools (one failed) and a
+/// follow-up message.
+fn tool_transcript() -> Vec<TranscriptEntry> {
+    let weather = ToolCallId::from("call_weather");
+    let time = ToolCallId::from("call_time");
+    let mut ok = ToolCallRecord::proposed(
+        weather.clone(),
+        "get_weather".into(),
+        json!({"city": "Paris"}),
+        0,
+    );
+    ok.state = CallState::Completed;
+    ok.result = Some(json!("sunny, 21 °C"));
+    let mut failed = ToolCallRecord::proposed(time.clone(), "get_time".into(), json!({}), 0);
+    failed.state = CallState::Failed;
+    failed.result = Some(json!({"error": "tool timed out after 60 s"}));
+    vec![
+        TranscriptEntry::User {
+            text: "Weather and time in Paris?".into(),
+            at_ms: 0,
+        },
+        TranscriptEntry::Assistant {
+            text: "Let me check.".into(),
+            tool_calls: vec![
+                ProposedCall {
+                    id: weather,
+                    name: "get_weather".into(),
+                    arguments: json!({"city": "Paris"}),
+                },
+                ProposedCall {
+                    id: time,
+                    name: "get_time".into(),
+                    arguments: json!({}),
+                },
+            ],
+            at_ms: 0,
+        },
+        TranscriptEntry::ToolResult { call: ok },
+        TranscriptEntry::ToolResult { call: failed },
+        TranscriptEntry::User {
+            text: "Thanks!".into(),
+            at_ms: 0,
+        },
+    ]
+}
+
+#[tokio::test]
+async fn openai_request_maps_tool_calls_and_results_faithfully() {
+    let server = TestServer::start(|_, _| oa_text_reply(&["ok"])).await;
+    let provider = built(&route(ProviderKind::Openai, &server));
+    let items = collect(
+        provider.as_ref(),
+        request(tool_transcript(), vec![weather_tool()]),
+    )
+    .await;
+    assert_eq!(text_of(&items), "ok");
+    let body = server.request(0).body;
+    assert_eq!(
+        body["messages"],
+        json!([
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Weather and time in Paris?"},
+            {"role": "assistant", "content": "Let me check.", "tool_calls": [
+                {"id": "call_weather", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
+                {"id": "call_time", "type": "function",
+                 "function": {"name": "get_time", "arguments": "{}"}}
+            ]},
+            // A string result goes verbatim; anything else as compact JSON.
+            {"role": "tool", "tool_call_id": "call_weather", "content": "sunny, 21 °C"},
+            {"role": "tool", "tool_call_id": "call_time",
+             "content": "{\"error\":\"tool timed out after 60 s\"}"},
+            {"role": "user", "content": "Thanks!"}
+        ])
+    );
+    assert_eq!(
+        body["tools"],
+        json!([{"type": "function", "function": {
+            "name": "get_weather",
+            "description": "Current weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+        }}])
+    );
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["stream_options"], json!({"include_usage": true}));
+}
+
+#[tokio::test]
+async fn anthropic_request_maps_tool_use_and_results_faithfully() {
+    let server = TestServer::start(|_, _| an_text_reply(&["ok"])).await;
+    let provider = built(&route(ProviderKind::Anthropic, &server));
+    let items = collect(
+        provider.as_ref(),
+        request(tool_transcript(), vec![weather_tool()]),
+    )
+    .await;
+    assert_eq!(text_of(&items), "ok");
+    let body = server.request(0).body;
+    assert_eq!(body["system"], "You are terse.");
+    assert_eq!(body["max_tokens"], 4096);
+    assert_eq!(
+        body["messages"],
+        json!([
+            {"role": "user", "content": [{"type": "text", "text": "Weather and time in Paris?"}]},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Let me check."},
+                {"type": "tool_use", "id": "call_weather", "name": "get_weather", "input": {"city": "Paris"}},
+                {"type": "tool_use", "id": "call_time", "name": "get_time", "input": {}}
+            ]},
+            // The step's results share one user message; the follow-up
+            // message joins it after them, keeping the roles alternating.
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "call_weather", "content": "sunny, 21 °C"},
+                {"type": "tool_result", "tool_use_id": "call_time",
+                 "content": "{\"error\":\"tool timed out after 60 s\"}", "is_error": true},
+                {"type": "text", "text": "Thanks!"}
+            ]}
+        ])
+    );
+    assert_eq!(
+        body["tools"],
+        json!([{
+            "name": "get_weather",
+            "description": "Current weather of a city",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+        }])
+    );
+}
+
+// ---- retries ---------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_429_with_retry_after_is_retried_then_succeeds() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        let server = TestServer::start(move |n, _| {
+            if n == 0 {
+                Reply::Status(
+                    429,
+                    vec![("retry-after", "0")],
+                    json!({"error": {"message": "Rate limit reached", "type": "rate_limit_error"}})
+                        .to_string(),
+                )
+            } else if kind == ProviderKind::Openai {
+                oa_text_reply(&["after ", "the wait"])
+            } else {
+                an_text_reply(&["after ", "the wait"])
+            }
+        })
+        .await;
+        let provider = built(&route(kind, &server));
+        let items = collect(provider.as_ref(), hello()).await;
+        assert_eq!(text_of(&items), "after the wait", "{kind}: {items:?}");
+        assert!(matches!(
+            items.last(),
+            Some(Ok(ProviderEvent::Done(FinishReason::Stop)))
+        ));
+        assert_eq!(server.count(), 2, "{kind}");
+    }
+}
+
+#[tokio::test]
+async fn a_500_three_times_is_retried_three_times_then_fails_clearly() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        let server = TestServer::start(|_, _| {
+            Reply::Status(
+                500,
+                vec![],
+                json!({"error": {"message": "The server had an error", "type": "server_error"}})
+                    .to_string(),
+            )
+        })
+        .await;
+        let ep = endpoint(kind, &server);
+        let provider = RetryingProvider::new(raw(kind, ep), None, fast_policy());
+        let items = collect(&provider, hello()).await;
+        assert_eq!(server.count(), 4, "{kind}: 1 attempt + 3 retries");
+        match items.as_slice() {
+            [Err(ProviderError::Server {
+                status: 500,
+                message,
+            })] => {
+                assert!(message.contains("The server had an error"), "{message}");
+                assert!(message.contains("after 4 attempts"), "{message}");
+            }
+            other => panic!("{kind}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn anthropic_overloaded_event_before_output_is_retried() {
+    let server = TestServer::start(|n, _| {
+        if n == 0 {
+            sse(vec![
+                an_start(5),
+                an(
+                    "error",
+                    json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+                ),
+            ])
+        } else {
+            an_text_reply(&["fine"])
+        }
+    })
+    .await;
+    let ep = endpoint(ProviderKind::Anthropic, &server);
+    let provider = RetryingProvider::new(raw(ProviderKind::Anthropic, ep), None, fast_policy());
+    let items = collect(&provider, hello()).await;
+    assert_eq!(text_of(&items), "fine");
+    assert_eq!(server.count(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_default_policy_waits_one_two_four_seconds() {
+    // No network here: the paused clock only measures the waits.
+    struct AlwaysDown(Arc<Mutex<Vec<tokio::time::Instant>>>);
+    #[async_trait::async_trait]
+    impl Provider for AlwaysDown {
+        async fn stream(&self, _: ProviderRequest) -> Result<ProviderStream, ProviderError> {
+            self.0.lock().unwrap().push(tokio::time::Instant::now());
+            Err(ProviderError::Transport("connection refused".into()))
+        }
+    }
+    let at = Arc::new(Mutex::new(Vec::new()));
+    let provider = RetryingProvider::new(
+        Arc::new(AlwaysDown(at.clone())),
+        None,
+        RetryPolicy::default(),
+    );
+    let err = provider.stream(hello()).await.err().unwrap();
+    assert!(
+        err.to_string().contains("gave up after 4 attempts"),
+        "{err}"
+    );
+    let at = at.lock().unwrap();
+    let gaps: Vec<_> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(
+        gaps,
+        vec![
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+            Duration::from_secs(4)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_401_rereads_the_key_from_the_environment_once() {
+    for (kind, var) in [
+        (ProviderKind::Openai, "OVERSEER_TEST_OPENAI_ROTATED_KEY"),
+        (
+            ProviderKind::Anthropic,
+            "OVERSEER_TEST_ANTHROPIC_ROTATED_KEY",
+        ),
+    ] {
+        std::env::set_var(var, "old-key");
+        let server = TestServer::start(move |_, headers| {
+            let key = match kind {
+                ProviderKind::Openai => headers
+                    .get("authorization")
+                    .map(|v| v.to_str().unwrap().to_owned()),
+                _ => headers
+                    .get("x-api-key")
+                    .map(|v| format!("Bearer {}", v.to_str().unwrap())),
+            };
+            if key.as_deref() == Some("Bearer new-key") {
+                match kind {
+                    ProviderKind::Openai => oa_text_reply(&["welcome back"]),
+                    _ => an_text_reply(&["welcome back"]),
+                }
+            } else {
+                Reply::Status(
+                    401,
+                    vec![],
+                    json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}})
+                        .to_string(),
+                )
+            }
+        })
+        .await;
+        let mut route = route(kind, &server);
+        route.api_key_env = Some(var.into());
+        // The key is read at start-up...
+        let provider = built(&route);
+        // ...and rotated afterwards: the first request still uses the old one.
+        std::env::set_var(var, "new-key");
+        let items = collect(provider.as_ref(), hello()).await;
+        assert_eq!(text_of(&items), "welcome back", "{kind}: {items:?}");
+        assert_eq!(server.count(), 2, "{kind}");
+
+        // A key that stays wrong is re-read once only, then reported.
+        std::env::set_var(var, "still-wrong");
+        let provider = built(&route);
+        let items = collect(provider.as_ref(), hello()).await;
+        assert!(
+            matches!(items.as_slice(), [Err(ProviderError::Auth(m))] if m.contains("invalid x-api-key")),
+            "{kind}: {items:?}"
+        );
+        assert_eq!(server.count(), 4, "{kind}");
+    }
+}
+
+#[tokio::test]
+async fn a_context_overflow_is_reported_as_such_and_not_retried() {
+    let server = TestServer::start(|_, _| {
+        Reply::Status(
+            400,
+            vec![],
+            json!({"error": {
+                "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.",
+                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"
+            }})
+            .to_string(),
+        )
+    })
+    .await;
+    let provider = built(&route(ProviderKind::Openai, &server));
+    let items = collect(provider.as_ref(), hello()).await;
+    assert!(
+        matches!(items.as_slice(), [Err(ProviderError::ContextOverflow(m))] if m.contains("8192")),
+        "{items:?}"
+    );
+    assert_eq!(server.count(), 1);
+}
+
+// ---- broken streams -------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_disconnect_after_output_is_not_retried_and_keeps_the_deltas() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        let go = Arc::new(Notify::new());
+        let gate = go.clone();
+        let server = TestServer::start(move |_, _| {
+            let parts = match kind {
+                ProviderKind::Openai => vec![oa_role(), oa_text("Partial "), oa_text("answer")],
+                _ => vec![
+                    an_start(3),
+                    an_text_start(0),
+                    an_text(0, "Partial "),
+                    an_text(0, "answer"),
+                ],
+            };
+            let mut parts: Vec<Part> = parts.into_iter().map(Part::Bytes).collect();
+            // The connection drops only once the deltas have been received,
+            // so they are surely output that has started.
+            parts.push(Part::Wait(gate.clone()));
+            Reply::Sse(parts, End::Abort)
+        })
+        .await;
+        let provider = built(&route(kind, &server));
+        let mut stream = provider.stream(hello()).await.unwrap();
+        let mut items = vec![Ok(next_event(&mut stream).await)];
+        items.push(Ok(next_event(&mut stream).await));
+        go.notify_one();
+        items.extend(stream.collect::<Vec<_>>().await);
+        assert_eq!(text_of(&items), "Partial answer", "{kind}: {items:?}");
+        assert_eq!(items.len(), 3, "{kind}: {items:?}");
+        assert!(
+            matches!(items.last(), Some(Err(ProviderError::Transport(m))) if m.contains("stream broke")),
+            "{kind}: {items:?}"
+        );
+        assert_eq!(server.count(), 1, "{kind}: no retry after output");
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_json_chunk_is_a_bad_response() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        let server = TestServer::start(move |_, _| match kind {
+            ProviderKind::Openai => sse(vec![
+                oa_role(),
+                oa_text("Hi"),
+                "data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"delta\":{\"content\":\"x\"\n\n".into(),
+                oa_finish("stop"),
+                OA_DONE.into(),
+            ]),
+            _ => sse(vec![
+                an_start(3),
+                an_text_start(0),
+                an_text(0, "Hi"),
+                "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\n\n"
+                    .into(),
+                an_message_stop(),
+            ]),
+        })
+        .await;
+        let provider = built(&route(kind, &server));
+        let items = collect(provider.as_ref(), hello()).await;
+        assert_eq!(text_of(&items), "Hi", "{kind}: {items:?}");
+        assert!(
+            matches!(items.last(), Some(Err(ProviderError::BadResponse(m))) if m.contains("malformed")),
+            "{kind}: {items:?}"
+        );
+        assert_eq!(items.len(), 2, "{kind}: nothing after the error: {items:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_json_answer_to_a_streaming_request_is_a_bad_response() {
+    let server = TestServer::start(|_, _| {
+        Reply::Status(
+            200,
+            vec![],
+            json!({"error": {"message": "streaming is not supported"}}).to_string(),
+        )
+    })
+    .await;
+    let provider = built(&route(ProviderKind::Openai, &server));
+    let items = collect(provider.as_ref(), hello()).await;
+    assert!(
+        matches!(items.as_slice(), [Err(ProviderError::BadResponse(m))] if m.contains("streaming is not supported")),
+        "{items:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stream_that_ends_without_a_finish_is_a_bad_response() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        let server = TestServer::start(move |_, _| match kind {
+            ProviderKind::Openai => sse(vec![oa_role(), oa_text("Hi")]),
+            _ => sse(vec![an_start(3), an_text_start(0), an_text(0, "Hi")]),
+        })
+        .await;
+        let provider = built(&route(kind, &server));
+        let items = collect(provider.as_ref(), hello()).await;
+        assert_eq!(
+            items,
+            vec![
+                Ok(ProviderEvent::TextDelta("Hi".into())),
+                Err(ProviderError::BadResponse(
+                    "stream ended without a finish".into()
+                )),
+            ],
+            "{kind}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_stream_is_cut_by_the_idle_timeout() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        let server = TestServer::start(move |_, _| {
+            let parts = match kind {
+                ProviderKind::Openai => vec![oa_role(), oa_text("Thinking")],
+                _ => vec![an_start(3), an_text_start(0), an_text(0, "Thinking")],
+            };
+            Reply::Sse(parts.into_iter().map(Part::Bytes).collect(), End::Stall)
+        })
+        .await;
+        let mut ep = endpoint(kind, &server);
+        ep.idle_timeout = Duration::from_millis(300);
+        let provider = RetryingProvider::new(raw(kind, ep), None, fast_policy());
+        let items = collect(&provider, hello()).await;
+        assert_eq!(
+            items,
+            vec![
+                Ok(ProviderEvent::TextDelta("Thinking".into())),
+                Err(ProviderError::Transport("stream stalled for 0.3 s".into())),
+            ],
+            "{kind}"
+        );
+        assert_eq!(server.count(), 1, "{kind}");
+    }
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_a_transport_error() {
+    // Bind and drop a listener to get a port nobody listens on.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    crypto();
+    let provider = RetryingProvider::new(
+        raw(
+            ProviderKind::Openai,
+            Endpoint::new(format!("http://127.0.0.1:{port}/v1"), "m"),
+        ),
+        Some(Arc::new(KeySource::none())),
+        fast_policy(),
+    );
+    let items = collect(&provider, hello()).await;
+    assert!(
+        matches!(items.as_slice(), [Err(ProviderError::Transport(m))] if m.contains("gave up after 4 attempts")),
+        "{items:?}"
+    );
+}
+
+// ---- a full turn through the actor tree ---------------------------------------------------------
+
+/// A tool that needs a human's approval and reports what it ran with.
+struct Launch(ToolSpec);
+
+#[async_trait::async_trait]
+impl Tool for Launch {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    async fn call(&self, _ctx: ToolContext, arguments: Value) -> Result<Value, ToolError> {
+        Ok(json!({"launched": true, "count": arguments["count"]}))
+    }
+}
+
+async fn until(
+    rx: &mut tokio::sync::broadcast::Receiver<Notification>,
+    pred: impl Fn(&EventKind) -> bool,
+) -> EventKind {
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match rx.recv().await {
+                Ok(Notification::Event(e)) if pred(&e.kind) => return e.kind,
+                Ok(_) => {}
+                Err(e) => panic!("event stream ended: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("the event did not come")
+}
+
+#[tokio::test]
+async fn a_full_turn_with_approval_sends_the_tool_result_back_in_the_right_shape() {
+    let server = TestServer::start(|n, _| {
+        if n == 0 {
+            sse(vec![
+                oa_role(),
+                oa_call_start(0, "call_provider_own_id", "launch"),
+                oa_call_args(0, "{\"cou"),
+                oa_call_args(0, "nt\": 3}"),
+                oa_finish("tool_calls"),
+                oa_usage(50, 10),
+                OA_DONE.to_owned(),
+            ])
+        } else {
+            oa_text_reply(&["Launched ", "3."])
+        }
+    })
+    .await;
+    let provider = built(&route(ProviderKind::Openai, &server));
+    let schema = json!({
+        "type": "object",
+        "properties": {"count": {"type": "integer"}},
+        "required": ["count"]
+    });
+    let tools = ToolRegistry::new(vec![Arc::new(Launch(
+        ToolSpec::new("launch", "Launches things", schema.clone()).with_approval(true),
+    ))])
+    .unwrap();
+    let mut agent = AgentConfig::new("a", &["launch"]);
+    agent.instructions = "You launch things.".into();
+    let ov = Overseer::start(
+        vec![agent],
+        Arc::new(MemStore::new()),
+        provider,
+        tools,
+        RuntimeConfig::default(),
+    )
+    .await
+    .unwrap();
+
+    let id = SessionId::generate();
+    let mut rx = ov.subscribe(id);
+    ov.create_session(CreateSession {
+        agent: "a".into(),
+        tenant: "t".into(),
+        prompt: Some("Launch 3".into()),
+        id: Some(id),
+        ..CreateSession::default()
+    })
+    .await
+    .unwrap();
+    let EventKind::ApprovalRequested {
+        call_id, arguments, ..
+    } = until(&mut rx, |k| {
+        matches!(k, EventKind::ApprovalRequested { .. })
+    })
+    .await
+    else {
+        unreachable!()
+    };
+    assert_eq!(arguments, json!({"count": 3}));
+    assert_eq!(server.count(), 1, "nothing is sent before the approval");
+    ov.submit(id, Submission::one(call_id.clone(), Decision::approve()))
+        .await
+        .unwrap();
+    let EventKind::TurnEnded {
+        stop_reason, usage, ..
+    } = until(&mut rx, |k| matches!(k, EventKind::TurnEnded { .. })).await
+    else {
+        unreachable!()
+    };
+    assert_eq!(stop_reason, StopReason::EndTurn);
+    assert_eq!(usage.input_tokens, 50 + 9);
+    assert_eq!(usage.output_tokens, 10 + 4);
+    assert_eq!(server.count(), 2);
+
+    let mut second = server.request(1).body;
+    let call_id = call_id.as_str();
+    // The tool's object result travels as compact JSON text; compare it as
+    // JSON so the check does not depend on key order.
+    let content = second["messages"][3]["content"].take();
+    let content: Value = serde_json::from_str(content.as_str().unwrap()).unwrap();
+    assert_eq!(content, json!({"launched": true, "count": 3}));
+    assert_eq!(
+        second["messages"],
+        json!([
+            {"role": "system", "content": "You launch things."},
+            {"role": "user", "content": "Launch 3"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": call_id, "type": "function",
+                 "function": {"name": "launch", "arguments": "{\"count\":3}"}}
+            ]},
+            {"role": "tool", "tool_call_id": call_id, "content": null}
+        ])
+    );
+    assert_eq!(
+        second["tools"],
+        json!([{"type": "function", "function": {
+            "name": "launch", "description": "Launches things", "parameters": schema
+        }}])
+    );
+    let state = ov.state(id).await.unwrap();
+    let last = state.transcript.last().map(|e| (**e).clone());
+    assert!(
+        matches!(&last, Some(TranscriptEntry::Assistant { text, .. }) if text == "Launched 3."),
+        "{last:?}"
+    );
+    ov.shutdown().await.unwrap();
+}

@@ -817,7 +817,13 @@ mod tests {
         let c = Config::builtin().unwrap();
         c.validate(&builtin_registry().unwrap(), "built-in")
             .unwrap();
-        assert_eq!(c.agent_names(), vec!["assistant", "auto"]);
+        assert_eq!(
+            c.agent_names(),
+            vec!["assistant", "auto", "lead", "researcher", "reviewer"]
+        );
+        let lead = c.agent("lead").unwrap();
+        assert_eq!(lead.subagents, vec!["researcher", "reviewer"]);
+        assert_eq!(lead.budget.max_steps, Some(50));
         let assistant = c.agent("assistant").unwrap();
         assert_eq!(assistant.approval, ApprovalPolicy::Always);
         assert_eq!(assistant.tools, vec!["current_time".to_owned()]);

@@ -9,9 +9,13 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod http;
+pub mod provider;
 pub mod scenario;
+pub mod scope_token;
 pub mod store;
 pub mod tools;
 

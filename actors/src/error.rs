@@ -51,6 +51,10 @@ pub enum SessionError {
         /// The `{"error", "validation_errors"}` object.
         error: Value,
     },
+    /// The request conflicts with one already accepted (e.g. a reused
+    /// `message_id` with different text).
+    #[error("conflict: {0}")]
+    Conflict(String),
     /// A session with this id already exists (with a different request).
     #[error("session {0} already exists")]
     AlreadyExists(SessionId),

@@ -24,6 +24,7 @@ pub mod fault;
 #[cfg(not(feature = "fault-injection"))]
 mod fault_off;
 pub mod hub;
+pub mod metrics;
 pub mod model;
 pub mod orchestrator;
 pub mod provider;
@@ -40,4 +41,6 @@ pub use error::SessionError;
 pub(crate) use fault::fault_point;
 #[cfg(not(feature = "fault-injection"))]
 pub(crate) use fault_off::fault_point;
-pub use runtime::{CreateSession, Overseer, PendingApproval, Runtime, RuntimeConfig, TreeNode};
+pub use runtime::{
+    CreateSession, Overseer, PendingApproval, Runtime, RuntimeConfig, SessionOverrides, TreeNode,
+};

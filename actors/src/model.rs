@@ -18,7 +18,7 @@ pub use decision::{Decision, DecisionRecord, Submission};
 pub use event::{Event, EventKind, Notification};
 pub use session::{
     AgentConfig, ApprovalPolicy, Budget, ChildApproval, EffectiveConfig, ParentLink, QueuedMessage,
-    SessionHeader, SessionId, SessionStatus, StopReason, SCHEMA_VERSION,
+    RecentMessage, SessionHeader, SessionId, SessionStatus, StopReason, SCHEMA_VERSION,
 };
 pub use transcript::{ProposedCall, TranscriptEntry};
 pub use usage::Usage;

@@ -169,6 +169,7 @@ impl OrchestratorState {
                     .metrics
                     .restarts
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics::counter!(crate::metrics::SESSION_RESTARTS_TOTAL).increment(1);
                 myself.send_after(after, move || OrchestratorMsg::Restart { id, reason });
             }
             Decision::GiveUp => {

@@ -90,6 +90,8 @@ pub struct Runtime {
     /// Approval timers armed in this process (session, call), so a session
     /// that is activated again does not arm a second timer for the same call.
     pub(crate) timers: dashmap::DashSet<(SessionId, crate::model::ToolCallId)>,
+    /// Ids being created right now (see `create_session`).
+    pub(crate) creating: dashmap::DashSet<SessionId>,
     /// The in-memory half of the effect journal: what this process knows of
     /// dispatched calls whose results their sessions have not yet recorded.
     /// It survives a session actor's crash (not the process's), so a restart
@@ -117,6 +119,107 @@ pub struct CreateSession {
     pub id: Option<SessionId>,
     /// Complete instead of awaiting input when the turn ends.
     pub auto_complete: bool,
+    /// Per-session changes to the agent's preset.
+    pub overrides: SessionOverrides,
+}
+
+/// Per-session changes to an agent's preset. Each may only narrow what the
+/// agent allows: tools a subset, limits lower.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionOverrides {
+    /// Appended to the agent's instructions, on a new line.
+    #[serde(default)]
+    pub instructions: Option<String>,
+    /// Tools in scope: a subset of the agent's.
+    #[serde(default)]
+    pub tools: Option<Vec<String>>,
+    /// Model route (the edge checks it names a configured route).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// A lower step limit per turn.
+    #[serde(default)]
+    pub max_steps: Option<u32>,
+    /// A shorter approval timeout.
+    #[serde(default)]
+    pub approval_timeout_secs: Option<u64>,
+    /// Tighter spending limits.
+    #[serde(default)]
+    pub budget: Option<crate::model::Budget>,
+}
+
+impl SessionOverrides {
+    /// The effective configuration of a session of `agent` with these
+    /// overrides, or an error naming the field that asks for more than the
+    /// agent allows.
+    pub fn apply(
+        &self,
+        agent: &AgentConfig,
+    ) -> Result<crate::model::EffectiveConfig, SessionError> {
+        let mut cfg = agent.effective();
+        if let Some(extra) = &self.instructions {
+            if cfg.instructions.is_empty() {
+                cfg.instructions.clone_from(extra);
+            } else {
+                cfg.instructions = format!("{}\n{extra}", cfg.instructions);
+            }
+        }
+        if let Some(tools) = &self.tools {
+            let wider: Vec<&str> = tools
+                .iter()
+                .filter(|t| !cfg.tools.contains(t))
+                .map(String::as_str)
+                .collect();
+            if !wider.is_empty() {
+                return Err(SessionError::Invalid(format!(
+                    "tools: not available to agent '{}': {}",
+                    agent.name,
+                    wider.join(", ")
+                )));
+            }
+            cfg.tools.clone_from(tools);
+        }
+        if let Some(model) = &self.model {
+            cfg.model.clone_from(model);
+        }
+        if let Some(n) = self.max_steps {
+            if n == 0 || n > cfg.max_steps {
+                return Err(SessionError::Invalid(format!(
+                    "max_steps: must be between 1 and the agent's {}",
+                    cfg.max_steps
+                )));
+            }
+            cfg.max_steps = n;
+        }
+        if let Some(n) = self.approval_timeout_secs {
+            if n == 0 || n > cfg.approval_timeout_secs {
+                return Err(SessionError::Invalid(format!(
+                    "approval_timeout_secs: must be between 1 and the agent's {}",
+                    cfg.approval_timeout_secs
+                )));
+            }
+            cfg.approval_timeout_secs = n;
+        }
+        if let Some(b) = self.budget {
+            let check = |field: &str, asked: Option<u64>, limit: Option<u64>| match (asked, limit) {
+                (Some(a), Some(l)) if a > l => Err(SessionError::Invalid(format!(
+                    "budget.{field}: {a} exceeds the agent's limit {l}"
+                ))),
+                _ => Ok(()),
+            };
+            let a = cfg.budget;
+            check("max_tokens", b.max_tokens, a.max_tokens)?;
+            check("max_tool_calls", b.max_tool_calls, a.max_tool_calls)?;
+            check("max_steps", b.max_steps, a.max_steps)?;
+            check(
+                "max_wall_clock_secs",
+                b.max_wall_clock_secs,
+                a.max_wall_clock_secs,
+            )?;
+            cfg.budget = a.min(b);
+        }
+        Ok(cfg)
+    }
 }
 
 /// The in-process API of overseer. Cheap to clone.
@@ -157,6 +260,7 @@ impl Overseer {
             metrics: Metrics::default(),
             orchestrator: std::sync::OnceLock::new(),
             timers: dashmap::DashSet::new(),
+            creating: dashmap::DashSet::new(),
             journal: DashMap::new(),
         });
         let (orchestrator, join) = Actor::spawn(
@@ -212,7 +316,25 @@ impl Overseer {
             .agents
             .get(&req.agent)
             .ok_or_else(|| SessionError::UnknownAgent(req.agent.clone()))?;
+        let config = req.overrides.apply(agent)?;
         let id = req.id.unwrap_or_else(SessionId::generate);
+        // Two creates of one client-chosen id must not both pass the check
+        // below and overwrite each other: the second one here loses.
+        if !self.runtime.creating.insert(id) {
+            return Err(SessionError::AlreadyExists(id));
+        }
+        let result = self.create_checked(id, req, config, agent).await;
+        self.runtime.creating.remove(&id);
+        result
+    }
+
+    async fn create_checked(
+        &self,
+        id: SessionId,
+        req: CreateSession,
+        config: crate::model::EffectiveConfig,
+        agent: &AgentConfig,
+    ) -> Result<SessionId, SessionError> {
         if req.id.is_some() && self.runtime.store.load_header(id).await?.is_some() {
             return Err(SessionError::AlreadyExists(id));
         }
@@ -231,12 +353,13 @@ impl Overseer {
             created_at_ms: now,
             updated_at_ms: now,
             auto_complete: req.auto_complete,
-            config: agent.effective(),
+            config,
             usage: Usage::default(),
             children_usage: Usage::default(),
             turn: 0,
             step: 0,
             last_stop_reason: None,
+            recent_messages: Vec::new(),
             inbox: Vec::new(),
             open_calls: Vec::new(),
             transcript_len: 0,
@@ -247,14 +370,17 @@ impl Overseer {
         if let Some(text) = req.prompt {
             // The effects are recomputed by the actor's resume on start.
             session.apply(
-                Input::Message { text },
+                Input::Message {
+                    text,
+                    message_id: None,
+                },
                 Ctx {
                     tools: &self.runtime.tools,
                     now_ms: now,
                 },
             )?;
         }
-        self.runtime.store.checkpoint(session.checkpoint()).await?;
+        crate::metrics::checkpoint(self.runtime.store.as_ref(), session.checkpoint()).await?;
         let events = session.mark_persisted();
         for e in events {
             self.runtime.hub.publish(id, Notification::Event(e));
@@ -269,9 +395,23 @@ impl Overseer {
         id: SessionId,
         text: impl Into<String>,
     ) -> Result<(), SessionError> {
+        self.send_message_with_id(id, text, None).await
+    }
+
+    /// Sends a user message with a client-chosen `message_id`: retrying the
+    /// same message is a no-op answered like the first time; reusing the id
+    /// for different text is a [`SessionError::Conflict`].
+    pub async fn send_message_with_id(
+        &self,
+        id: SessionId,
+        text: impl Into<String>,
+        message_id: Option<String>,
+    ) -> Result<(), SessionError> {
         let text = text.into();
         self.runtime
-            .route(id, move |reply| SessionMsg::Send(text.clone(), reply))
+            .route(id, move |reply| {
+                SessionMsg::Send(text.clone(), message_id.clone(), reply)
+            })
             .await
     }
 
@@ -523,6 +663,7 @@ impl Runtime {
         self.metrics
             .activations
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics::counter!(crate::metrics::SESSION_ACTIVATIONS_TOTAL).increment(1);
         self.spawn(Session::from_stored(stored)).await
     }
 
@@ -638,7 +779,10 @@ impl Runtime {
                 now_ms: now_ms(),
             },
         )?;
-        self.store.checkpoint(session.checkpoint()).await?;
+        crate::metrics::checkpoint(self.store.as_ref(), session.checkpoint()).await?;
+        // No actor holds this session now: its approvals, closed by the
+        // failure, leave the gauge here.
+        crate::metrics::set_pending(id, session.pending_approvals().len());
         for event in session.mark_persisted() {
             self.hub.publish(id, Notification::Event(event));
         }

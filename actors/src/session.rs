@@ -34,8 +34,13 @@ pub struct SessionActor;
 
 /// Messages. RPC variants carry their reply port last.
 pub enum SessionMsg {
-    /// A user message; acknowledged once checkpointed.
-    Send(String, RpcReplyPort<Result<(), SessionError>>),
+    /// A user message (with an optional idempotency id); acknowledged once
+    /// checkpointed.
+    Send(
+        String,
+        Option<String>,
+        RpcReplyPort<Result<(), SessionError>>,
+    ),
     /// Decisions; acknowledged once checkpointed.
     Decide(Submission, RpcReplyPort<Result<(), SessionError>>),
     /// Cancel the session (and its subtree).
@@ -121,6 +126,9 @@ pub struct SessionState {
     child_restarts: HashMap<crate::model::SessionId, crate::supervision::RestartHistory>,
     /// Monotonic origin for restart windows.
     epoch: tokio::time::Instant,
+    /// This actor's share of the gauges; dropped with the state, however
+    /// the actor ends.
+    gauges: crate::metrics::SessionGauges,
 }
 
 impl Drop for SessionState {
@@ -144,6 +152,7 @@ impl Actor for SessionActor {
     ) -> Result<Self::State, ActorProcessingErr> {
         let h = &args.session.header;
         let span = tracing::info_span!("session", session_id = %h.id, root_session_id = %h.root_id, agent = %h.agent);
+        let gauges = crate::metrics::SessionGauges::start(&args.session);
         Ok(SessionState {
             session: args.session,
             runtime: args.runtime,
@@ -155,6 +164,7 @@ impl Actor for SessionActor {
             children: HashMap::new(),
             child_restarts: HashMap::new(),
             epoch: tokio::time::Instant::now(),
+            gauges,
         })
     }
 
@@ -198,6 +208,7 @@ impl Actor for SessionActor {
                     .metrics
                     .hibernations
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics::counter!(crate::metrics::SESSION_HIBERNATIONS_TOTAL).increment(1);
                 tracing::debug!(session_id = %state.session.header.id, "hibernating");
                 // Drain, not stop: messages already queued are still handled,
                 // later sends are refused and the router re-activates the
@@ -210,8 +221,10 @@ impl Actor for SessionActor {
         let span = state.span.clone();
         let result = async {
             match msg {
-                SessionMsg::Send(text, reply) => {
-                    state.rpc(&myself, Input::Message { text }, reply).await
+                SessionMsg::Send(text, message_id, reply) => {
+                    state
+                        .rpc(&myself, Input::Message { text, message_id }, reply)
+                        .await
                 }
                 SessionMsg::Decide(sub, reply) => {
                     state.rpc(&myself, Input::Decide(sub), reply).await?;
@@ -445,14 +458,14 @@ impl SessionState {
         }
         if self.session.is_dirty() {
             let checkpoint = self.session.checkpoint();
-            self.runtime
-                .store
-                .checkpoint(checkpoint)
+            crate::metrics::checkpoint(self.runtime.store.as_ref(), checkpoint)
                 .await
                 .map_err(|e| -> ActorProcessingErr { Box::new(e) })?;
             let id = self.session.header.id;
             crate::fault_point!(AfterCheckpoint, &self.session.header);
-            for event in self.session.mark_persisted() {
+            let events = self.session.mark_persisted();
+            self.gauges.checkpointed(&self.session, &events);
+            for event in events {
                 self.runtime.hub.publish(id, Notification::Event(event));
             }
         }
@@ -532,10 +545,14 @@ impl SessionState {
         let me = myself.clone();
         let provider = self.runtime.provider.clone();
         let task = async move {
+            // Dropped unfinished if this task is aborted: a cancelled stream.
+            let mut meter = crate::metrics::ProviderStream::start(&request.model);
             let result = drive_stream(provider.as_ref(), request, |event| {
+                meter.event(&event);
                 me.cast(SessionMsg::Provider { attempt, event }).is_ok()
             })
             .await;
+            meter.finish(&result);
             let _ = me.cast(SessionMsg::StreamEnded { attempt, result });
         };
         self.stream = Some(tokio::spawn(task.instrument(self.span.clone())));

@@ -105,4 +105,10 @@ pub trait CheckpointStore: Send + Sync + 'static {
 
     /// Makes everything written so far durable (used at shutdown).
     async fn flush(&self) -> Result<(), StoreError>;
+
+    /// Checks that the store takes writes now (`/readyz`). Stores with
+    /// nothing that can fail (in memory) keep the default, `Ok`.
+    async fn health_check(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

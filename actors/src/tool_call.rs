@@ -89,9 +89,12 @@ impl Actor for ToolCallActor {
         let key = (args.ctx.session_id, call_id.clone());
         let journal = &args.runtime.journal;
         journal.insert(key.clone(), (attempt, Dispatched::Started));
+        // Dropped unfinished if the tool panics or the actor is killed.
+        let meter = crate::metrics::ToolRun::start(&args.tool.spec().name);
         let result = run(args.tool.as_ref(), args.ctx, args.arguments)
             .instrument(span)
             .await;
+        meter.finish(&result);
         // Journal first: if the session crashed meanwhile, its restart finds
         // the result here instead of running the tool again.
         journal.insert(key, (attempt, Dispatched::Finished(result.clone())));

@@ -17,7 +17,7 @@ use overseer_actors::provider::{
     Provider, ProviderError, ProviderEvent, ProviderRequest, ProviderStream,
 };
 use overseer_actors::store::CheckpointStore;
-use overseer_actors::SessionError;
+use overseer_actors::{CreateSession, SessionError};
 use serde_json::{json, Value};
 
 mod common;
@@ -570,4 +570,94 @@ async fn every_transition_is_checkpointed_before_it_is_observable() {
         (1..=seqs.len() as u64).collect::<Vec<_>>(),
         "dense, ordered"
     );
+}
+
+// ---- idempotency and overrides ------------------------------------------------
+
+#[tokio::test]
+async fn a_retried_message_id_has_one_effect_and_a_reused_one_conflicts() {
+    let steps = json!([{"text": "one"}, {"text": "two"}]);
+    let h = harness(agent(&[]), steps).await;
+    let (id, mut rx) = h.start("first").await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    h.ov.send_message_with_id(id, "again", Some("m-1".into()))
+        .await
+        .unwrap();
+    // The retry answers like the first time and changes nothing.
+    h.ov.send_message_with_id(id, "again", Some("m-1".into()))
+        .await
+        .unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let users = h
+        .transcript(id)
+        .await
+        .iter()
+        .filter(|e| matches!(e, TranscriptEntry::User { .. }))
+        .count();
+    assert_eq!(users, 2, "the retry added no message");
+    let err =
+        h.ov.send_message_with_id(id, "something else", Some("m-1".into()))
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(err, SessionError::Conflict(ref m) if m.contains("m-1")),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn overrides_narrow_the_preset_and_are_recorded() {
+    let mut a = agent(&["echo", "free_echo"]);
+    a.instructions = "Be brief.".into();
+    let h = harness(a, json!([{"text": "ok"}])).await;
+    let create = |overrides: overseer_actors::SessionOverrides| CreateSession {
+        agent: "a".into(),
+        tenant: "t".into(),
+        overrides,
+        ..CreateSession::default()
+    };
+    let wide = overseer_actors::SessionOverrides {
+        tools: Some(vec!["echo".into(), "rm_rf".into(), "sudo".into()]),
+        ..Default::default()
+    };
+    let err = h.ov.create_session(create(wide)).await.unwrap_err();
+    assert_eq!(
+        err,
+        SessionError::Invalid("tools: not available to agent 'a': rm_rf, sudo".into())
+    );
+    let higher = overseer_actors::SessionOverrides {
+        max_steps: Some(50),
+        ..Default::default()
+    };
+    let err = h.ov.create_session(create(higher)).await.unwrap_err();
+    assert!(err.to_string().contains("max_steps"), "{err}");
+    let ok = overseer_actors::SessionOverrides {
+        instructions: Some("Answer in French.".into()),
+        tools: Some(vec!["echo".into()]),
+        max_steps: Some(2),
+        ..Default::default()
+    };
+    let id = h.ov.create_session(create(ok)).await.unwrap();
+    let cfg = h.ov.state(id).await.unwrap().header.config;
+    assert_eq!(cfg.instructions, "Be brief.\nAnswer in French.");
+    assert_eq!(cfg.tools, vec!["echo"]);
+    assert_eq!(cfg.max_steps, 2);
+}
+
+#[tokio::test]
+async fn concurrent_creates_of_one_id_create_it_once() {
+    let h = harness(agent(&[]), json!([{"text": "ok"}, {"text": "ok"}])).await;
+    let id = overseer_actors::model::SessionId::generate();
+    let make = || CreateSession {
+        agent: "a".into(),
+        tenant: "t".into(),
+        id: Some(id),
+        ..CreateSession::default()
+    };
+    let (a, b) = tokio::join!(h.ov.create_session(make()), h.ov.create_session(make()));
+    let oks = [&a, &b].iter().filter(|r| r.is_ok()).count();
+    assert_eq!(oks, 1, "{a:?} {b:?}");
+    assert!([a, b]
+        .into_iter()
+        .any(|r| r == Err(SessionError::AlreadyExists(id))));
 }

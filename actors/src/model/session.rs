@@ -355,6 +355,15 @@ pub struct ParentLink {
     pub depth: u32,
 }
 
+/// A message id a session accepted, for idempotent retries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RecentMessage {
+    /// Client-chosen id.
+    pub id: String,
+    /// Hash of the text it came with (a reuse with other text is a conflict).
+    pub text_hash: u64,
+}
+
 /// A user message waiting behind a running turn. Part of the header because it
 /// was acknowledged, so it must survive a crash.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -413,6 +422,9 @@ pub struct SessionHeader {
     /// Why the last turn stopped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_stop_reason: Option<StopReason>,
+    /// Ids of recently accepted messages (bounded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_messages: Vec<RecentMessage>,
     /// Messages accepted while a turn ran.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inbox: Vec<QueuedMessage>,

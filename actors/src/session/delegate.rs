@@ -116,6 +116,7 @@ pub(crate) fn new_child(
         turn: 0,
         step: 0,
         last_stop_reason: None,
+        recent_messages: Vec::new(),
         inbox: Vec::new(),
         open_calls: Vec::new(),
         transcript_len: 0,
@@ -125,6 +126,7 @@ pub(crate) fn new_child(
     let mut session = Session::new(header);
     session.apply(
         Input::Message {
+            message_id: None,
             text: args.first_message(),
         },
         Ctx {
@@ -169,7 +171,10 @@ impl SessionState {
                 ) {
                     Ok(s) => {
                         let mut s = s;
-                        if let Err(e) = self.runtime.store.checkpoint(s.checkpoint()).await {
+                        if let Err(e) =
+                            crate::metrics::checkpoint(self.runtime.store.as_ref(), s.checkpoint())
+                                .await
+                        {
                             self.child_failed(myself, &call_id, attempt, child, &e.to_string());
                             return;
                         }

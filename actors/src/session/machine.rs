@@ -26,6 +26,18 @@ use crate::provider::{ProviderError, ProviderEvent, ProviderRequest};
 use crate::store::{Checkpoint, StoredSession};
 use crate::tool::{not_available, ToolRegistry};
 
+/// How many message ids a session remembers for idempotent retries. A retry
+/// older than this many later messages is accepted again.
+pub const RECENT_MESSAGE_IDS: usize = 256;
+
+/// FNV-1a: a stable 64-bit hash (std's hasher may change between releases,
+/// and these values are persisted).
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// Reason recorded when an approval times out (§6).
 pub const APPROVAL_TIMEOUT_REASON: &str = "No approval decision received";
 
@@ -42,6 +54,8 @@ pub enum Input {
     Message {
         /// Its text.
         text: String,
+        /// Client-chosen id that makes a retry of the same message a no-op.
+        message_id: Option<String>,
     },
     /// An event of the current provider stream.
     Provider(ProviderEvent),
@@ -290,7 +304,22 @@ impl Session {
     pub fn apply(&mut self, input: Input, ctx: Ctx<'_>) -> Result<Vec<Effect>, SessionError> {
         let mut fx = Vec::new();
         match input {
-            Input::Message { text } => self.on_message(text, ctx, &mut fx)?,
+            Input::Message { text, message_id } => {
+                if self.seen_message(message_id.as_deref(), &text)? {
+                    return Ok(fx);
+                }
+                let remembered = message_id.is_some();
+                if let Some(id) = message_id {
+                    self.remember_message(id, &text);
+                }
+                if let Err(e) = self.on_message(text, ctx, &mut fx) {
+                    // Refused: forget the id too (nothing was accepted).
+                    if remembered {
+                        self.header.recent_messages.pop();
+                    }
+                    return Err(e);
+                }
+            }
             Input::Provider(ev) => self.on_provider_event(ev, &mut fx),
             Input::StreamEnded(result) => self.on_stream_ended(result, ctx, &mut fx),
             Input::Decide(sub) => self.on_decide(sub, ctx, &mut fx)?,
@@ -1151,6 +1180,35 @@ impl Session {
             SessionStatus::AwaitingInput
         };
         self.set_status(status, ctx);
+    }
+
+    // ---- message idempotency ------------------------------------------------------
+
+    /// Whether `message_id` was already accepted: `Ok(true)` for a retry of
+    /// the same message (a no-op), an error if the id came with other text.
+    fn seen_message(&self, message_id: Option<&str>, text: &str) -> Result<bool, SessionError> {
+        let Some(id) = message_id else {
+            return Ok(false);
+        };
+        match self.header.recent_messages.iter().find(|m| m.id == id) {
+            Some(m) if m.text_hash == fnv1a(text) => Ok(true),
+            Some(_) => Err(SessionError::Conflict(format!(
+                "message_id '{id}' was already used for a different message"
+            ))),
+            None => Ok(false),
+        }
+    }
+
+    fn remember_message(&mut self, id: String, text: &str) {
+        let recent = &mut self.header.recent_messages;
+        if recent.len() >= RECENT_MESSAGE_IDS {
+            recent.remove(0);
+        }
+        recent.push(crate::model::RecentMessage {
+            id,
+            text_hash: fnv1a(text),
+        });
+        self.dirty = true;
     }
 
     // ---- delegation and budgets -----------------------------------------------

@@ -1,0 +1,277 @@
+//! The byte layout of the sled store: keys, the stored form of a transcript
+//! entry (with a large tool result moved out to `blobs`), the `{schema_version}`
+//! peek, and the encoding of a [`Checkpoint`] into ready-to-insert bytes.
+//!
+//! It owns no I/O: everything here is a pure function of its arguments, so the
+//! caller decides on which thread the (possibly large) encoding runs.
+
+use std::sync::Arc;
+
+use overseer_actors::model::{
+    SessionHeader, SessionId, SessionStatus, TranscriptEntry, SCHEMA_VERSION,
+};
+use overseer_actors::store::{Checkpoint, StoreError};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sled::IVec;
+
+/// Tool results whose JSON is larger than this go to `blobs` (§9).
+pub(super) const BLOB_THRESHOLD: usize = 64 * 1024;
+
+/// `id ‖ big-endian n`: the key of transcript entry `n` or event `n`. Big-endian
+/// so that sled's byte order is numeric order and a session's rows are one
+/// contiguous range.
+pub(super) fn seq_key(id: &SessionId, n: u64) -> [u8; 24] {
+    let mut key = [0u8; 24];
+    key[..16].copy_from_slice(id.as_bytes());
+    key[16..].copy_from_slice(&n.to_be_bytes());
+    key
+}
+
+/// The index number at the end of a [`seq_key`].
+pub(super) fn seq_of(key: &[u8]) -> Option<u64> {
+    let tail: [u8; 8] = key.get(16..24)?.try_into().ok()?;
+    Some(u64::from_be_bytes(tail))
+}
+
+/// `tenant ‖ 0x00`: every index key of one tenant starts with this.
+pub(super) fn tenant_prefix(tenant: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(tenant.len() + 17);
+    key.extend_from_slice(tenant.as_bytes());
+    key.push(0);
+    key
+}
+
+/// `tenant ‖ 0x00 ‖ id`: ordered by id within a tenant, for cursor pagination.
+pub(super) fn tenant_key(tenant: &str, id: &SessionId) -> Vec<u8> {
+    let mut key = tenant_prefix(tenant);
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+/// A session id from the 16 bytes of a key.
+pub(super) fn id_from(bytes: &[u8]) -> Option<SessionId> {
+    let raw: [u8; 16] = bytes.try_into().ok()?;
+    Some(SessionId(uuid::Uuid::from_bytes(raw)))
+}
+
+/// The statuses kept in the `active` index: the ones boot recovery resumes.
+pub(super) fn is_active(status: SessionStatus) -> bool {
+    matches!(
+        status,
+        SessionStatus::Running | SessionStatus::AwaitingApproval
+    )
+}
+
+/// The few header fields the store needs before (or instead of) decoding a
+/// whole header. Deliberately lenient (status as a plain string, tenant
+/// optional) so that a header written by a newer binary still yields its
+/// `schema_version` and can be refused with a clear error rather than a
+/// decoding failure.
+#[derive(Debug, Deserialize)]
+pub(super) struct Peek {
+    pub(super) schema_version: u32,
+    #[serde(default)]
+    pub(super) tenant: Option<String>,
+    #[serde(default)]
+    pub(super) status: Option<String>,
+}
+
+impl Peek {
+    pub(super) fn status_is(&self, status: SessionStatus) -> bool {
+        self.status.as_deref() == Some(status.as_str())
+    }
+
+    /// Whether the header this peek came from is in the `active` index.
+    pub(super) fn is_active(&self) -> bool {
+        self.status_is(SessionStatus::Running) || self.status_is(SessionStatus::AwaitingApproval)
+    }
+}
+
+pub(super) fn corrupt(session: impl ToString, detail: impl ToString) -> StoreError {
+    StoreError::Corrupt {
+        session: session.to_string(),
+        detail: detail.to_string(),
+    }
+}
+
+/// Reads the peek of a stored header and refuses a newer schema.
+pub(super) fn peek(id: &SessionId, bytes: &[u8]) -> Result<Peek, StoreError> {
+    let peek: Peek = serde_json::from_slice(bytes)
+        .map_err(|e| corrupt(id, format!("unreadable session header: {e}")))?;
+    if peek.schema_version > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            session: *id,
+            found: peek.schema_version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    Ok(peek)
+}
+
+/// Decodes a stored header, peeking at its version first so that a newer
+/// snapshot is refused as such, not reported as corrupt.
+pub(super) fn decode_header(id: &SessionId, bytes: &[u8]) -> Result<SessionHeader, StoreError> {
+    peek(id, bytes)?;
+    serde_json::from_slice(bytes)
+        .map_err(|e| corrupt(id, format!("unreadable session header: {e}")))
+}
+
+/// How a transcript entry is stored. The envelope (rather than a marker value
+/// inside the tool result) keeps the round trip exact for every result a tool
+/// can return, including one that happens to look like a marker.
+#[derive(Serialize)]
+struct StoredEntryOut<'a> {
+    entry: &'a TranscriptEntry,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result_blob: Option<&'a str>,
+}
+
+#[derive(Deserialize)]
+struct StoredEntryIn {
+    entry: TranscriptEntry,
+    #[serde(default)]
+    result_blob: Option<String>,
+}
+
+/// One checkpoint, encoded: everything the writer thread inserts, so that it
+/// only copies bytes into sled and never serializes.
+#[derive(Debug)]
+pub(super) struct Prepared {
+    pub(super) id: SessionId,
+    pub(super) schema_version: u32,
+    pub(super) tenant: String,
+    pub(super) active: bool,
+    pub(super) header: IVec,
+    pub(super) entries: Vec<([u8; 24], IVec)>,
+    pub(super) events: Vec<([u8; 24], IVec)>,
+    /// `(sha256 hex, result JSON)` of tool results over [`BLOB_THRESHOLD`].
+    pub(super) blobs: Vec<(String, IVec)>,
+}
+
+impl Prepared {
+    /// Bytes this checkpoint will insert, to bound the size of one group.
+    pub(super) fn size(&self) -> usize {
+        self.header.len()
+            + self
+                .entries
+                .iter()
+                .map(|(_, v)| v.len() + 24)
+                .sum::<usize>()
+            + self.events.iter().map(|(_, v)| v.len() + 24).sum::<usize>()
+            + self
+                .blobs
+                .iter()
+                .map(|(k, v)| v.len() + k.len())
+                .sum::<usize>()
+    }
+}
+
+/// Whether encoding `cp` may take long enough (megabytes of tool result to
+/// serialize and hash) that it should leave the async runtime's threads.
+/// Only tool results are unbounded; every other field is small.
+pub(super) fn may_be_large(cp: &Checkpoint) -> bool {
+    cp.header.open_calls.iter().any(|c| c.result.is_some())
+        || cp
+            .entries
+            .iter()
+            .any(|(_, e)| matches!(**e, TranscriptEntry::ToolResult { .. }))
+}
+
+/// Encodes a checkpoint. Only the new entries and events are encoded, so the
+/// cost follows what changed, not the transcript's length.
+pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
+    let id = cp.header.id;
+    let header = serde_json::to_vec(&cp.header)
+        .map_err(|e| corrupt(id, format!("cannot encode header: {e}")))?;
+    let mut blobs = Vec::new();
+    let mut entries = Vec::with_capacity(cp.entries.len());
+    for (idx, entry) in &cp.entries {
+        let value = encode_entry(&id, entry, &mut blobs)?;
+        entries.push((seq_key(&id, *idx), IVec::from(value)));
+    }
+    let mut events = Vec::with_capacity(cp.events.len());
+    for event in &cp.events {
+        let value = serde_json::to_vec(event)
+            .map_err(|e| corrupt(id, format!("cannot encode event {}: {e}", event.seq)))?;
+        // Keyed by the checkpoint's session, which owns the event by construction.
+        events.push((seq_key(&id, event.seq), IVec::from(value)));
+    }
+    Ok(Prepared {
+        id,
+        schema_version: cp.header.schema_version,
+        tenant: cp.header.tenant.clone(),
+        active: is_active(cp.header.status),
+        header: IVec::from(header),
+        entries,
+        events,
+        blobs,
+    })
+}
+
+fn encode_entry(
+    id: &SessionId,
+    entry: &TranscriptEntry,
+    blobs: &mut Vec<(String, IVec)>,
+) -> Result<Vec<u8>, StoreError> {
+    let encode = |entry: &TranscriptEntry, result_blob: Option<&str>| {
+        serde_json::to_vec(&StoredEntryOut { entry, result_blob })
+            .map_err(|e| corrupt(id, format!("cannot encode transcript entry: {e}")))
+    };
+    let whole = encode(entry, None)?;
+    // A whole entry under the threshold cannot hold a result over it: the
+    // common case is encoded once.
+    if whole.len() <= BLOB_THRESHOLD {
+        return Ok(whole);
+    }
+    let TranscriptEntry::ToolResult { call } = entry else {
+        return Ok(whole);
+    };
+    let Some(result) = &call.result else {
+        return Ok(whole);
+    };
+    let result_json = serde_json::to_vec(result)
+        .map_err(|e| corrupt(id, format!("cannot encode tool result of {}: {e}", call.id)))?;
+    if result_json.len() <= BLOB_THRESHOLD {
+        return Ok(whole);
+    }
+    let hash = hex::encode(Sha256::digest(&result_json));
+    // The clone copies the result once more; it only happens for the rare
+    // large result, on a blocking thread (see `may_be_large`).
+    let mut stripped = call.clone();
+    stripped.result = None;
+    let value = encode(&TranscriptEntry::ToolResult { call: stripped }, Some(&hash))?;
+    blobs.push((hash, IVec::from(result_json)));
+    Ok(value)
+}
+
+/// Decodes a stored transcript entry, rehydrating a result stored in `blobs`
+/// through `blob` (sha256 hex → bytes).
+pub(super) fn decode_entry(
+    id: &SessionId,
+    idx: u64,
+    bytes: &[u8],
+    blob: impl FnOnce(&str) -> Result<Option<IVec>, StoreError>,
+) -> Result<Arc<TranscriptEntry>, StoreError> {
+    let stored: StoredEntryIn = serde_json::from_slice(bytes)
+        .map_err(|e| corrupt(id, format!("unreadable transcript entry {idx}: {e}")))?;
+    let Some(hash) = stored.result_blob else {
+        return Ok(Arc::new(stored.entry));
+    };
+    let TranscriptEntry::ToolResult { mut call } = stored.entry else {
+        return Err(corrupt(
+            id,
+            format!("transcript entry {idx} references blob {hash} but is not a tool result"),
+        ));
+    };
+    let data = blob(&hash)?.ok_or_else(|| {
+        corrupt(
+            id,
+            format!("transcript entry {idx} references missing blob {hash}"),
+        )
+    })?;
+    let result = serde_json::from_slice(&data)
+        .map_err(|e| corrupt(id, format!("unreadable blob {hash} of entry {idx}: {e}")))?;
+    call.result = Some(result);
+    Ok(Arc::new(TranscriptEntry::ToolResult { call }))
+}

@@ -25,6 +25,7 @@ use overseer_actors::supervision::RestartPolicy;
 use overseer_actors::tool::ToolRegistry;
 use overseer_actors::RuntimeConfig;
 
+use crate::provider::{ProviderKind as RouteKind, RouteConfig};
 use crate::store::Durability;
 
 /// Where the configuration is looked for when no path is given.
@@ -36,7 +37,7 @@ pub const DEFAULT_CONFIG_PATH: &str = "config/overseer.toml";
 pub const DEFAULT_CONFIG: &str = include_str!("../config/overseer.toml");
 
 /// The whole configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `[store]`.
@@ -48,9 +49,68 @@ pub struct Config {
     /// `[provider]`.
     #[serde(default)]
     pub provider: ProviderSection,
+    /// `[[models]]`: named model routes; an agent whose `model` names one is
+    /// served by it, every other agent by `[provider]`.
+    #[serde(default)]
+    pub models: Vec<RouteConfig>,
+    /// `[http]`: the API server of `overseer serve`.
+    #[serde(default)]
+    pub http: HttpSection,
     /// `[[agents]]`.
     #[serde(default)]
     pub agents: Vec<AgentSection>,
+}
+
+/// How API callers authenticate (§12).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// No authentication: only allowed on a loopback listener.
+    None,
+    /// HS256 with the secret in env `OVERSEER_JWT_SECRET`.
+    #[default]
+    Hs256,
+    /// RS256 with the public key at `public_key_pem`.
+    Rs256,
+    /// ES256 with the public key at `public_key_pem`.
+    Es256,
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSection {
+    /// Address to listen on.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// Authentication of API callers.
+    #[serde(default)]
+    pub auth: AuthMode,
+    /// PEM public key for `rs256` / `es256`.
+    #[serde(default)]
+    pub public_key_pem: Option<PathBuf>,
+    /// Origins allowed by CORS; empty: CORS off.
+    #[serde(default)]
+    pub cors_allow_origins: Vec<String>,
+    /// Serve `/metrics` without a token (otherwise it needs `admin`).
+    #[serde(default)]
+    pub metrics_public: bool,
+}
+
+impl Default for HttpSection {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            auth: AuthMode::default(),
+            public_key_pem: None,
+            cors_allow_origins: Vec::new(),
+            metrics_public: false,
+        }
+    }
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".to_owned()
 }
 
 /// `[store]`: the embedded sled database.
@@ -113,6 +173,24 @@ pub struct ProviderSection {
     /// Scenario file of the scripted provider.
     #[serde(default = "default_scenario")]
     pub scenario: PathBuf,
+    /// `openai` / `anthropic`: endpoint root (see `RouteConfig::base_url`).
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// `openai` / `anthropic`: the model id sent to the provider.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// `openai` / `anthropic`: env var holding the API key.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Seconds to wait for a response to start.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+    /// Seconds a stream may stay silent before it is cut.
+    #[serde(default)]
+    pub idle_timeout_secs: Option<u64>,
+    /// Most output tokens per request.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
 }
 
 impl Default for ProviderSection {
@@ -120,7 +198,38 @@ impl Default for ProviderSection {
         Self {
             kind: ProviderKind::default(),
             scenario: default_scenario(),
+            base_url: None,
+            model: None,
+            api_key_env: None,
+            timeout_secs: None,
+            idle_timeout_secs: None,
+            max_tokens: None,
         }
+    }
+}
+
+impl ProviderSection {
+    /// The default route every agent without a `[[models]]` route uses.
+    pub fn route(&self) -> RouteConfig {
+        let kind = match self.kind {
+            ProviderKind::Scripted => RouteKind::Scripted,
+            ProviderKind::Openai => RouteKind::Openai,
+            ProviderKind::Anthropic => RouteKind::Anthropic,
+        };
+        let mut route = RouteConfig::new(kind, self.model.clone().unwrap_or_default());
+        route.base_url.clone_from(&self.base_url);
+        route.api_key_env.clone_from(&self.api_key_env);
+        if let Some(t) = self.timeout_secs {
+            route.timeout_secs = t;
+        }
+        if let Some(t) = self.idle_timeout_secs {
+            route.idle_timeout_secs = t;
+        }
+        route.max_tokens = self.max_tokens;
+        if kind == RouteKind::Scripted {
+            route.scenario = Some(self.scenario.clone());
+        }
+        route
     }
 }
 
@@ -131,6 +240,10 @@ pub enum ProviderKind {
     /// Plays a scenario file; no network, no key.
     #[default]
     Scripted,
+    /// Any OpenAI-compatible chat-completions endpoint.
+    Openai,
+    /// Anthropic's Messages API.
+    Anthropic,
 }
 
 /// One `[[agents]]` table.
@@ -425,6 +538,35 @@ impl Config {
         {
             out.push(Problem::new("provider.scenario", "must not be empty"));
         }
+        for (i, route) in self.models.iter().enumerate() {
+            match &route.name {
+                None => out.push(Problem::new(
+                    format!("models[{i}].name"),
+                    "required: agents name a route by it",
+                )),
+                Some(n) if self.models[..i].iter().any(|r| r.name.as_ref() == Some(n)) => out.push(
+                    Problem::new(format!("models[{i}].name"), format!("duplicate route '{n}'")),
+                ),
+                Some(_) => {}
+            }
+            if let Err(e) = route.validate() {
+                out.push(Problem::new(format!("models[{i}]"), e.to_string()));
+            }
+        }
+        if self.http.listen.parse::<std::net::SocketAddr>().is_err() {
+            out.push(Problem::new(
+                "http.listen",
+                format!("'{}' is not an address like 127.0.0.1:8080", self.http.listen),
+            ));
+        }
+        if matches!(self.http.auth, AuthMode::Rs256 | AuthMode::Es256)
+            && self.http.public_key_pem.is_none()
+        {
+            out.push(Problem::new(
+                "http.public_key_pem",
+                "required when http.auth is rs256 or es256",
+            ));
+        }
         if self.agents.is_empty() {
             out.push(Problem::new(
                 "agents",
@@ -685,6 +827,16 @@ fn explain(table: &Table, whole: &toml::de::Error) -> Vec<Problem> {
             }
             ("provider", Value::Table(t)) => {
                 problems.extend(bad_keys::<ProviderSection>(t, &Table::new(), "provider"))
+            }
+            ("http", Value::Table(t)) => {
+                problems.extend(bad_keys::<HttpSection>(t, &Table::new(), "http"))
+            }
+            ("models", Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    if let Err(e) = item.clone().try_into::<RouteConfig>() {
+                        problems.push(problem_for(&format!("models[{i}]"), e.message()));
+                    }
+                }
             }
             ("agents", Value::Array(items)) => {
                 for (i, item) in items.iter().enumerate() {

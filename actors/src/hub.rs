@@ -4,6 +4,7 @@
 //! nothing: the durable event log is in the store, and a subscriber that lags
 //! or arrives late replays from there by sequence number.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
@@ -17,10 +18,25 @@ use crate::model::{Notification, SessionId};
 pub const SUBSCRIBER_BUFFER: usize = 1024;
 
 /// Per-session broadcast channels, created on first subscription.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct EventHub {
     channels: Arc<DashMap<SessionId, broadcast::Sender<Notification>>>,
+    /// Channel count at which `subscribe` next sweeps channels nobody reads
+    /// (a session that never publishes again would otherwise keep its
+    /// buffer forever). Doubles with the live count: amortised O(1).
+    sweep_at: Arc<AtomicUsize>,
 }
+
+impl Default for EventHub {
+    fn default() -> Self {
+        Self {
+            channels: Arc::default(),
+            sweep_at: Arc::new(AtomicUsize::new(MIN_SWEEP)),
+        }
+    }
+}
+
+const MIN_SWEEP: usize = 64;
 
 impl EventHub {
     /// An empty hub.
@@ -30,10 +46,20 @@ impl EventHub {
 
     /// Subscribes to a session's live notifications.
     pub fn subscribe(&self, id: SessionId) -> broadcast::Receiver<Notification> {
+        if self.channels.len() >= self.sweep_at.load(Ordering::Relaxed) {
+            self.channels.retain(|_, tx| tx.receiver_count() > 0);
+            let next = (self.channels.len() * 2).max(MIN_SWEEP);
+            self.sweep_at.store(next, Ordering::Relaxed);
+        }
         self.channels
             .entry(id)
             .or_insert_with(|| broadcast::channel(SUBSCRIBER_BUFFER).0)
             .subscribe()
+    }
+
+    /// Number of sessions with a channel (for metrics and tests).
+    pub fn channels(&self) -> usize {
+        self.channels.len()
     }
 
     /// Publishes to a session's subscribers, if any; drops the channel once
@@ -47,5 +73,22 @@ impl EventHub {
             self.channels
                 .remove_if(&id, |_, tx| tx.receiver_count() == 0);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channels_nobody_reads_are_swept_on_later_subscriptions() {
+        let hub = EventHub::new();
+        for _ in 0..MIN_SWEEP {
+            drop(hub.subscribe(SessionId::generate()));
+        }
+        assert_eq!(hub.channels(), MIN_SWEEP);
+        let kept = hub.subscribe(SessionId::generate());
+        assert_eq!(hub.channels(), 1, "stale channels swept, the live one kept");
+        drop(kept);
     }
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
+use futures::StreamExt;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef, RpcReplyPort};
 use serde_json::Value;
@@ -33,6 +34,9 @@ use crate::session::SessionMsg;
 use crate::store::{CheckpointStore, StoredSession};
 use crate::supervision::RestartPolicy;
 use crate::tool::ToolRegistry;
+
+/// Sessions loaded concurrently during boot recovery.
+const RECOVERY_CONCURRENCY: usize = 64;
 
 /// Tunables of the runtime.
 #[derive(Debug, Clone)]
@@ -299,11 +303,19 @@ impl Overseer {
             .store
             .list_by_status(&[SessionStatus::Running, SessionStatus::AwaitingApproval])
             .await?;
-        let mut n = 0;
         // Children are resumed by their parents, under their supervision.
-        for h in headers.into_iter().filter(|h| h.parent.is_none()) {
-            self.runtime.activate(h.id).await?;
-            n += 1;
+        let roots: Vec<SessionId> = headers
+            .into_iter()
+            .filter(|h| h.parent.is_none())
+            .map(|h| h.id)
+            .collect();
+        let n = roots.len();
+        // Loads overlap; spawns are serialised by the orchestrator anyway.
+        let mut activations = futures::stream::iter(roots)
+            .map(|id| self.runtime.activate(id))
+            .buffer_unordered(RECOVERY_CONCURRENCY);
+        while let Some(result) = activations.next().await {
+            result?;
         }
         Ok(n)
     }

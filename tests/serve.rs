@@ -1,0 +1,192 @@
+//! `overseer serve`, `overseer token` and `overseer sessions` as processes:
+//! the quick start of the README, a graceful SIGTERM that keeps a pending
+//! approval decidable after a restart, and the start-up refusals.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_overseer");
+const SECRET: &str = "serve-test-secret-serve-test-secret!";
+
+struct Served {
+    child: Child,
+    url: String,
+}
+
+/// Starts `overseer serve` on a free loopback port and waits for its
+/// "listening on" line.
+fn serve(data: &Path) -> Served {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .env("OVERSEER_JWT_SECRET", SECRET)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("serve exited before listening")
+            .unwrap();
+        if let Some(addr) = line.strip_prefix("listening on ") {
+            break format!("http://{addr}");
+        }
+    };
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Served { child, url }
+}
+
+fn token() -> String {
+    let out = Command::new(BIN)
+        .args([
+            "token",
+            "--tenant",
+            "acme",
+            "--sub",
+            "alice",
+            "--scopes",
+            "sessions:read,sessions:write,approvals:write",
+        ])
+        .env("OVERSEER_JWT_SECRET", SECRET)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let token = stdout.trim().to_owned();
+    assert_eq!(stdout.lines().count(), 1, "only the token on stdout");
+    assert_eq!(token.split('.').count(), 3, "a JWT");
+    token
+}
+
+fn client(url: &str, token: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .arg("sessions")
+        .args(["--url", url])
+        .args(args)
+        .env("OVERSEER_TOKEN", token)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Polls the client's list until `id` has `status` (a bounded number of real
+/// queries; what decides the outcome is the server's answer).
+fn until_status(url: &str, token: &str, id: &str, status: &str) {
+    for _ in 0..500 {
+        let (ok, out, err) = client(url, token, &["list"]);
+        assert!(ok, "{err}");
+        if out
+            .lines()
+            .any(|l| l.starts_with(id) && l.split('\t').nth(1) == Some(status))
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("session {id} never reached {status}");
+}
+
+fn sigterm(mut served: Served) {
+    let pid = served.child.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let status = served.child.wait().unwrap();
+    assert!(
+        status.success(),
+        "graceful shutdown exits 0, got {status:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_start_then_sigterm_and_restart_keep_the_approval_decidable() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(dir.path());
+    let token = token();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let created: Value = http
+        .post(format!("{}/v1/sessions", served.url))
+        .bearer_auth(&token)
+        .json(&json!({"agent": "assistant", "prompt": "What time is it?"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    until_status(&served.url, &token, &id, "awaiting_approval");
+
+    // SIGTERM: the server stops gracefully; the pending approval is on disk.
+    sigterm(served);
+    let served = serve(dir.path());
+    let (ok, out, err) = client(&served.url, &token, &["approve", &id]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("approved call_"), "{out}");
+    until_status(&served.url, &token, &id, "awaiting_input");
+    let (ok, shown, err) = client(&served.url, &token, &["show", &id]);
+    assert!(ok, "{err}");
+    assert!(shown.contains("Here is what the clock says"), "{shown}");
+    // The approver is the token's subject.
+    assert!(shown.contains("\"by\": \"alice\""), "{shown}");
+
+    // A decided call cannot be decided again: the server's 409 comes through.
+    let (ok, _, err) = client(&served.url, &token, &["approve", &id]);
+    assert!(!ok);
+    assert!(err.contains("no pending approvals"), "{err}");
+    let (ok, out, _) = client(&served.url, &token, &["cancel", &id]);
+    assert!(ok);
+    assert!(out.starts_with("cancelled"));
+    sigterm(served);
+}
+
+#[test]
+fn serve_refuses_auth_none_off_loopback_and_a_missing_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        "[http]\nauth = \"none\"\n[[agents]]\nname = \"a\"\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "0.0.0.0:0", "--config"])
+        .arg(&config)
+        .arg("--data")
+        .arg(dir.path().join("d"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("loopback"), "{err}");
+    assert!(!dir.path().join("d").exists(), "nothing was opened");
+
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.path().join("d2"))
+        .env_remove("OVERSEER_JWT_SECRET")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("OVERSEER_JWT_SECRET"), "{err}");
+}

@@ -26,6 +26,9 @@ use overseer_actors::tool::ToolRegistry;
 use overseer_actors::RuntimeConfig;
 
 use crate::provider::{ProviderKind as RouteKind, RouteConfig};
+use crate::tools::http_request::HttpRequestConfig;
+use crate::tools::http_tool::HttpToolConfig;
+use crate::tools::mcp::McpServerConfig;
 use crate::store::Durability;
 
 /// Where the configuration is looked for when no path is given.
@@ -56,9 +59,51 @@ pub struct Config {
     /// `[http]`: the API server of `overseer serve`.
     #[serde(default)]
     pub http: HttpSection,
+    /// `[[tools]]`: `http` tools (§8).
+    #[serde(default)]
+    pub tools: Vec<HttpToolConfig>,
+    /// `[http_request]`: enables the built-in `http_request` for these hosts.
+    #[serde(default)]
+    pub http_request: Option<HttpRequestConfig>,
+    /// `[[mcp_servers]]`: MCP servers whose tools are `server__tool`.
+    #[serde(default)]
+    pub mcp_servers: Vec<McpServerConfig>,
+    /// `[scope_tokens]`: the JWTs sent to http tools and MCP servers.
+    #[serde(default)]
+    pub scope_tokens: ScopeTokenSection,
     /// `[[agents]]`.
     #[serde(default)]
     pub agents: Vec<AgentSection>,
+}
+
+/// `[scope_tokens]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeTokenSection {
+    /// Env var holding the HS256 secret (at least 32 bytes). Unset variable:
+    /// no token is sent.
+    #[serde(default = "default_scope_secret_env")]
+    pub secret_env: String,
+    /// Lifetime of a token, seconds.
+    #[serde(default = "default_scope_ttl")]
+    pub ttl_secs: u64,
+}
+
+impl Default for ScopeTokenSection {
+    fn default() -> Self {
+        Self {
+            secret_env: default_scope_secret_env(),
+            ttl_secs: default_scope_ttl(),
+        }
+    }
+}
+
+fn default_scope_secret_env() -> String {
+    "OVERSEER_SCOPE_TOKEN_SECRET".to_owned()
+}
+
+fn default_scope_ttl() -> u64 {
+    300
 }
 
 /// How API callers authenticate (§12).
@@ -611,7 +656,7 @@ impl Config {
                 out.push(Problem::new(at("max_children"), "must be at least 1"));
             }
             for (j, tool) in agent.tools.iter().enumerate() {
-                if tools.spec(tool).is_none() {
+                if !self.declares_tool(tools, tool) {
                     out.push(Problem::new(
                         at("tools"),
                         format!(
@@ -703,6 +748,19 @@ impl Config {
         if let Some(path) = &o.scenario {
             self.provider.scenario.clone_from(path);
         }
+    }
+
+    /// Whether `name` is a tool this configuration provides: a built-in, a
+    /// `[[tools]]` entry, `http_request` when configured, or `server__tool`
+    /// of a configured MCP server (checked again once the server listed its
+    /// tools).
+    pub fn declares_tool(&self, builtins: &ToolRegistry, name: &str) -> bool {
+        builtins.spec(name).is_some()
+            || self.tools.iter().any(|t| t.name == name)
+            || (name == "http_request" && self.http_request.is_some())
+            || name
+                .split_once("__")
+                .is_some_and(|(server, _)| self.mcp_servers.iter().any(|m| m.name == server))
     }
 
     /// The agent named `name`.
@@ -830,6 +888,23 @@ fn explain(table: &Table, whole: &toml::de::Error) -> Vec<Problem> {
             }
             ("http", Value::Table(t)) => {
                 problems.extend(bad_keys::<HttpSection>(t, &Table::new(), "http"))
+            }
+            ("scope_tokens", Value::Table(t)) => problems.extend(bad_keys::<ScopeTokenSection>(
+                t,
+                &Table::new(),
+                "scope_tokens",
+            )),
+            ("tools" | "mcp_servers", Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    let bad = if key == "tools" {
+                        item.clone().try_into::<HttpToolConfig>().err()
+                    } else {
+                        item.clone().try_into::<McpServerConfig>().err()
+                    };
+                    if let Some(e) = bad {
+                        problems.push(problem_for(&format!("{key}[{i}]"), e.message()));
+                    }
+                }
             }
             ("models", Value::Array(items)) => {
                 for (i, item) in items.iter().enumerate() {

@@ -14,7 +14,14 @@ use overseer_actors::store::StoreError;
 use overseer_actors::tool::ToolRegistry;
 use overseer_actors::{Overseer, SessionError};
 
+use overseer_actors::tool::Tool;
+
 use crate::config::Config;
+use crate::scope_token::ScopeTokens;
+use crate::tools::builtin_tools;
+use crate::tools::http_request::HttpRequestTool;
+use crate::tools::http_tool::http_tools;
+use crate::tools::mcp::McpHub;
 use crate::provider::{build_provider, ProviderConfigError};
 use crate::store::SledStore;
 
@@ -40,6 +47,73 @@ pub enum ServiceError {
     /// The runtime refused to start or to recover.
     #[error(transparent)]
     Session(#[from] SessionError),
+    /// A tool could not be set up (http tool, http_request, MCP server).
+    #[error("tools: {0}")]
+    Tools(String),
+    /// The scope-token key is unusable.
+    #[error("scope_tokens: {0}")]
+    ScopeTokens(String),
+}
+
+/// The tools of a configuration, with the MCP connections they use (keep it
+/// alive as long as the runtime).
+pub struct Tools {
+    /// Every tool, with compiled schemas.
+    pub registry: ToolRegistry,
+    /// MCP connections, if any server is configured.
+    pub mcp: Option<McpHub>,
+}
+
+/// The scope-token minter, if its secret variable is set.
+pub fn scope_tokens(config: &Config) -> Result<Option<ScopeTokens>, ServiceError> {
+    let section = &config.scope_tokens;
+    match std::env::var(&section.secret_env) {
+        Ok(secret) if !secret.is_empty() => ScopeTokens::hs256(
+            secret.as_bytes(),
+            std::time::Duration::from_secs(section.ttl_secs),
+        )
+        .map(Some)
+        .map_err(|e| ServiceError::ScopeTokens(format!("{}: {e}", section.secret_env))),
+        _ => Ok(None),
+    }
+}
+
+/// Builds every tool of the configuration: built-ins, `http_request` when
+/// configured, `[[tools]]` http tools, and the tools MCP servers list (they
+/// are connected now). Then checks each agent's tools exist, since MCP tool
+/// names are only known once a server has listed them.
+pub async fn build_tools(config: &Config) -> Result<Tools, ServiceError> {
+    let tokens = scope_tokens(config)?;
+    let mut tools: Vec<Arc<dyn Tool>> = builtin_tools();
+    if let Some(cfg) = &config.http_request {
+        let tool = HttpRequestTool::new(cfg.clone())
+            .map_err(|e| ServiceError::Tools(format!("http_request: {e}")))?;
+        tools.push(Arc::new(tool));
+    }
+    tools.extend(
+        http_tools(&config.tools, tokens.as_ref()).map_err(|e| ServiceError::Tools(e.to_string()))?,
+    );
+    let mcp = if config.mcp_servers.is_empty() {
+        None
+    } else {
+        let hub = McpHub::start(&config.mcp_servers, tokens.clone())
+            .await
+            .map_err(|e| ServiceError::Tools(e.to_string()))?;
+        tools.extend(hub.tools());
+        Some(hub)
+    };
+    let registry = ToolRegistry::new(tools).map_err(|e| ServiceError::Tools(e.to_string()))?;
+    for agent in &config.agents {
+        for tool in &agent.tools {
+            if registry.spec(tool).is_none() {
+                return Err(ServiceError::Tools(format!(
+                    "agent '{}' lists tool '{tool}', which no configured source provides",
+                    agent.name
+                )));
+            }
+        }
+    }
+    Ok(Tools { registry, mcp })
 }
 
 /// Routes each request to the provider of its agent's model route, or to the

@@ -116,7 +116,12 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         if let Err(e) = crate::metrics::install_recorder() {
             tracing::warn!("metrics disabled: {e}");
         }
-        let (overseer, _store) = service::start(&config, tools, provider).await?;
+        // Built-ins validated the config; now the full set (http tools,
+        // http_request, MCP servers connected here).
+        let all_tools = service::build_tools(&config).await?;
+        let _ = &tools;
+        let (overseer, _store) =
+            service::start(&config, all_tools.registry.clone(), provider).await?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| ServeError::Io {

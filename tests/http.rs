@@ -170,6 +170,29 @@ async fn health_ready_and_agents() -> Result {
         .filter_map(|a| a["name"].as_str())
         .collect();
     assert_eq!(names, ["chat", "chatty", "lead", "ops"]);
+    // Each agent lists the declarations of the tools in its scope.
+    let ops = v["agents"]
+        .as_array()
+        .context("agents")?
+        .iter()
+        .find(|a| a["name"] == "ops")
+        .context("ops")?;
+    let spec = &ops["tool_specs"][0];
+    assert_eq!(spec["name"], "write_record");
+    assert_eq!(spec["requires_approval"], true);
+    assert_eq!(spec["parameters"]["required"], json!(["key"]));
+    // An agent with subagents has delegate_task in scope.
+    let lead = v["agents"]
+        .as_array()
+        .context("agents")?
+        .iter()
+        .find(|a| a["name"] == "lead")
+        .context("lead")?;
+    assert!(lead["tool_specs"]
+        .as_array()
+        .context("specs")?
+        .iter()
+        .any(|t| t["name"] == "delegate_task"));
     s.stop().await
 }
 
@@ -1253,6 +1276,7 @@ async fn cors_is_off_by_default_and_allows_configured_origins() -> Result {
 
     let options = HttpOptions {
         cors_allow_origins: vec!["https://console.example.com".into()],
+        ..HttpOptions::default()
     };
     let s = Server::start_with(common::hs256(), options).await?;
     let resp = preflight(&s, "https://console.example.com").await?;
@@ -1268,6 +1292,7 @@ async fn cors_is_off_by_default_and_allows_configured_origins() -> Result {
 
     let bad = HttpOptions {
         cors_allow_origins: vec!["console.example.com".into()],
+        ..HttpOptions::default()
     };
     assert!(bad.validate().is_err());
     Ok(())
@@ -1285,5 +1310,81 @@ async fn token_minting_produces_usable_tokens() -> Result {
     )?;
     let (status, _) = send(s.get("/v1/sessions", &t)).await?;
     assert_eq!(status, 200);
+    s.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn create_overrides_narrow_the_preset_and_are_shown() -> Result {
+    let server = Server::start().await?;
+    let token = token("acme", "alice", &["sessions:read", "sessions:write"]);
+    // A wider tool list names the extra tools.
+    let v = expect_error(
+        server.post(
+            "/v1/sessions",
+            &token,
+            &json!({"agent": "lead", "tools": ["write_record", "rm_rf"]}),
+        ),
+        400,
+        "invalid_request",
+    )
+    .await?;
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("rm_rf") && msg.contains("tools"), "{msg}");
+    // Limits may only be lowered.
+    expect_error(
+        server.post(
+            "/v1/sessions",
+            &token,
+            &json!({"agent": "lead", "max_steps": 1000}),
+        ),
+        400,
+        "invalid_request",
+    )
+    .await?;
+    // A model that is not a configured route.
+    let v = expect_error(
+        server.post(
+            "/v1/sessions",
+            &token,
+            &json!({"agent": "lead", "model": "gpt-9"}),
+        ),
+        400,
+        "invalid_body",
+    )
+    .await?;
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("model"));
+    // A valid narrowing is recorded and shown.
+    let (status, created) = send(server.post(
+        "/v1/sessions",
+        &token,
+        &json!({"agent": "lead", "instructions": "Answer in French.", "tools": ["write_record"], "max_steps": 2}),
+    ))
+    .await?;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap_or_default().to_owned();
+    let (status, shown) = send(server.get(&format!("/v1/sessions/{id}"), &token)).await?;
+    assert_eq!(status, 200);
+    let cfg = &shown["config"];
+    // The test agent has no instructions of its own, so the override is all
+    // of them (appending on a new line is covered in the actors tests).
+    assert_eq!(cfg["instructions"], "Answer in French.", "{cfg}");
+    assert_eq!(cfg["tools"], json!(["write_record"]));
+    assert_eq!(cfg["max_steps"], 2);
+    server.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_need_admin_and_a_recorder() -> Result {
+    // This process never installs a recorder (tests/metrics.rs does, in its
+    // own process): the route says so with a 503, after checking access.
+    let s = Server::start().await?;
+    expect_error(s.client.get(s.url("/metrics")), 401, "unauthorized").await?;
+    let reader = token("acme", "a", ALL);
+    expect_error(s.get("/metrics", &reader), 403, "forbidden").await?;
+    let admin = token("acme", "ops", &["admin"]);
+    expect_error(s.get("/metrics", &admin), 503, "metrics_unavailable").await?;
     s.stop().await
 }

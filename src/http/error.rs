@@ -157,6 +157,7 @@ impl From<SessionError> for ApiError {
                     .with_details(json!({"call_id": call_id, "error": error}))
             }
             SessionError::AlreadyExists(_) => Self::conflict("already_exists", message),
+            SessionError::Conflict(_) => Self::conflict("conflict", message),
             SessionError::Invalid(_) => Self::bad_request("invalid_request", message),
             SessionError::Unavailable { .. } => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)

@@ -101,6 +101,24 @@ pub(super) struct CreateBody {
     id: Option<SessionId>,
     #[serde(default)]
     auto_complete: bool,
+    /// Appended to the agent's instructions, on a new line.
+    #[serde(default)]
+    instructions: Option<String>,
+    /// A subset of the agent's tools.
+    #[serde(default)]
+    tools: Option<Vec<String>>,
+    /// One of the configured model routes.
+    #[serde(default)]
+    model: Option<String>,
+    /// A lower step limit.
+    #[serde(default)]
+    max_steps: Option<u32>,
+    /// A shorter approval timeout.
+    #[serde(default)]
+    approval_timeout_secs: Option<u64>,
+    /// Tighter spending limits.
+    #[serde(default)]
+    budget: Option<overseer_actors::model::Budget>,
 }
 
 /// `POST /v1/sessions` → 201 with the session. With a client-chosen `id` the
@@ -117,6 +135,32 @@ pub(super) async fn create(
         .clone()
         .map(Value::Object)
         .unwrap_or(Value::Null);
+    if let Some(model) = &body.model {
+        let mut routes: Vec<&str> = state
+            .overseer()
+            .agents()
+            .map(|a| a.model.as_str())
+            .collect();
+        routes.sort_unstable();
+        routes.dedup();
+        if !routes.contains(&model.as_str()) {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                format!(
+                    "model: '{model}' is not a configured model route (configured: {})",
+                    routes.join(", ")
+                ),
+            ));
+        }
+    }
+    let overrides = overseer_actors::SessionOverrides {
+        instructions: body.instructions.clone(),
+        tools: body.tools.clone(),
+        model: body.model.clone(),
+        max_steps: body.max_steps,
+        approval_timeout_secs: body.approval_timeout_secs,
+        budget: body.budget,
+    };
     let request = CreateSession {
         agent: body.agent.clone(),
         tenant: principal.tenant.clone(),
@@ -126,6 +170,7 @@ pub(super) async fn create(
         metadata: metadata.clone(),
         id: body.id,
         auto_complete: body.auto_complete,
+        overrides,
     };
     let overseer = state.overseer();
     let id = match body.id {
@@ -306,7 +351,9 @@ pub(super) async fn message(
             let run = state
                 .messages()
                 .run((id, mid.clone()), &body.text, || {
-                    overseer.send_message(id, text)
+                    // Recorded by the session too, so a retry after a
+                    // restart is still recognised.
+                    overseer.send_message_with_id(id, text, Some(mid.clone()))
                 })
                 .await;
             match run {
@@ -452,6 +499,35 @@ pub(super) async fn agents(
     State(state): State<AppState>,
     Authorized(_, _): Authorized<Read>,
 ) -> Result<Json<Value>, ApiError> {
-    let agents: Vec<_> = state.overseer().agents().collect();
+    let overseer = state.overseer();
+    let registry = &overseer.runtime().tools;
+    // Each agent with the declarations of the tools in its scope (what the
+    // model is told, and whether a call needs approval under `per_tool`).
+    let agents: Vec<Value> = overseer
+        .agents()
+        .map(|a| {
+            let effective = a.effective();
+            let tools: Vec<Value> = effective
+                .tools
+                .iter()
+                .map(|name| match registry.spec(name) {
+                    Some(spec) => json!({
+                        "name": spec.name,
+                        "description": spec.description,
+                        "parameters": spec.parameters,
+                        "requires_approval": spec.requires_approval,
+                        "timeout_secs": spec.timeout_secs,
+                        "idempotent": spec.idempotent,
+                    }),
+                    None => json!({"name": name, "available": false}),
+                })
+                .collect();
+            let mut v = serde_json::to_value(a).unwrap_or(Value::Null);
+            if let Value::Object(m) = &mut v {
+                m.insert("tool_specs".into(), Value::Array(tools));
+            }
+            v
+        })
+        .collect();
     Ok(Json(json!({ "agents": agents })))
 }

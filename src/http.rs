@@ -19,12 +19,20 @@
 //! agents) need `sessions:read`; create, message, cancel and done need
 //! `sessions:write`; deciding approvals needs `approvals:write`; `admin`
 //! implies all three. `admin` does not cross tenants. `/healthz` and
-//! `/readyz` are unauthenticated.
+//! `/readyz` are unauthenticated. `/metrics` needs `admin` unless
+//! [`HttpOptions::metrics_public`] (why: see the `metrics` submodule).
+//!
+//! `/readyz` is 200 only once recovery has finished *and* the store takes a
+//! write now ([`health_check`]), so a server whose disk fails is taken out
+//! of rotation rather than failing every request.
+//!
+//! [`health_check`]: overseer_actors::store::CheckpointStore::health_check
 
 mod error;
 mod events;
 mod extract;
 mod idempotency;
+mod metrics;
 mod sessions;
 
 use std::future::Future;
@@ -60,6 +68,10 @@ pub struct HttpOptions {
     /// `"*"` allows any origin. Each entry is an origin such as
     /// `https://console.example.com`.
     pub cors_allow_origins: Vec<String>,
+    /// Serve `GET /metrics` without authentication even when auth is on
+    /// (for a scraper on a private network). Off by default: a scrape then
+    /// needs a token with the `admin` scope.
+    pub metrics_public: bool,
 }
 
 impl HttpOptions {
@@ -217,6 +229,7 @@ pub fn router(state: AppState) -> Router {
     let router = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics::metrics))
         .route("/v1/agents", get(sessions::agents))
         .route("/v1/sessions", get(sessions::list).post(sessions::create))
         .route("/v1/sessions/{id}", get(sessions::show))
@@ -291,17 +304,35 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// How long `/readyz` waits for the store's health check. A store that takes
+/// longer than this to accept one small write is not ready for traffic.
+const STORE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn readyz(State(state): State<AppState>) -> Response {
-    if state.is_ready() {
-        Json(json!({"status": "ready"})).into_response()
-    } else {
-        ApiError::new(
+    if !state.is_ready() {
+        return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",
             "the server is recovering sessions or shutting down",
         )
-        .into_response()
+        .into_response();
     }
+    let store = state.overseer().runtime().store.clone();
+    let problem = match tokio::time::timeout(STORE_CHECK_TIMEOUT, store.health_check()).await {
+        Ok(Ok(())) => return Json(json!({"status": "ready"})).into_response(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!(
+            "the store did not complete a write within {} s",
+            STORE_CHECK_TIMEOUT.as_secs()
+        ),
+    };
+    tracing::warn!(error = %problem, "not ready: store check failed");
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        format!("the store is not writable: {problem}"),
+    )
+    .into_response()
 }
 
 async fn not_found() -> ApiError {

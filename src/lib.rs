@@ -13,9 +13,11 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod http;
+pub mod metrics;
 pub mod provider;
 pub mod scenario;
 pub mod scope_token;
+pub mod service;
 pub mod store;
 pub mod tools;
 

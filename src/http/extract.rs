@@ -47,6 +47,8 @@ pub struct Read;
 pub struct Write;
 /// Routes that decide tool calls (`approvals:write`).
 pub struct Approve;
+/// Operator routes (`admin`): `/metrics` unless it is public.
+pub struct Admin;
 
 impl RequiredScope for Read {
     const SCOPE: Scope = Scope::SessionsRead;
@@ -56,6 +58,9 @@ impl RequiredScope for Write {
 }
 impl RequiredScope for Approve {
     const SCOPE: Scope = Scope::ApprovalsWrite;
+}
+impl RequiredScope for Admin {
+    const SCOPE: Scope = Scope::Admin;
 }
 
 /// An authenticated caller that holds scope `S` (or `admin`).

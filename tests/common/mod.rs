@@ -75,6 +75,9 @@ impl Tool for WriteRecord {
 pub const CHATTY_WORDS: usize = 6_000;
 pub const CHATTY_WORD_BYTES: usize = 2_000;
 
+/// Tokens (input, output) the `ops` agent's first two steps report.
+pub const OPS_USAGE: [(u64, u64); 2] = [(120, 17), (160, 9)];
+
 fn scenario() -> Scenario {
     let word = "x".repeat(CHATTY_WORD_BYTES - 1);
     let chatty = vec![format!("{word} "); CHATTY_WORDS].concat();
@@ -83,8 +86,10 @@ fn scenario() -> Scenario {
         "agents": {
             "ops": [
                 {"text": "I will write record {{user_number}}.",
-                 "tool_calls": [{"name": "write_record", "arguments": {"key": "{{user_number}}"}}]},
-                {"text": "Wrote it: {{tool_result}}"},
+                 "tool_calls": [{"name": "write_record", "arguments": {"key": "{{user_number}}"}}],
+                 "usage": {"input_tokens": OPS_USAGE[0].0, "output_tokens": OPS_USAGE[0].1}},
+                {"text": "Wrote it: {{tool_result}}",
+                 "usage": {"input_tokens": OPS_USAGE[1].0, "output_tokens": OPS_USAGE[1].1}},
                 {"text": "Anything else?"}
             ],
             "chat": [

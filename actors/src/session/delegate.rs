@@ -275,6 +275,7 @@ impl SessionState {
                     .metrics
                     .restarts
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics::counter!(crate::metrics::SESSION_RESTARTS_TOTAL).increment(1);
                 myself.send_after(after, move || SessionMsg::RestartChild(child));
             }
             Decision::GiveUp => {

@@ -389,6 +389,16 @@ impl SessionState {
     }
 
     fn arm_idle_timer(&self, myself: &ActorRef<SessionMsg>) {
+        if self.session.header.status.is_terminal()
+            && self.tools.is_empty()
+            && self.children.is_empty()
+        {
+            // Nothing more can happen to a terminal session: release its
+            // actor (requests already queued are still answered; later
+            // ones are answered from the store).
+            let _ = myself.drain();
+            return;
+        }
         if let Some(after) = self.runtime.config.idle_hibernate {
             if self.is_idle() {
                 let n = self.activity;

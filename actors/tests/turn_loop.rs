@@ -509,6 +509,14 @@ async fn a_terminal_session_refuses_messages() {
     let (id, mut rx) = h.start("hi").await;
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
     h.ov.done(id).await.unwrap();
+    // A terminal session's actor is released; it lives on disk only.
+    for _ in 0..1000 {
+        if !h.ov.runtime().live.contains_key(&id) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(!h.ov.runtime().live.contains_key(&id), "actor released");
     let err = h.ov.send_message(id, "more").await.unwrap_err();
     assert_eq!(
         err,

@@ -13,12 +13,21 @@
 //! | `blobs`      | sha256 hex of a tool result      | the result JSON (> 64 KiB)    |
 //! | `meta`       | `format_version`                 | big-endian u32                |
 //!
-//! and the durability machinery: every checkpoint is one atomic sled
-//! transaction across those trees, applied on a dedicated writer thread, and
-//! under [`Durability::Fsync`] confirmed only after a flush that concurrent
-//! checkpoints share (group commit, see `group_commit`; what a flush does to
-//! be power-loss safe on top of sled's own, see `durable`). Encoding is in
-//! `codec`.
+//! and the durability machinery: checkpoints are applied on a dedicated writer
+//! thread, in groups, and under [`Durability::Fsync`] confirmed only after a
+//! flush that concurrent checkpoints share (group commit, see `group_commit`;
+//! what a flush does to be power-loss safe on top of sled's own, see
+//! `durable`). Encoding is in `codec`.
+//!
+//! Atomicity without sled transactions: the session's header in `sessions` is
+//! the commit record of its checkpoint. Everything else a checkpoint writes
+//! goes in first, the header last, and readers trust only what a header
+//! covers: transcript entries below its `transcript_len`, events up to its
+//! `last_event_seq`, index entries (`tenants`, `active`) its header agrees
+//! with. An index entry a session gains is written before its header, one it
+//! loses after, so the indexes hold at worst stale entries (filtered out by
+//! the header), never miss one. A crash between the two leaves only such
+//! invisible rows, which the session's next checkpoint overwrites (same keys).
 //!
 //! It deliberately owns no session semantics: what goes into a checkpoint, and
 //! when, is decided by `overseer-actors`; this module stores it and reads it
@@ -90,6 +99,25 @@ fn io(context: impl std::fmt::Display, e: impl std::fmt::Display) -> StoreError 
     StoreError::Io(format!("{context}: {e}"))
 }
 
+/// Opens sled, waiting briefly while the directory's lock is still held: a
+/// store dropped a moment ago in this process (a restart, a test) releases it
+/// only when sled's background flusher thread has exited.
+fn open_retrying(config: &sled::Config) -> sled::Result<sled::Db> {
+    let mut tries = 0;
+    loop {
+        match config.open() {
+            // sled reports a held lock as a plain `Other` error with this text.
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock") && tries < 60 =>
+            {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
 impl SledStore {
     /// Opens (creating if needed) the store in `dir`. Blocking; call at start-up.
     ///
@@ -101,8 +129,7 @@ impl SledStore {
             // top would only compete with the group commit for the disk.
             config = config.flush_every_ms(None);
         }
-        let db = config
-            .open()
+        let db = open_retrying(&config)
             .map_err(|e| io(format_args!("opening the store in {}", dir.display()), e))?;
         check_format(&db, dir)?;
         let open = |name: &str| {
@@ -117,6 +144,8 @@ impl SledStore {
             active: open("active")?,
             blobs: open("blobs")?,
             db: db.clone(),
+            #[cfg(test)]
+            drop_headers: Arc::default(),
         };
         let commit = GroupCommit::start(trees.clone(), dir, durability)?;
         Ok(Self {
@@ -232,10 +261,10 @@ impl Inner {
         let Some(header) = self.header(id)? else {
             return Ok(None);
         };
-        // Only the entries the header accounts for: entries are written in the
-        // same transaction as the header that counts them, so reading the
-        // header first gives a consistent snapshot even while the session
-        // keeps checkpointing.
+        // Only the entries the header accounts for: entries are written before
+        // the header that counts them (and never rewritten below it), so
+        // reading the header first gives a consistent snapshot even while the
+        // session keeps checkpointing; rows beyond it are uncommitted.
         let len = header.transcript_len;
         let mut transcript = Vec::with_capacity(usize::try_from(len.min(4096)).unwrap_or(0));
         if len > 0 {
@@ -286,7 +315,28 @@ impl Inner {
         if limit == 0 {
             return Ok(out);
         }
-        let range = codec::seq_key(id, first)..=codec::seq_key(id, u64::MAX);
+        // Only the events the header commits: later ones may belong to a
+        // checkpoint still being written, or to one a crash cut short before
+        // its header (they are garbage, overwritten by the next checkpoint).
+        // No header, no committed events.
+        let Some(bytes) = self
+            .trees
+            .sessions
+            .get(id.as_bytes())
+            .map_err(|e| io(format_args!("reading session {id}"), e))?
+        else {
+            return Ok(out);
+        };
+        // Lenient, like the listing's peek: the events of a session of a newer
+        // schema stay readable as before; only the bound is needed here.
+        let last = serde_json::from_slice::<codec::Peek>(&bytes)
+            .map_err(|e| corrupt(id, format!("unreadable session header: {e}")))?
+            .last_event_seq
+            .ok_or_else(|| corrupt(id, "the session header has no last_event_seq"))?;
+        if first > last {
+            return Ok(out);
+        }
+        let range = codec::seq_key(id, first)..=codec::seq_key(id, last);
         for item in self.trees.events.range(range).take(limit) {
             let (key, value) =
                 item.map_err(|e| io(format_args!("reading the events of session {id}"), e))?;
@@ -316,8 +366,10 @@ impl Inner {
         let via_index = !statuses.is_empty() && statuses.iter().all(|s| codec::is_active(*s));
         if via_index {
             // Boot recovery: only the sessions it resumes, not every session
-            // ever stored. The index may name a session whose header says
-            // otherwise only after corruption; `consider` filters on the header.
+            // ever stored. The index is a superset: it may name a session
+            // whose header says otherwise (a crash between a checkpoint's
+            // writes) or that has no header yet; `consider` filters on the
+            // header.
             for key in self.trees.active.iter().keys() {
                 let key = key.map_err(|e| io("reading the active index", e))?;
                 let id =
@@ -369,6 +421,8 @@ impl Inner {
             }
             // A tenant name containing 0x00 could share this prefix; the
             // length and the header's own tenant keep tenants apart anyway.
+            // The index is a superset (see the module docs): an entry without
+            // a header that agrees is skipped.
             let Some(id) = codec::id_from(&key[prefix.len()..]) else {
                 continue;
             };
@@ -494,6 +548,7 @@ mod tests {
 
     /// A session as the runtime would drive it: entries and events accumulate,
     /// and each checkpoint carries only what is new since the previous one.
+    #[derive(Clone)]
     struct Sim {
         header: SessionHeader,
         transcript: Vec<Arc<TranscriptEntry>>,
@@ -1072,6 +1127,109 @@ mod tests {
         assert_same(
             &open(dir.path()).load(sim.id()).await.unwrap().unwrap(),
             &sim,
+        );
+    }
+
+    /// The crash-consistency rule of the module docs: a checkpoint whose
+    /// header never made it to disk leaves only rows no reader trusts, and the
+    /// session's next checkpoint overwrites them.
+    #[tokio::test]
+    async fn a_checkpoint_cut_short_before_its_header_stays_invisible() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut sim = Sim::new("acme");
+        sim.user("kept 0");
+        sim.user("kept 1");
+        sim.status(SessionStatus::AwaitingInput);
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        let committed = sim.clone();
+
+        // Entries, events and an `active` entry gained, all cut short; and a
+        // new session whose very first checkpoint is cut short.
+        sim.user("lost 2");
+        sim.user("lost 3");
+        sim.status(SessionStatus::Running);
+        sim.emit(EventKind::TurnStarted { turn: 1 });
+        let mut fresh = Sim::new("acme");
+        fresh.status(SessionStatus::Running);
+        store
+            .inner
+            .trees
+            .drop_headers
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        store.checkpoint(sim.checkpoint()).await.unwrap_err();
+        store.checkpoint(fresh.checkpoint()).await.unwrap_err();
+        store.flush().await.unwrap();
+
+        let recovery = [SessionStatus::Running, SessionStatus::AwaitingApproval];
+        let check = |store: SledStore| {
+            let committed = &committed;
+            let fresh = fresh.id();
+            async move {
+                // The garbage is there...
+                let trees = &store.inner.trees;
+                assert_eq!(trees.transcript.len(), 4);
+                assert!(trees
+                    .active
+                    .contains_key(committed.id().as_bytes())
+                    .unwrap());
+                assert!(trees.active.contains_key(fresh.as_bytes()).unwrap());
+                assert!(trees
+                    .tenants
+                    .contains_key(codec::tenant_key("acme", &fresh))
+                    .unwrap());
+                // ...and no reader sees it.
+                assert_same(
+                    &store.load(committed.id()).await.unwrap().unwrap(),
+                    committed,
+                );
+                assert_eq!(
+                    store.events_after(committed.id(), 0, 100).await.unwrap(),
+                    committed.events
+                );
+                assert!(store
+                    .events_after(committed.id(), committed.header.last_event_seq, 100)
+                    .await
+                    .unwrap()
+                    .is_empty());
+                assert!(store.load(fresh).await.unwrap().is_none());
+                assert!(store.events_after(fresh, 0, 100).await.unwrap().is_empty());
+                assert!(store.list_by_status(&recovery).await.unwrap().is_empty());
+                assert_eq!(
+                    store.list_tenant("acme", None, 10).await.unwrap(),
+                    vec![committed.header.clone()]
+                );
+                store
+            }
+        };
+        let store = check(store).await;
+        drop(store);
+        let store = check(open(dir.path())).await;
+
+        // The session goes on from its last checkpoint, over the garbage.
+        let mut sim = committed.clone();
+        sim.user("new 2");
+        sim.emit(EventKind::TurnStarted { turn: 7 });
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
+        assert_eq!(
+            store.events_after(sim.id(), 0, 100).await.unwrap(),
+            sim.events
+        );
+        sim.user("new 3");
+        sim.status(SessionStatus::Running);
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        drop(store);
+        let store = open(dir.path());
+        assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
+        assert_eq!(
+            store.events_after(sim.id(), 0, 100).await.unwrap(),
+            sim.events
+        );
+        assert_eq!(store.inner.trees.transcript.len(), 4);
+        assert_eq!(
+            store.list_by_status(&recovery).await.unwrap(),
+            vec![sim.header.clone()]
         );
     }
 

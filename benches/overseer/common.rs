@@ -363,13 +363,22 @@ pub fn scenario() -> Res<Scenario> {
 
 /// Starts a runtime with the bench agents on `store`.
 pub async fn start(store: Arc<dyn CheckpointStore>, runs: Arc<Runs>) -> Res<Overseer> {
+    start_with(store, runs, RuntimeConfig::default()).await
+}
+
+/// [`start`] with runtime tunables (e.g. a short hibernation delay).
+pub async fn start_with(
+    store: Arc<dyn CheckpointStore>,
+    runs: Arc<Runs>,
+    config: RuntimeConfig,
+) -> Res<Overseer> {
     let agents = vec![
         AgentConfig::new(APPROVE_AGENT, &[TOOL]),
         AgentConfig::new(IDLE_AGENT, &[]),
     ];
     let provider = Arc::new(ScriptedProvider::new(scenario()?));
     let tools = ToolRegistry::new(vec![Arc::new(WriteRecord::new(runs))])?;
-    Ok(Overseer::start(agents, store, provider, tools, RuntimeConfig::default()).await?)
+    Ok(Overseer::start(agents, store, provider, tools, config).await?)
 }
 
 /// The request that starts session `i` of a workload.

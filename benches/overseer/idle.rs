@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use overseer::actors::model::SessionStatus;
 
 use crate::common::{
-    bounded, create_request, memory, rate, rss_bytes, start, Backend, Mode, Probe, Reached, Res,
+    bounded, create_request, memory, rate, rss_bytes, start, start_with, Backend, Mode, Probe, Reached, Res,
     Row, Rows, Runs, Want, IDLE_AGENT,
 };
 
@@ -86,15 +86,59 @@ pub async fn run(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<Vec<Row
         "bytes",
         "<= 16384",
     );
-    // Hibernation (§10) is not implemented yet: the runtime has no way to
-    // hibernate a session, so there is nothing to measure.
+    let hibernated = hibernated_rss(mode, n, limit, base).await?;
     rows.add(
         "RSS per hibernated session",
-        None,
+        Some(hibernated),
         "bytes",
         "<= a few hundred",
     );
     Ok(rows.rows)
+}
+
+/// RSS per session once `n` idle sessions have hibernated (actor stopped,
+/// state only on disk). The allocator may keep freed pages, so this is an
+/// upper bound on what a hibernated session costs.
+async fn hibernated_rss(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<f64> {
+    let dir = tempfile::Builder::new()
+        .prefix("overseer-bench-hibernate-")
+        .tempdir_in(base)?;
+    let backend = Backend::open(dir.path(), mode)?;
+    let probe = Arc::new(Probe::new(backend.store.clone()));
+    let config = overseer::actors::RuntimeConfig {
+        idle_hibernate: Some(Duration::from_millis(500)),
+        ..overseer::actors::RuntimeConfig::default()
+    };
+    let ov = start_with(probe.clone(), Arc::new(Runs::default()), config).await?;
+    idle_sessions(&ov, &probe, 0, WARM_UP, limit).await?;
+    wait_hibernated(&ov, WARM_UP).await?;
+    settle().await;
+    let before = rss_bytes()?;
+    idle_sessions(&ov, &probe, WARM_UP, n, limit).await?;
+    wait_hibernated(&ov, WARM_UP + n).await?;
+    settle().await;
+    let after = rss_bytes()?;
+    eprintln!(
+        "  {n} hibernated sessions; RSS {} -> {} MiB, live actors {}",
+        before >> 20,
+        after >> 20,
+        ov.runtime().live.len()
+    );
+    ov.shutdown().await?;
+    Ok(after.saturating_sub(before) as f64 / n.max(1) as f64)
+}
+
+/// Waits (bounded) until `n` sessions have hibernated.
+async fn wait_hibernated(ov: &overseer::actors::Overseer, n: usize) -> Res<()> {
+    use std::sync::atomic::Ordering;
+    for _ in 0..600 {
+        let done = ov.runtime().metrics.hibernations.load(Ordering::Relaxed) as usize;
+        if done >= n {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("only some of {n} sessions hibernated within a minute").into())
 }
 
 /// Creates sessions `from+1 ..= from+n` and waits until each awaits input.

@@ -75,6 +75,9 @@ pub(super) struct Peek {
     pub(super) tenant: Option<String>,
     #[serde(default)]
     pub(super) status: Option<String>,
+    /// The last event the header commits (`events_after` reads no further).
+    #[serde(default)]
+    pub(super) last_event_seq: Option<u64>,
 }
 
 impl Peek {

@@ -2,15 +2,16 @@
 //!
 //! Async tasks hand an encoded checkpoint to the *writer* thread and await a
 //! oneshot reply; they never touch sled's write path nor wait on a disk. The
-//! writer takes whatever is queued (up to [`MAX_GROUP`]), applies it as ONE
-//! sled transaction (each checkpoint stays atomic: a group is a larger atomic
-//! unit), and then either replies at once (`os`) or passes the replies to the
-//! *flusher* thread (`fsync`). The flusher takes every reply passed to it so
-//! far, flushes once, and releases them all: each of them belongs to a group
-//! that was applied before it was handed over, so that one flush covers them
-//! all. While it flushes, the writer applies the next groups, which the next
-//! flush covers. Nobody waits for a timer: under load, groups grow by
-//! themselves to match how long applying and flushing take.
+//! writer takes whatever is queued (up to [`MAX_GROUP`]), writes it with
+//! plain sled inserts, the `sessions` headers after everything they cover, as
+//! the commit record (see [`apply`] for why that keeps every checkpoint atomic
+//! without a sled transaction), and then either replies at once (`os`) or
+//! passes the replies to the *flusher* thread (`fsync`). The flusher takes every reply
+//! passed to it so far, flushes once, and releases them all: each of them
+//! belongs to a group that was applied before it was handed over, so that one
+//! flush covers them all. While it flushes, the writer applies the next
+//! groups, which the next flush covers. Nobody waits for a timer: under load,
+//! groups grow by themselves to match how long applying and flushing take.
 //!
 //! This module deliberately owns neither the encoding (`codec` prepares the
 //! bytes on the caller's side) nor reads (readers go to sled directly), nor
@@ -25,9 +26,6 @@ use std::thread::JoinHandle;
 
 use overseer_actors::model::{SessionId, SCHEMA_VERSION};
 use overseer_actors::store::StoreError;
-use sled::transaction::{
-    ConflictableTransactionError, TransactionError, TransactionResult, Transactional,
-};
 use sled::Tree;
 use tokio::sync::oneshot;
 
@@ -35,9 +33,8 @@ use super::codec::{self, Prepared};
 use super::durable::Durable;
 use super::Durability;
 
-/// Most checkpoints in one transaction, and most bytes: bounds how long one
-/// transaction holds sled's global write lock, which readers wait on (at some
-/// 40 µs per small checkpoint, 256 is about 10 ms).
+/// Most checkpoints in one group, and most bytes: bounds how long the first
+/// checkpoint of a group waits for the last to be written.
 const MAX_GROUP: usize = 256;
 const MAX_GROUP_BYTES: usize = 4 * 1024 * 1024;
 
@@ -62,6 +59,11 @@ pub(super) struct Trees {
     pub(super) tenants: Tree,
     pub(super) active: Tree,
     pub(super) blobs: Tree,
+    /// Test hook: when set, the writer stops each group right before its
+    /// `sessions` writes (the commit record) and fails it, as a crash there
+    /// would leave the trees.
+    #[cfg(test)]
+    pub(super) drop_headers: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Handle on the two threads. Dropping it stops them after they have finished
@@ -139,6 +141,7 @@ fn run_writer(
     flush_tx: &Sender<Vec<Reply>>,
     durability: Durability,
 ) {
+    let mut cache = Cache::default();
     while let Ok(first) = rx.recv() {
         let mut group = Vec::new();
         let mut flush_waiters = Vec::new();
@@ -158,7 +161,7 @@ fn run_writer(
         }
 
         let (prepared, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
-        let outcomes = apply(trees, &prepared);
+        let outcomes = apply(trees, &mut cache, &prepared);
         let mut to_flush = flush_waiters;
         for (reply, outcome) in replies.into_iter().zip(outcomes) {
             match (outcome, durability) {
@@ -202,6 +205,11 @@ fn run_flusher(durable: &mut Durable, rx: &Receiver<Vec<Reply>>, flushes: &Atomi
     }
 }
 
+/// Most sessions whose header state the writer remembers (see [`Cache`]):
+/// about 100 bytes each, so a few MiB at most, whatever the number of
+/// sessions stored.
+const CACHE_CAPACITY: usize = 64 * 1024;
+
 /// What a checkpoint replaces, as far as the checks and the indexes are
 /// concerned; `None` when the session has no header yet.
 type Previous = Option<Known>;
@@ -215,33 +223,102 @@ struct Known {
     active: Option<bool>,
 }
 
-/// One checkpoint that passed the checks, with the index writes it needs.
-struct Accepted<'a> {
-    p: &'a Prepared,
-    previous: Previous,
-    new_blobs: Vec<usize>,
+/// The header state of sessions the writer itself committed recently, so that
+/// a checkpoint of a live session (the common case: every turn writes several)
+/// does not read and parse its previous header back from sled. Correct because
+/// this thread is the only writer of `sessions`: an entry is what is stored.
+/// Bounded by [`CACHE_CAPACITY`]: when full it is simply emptied, and the
+/// sessions still in use fill it again from disk, one read each.
+#[derive(Default)]
+struct Cache(HashMap<SessionId, Previous>);
+
+impl Cache {
+    fn get(&self, id: &SessionId) -> Option<&Previous> {
+        self.0.get(id)
+    }
+
+    fn commit(&mut self, known: HashMap<SessionId, Previous>) {
+        if self.0.len() + known.len() > CACHE_CAPACITY {
+            self.0.clear();
+        }
+        self.0.extend(known);
+    }
+
+    /// After a failed write what is stored is unknown: read it again.
+    fn forget<'a>(&mut self, ids: impl IntoIterator<Item = &'a SessionId>) {
+        for id in ids {
+            self.0.remove(id);
+        }
+    }
+}
+
+/// One write of a group: a key and its new value, `None` to remove it.
+type Write = (sled::IVec, Option<sled::IVec>);
+
+/// The writes of one group, per tree and phase, in commit order (see
+/// [`apply`]).
+#[derive(Default)]
+struct Writes {
+    blobs: Vec<Write>,
+    transcript: Vec<Write>,
+    events: Vec<Write>,
+    tenants_added: Vec<Write>,
+    active_added: Vec<Write>,
+    sessions: Vec<Write>,
+    tenants_removed: Vec<Write>,
+    active_removed: Vec<Write>,
 }
 
 /// Applies a group and returns one outcome per checkpoint. A checkpoint over
 /// a header of a newer schema is refused on its own and writes nothing; the
-/// others go in ONE transaction (each stays atomic, the group is a larger
-/// atomic unit), so a storage failure fails the whole group.
+/// others are written together.
 ///
-/// All reads happen before the transaction, which is safe because this thread
-/// is the only writer. They serve two purposes: a group where everything is
-/// refused runs no transaction at all (sled logs a batch marker even for an
-/// empty one, and a refusal must leave the files untouched), and the
-/// transaction itself only writes.
-fn apply(trees: &Trees, group: &[Box<Prepared>]) -> Vec<Result<(), StoreError>> {
+/// No sled transaction: profiling showed its multi-tree machinery (node
+/// clones, splits, allocation) was most of the writer's time. Not even
+/// `apply_batch` (each logs a batch manifest and takes sled's global write
+/// lock), since nothing needs atomicity within one tree: plain inserts, in an
+/// order that makes the `sessions` header the commit record of a checkpoint:
+///
+/// 1. `blobs`, `transcript`, `events`, and the index entries a session gains;
+/// 2. `sessions`: the headers;
+/// 3. the index entries a session loses.
+///
+/// Readers only trust what a header covers: transcript entries below its
+/// `transcript_len`, events up to its `last_event_seq`, index entries whose
+/// header agrees. sled recovers a prefix of its single log, so after a crash
+/// either a header is there with everything written before it, or it is not
+/// and what step 1 wrote lies beyond the previous header's counters, invisible,
+/// and is overwritten (same keys) by the session's next checkpoint. Indexes
+/// only ever hold a superset of the truth: gained entries precede the header,
+/// lost ones follow it, so a crash leaves at worst a stale entry, which
+/// readers filter out by the header (never a missing one, which boot recovery
+/// could not see). Concurrent readers see the same thing as a crash would.
+///
+/// Index changes are computed per session over the whole group (first
+/// previous state → last new state), so that a session leaving and re-entering
+/// an index in one group is neither removed after being added nor the reverse.
+///
+/// All reads happen before the writes, which is safe because this thread is
+/// the only writer.
+fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>]) -> Vec<Result<(), StoreError>> {
     let mut outcomes: Vec<Result<(), StoreError>> = Vec::with_capacity(group.len());
-    let mut accepted = Vec::with_capacity(group.len());
-    // Later checkpoints of a session in the same group see the earlier ones.
-    let mut in_group: HashMap<SessionId, Previous> = HashMap::new();
+    // Per session in this group: its state before the group, and the state
+    // its latest accepted checkpoint leaves.
+    let mut before: HashMap<SessionId, Previous> = HashMap::new();
+    let mut after: HashMap<SessionId, Previous> = HashMap::new();
     let mut blobs_in_group: HashSet<&str> = HashSet::new();
+    let mut writes = Writes::default();
+    let mut accepted = Vec::with_capacity(group.len());
     for (n, p) in group.iter().enumerate() {
-        match check(trees, p, &in_group, &blobs_in_group) {
+        // Later checkpoints of a session in the same group see the earlier ones.
+        let previous = match after.get(&p.id).or_else(|| cache.get(&p.id)) {
+            Some(previous) => Ok(previous.clone()),
+            None => stored_previous(trees, p),
+        };
+        match previous.and_then(|previous| check(trees, p, previous, &blobs_in_group)) {
             Ok((previous, new_blobs)) => {
-                in_group.insert(
+                before.entry(p.id).or_insert(previous);
+                after.insert(
                     p.id,
                     Some(Known {
                         schema_version: p.schema_version,
@@ -249,16 +326,26 @@ fn apply(trees: &Trees, group: &[Box<Prepared>]) -> Vec<Result<(), StoreError>> 
                         active: Some(p.active),
                     }),
                 );
-                blobs_in_group.extend(new_blobs.iter().map(|&i| p.blobs[i].0.as_str()));
+                for &i in &new_blobs {
+                    let (hash, data) = &p.blobs[i];
+                    blobs_in_group.insert(hash.as_str());
+                    writes
+                        .blobs
+                        .push((hash.as_bytes().into(), Some(data.clone())));
+                }
+                for (k, v) in &p.entries {
+                    writes.transcript.push((k[..].into(), Some(v.clone())));
+                }
+                for (k, v) in &p.events {
+                    writes.events.push((k[..].into(), Some(v.clone())));
+                }
+                // A later checkpoint of the session in this group, written
+                // later, replaces it.
+                writes
+                    .sessions
+                    .push((p.id.as_bytes()[..].into(), Some(p.header.clone())));
                 outcomes.push(Ok(()));
-                accepted.push((
-                    n,
-                    Accepted {
-                        p,
-                        previous,
-                        new_blobs,
-                    },
-                ));
+                accepted.push((n, p.id));
             }
             Err(e) => outcomes.push(Err(e)),
         }
@@ -267,86 +354,116 @@ fn apply(trees: &Trees, group: &[Box<Prepared>]) -> Vec<Result<(), StoreError>> 
         return outcomes;
     }
 
-    let result: TransactionResult<(), ()> = (
-        &trees.sessions,
-        &trees.transcript,
-        &trees.events,
-        &trees.tenants,
-        &trees.active,
-        &trees.blobs,
-    )
-        .transaction(|(sessions, transcript, events, tenants, active, blobs)| {
-            for (
-                _,
-                Accepted {
-                    p,
-                    previous,
-                    new_blobs,
-                },
-            ) in &accepted
-            {
-                let key = &p.id.as_bytes()[..];
-                sessions.insert(key, p.header.clone())?;
-                for (k, v) in &p.entries {
-                    transcript.insert(&k[..], v.clone())?;
-                }
-                for (k, v) in &p.events {
-                    events.insert(&k[..], v.clone())?;
-                }
-                for &i in new_blobs {
-                    let (hash, data) = &p.blobs[i];
-                    blobs.insert(hash.as_bytes(), data.clone())?;
-                }
-
-                let old_tenant = previous.as_ref().and_then(|k| k.tenant.as_deref());
-                if old_tenant != Some(p.tenant.as_str()) {
-                    if let Some(old) = old_tenant {
-                        tenants.remove(codec::tenant_key(old, &p.id))?;
-                    }
-                    tenants.insert(codec::tenant_key(&p.tenant, &p.id), &[][..])?;
-                }
-
-                let was_active = match previous {
-                    None => Some(false),
-                    Some(known) => known.active,
-                };
-                if was_active != Some(p.active) {
-                    if p.active {
-                        active.insert(key, &[][..])?;
-                    } else {
-                        active.remove(key)?;
-                    }
+    for (id, first) in &before {
+        let Some(Some(last)) = after.get(id) else {
+            continue;
+        };
+        let key = &id.as_bytes()[..];
+        let old_tenant = first.as_ref().and_then(|k| k.tenant.as_deref());
+        if let Some(tenant) = last.tenant.as_deref() {
+            if old_tenant != Some(tenant) {
+                writes
+                    .tenants_added
+                    .push((codec::tenant_key(tenant, id).into(), Some(empty())));
+                if let Some(old) = old_tenant {
+                    writes
+                        .tenants_removed
+                        .push((codec::tenant_key(old, id).into(), None));
                 }
             }
-            Ok::<_, ConflictableTransactionError<()>>(())
-        });
-    if let Err(e) = result {
-        let detail = match e {
-            TransactionError::Storage(e) => e.to_string(),
-            TransactionError::Abort(()) => "transaction aborted".into(),
+        }
+        let was_active = match first {
+            None => Some(false),
+            Some(known) => known.active,
         };
-        // Every accepted checkpoint shared the failed transaction.
-        for (n, a) in &accepted {
-            outcomes[*n] = Err(StoreError::Io(format!(
-                "checkpoint of session {}: {detail}",
-                a.p.id
-            )));
+        if was_active != last.active {
+            if last.active == Some(true) {
+                writes.active_added.push((key.into(), Some(empty())));
+            } else {
+                writes.active_removed.push((key.into(), None));
+            }
+        }
+    }
+
+    match write(trees, writes) {
+        Ok(()) => cache.commit(after),
+        Err(e) => {
+            // Every accepted checkpoint shared the failed write.
+            cache.forget(after.keys());
+            for (n, id) in &accepted {
+                outcomes[*n] = Err(StoreError::Io(format!("checkpoint of session {id}: {e}")));
+            }
         }
     }
     outcomes
 }
 
-/// Decides whether `p` may be written, and which of its blobs are new.
+fn empty() -> sled::IVec {
+    sled::IVec::from(&[][..])
+}
+
+/// Applies the writes of a group in commit order (see [`apply`]). A group
+/// where everything was refused has no writes at all, so it leaves the files
+/// untouched.
+fn write(trees: &Trees, writes: Writes) -> Result<(), String> {
+    let Writes {
+        blobs,
+        transcript,
+        events,
+        tenants_added,
+        active_added,
+        sessions,
+        tenants_removed,
+        active_removed,
+    } = writes;
+    let order = [
+        (&trees.blobs, blobs, "blobs"),
+        (&trees.transcript, transcript, "transcript"),
+        (&trees.events, events, "events"),
+        (&trees.tenants, tenants_added, "tenants"),
+        (&trees.active, active_added, "active"),
+        (&trees.sessions, sessions, "sessions"),
+        (&trees.tenants, tenants_removed, "tenants"),
+        (&trees.active, active_removed, "active"),
+    ];
+    for (n, (tree, writes, name)) in order.into_iter().enumerate() {
+        if writes.is_empty() {
+            continue;
+        }
+        if crashed_before(trees, n) {
+            return Err("test hook: the header writes were dropped".into());
+        }
+        for (key, value) in writes {
+            match value {
+                Some(value) => tree.insert(key, value),
+                None => tree.remove(key),
+            }
+            .map_err(|e| format!("writing {name}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Test hook: whether to stop before phase `n` of [`write`], as a crash right
+/// before the commit record (the `sessions` writes, phase 5) would.
+#[cfg(test)]
+fn crashed_before(trees: &Trees, n: usize) -> bool {
+    n >= 5 && trees.drop_headers.load(Ordering::Relaxed)
+}
+
+#[cfg(not(test))]
+fn crashed_before(_: &Trees, _: usize) -> bool {
+    false
+}
+
+/// Decides whether `p` may be written over `previous`, and which of its blobs
+/// are new.
 fn check(
     trees: &Trees,
     p: &Prepared,
-    in_group: &HashMap<SessionId, Previous>,
+    previous: Previous,
     blobs_in_group: &HashSet<&str>,
 ) -> Result<(Previous, Vec<usize>), StoreError> {
-    let previous = match in_group.get(&p.id) {
-        Some(previous) => previous.clone(),
-        None => stored_previous(trees, p)?,
-    };
     if let Some(known) = &previous {
         if known.schema_version > SCHEMA_VERSION {
             return Err(StoreError::SchemaTooNew {
@@ -396,4 +513,73 @@ fn stored_previous(trees: &Trees, p: &Prepared) -> Result<Previous, StoreError> 
         },
     };
     Ok(Some(known))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trees(dir: &Path) -> Trees {
+        let db = sled::Config::new().path(dir).open().unwrap();
+        let open = |name: &str| db.open_tree(name).unwrap();
+        Trees {
+            sessions: open("sessions"),
+            transcript: open("transcript"),
+            events: open("events"),
+            tenants: open("tenants"),
+            active: open("active"),
+            blobs: open("blobs"),
+            drop_headers: Arc::default(),
+            db,
+        }
+    }
+
+    fn prepared(id: SessionId, tenant: &str, active: bool, n: u8) -> Box<Prepared> {
+        Box::new(Prepared {
+            id,
+            schema_version: SCHEMA_VERSION,
+            tenant: tenant.into(),
+            active,
+            header: sled::IVec::from(vec![n]),
+            entries: Vec::new(),
+            events: Vec::new(),
+            blobs: Vec::new(),
+        })
+    }
+
+    /// Index changes are netted per session over a group: leaving and
+    /// re-entering `active` (or the reverse) within one group ends as the
+    /// last header says, whatever the order of the phases.
+    #[test]
+    fn index_changes_within_one_group_net_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let trees = trees(dir.path());
+        let mut cache = Cache::default();
+        let (a, b) = (SessionId::generate(), SessionId::generate());
+        let outcomes = apply(
+            &trees,
+            &mut cache,
+            &[prepared(a, "t1", true, 1), prepared(b, "t1", false, 1)],
+        );
+        assert!(outcomes.iter().all(Result::is_ok));
+        let group = [
+            prepared(a, "t1", false, 2),
+            prepared(b, "t1", true, 2),
+            prepared(a, "t2", true, 3),
+            prepared(b, "t1", false, 3),
+        ];
+        for cache in [&mut cache, &mut Cache::default()] {
+            assert!(apply(&trees, cache, &group).iter().all(Result::is_ok));
+            assert!(trees.active.contains_key(a.as_bytes()).unwrap());
+            assert!(!trees.active.contains_key(b.as_bytes()).unwrap());
+            let tenants: Vec<_> = trees.tenants.iter().keys().map(|k| k.unwrap()).collect();
+            let mut want = vec![
+                sled::IVec::from(codec::tenant_key("t1", &b)),
+                sled::IVec::from(codec::tenant_key("t2", &a)),
+            ];
+            want.sort();
+            assert_eq!(tenants, want);
+            assert_eq!(trees.sessions.get(a.as_bytes()).unwrap().unwrap(), vec![3]);
+        }
+    }
 }

@@ -1,13 +1,17 @@
 //! The command line (§12): argument types and the `overseer run` command.
 //!
 //! `run` hosts the whole runtime in-process on an embedded sled store: it
-//! creates one session, streams the agent's text to stdout and progress to
+//! creates one session (or, with `--resume`, takes over one that an earlier
+//! process left mid-turn), streams the agent's text to stdout and progress to
 //! stderr, settles approvals as `--approve` says (asking on a terminal), and
 //! completes the session when its turn ends. This module owns that terminal
 //! interaction and the exit status. It deliberately holds no session logic
 //! (every decision goes through [`Overseer`]'s public API, exactly as an HTTP
 //! client's would) and no output beyond the terminal: `serve` and the HTTP
 //! client commands belong next to the HTTP edge.
+
+mod client;
+mod serve;
 
 use std::collections::HashMap;
 use std::fmt::Display;
@@ -21,16 +25,15 @@ use serde_json::{Map, Value};
 use tokio::sync::{broadcast, mpsc};
 
 use overseer_actors::model::{
-    CallState, Decision, Event, EventKind, Notification, SessionId, StopReason, Submission,
-    ToolCallId, Usage,
+    CallState, Decision, Event, EventKind, Notification, SessionHeader, SessionId, SessionStatus,
+    StopReason, Submission, ToolCallId, Usage,
 };
 use overseer_actors::provider::Provider;
-use overseer_actors::scripted::{Scenario, ScriptedProvider};
 use overseer_actors::tool::{ToolRegistry, ToolRegistryError};
 use overseer_actors::{CreateSession, Overseer, SessionError};
 
-use crate::config::{Config, ConfigError, LoadOptions, Overrides, ProviderKind};
-use crate::scenario::{self, ScenarioLoadError};
+use crate::config::{Config, ConfigError, LoadOptions, Overrides};
+use crate::scenario::ScenarioLoadError;
 use crate::store::SledStore;
 use crate::tools::builtin_registry;
 
@@ -43,6 +46,10 @@ pub const DENY_MESSAGE: &str = "denied by --approve deny";
 
 /// Longest excerpt of a tool result or arguments on a status line.
 const EXCERPT_CHARS: usize = 200;
+
+/// How often a run reads its session's events from the store, besides the
+/// live stream (see `Follower::follow`).
+const STORE_POLL: Duration = Duration::from_secs(1);
 
 /// `overseer`: a supervised actor tree hosting LLM agent sessions.
 #[derive(Debug, Parser)]
@@ -60,17 +67,36 @@ pub enum Command {
     /// to stdout, progress to stderr. Exits 0 when the turn ends with
     /// `end_turn`, 1 otherwise.
     Run(RunArgs),
+    /// Serve the HTTP API (recovers every session first); stops gracefully
+    /// on SIGTERM/SIGINT.
+    Serve(serve::ServeArgs),
+    /// Client commands against a running server (token from OVERSEER_TOKEN).
+    Sessions(client::SessionsArgs),
+    /// Print a development token minted with OVERSEER_JWT_SECRET (only the
+    /// token, on stdout).
+    Token(serve::TokenArgs),
 }
 
 /// Arguments of `overseer run`.
 #[derive(Debug, Clone, Args)]
+#[command(
+    after_help = "With --resume SESSION_ID and no PROMPT, run continues a session that an \
+earlier process left (killed while it waited for approval or ran a tool): pending approvals are \
+settled per --approve and the turn is followed to its end, as in a fresh run. Pass the same \
+--config, --scenario and --data as the run that created it."
+)]
 pub struct RunArgs {
     /// Config file (default: ./config/overseer.toml if present, else the
     /// built-in defaults).
     #[arg(long, value_name = "FILE", env = "OVERSEER_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Agent to run.
-    #[arg(long, value_name = "NAME", default_value = "assistant")]
+    /// Agent to run (a resumed session keeps its own).
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "assistant",
+        conflicts_with = "resume"
+    )]
     pub agent: String,
     /// Scenario file for the scripted provider (overrides provider.scenario).
     #[arg(long, value_name = "FILE")]
@@ -81,8 +107,16 @@ pub struct RunArgs {
     /// Data directory of the store (overrides store.data_dir).
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
+    /// Continue this stored session instead of starting one (no PROMPT then).
+    #[arg(long, value_name = "SESSION_ID")]
+    pub resume: Option<SessionId>,
     /// The user message (several words are joined with spaces).
-    #[arg(value_name = "PROMPT", required = true, num_args = 1..)]
+    #[arg(
+        value_name = "PROMPT",
+        required_unless_present = "resume",
+        conflicts_with = "resume",
+        num_args = 1..
+    )]
     pub prompt: Vec<String>,
 }
 
@@ -104,6 +138,15 @@ pub enum CliError {
     /// Configuration.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// Assembling the service (providers, store, recovery).
+    #[error(transparent)]
+    Service(#[from] crate::service::ServiceError),
+    /// Serving the API.
+    #[error(transparent)]
+    Serve(#[from] serve::ServeError),
+    /// A client command.
+    #[error(transparent)]
+    Client(#[from] client::ClientError),
     /// Scenario file.
     #[error(transparent)]
     Scenario(#[from] ScenarioLoadError),
@@ -149,12 +192,60 @@ pub enum CliError {
     /// The live event stream stopped before the turn ended.
     #[error("the session's event stream closed before its turn ended")]
     StreamClosed,
+    /// `--resume` names a session the store does not hold.
+    #[error("no session {id} in {}", dir.display())]
+    NoSuchSession {
+        /// The id given.
+        id: SessionId,
+        /// The data directory searched.
+        dir: PathBuf,
+    },
+    /// `--resume` names a session that ended before this run, not with
+    /// `end_turn` (or that failed or was cancelled).
+    #[error("session {id} is {status}{}{}",
+        reason.map(|r| format!("; its last turn ended with {r}")).unwrap_or_default(),
+        detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
+    AlreadyEnded {
+        /// The session.
+        id: SessionId,
+        /// Its terminal status.
+        status: SessionStatus,
+        /// Its last stop reason.
+        reason: Option<StopReason>,
+        /// Its recorded error, if any.
+        detail: Option<String>,
+    },
+    /// `--resume` names a session that has no turn to continue.
+    #[error("session {0} is pending: it has no message yet, so there is no turn to resume")]
+    NothingToResume(SessionId),
+    /// `OVERSEER_FAULT` is malformed (only with the `fault-injection` feature).
+    #[cfg(feature = "fault-injection")]
+    #[error("fault injection: {0}")]
+    Fault(String),
+}
+
+/// Arms the fault planned in env `OVERSEER_FAULT` (`point:nth:panic|abort`),
+/// if any, and says so on stderr. Process-wide: the binary calls it once at
+/// start-up. Exists only with the `fault-injection` feature.
+#[cfg(feature = "fault-injection")]
+pub fn arm_faults() -> Result<(), CliError> {
+    match overseer_actors::fault::arm_from_env() {
+        Ok(Some(spec)) => {
+            status(format_args!("fault injection armed: {spec}"));
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(CliError::Fault(e)),
+    }
 }
 
 /// Runs a parsed command line.
 pub fn execute(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Run(args) => run(args),
+        Command::Serve(args) => serve::serve(args),
+        Command::Sessions(args) => client::sessions(args),
+        Command::Token(args) => serve::token(args),
     }
 }
 
@@ -166,17 +257,41 @@ pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // By default a failed write is reported with `eprintln!`, which
+        // panics when stderr is closed (`overseer run … 2>&1 | head`): the
+        // panic would fail whichever actor logged, the orchestrator included,
+        // and the run would hang. A log line that cannot be written is lost,
+        // nothing more.
+        .log_internal_errors(false)
         .try_init();
 }
 
+/// What a run works on.
+enum Target {
+    /// A new session of `agent`, started with `prompt`.
+    New { agent: String, prompt: String },
+    /// A stored session, continued.
+    Resume(SessionId),
+}
+
 /// `overseer run`. Everything that can be refused without side effects
-/// (config, agent, terminal, scenario) is checked before the store is opened,
-/// so a refused run leaves no trace on disk.
+/// (config, agent, terminal, scenario, a data directory that does not exist
+/// for `--resume`) is checked before the store is opened, so a refused run
+/// leaves no trace on disk.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
-    let prompt = args.prompt.join(" ");
-    if prompt.trim().is_empty() {
-        return Err(CliError::EmptyPrompt);
-    }
+    let target = match args.resume {
+        Some(id) => Target::Resume(id),
+        None => {
+            let prompt = args.prompt.join(" ");
+            if prompt.trim().is_empty() {
+                return Err(CliError::EmptyPrompt);
+            }
+            Target::New {
+                agent: args.agent.clone(),
+                prompt,
+            }
+        }
+    };
     let tools = builtin_registry()?;
     let options = LoadOptions {
         path: args.config.clone(),
@@ -187,33 +302,32 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         },
     };
     let config = Config::load(&options, &tools)?;
-    if config.agent(&args.agent).is_none() {
-        return Err(CliError::UnknownAgent {
-            name: args.agent,
-            available: config.agent_names().join(", "),
-        });
+    match &target {
+        Target::New { agent, .. } if config.agent(agent).is_none() => {
+            return Err(CliError::UnknownAgent {
+                name: agent.clone(),
+                available: config.agent_names().join(", "),
+            });
+        }
+        // Opening the store would create the directory: a mistyped --data
+        // must not leave an empty database behind.
+        Target::Resume(id) if !config.store.data_dir.exists() => {
+            return Err(CliError::NoSuchSession {
+                id: *id,
+                dir: config.store.data_dir.clone(),
+            });
+        }
+        _ => {}
     }
     if args.approve == ApproveMode::Ask && !std::io::stdin().is_terminal() {
         return Err(CliError::NotATerminal);
     }
-    let provider: Arc<dyn Provider> = match config.provider.kind {
-        ProviderKind::Scripted => {
-            let scenario: Scenario = scenario::resolve(&config.provider.scenario)?;
-            Arc::new(ScriptedProvider::new(scenario))
-        }
-    };
+    let provider: Arc<dyn Provider> = crate::service::build_providers(&config)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(CliError::Runtime)?;
-    let result = rt.block_on(run_session(
-        config,
-        tools,
-        provider,
-        args.agent,
-        prompt,
-        args.approve,
-    ));
+    let result = rt.block_on(run_session(config, tools, provider, target, args.approve));
     // A terminal read may still wait for a line nobody will type (the turn
     // ended while a prompt was open): do not wait for it.
     rt.shutdown_timeout(Duration::from_millis(100));
@@ -224,13 +338,13 @@ async fn run_session(
     config: Config,
     tools: ToolRegistry,
     provider: Arc<dyn Provider>,
-    agent: String,
-    prompt: String,
+    target: Target,
     mode: ApproveMode,
 ) -> Result<(), CliError> {
     let dir = config.store.data_dir.clone();
     let durability = config.store.durability;
     let open_dir = dir.clone();
+    let data_dir = dir.clone();
     // sled opens (and may recover) files synchronously: keep it off the
     // async workers.
     let store = tokio::task::spawn_blocking(move || SledStore::open(&open_dir, durability))
@@ -251,7 +365,7 @@ async fn run_session(
         config.runtime_config(),
     )
     .await?;
-    let outcome = drive(&overseer, agent, prompt, mode).await;
+    let outcome = drive(&overseer, target, mode, data_dir).await;
     // Shut down whatever happened, so the store is flushed.
     let shutdown = overseer.shutdown().await;
     outcome?;
@@ -259,34 +373,80 @@ async fn run_session(
     Ok(())
 }
 
-/// Creates the session, follows it to the end of its turn, completes it.
+/// Creates (or takes over) the session, follows it to the end of its turn,
+/// completes it.
 async fn drive(
     overseer: &Overseer,
-    agent: String,
-    prompt: String,
+    target: Target,
     mode: ApproveMode,
+    dir: PathBuf,
 ) -> Result<(), CliError> {
-    // Sessions interrupted mid-turn by an earlier process resume here; they
-    // are not ours to follow, but leaving them dormant would orphan them.
-    let recovered = overseer.recover().await?;
-    if recovered > 0 {
-        status(format_args!(
-            "recovered {recovered} interrupted session(s) from the store"
-        ));
-    }
-    let id = SessionId::generate();
-    // Subscribe before the session exists so not one event is missed.
-    let mut rx = overseer.subscribe(id);
-    overseer
-        .create_session(CreateSession {
-            agent,
-            tenant: CLI_TENANT.into(),
-            prompt: Some(prompt),
-            id: Some(id),
-            ..CreateSession::default()
-        })
-        .await?;
-    status(format_args!("session: {id}"));
+    let (id, mut rx, resumed) = match target {
+        Target::New { agent, prompt } => {
+            // Sessions interrupted mid-turn by an earlier process resume
+            // here; they are not ours to follow, but leaving them dormant
+            // would orphan them.
+            let recovered = overseer.recover().await?;
+            if recovered > 0 {
+                status(format_args!(
+                    "recovered {recovered} interrupted session(s) from the store"
+                ));
+            }
+            let id = SessionId::generate();
+            // Subscribe before the session exists so not one event is missed.
+            let rx = overseer.subscribe(id);
+            overseer
+                .create_session(CreateSession {
+                    agent,
+                    tenant: CLI_TENANT.into(),
+                    prompt: Some(prompt),
+                    id: Some(id),
+                    ..CreateSession::default()
+                })
+                .await?;
+            status(format_args!("session: {id}"));
+            (id, rx, None)
+        }
+        Target::Resume(id) => {
+            // Subscribe before anything activates the session, and read its
+            // state while it still lives only on disk: every event after
+            // that snapshot then arrives on `rx`, none before it.
+            let rx = overseer.subscribe(id);
+            let stored = overseer
+                .runtime()
+                .store
+                .load_header(id)
+                .await
+                .map_err(SessionError::from)?
+                .ok_or(CliError::NoSuchSession { id, dir })?;
+            status(format_args!("session: {id}"));
+            status(format_args!("resuming: {}", where_it_stands(&stored)));
+            match stored.status {
+                SessionStatus::Running | SessionStatus::AwaitingApproval => {}
+                SessionStatus::Pending => return Err(CliError::NothingToResume(id)),
+                SessionStatus::AwaitingInput => {
+                    // The turn ended but the process that ran it stopped
+                    // before completing the session: finish as it would have.
+                    overseer.done(id).await?;
+                    return exit_status(stored.last_stop_reason, stored.error);
+                }
+                SessionStatus::Completed | SessionStatus::Failed | SessionStatus::Cancelled => {
+                    return ended(&stored);
+                }
+            }
+            let recovered = overseer.recover().await?;
+            if recovered > 1 {
+                status(format_args!(
+                    "recovered {} other interrupted session(s) from the store",
+                    recovered - 1
+                ));
+            }
+            // `recover` activated it (it is mid-turn); make sure, since a
+            // running session that nothing activates would never go on.
+            overseer.runtime().activate(id).await?;
+            (id, rx, Some(stored))
+        }
+    };
 
     let (pending_tx, pending_rx) = mpsc::unbounded_channel();
     let decider = tokio::spawn(decide_calls(overseer.clone(), id, mode, pending_rx));
@@ -294,6 +454,9 @@ async fn drive(
     let interrupts = tokio::spawn(watch_interrupts(interrupt_tx));
 
     let mut follower = Follower::new(pending_tx);
+    if let Some(stored) = &resumed {
+        follower.take_over(stored);
+    }
     let end = follower
         .follow(overseer, id, &mut rx, &mut interrupt_rx)
         .await;
@@ -307,12 +470,67 @@ async fn drive(
     if !state.header.status.is_terminal() {
         overseer.done(id).await?;
     }
-    match end.reason {
-        StopReason::EndTurn => Ok(()),
-        reason => Err(CliError::TurnEnded {
-            reason,
-            detail: end.detail,
-        }),
+    exit_status(Some(end.reason), end.detail)
+}
+
+/// The exit status of a run whose turn ended with `reason`.
+fn exit_status(reason: Option<StopReason>, detail: Option<String>) -> Result<(), CliError> {
+    match reason {
+        Some(StopReason::EndTurn) | None => Ok(()),
+        Some(reason) => Err(CliError::TurnEnded { reason, detail }),
+    }
+}
+
+/// The outcome of resuming a session that is already terminal: success only
+/// for a completed session whose last turn ended normally.
+fn ended(header: &SessionHeader) -> Result<(), CliError> {
+    ended_with(
+        header.id,
+        header.status,
+        header.last_stop_reason,
+        header.error.clone(),
+    )
+}
+
+fn ended_with(
+    id: SessionId,
+    status: SessionStatus,
+    reason: Option<StopReason>,
+    detail: Option<String>,
+) -> Result<(), CliError> {
+    if status == SessionStatus::Completed && matches!(reason, Some(StopReason::EndTurn) | None) {
+        return Ok(());
+    }
+    Err(CliError::AlreadyEnded {
+        id,
+        status,
+        reason,
+        detail,
+    })
+}
+
+/// One line on where a stored session stands, for `--resume`.
+fn where_it_stands(h: &SessionHeader) -> String {
+    let at = format!("turn {}, step {}", h.turn, h.step);
+    let count = |state: CallState| h.open_calls.iter().filter(|c| c.state == state).count();
+    match h.status {
+        SessionStatus::Running if h.open_calls.is_empty() => {
+            format!("running ({at}): the model call in flight is issued again")
+        }
+        SessionStatus::Running => format!(
+            "running ({at}): {} tool call(s) were running, {} wait to run",
+            count(CallState::Running),
+            count(CallState::Approved)
+        ),
+        SessionStatus::AwaitingApproval => format!(
+            "awaiting_approval ({at}): {} call(s) wait for a decision, {} were running",
+            count(CallState::AwaitingApproval),
+            count(CallState::Running)
+        ),
+        status => match h.last_stop_reason {
+            Some(reason) => format!("{status}: its last turn ended with {reason}"),
+            None => format!("{status}"),
+        },
     }
 }
 
@@ -355,6 +573,35 @@ impl Follower {
         }
     }
 
+    /// Starts from a stored snapshot instead of a new session: events up to
+    /// its last one are already reflected in it, and its pending approvals
+    /// will announce themselves no more, so they go to the decider now.
+    fn take_over(&mut self, header: &SessionHeader) {
+        self.last_seq = header.last_event_seq;
+        for call in &header.open_calls {
+            self.names.insert(call.id.clone(), call.name.clone());
+            if call.state == CallState::AwaitingApproval {
+                let note = if call.outcome_unknown {
+                    " [outcome unknown: it was running when the process stopped]"
+                } else {
+                    ""
+                };
+                status(format_args!(
+                    "approval pending: {} {} ({}){note}",
+                    call.name,
+                    excerpt(call.run_arguments()),
+                    call.id
+                ));
+                let _ = self.pending.send(PendingCall {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.run_arguments().clone(),
+                    outcome_unknown: call.outcome_unknown,
+                });
+            }
+        }
+    }
+
     async fn follow(
         &mut self,
         overseer: &Overseer,
@@ -363,11 +610,28 @@ impl Follower {
         interrupts: &mut mpsc::UnboundedReceiver<()>,
     ) -> Result<TurnEnd, CliError> {
         let mut interrupted = false;
+        // A session actor that fails right after a checkpoint is restarted
+        // from it without that checkpoint's events ever being published, so
+        // the live stream can miss a step's last events and then fall silent
+        // (e.g. the approval request the run is waiting for). The store has
+        // them: read it now and then, so a run never waits forever for news
+        // that was recorded.
+        let mut poll = tokio::time::interval(STORE_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        poll.reset();
         loop {
             tokio::select! {
                 n = rx.recv() => match n {
                     Ok(Notification::TextDelta { text, .. }) => self.text(&text),
                     Ok(Notification::Event(event)) => {
+                        if event.seq > self.last_seq + 1 {
+                            // A gap: events were checkpointed but never
+                            // published (their actor died in between). The
+                            // store has them, and this one, in order.
+                            if let Some(end) = self.catch_up(overseer, id).await? {
+                                return Ok(end);
+                            }
+                        }
                         if let Some(end) = self.event(event) {
                             return Ok(end);
                         }
@@ -376,15 +640,17 @@ impl Follower {
                         // The live buffer overflowed: the store has every
                         // event; only text deltas are gone (see `resync`).
                         self.resync = true;
-                        let missed = overseer.events_after(id, self.last_seq, usize::MAX).await?;
-                        for event in missed {
-                            if let Some(end) = self.event(event) {
-                                return Ok(end);
-                            }
+                        if let Some(end) = self.catch_up(overseer, id).await? {
+                            return Ok(end);
                         }
                     }
                     Err(broadcast::error::RecvError::Closed) => return Err(CliError::StreamClosed),
                 },
+                _ = poll.tick() => {
+                    if let Some(end) = self.catch_up(overseer, id).await? {
+                        return Ok(end);
+                    }
+                }
                 Some(()) = interrupts.recv(), if !interrupted => {
                     interrupted = true;
                     self.end_line();
@@ -395,6 +661,21 @@ impl Follower {
                 }
             }
         }
+    }
+
+    /// Handles the stored events after the last one seen.
+    async fn catch_up(
+        &mut self,
+        overseer: &Overseer,
+        id: SessionId,
+    ) -> Result<Option<TurnEnd>, CliError> {
+        let missed = overseer.events_after(id, self.last_seq, usize::MAX).await?;
+        for event in missed {
+            if let Some(end) = self.event(event) {
+                return Ok(Some(end));
+            }
+        }
+        Ok(None)
     }
 
     fn text(&mut self, text: &str) {
@@ -571,9 +852,18 @@ async fn submit(
     decision: Decision,
     by: &str,
 ) -> Result<(), SessionError> {
+    let verb = match &decision {
+        Decision::Approve { .. } => "approve",
+        Decision::Deny { .. } => "deny",
+    };
     let mut submission = Submission::one(call.id.clone(), decision);
     submission.approved_by = Some(by.to_owned());
     let result = overseer.submit(id, submission).await;
+    if result.is_ok() {
+        // Printed only once `submit` returned: the decision is checkpointed.
+        // A stable line that tools (and the crash tests) may parse.
+        status(format_args!("decision acknowledged: {} {verb}", call.id));
+    }
     if let Err(e) = &result {
         if !matches!(e, SessionError::InvalidOverride { .. }) {
             // Decided elsewhere (timeout, cancel): the events tell the rest.
@@ -693,9 +983,13 @@ fn out(text: &str) {
 }
 
 /// Writes one progress line to stderr (without `eprintln!`'s panic on a
-/// closed stderr).
+/// closed stderr). The line is formatted first and written with one call:
+/// stderr is unbuffered, so `writeln!` would issue one write per piece, and a
+/// process that dies meanwhile (a crash in another thread) would leave a torn
+/// line for whoever parses it (`decision acknowledged: …`).
 fn status(line: impl Display) {
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
+    let line = format!("{line}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// Prints a command's error as the one line the binary ends with.
@@ -755,15 +1049,84 @@ mod tests {
             "time?",
         ])
         .unwrap();
-        let Command::Run(args) = cli.command;
+        let Command::Run(args) = cli.command else {
+            panic!("expected run");
+        };
         assert_eq!(args.agent, "auto");
         assert_eq!(args.approve, ApproveMode::Deny);
         assert_eq!(args.prompt.join(" "), "What time?");
         let cli = Cli::try_parse_from(["overseer", "run", "hi"]).unwrap();
-        let Command::Run(args) = cli.command;
+        let Command::Run(args) = cli.command else {
+            panic!("expected run");
+        };
         assert_eq!(args.agent, "assistant");
         assert_eq!(args.approve, ApproveMode::Ask);
         assert!(Cli::try_parse_from(["overseer", "run", "--approve", "maybe", "hi"]).is_err());
+    }
+
+    #[test]
+    fn resume_takes_a_session_id_and_no_prompt() {
+        let id = SessionId::generate();
+        let cli = Cli::try_parse_from([
+            "overseer",
+            "run",
+            "--resume",
+            &id.to_string(),
+            "--approve",
+            "auto",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("expected run");
+        };
+        assert_eq!(args.resume, Some(id));
+        assert!(args.prompt.is_empty());
+        // A prompt, or another agent, makes no sense for a stored session.
+        assert!(
+            Cli::try_parse_from(["overseer", "run", "--resume", &id.to_string(), "hi"]).is_err()
+        );
+        assert!(Cli::try_parse_from([
+            "overseer",
+            "run",
+            "--resume",
+            &id.to_string(),
+            "--agent",
+            "auto"
+        ])
+        .is_err());
+        let e = Cli::try_parse_from(["overseer", "run", "--resume", "nope"]).unwrap_err();
+        assert!(e.to_string().contains("nope"), "{e}");
+        // Without --resume the prompt stays required.
+        assert!(Cli::try_parse_from(["overseer", "run"]).is_err());
+    }
+
+    #[test]
+    fn a_terminal_session_exits_per_its_last_stop_reason() {
+        let id = SessionId::generate();
+        let ended = |status, reason| ended_with(id, status, Some(reason), None);
+        assert!(ended(SessionStatus::Completed, StopReason::EndTurn).is_ok());
+        let e = ended(SessionStatus::Completed, StopReason::MaxSteps).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("session {id} is completed; its last turn ended with max_steps")
+        );
+        let e = ended(SessionStatus::Cancelled, StopReason::Cancelled).unwrap_err();
+        assert!(e
+            .to_string()
+            .ends_with("is cancelled; its last turn ended with cancelled"));
+        let e = ended_with(
+            id,
+            SessionStatus::Failed,
+            Some(StopReason::EndTurn),
+            Some("restart limit exceeded: boom".into()),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().ends_with(
+                "is failed; its last turn ended with end_turn: restart limit exceeded: boom"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

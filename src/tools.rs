@@ -7,6 +7,16 @@
 //! tool or whether a human must approve it: scope and approval policy are the
 //! runtime's (`overseer_actors::session`), and running a call (timeout, size
 //! cap, crash isolation) is `overseer_actors::tool_call`'s.
+//!
+//! With the `fault-injection` feature only, the registry also holds the test
+//! tool [`ledger::LedgerAppend`] (process-level crash tests); builds without
+//! the feature contain no trace of it.
+
+pub mod http_request;
+pub mod http_tool;
+#[cfg(feature = "fault-injection")]
+pub mod ledger;
+pub mod mcp;
 
 use std::sync::Arc;
 
@@ -90,7 +100,17 @@ fn current_time_value(now: OffsetDateTime) -> Result<Value, ToolError> {
 
 /// Every built-in tool, in a stable order.
 pub fn builtin_tools() -> Vec<Arc<dyn Tool>> {
-    vec![Arc::new(CurrentTime::new())]
+    let tools: Vec<Arc<dyn Tool>> = vec![Arc::new(CurrentTime::new())];
+    // In the registry (so a test's config may give it to an agent, the
+    // loader checking tool names against the registry), but in no agent of
+    // the default config.
+    #[cfg(feature = "fault-injection")]
+    let tools = {
+        let mut tools = tools;
+        tools.push(Arc::new(ledger::LedgerAppend::new()));
+        tools
+    };
+    tools
 }
 
 /// The registry of the built-in tools, with their schemas compiled.
@@ -111,13 +131,19 @@ mod tests {
             call_id: ToolCallId::generate(),
             idempotency_key: "k".into(),
             attempt: 1,
+            scope: Default::default(),
         }
     }
 
     #[test]
     fn registry_lists_current_time_with_its_declaration() {
         let reg = builtin_registry().unwrap();
-        assert_eq!(reg.names().collect::<Vec<_>>(), vec!["current_time"]);
+        let expected: &[&str] = if cfg!(feature = "fault-injection") {
+            &["current_time", "ledger_append"]
+        } else {
+            &["current_time"]
+        };
+        assert_eq!(reg.names().collect::<Vec<_>>(), expected);
         let spec = reg.spec("current_time").unwrap();
         assert!(!spec.requires_approval);
         assert!(spec.idempotent);

@@ -3,9 +3,11 @@
 //!
 //! Each test runs in a temporary working directory, so the binary finds no
 //! `config/overseer.toml` and no scenario file there: these tests also prove
-//! that the compiled-in defaults make it work from anywhere. They do not
-//! cover asking on a terminal (that needs a pseudo-terminal) beyond the
-//! refusal without one.
+//! that the compiled-in defaults make it work from anywhere. The `--resume`
+//! tests play the earlier process in-process (the library on the same data
+//! directory, stopped mid-turn), so they need no fault injection; the
+//! process-level crash loop is `tests/crash.rs`. They do not cover asking on
+//! a terminal (that needs a pseudo-terminal) beyond the refusal without one.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -243,9 +245,14 @@ fn an_unknown_agent_is_a_clear_error() {
         ],
     );
     assert_ne!(run.code, Some(0));
-    assert_eq!(
-        run.stderr.trim(),
-        "error: unknown agent 'nobody' (configured: assistant, auto)"
+    // One line naming the configured agents (the default config's list grows
+    // with the examples; its first two are the demo's).
+    assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .starts_with("error: unknown agent 'nobody' (configured: assistant, auto"),
+        "{}",
+        run.stderr
     );
     assert!(!data.exists());
 }
@@ -329,4 +336,311 @@ fn the_checkout_config_file_is_used_from_the_repository() {
     );
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     assert!(run.stdout.contains("unix_ms"), "{}", run.stdout);
+}
+
+// ---- overseer run --resume ------------------------------------------------
+
+/// Plays "an earlier process" in-process: starts the runtime on `data` with
+/// the built-in config and scenario, creates a session of `agent`, waits until
+/// it reaches `until`, and stops, leaving the session on disk as a killed
+/// process would (its checkpoints are all that remains).
+fn leave_session(data: &Path, agent: &str, until: SessionStatus) -> String {
+    use overseer_actors::model::{EventKind, Notification, SessionId};
+    use overseer_actors::scripted::ScriptedProvider;
+    use overseer_actors::{CreateSession, Overseer};
+    use std::sync::Arc;
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let id = rt.block_on(async {
+        let config = overseer::config::Config::builtin().expect("built-in config");
+        let store = SledStore::open(data, Durability::Fsync).expect("open store");
+        let overseer = Overseer::start(
+            config.agent_configs(),
+            Arc::new(store),
+            Arc::new(ScriptedProvider::new(
+                overseer::scenario::builtin().expect("built-in scenario"),
+            )),
+            overseer::tools::builtin_registry().expect("tools"),
+            config.runtime_config(),
+        )
+        .await
+        .expect("start");
+        let id = SessionId::generate();
+        let mut rx = overseer.subscribe(id);
+        overseer
+            .create_session(CreateSession {
+                agent: agent.into(),
+                tenant: overseer::cli::CLI_TENANT.into(),
+                prompt: Some("What time is it?".into()),
+                id: Some(id),
+                ..CreateSession::default()
+            })
+            .await
+            .expect("create");
+        tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            loop {
+                if let Ok(Notification::Event(e)) = rx.recv().await {
+                    if matches!(e.kind, EventKind::StatusChanged { status } if status == until) {
+                        return;
+                    }
+                }
+            }
+        })
+        .await
+        .expect("the session never reached the awaited status");
+        overseer.shutdown().await.expect("shutdown");
+        id
+    });
+    // Dropping the runtime drops the store, which releases the directory.
+    drop(rt);
+    id.to_string()
+}
+
+fn stored_status(data: &Path, id: &str) -> (SessionStatus, Option<String>) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let store = SledStore::open(data, Durability::Fsync).expect("open store");
+        let h = store
+            .load_header(id.parse().expect("session id"))
+            .await
+            .expect("load")
+            .expect("the session exists");
+        (h.status, h.last_stop_reason.map(|r| r.to_string()))
+    })
+}
+
+#[test]
+fn resume_settles_the_approval_a_killed_process_left_pending() {
+    let (tmp, data) = workdir();
+    let id = leave_session(&data, "assistant", SessionStatus::AwaitingApproval);
+    let run = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--resume",
+            &id,
+            "--approve",
+            "auto",
+            "--data",
+            &data_arg(tmp.path()),
+        ],
+    );
+    assert_eq!(run.code, Some(0), "stderr:\n{}", run.stderr);
+    assert_eq!(run.session_id(), id);
+    assert!(
+        run.stderr.contains(
+            "resuming: awaiting_approval (turn 1, step 1): 1 call(s) wait for a decision"
+        ),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("approval pending: current_time"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("decision acknowledged: call_"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("turn ended: end_turn"),
+        "{}",
+        run.stderr
+    );
+    // The agent's answer carries the tool's result, as in a fresh run.
+    assert!(run.stdout.contains("unix_ms"), "{}", run.stdout);
+    assert_eq!(
+        stored_status(&data, &id),
+        (SessionStatus::Completed, Some("end_turn".into()))
+    );
+}
+
+#[test]
+fn resume_denies_per_approve_deny() {
+    let (tmp, data) = workdir();
+    let id = leave_session(&data, "assistant", SessionStatus::AwaitingApproval);
+    let run = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--resume",
+            &id,
+            "--approve",
+            "deny",
+            "--data",
+            &data_arg(tmp.path()),
+        ],
+    );
+    assert_eq!(run.code, Some(0), "stderr:\n{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("Tool denied by user: denied by --approve deny"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stderr.contains(" deny\n"), "{}", run.stderr);
+}
+
+#[test]
+fn resume_completes_a_session_whose_turn_had_ended() {
+    let (tmp, data) = workdir();
+    // The `auto` agent never asks: the turn ends and the process "dies"
+    // before `run` could complete the session.
+    let id = leave_session(&data, "auto", SessionStatus::AwaitingInput);
+    let run = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--resume",
+            &id,
+            "--approve",
+            "deny",
+            "--data",
+            &data_arg(tmp.path()),
+        ],
+    );
+    assert_eq!(run.code, Some(0), "stderr:\n{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("resuming: awaiting_input: its last turn ended with end_turn"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(stored_status(&data, &id).0, SessionStatus::Completed);
+}
+
+#[test]
+fn resume_of_a_finished_session_reports_how_it_ended() {
+    let (tmp, _) = workdir();
+    let ok = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--agent",
+            "auto",
+            "--approve",
+            "deny",
+            "--data",
+            &data_arg(tmp.path()),
+            "time?",
+        ],
+    );
+    assert_eq!(ok.code, Some(0), "{}", ok.stderr);
+    let id = ok.session_id();
+    let again = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--resume",
+            &id,
+            "--approve",
+            "auto",
+            "--data",
+            &data_arg(tmp.path()),
+        ],
+    );
+    assert_eq!(again.code, Some(0), "{}", again.stderr);
+    assert!(
+        again
+            .stderr
+            .contains("resuming: completed: its last turn ended with end_turn"),
+        "{}",
+        again.stderr
+    );
+    assert!(again.stdout.is_empty(), "{}", again.stdout);
+
+    // A session whose turn failed (scenario exhausted) resumes to the same
+    // failure and exit status.
+    let scenario = tmp.path().join("short.json");
+    std::fs::write(
+        &scenario,
+        r#"{"name": "short", "agents": {"auto": [
+            {"text": "Checking.", "tool_calls": [{"name": "current_time", "arguments": {}}]}
+        ]}}"#,
+    )
+    .expect("write scenario");
+    let failed = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--agent",
+            "auto",
+            "--approve",
+            "auto",
+            "--scenario",
+            &scenario.display().to_string(),
+            "--data",
+            &data_arg(tmp.path()),
+            "time?",
+        ],
+    );
+    assert_eq!(failed.code, Some(1), "{}", failed.stderr);
+    let id = failed.session_id();
+    let again = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--resume",
+            &id,
+            "--approve",
+            "auto",
+            "--data",
+            &data_arg(tmp.path()),
+        ],
+    );
+    assert_eq!(again.code, Some(1), "{}", again.stderr);
+    assert_eq!(
+        again.last_stderr_line(),
+        format!("error: session {id} is completed; its last turn ended with error")
+    );
+}
+
+#[test]
+fn resume_of_an_unknown_session_is_a_clear_error() {
+    let (tmp, data) = workdir();
+    let id = "0190f5b2-6f3a-7cc1-9a39-3f1e8e0f4a11";
+    let args = [
+        "run",
+        "--resume",
+        id,
+        "--approve",
+        "auto",
+        "--data",
+        &data_arg(tmp.path()),
+    ];
+    // No data directory: refused before anything is created.
+    let run = overseer(tmp.path(), &args);
+    assert_eq!(run.code, Some(1));
+    assert_eq!(
+        run.stderr.trim(),
+        format!("error: no session {id} in {}", data.display())
+    );
+    assert!(!data.exists(), "the store was created");
+    // A store that does not hold it.
+    let first = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--agent",
+            "auto",
+            "--approve",
+            "deny",
+            "--data",
+            &data_arg(tmp.path()),
+            "time?",
+        ],
+    );
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    let run = overseer(tmp.path(), &args);
+    assert_eq!(run.code, Some(1));
+    assert_eq!(
+        run.last_stderr_line(),
+        format!("error: no session {id} in {}", data.display())
+    );
+    // Not an id at all: the usage error names the value.
+    let run = overseer(tmp.path(), &["run", "--resume", "nope"]);
+    assert_eq!(run.code, Some(2));
+    assert!(run.stderr.contains("'nope'"), "{}", run.stderr);
 }

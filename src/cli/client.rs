@@ -96,7 +96,12 @@ struct Client {
 }
 
 impl Client {
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value, ClientError> {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, ClientError> {
         let url = format!("{}{path}", self.base.trim_end_matches('/'));
         let mut req = self.http.request(method, &url);
         if let Some(t) = &self.token {
@@ -130,7 +135,9 @@ async fn run(args: SessionsArgs) -> Result<(), ClientError> {
     let client = Client {
         http: reqwest::Client::new(),
         base: args.url.clone(),
-        token: std::env::var("OVERSEER_TOKEN").ok().filter(|t| !t.is_empty()),
+        token: std::env::var("OVERSEER_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty()),
     };
     match args.command {
         SessionsCommand::List { status, agent } => {
@@ -175,7 +182,11 @@ async fn run(args: SessionsArgs) -> Result<(), ClientError> {
         }
         SessionsCommand::Approve { id, calls, deny } => {
             let pending = client
-                .call(reqwest::Method::GET, &format!("/v1/sessions/{id}/approvals"), None)
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/v1/sessions/{id}/approvals"),
+                    None,
+                )
                 .await?;
             let mut chosen: Vec<String> = pending["pending"]
                 .as_array()
@@ -213,7 +224,11 @@ async fn run(args: SessionsArgs) -> Result<(), ClientError> {
         }
         SessionsCommand::Cancel { id } => {
             client
-                .call(reqwest::Method::POST, &format!("/v1/sessions/{id}/cancel"), None)
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/v1/sessions/{id}/cancel"),
+                    None,
+                )
                 .await?;
             println!("cancelled {id}");
         }

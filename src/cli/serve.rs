@@ -134,12 +134,18 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         })?;
         // Scripts and tests read the bound address (the port may be 0).
         eprintln!("listening on {bound}");
-        http::serve_with(overseer.clone(), listener, auth, http_options, shutdown_signal())
-            .await
-            .map_err(|source| ServeError::Io {
-                addr: bound.to_string(),
-                source,
-            })?;
+        http::serve_with(
+            overseer.clone(),
+            listener,
+            auth,
+            http_options,
+            shutdown_signal(),
+        )
+        .await
+        .map_err(|source| ServeError::Io {
+            addr: bound.to_string(),
+            source,
+        })?;
         eprintln!("shutting down: stopping sessions and flushing the store");
         overseer
             .shutdown()

@@ -124,7 +124,12 @@ pub fn hit(point: FaultPoint, session: SessionId, agent: &str) {
 
 /// Aborts the process like a `kill -9` would end it.
 pub fn abort(point: FaultPoint) -> ! {
-    eprintln!("injected fault: aborting the process at {point:?}");
+    // Not eprintln!: with stderr closed it would panic instead of aborting.
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "injected fault: aborting the process at {point:?}"
+    );
     std::process::abort()
 }
 

@@ -4,7 +4,7 @@
 //! nothing: the durable event log is in the store, and a subscriber that lags
 //! or arrives late replays from there by sequence number.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
@@ -20,7 +20,7 @@ pub const SUBSCRIBER_BUFFER: usize = 1024;
 /// Per-session broadcast channels, created on first subscription.
 #[derive(Clone)]
 pub struct EventHub {
-    channels: Arc<DashMap<SessionId, broadcast::Sender<Notification>>>,
+    channels: Arc<DashMap<SessionId, Channel>>,
     /// Channel count at which `subscribe` next sweeps channels nobody reads
     /// (a session that never publishes again would otherwise keep its
     /// buffer forever). Doubles with the live count: amortised O(1).
@@ -38,6 +38,17 @@ impl Default for EventHub {
 
 const MIN_SWEEP: usize = 64;
 
+/// Nothing published on this channel yet.
+const NONE_PUBLISHED: u64 = u64::MAX;
+
+struct Channel {
+    tx: broadcast::Sender<Notification>,
+    /// Sequence of the last durable event published here, so a session
+    /// restarted after dying between a checkpoint and its publication can
+    /// publish what its subscribers missed.
+    last_seq: AtomicU64,
+}
+
 impl EventHub {
     /// An empty hub.
     pub fn new() -> Self {
@@ -47,13 +58,17 @@ impl EventHub {
     /// Subscribes to a session's live notifications.
     pub fn subscribe(&self, id: SessionId) -> broadcast::Receiver<Notification> {
         if self.channels.len() >= self.sweep_at.load(Ordering::Relaxed) {
-            self.channels.retain(|_, tx| tx.receiver_count() > 0);
+            self.channels.retain(|_, c| c.tx.receiver_count() > 0);
             let next = (self.channels.len() * 2).max(MIN_SWEEP);
             self.sweep_at.store(next, Ordering::Relaxed);
         }
         self.channels
             .entry(id)
-            .or_insert_with(|| broadcast::channel(SUBSCRIBER_BUFFER).0)
+            .or_insert_with(|| Channel {
+                tx: broadcast::channel(SUBSCRIBER_BUFFER).0,
+                last_seq: AtomicU64::new(NONE_PUBLISHED),
+            })
+            .tx
             .subscribe()
     }
 
@@ -66,12 +81,31 @@ impl EventHub {
     /// nobody listens so idle sessions cost nothing here.
     pub fn publish(&self, id: SessionId, n: Notification) {
         let gone = match self.channels.get(&id) {
-            Some(tx) => tx.send(n).is_err(),
+            Some(c) => {
+                if let Notification::Event(e) = &n {
+                    let _ = c
+                        .last_seq
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                            (old == NONE_PUBLISHED || e.seq > old).then_some(e.seq)
+                        });
+                }
+                c.tx.send(n).is_err()
+            }
             None => return,
         };
         if gone {
             self.channels
-                .remove_if(&id, |_, tx| tx.receiver_count() == 0);
+                .remove_if(&id, |_, c| c.tx.receiver_count() == 0);
+        }
+    }
+
+    /// The last event sequence published to a session's current
+    /// subscribers, if it has any and something was published to them.
+    pub fn last_published(&self, id: SessionId) -> Option<u64> {
+        let c = self.channels.get(&id)?;
+        match c.last_seq.load(Ordering::Relaxed) {
+            NONE_PUBLISHED => None,
+            seq => Some(seq),
         }
     }
 }

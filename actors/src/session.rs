@@ -177,6 +177,17 @@ impl Actor for SessionActor {
         // be handled before the in-flight work is re-established.
         let span = state.span.clone();
         let id = state.session.header.id;
+        // A predecessor that died between a checkpoint and publishing its
+        // events left subscribers behind: publish what they missed.
+        if let Some(last) = state.runtime.hub.last_published(id) {
+            if last < state.session.header.last_event_seq {
+                if let Ok(missed) = state.runtime.store.events_after(id, last, usize::MAX).await {
+                    for e in missed {
+                        state.runtime.hub.publish(id, Notification::Event(e));
+                    }
+                }
+            }
+        }
         let journal = state
             .session
             .header

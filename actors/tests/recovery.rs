@@ -288,6 +288,17 @@ mod faults {
         survives(FaultPoint::AfterCheckpoint, 2).await;
     }
 
+    /// The checkpoint that parks the session is durable but the actor dies
+    /// before publishing its events: the restart publishes what subscribers
+    /// missed (the helper waits for the `awaiting_approval` event).
+    #[tokio::test]
+    async fn after_checkpoint_before_publication() {
+        let run = survives(FaultPoint::AfterCheckpoint, 1);
+        tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .expect("the missed events were never published");
+    }
+
     #[tokio::test]
     async fn before_tool_dispatch() {
         survives(FaultPoint::BeforeToolDispatch, 1).await;

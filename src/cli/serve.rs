@@ -6,6 +6,7 @@
 //! SIGTERM/SIGINT (stop accepting, finish in-flight requests and checkpoints,
 //! stop the actors, flush sled, exit 0). The API itself is `crate::http`.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -133,7 +134,8 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
             source,
         })?;
         // Scripts and tests read the bound address (the port may be 0).
-        eprintln!("listening on {bound}");
+        // Not eprintln!: a closed stderr must not panic a running service.
+        let _ = writeln!(std::io::stderr(), "listening on {bound}");
         http::serve_with(
             overseer.clone(),
             listener,
@@ -146,7 +148,10 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
             addr: bound.to_string(),
             source,
         })?;
-        eprintln!("shutting down: stopping sessions and flushing the store");
+        let _ = writeln!(
+            std::io::stderr(),
+            "shutting down: stopping sessions and flushing the store"
+        );
         overseer
             .shutdown()
             .await

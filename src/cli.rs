@@ -107,6 +107,20 @@ pub struct RunArgs {
     /// Data directory of the store (overrides store.data_dir).
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
+    /// Provider for every agent (overrides `[provider] kind`): scripted,
+    /// openai (any OpenAI-compatible server) or anthropic.
+    #[arg(long, value_name = "KIND", value_parser = ["scripted", "openai", "anthropic"])]
+    pub provider: Option<String>,
+    /// Endpoint root of an openai/anthropic provider, e.g.
+    /// http://localhost:11434/v1 for Ollama.
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+    /// Model id sent to an openai/anthropic provider.
+    #[arg(long, value_name = "MODEL")]
+    pub model: Option<String>,
+    /// Environment variable holding the provider's API key.
+    #[arg(long, value_name = "VAR")]
+    pub api_key_env: Option<String>,
     /// Continue this stored session instead of starting one (no PROMPT then).
     #[arg(long, value_name = "SESSION_ID")]
     pub resume: Option<SessionId>,
@@ -301,7 +315,13 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             scenario: args.scenario.clone(),
         },
     };
-    let config = Config::load(&options, &tools)?;
+    let mut config = Config::load(&options, &tools)?;
+    config.apply_provider_flags(
+        args.provider.as_deref(),
+        args.base_url.clone(),
+        args.model.clone(),
+        args.api_key_env.clone(),
+    );
     match &target {
         Target::New { agent, .. } if config.agent(agent).is_none() => {
             return Err(CliError::UnknownAgent {
@@ -357,11 +377,16 @@ async fn run_session(
             dir,
             message: e.to_string(),
         })?;
+    // The built-ins validated the config; the full set adds http tools,
+    // http_request and the tools of MCP servers (connected here, kept alive
+    // for the run).
+    let _ = &tools;
+    let all_tools = crate::service::build_tools(&config).await?;
     let overseer = Overseer::start(
         config.agent_configs(),
         Arc::new(store),
         provider,
-        tools,
+        all_tools.registry.clone(),
         config.runtime_config(),
     )
     .await?;
@@ -453,6 +478,14 @@ async fn drive(
     let (interrupt_tx, mut interrupt_rx) = mpsc::unbounded_channel();
     let interrupts = tokio::spawn(watch_interrupts(interrupt_tx));
 
+    // Subagents' approvals surface at the root (§7) but are announced on the
+    // children's own event streams: watch the tree for them.
+    let children = tokio::spawn(watch_children(
+        overseer.clone(),
+        id,
+        overseer.subscribe(id),
+        pending_tx.clone(),
+    ));
     let mut follower = Follower::new(pending_tx);
     if let Some(stored) = &resumed {
         follower.take_over(stored);
@@ -462,6 +495,7 @@ async fn drive(
         .await;
     decider.abort();
     interrupts.abort();
+    children.abort();
     let end = end?;
 
     // The CLI sends no follow-up, so complete the session rather than leave it
@@ -818,6 +852,60 @@ impl Follower {
             out("\n");
         }
         self.printed.clear();
+    }
+}
+
+/// Sends the decider every pending approval of a descendant of `root` (its
+/// own calls are announced by its events), each once. Looks whenever the
+/// root starts waiting, which it does while a propagating child waits.
+async fn watch_children(
+    overseer: Overseer,
+    root: SessionId,
+    mut rx: tokio::sync::broadcast::Receiver<Notification>,
+    pending: mpsc::UnboundedSender<PendingCall>,
+) {
+    let mut seen = std::collections::HashSet::new();
+    loop {
+        let look = match rx.recv().await {
+            Ok(Notification::Event(e)) => matches!(
+                e.kind,
+                EventKind::StatusChanged {
+                    status: SessionStatus::AwaitingApproval
+                }
+            ),
+            Ok(_) => false,
+            // Missed events: look anyway.
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        if !look {
+            continue;
+        }
+        // The child's request may land a moment after the root's status
+        // changed; a second look catches it without polling forever.
+        for _ in 0..2 {
+            let Ok(list) = overseer.pending_approvals(root).await else {
+                break;
+            };
+            for p in list.into_iter().filter(|p| p.session_id != root) {
+                if seen.insert(p.call.id.clone()) {
+                    status(format_args!(
+                        "approval requested by subagent session {}: {} {} ({})",
+                        p.session_id,
+                        p.call.name,
+                        excerpt(&p.call.arguments),
+                        p.call.id
+                    ));
+                    let _ = pending.send(PendingCall {
+                        id: p.call.id.clone(),
+                        name: p.call.name.clone(),
+                        arguments: p.call.arguments.clone(),
+                        outcome_unknown: p.call.outcome_unknown,
+                    });
+                }
+            }
+            tokio::task::yield_now().await;
+        }
     }
 }
 

@@ -769,6 +769,31 @@ impl Config {
                 .is_some_and(|(server, _)| self.mcp_servers.iter().any(|m| m.name == server))
     }
 
+    /// Applies `overseer run`'s provider flags on top of the file and env.
+    pub fn apply_provider_flags(
+        &mut self,
+        kind: Option<&str>,
+        base_url: Option<String>,
+        model: Option<String>,
+        api_key_env: Option<String>,
+    ) {
+        match kind {
+            Some("openai") => self.provider.kind = ProviderKind::Openai,
+            Some("anthropic") => self.provider.kind = ProviderKind::Anthropic,
+            Some("scripted") => self.provider.kind = ProviderKind::Scripted,
+            _ => {}
+        }
+        if base_url.is_some() {
+            self.provider.base_url = base_url;
+        }
+        if model.is_some() {
+            self.provider.model = model;
+        }
+        if api_key_env.is_some() {
+            self.provider.api_key_env = api_key_env;
+        }
+    }
+
     /// The agent named `name`.
     pub fn agent(&self, name: &str) -> Option<&AgentSection> {
         self.agents.iter().find(|a| a.name == name)

@@ -123,9 +123,11 @@ impl ScopeTokens {
                 EncodingKey::from_ec_pem(private_pem).map_err(key)?,
                 DecodingKey::from_ec_pem(public_pem).map_err(key)?,
             ),
-            other => return Err(ScopeTokenError::Key(format!(
+            other => {
+                return Err(ScopeTokenError::Key(format!(
                 "algorithm {other:?} is not supported for scope tokens (use HS256, RS256 or ES256)"
-            ))),
+            )))
+            }
         };
         Ok(Self {
             alg,

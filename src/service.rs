@@ -17,13 +17,13 @@ use overseer_actors::{Overseer, SessionError};
 use overseer_actors::tool::Tool;
 
 use crate::config::Config;
+use crate::provider::{build_provider, ProviderConfigError};
 use crate::scope_token::ScopeTokens;
+use crate::store::SledStore;
 use crate::tools::builtin_tools;
 use crate::tools::http_request::HttpRequestTool;
 use crate::tools::http_tool::http_tools;
 use crate::tools::mcp::McpHub;
-use crate::provider::{build_provider, ProviderConfigError};
-use crate::store::SledStore;
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +91,8 @@ pub async fn build_tools(config: &Config) -> Result<Tools, ServiceError> {
         tools.push(Arc::new(tool));
     }
     tools.extend(
-        http_tools(&config.tools, tokens.as_ref()).map_err(|e| ServiceError::Tools(e.to_string()))?,
+        http_tools(&config.tools, tokens.as_ref())
+            .map_err(|e| ServiceError::Tools(e.to_string()))?,
     );
     let mcp = if config.mcp_servers.is_empty() {
         None
@@ -134,12 +135,11 @@ impl Provider for RoutedProvider {
 /// Builds every configured route now, so a missing key or a bad URL is a
 /// start-up error naming the route, not a failed request later.
 pub fn build_providers(config: &Config) -> Result<Arc<dyn Provider>, ServiceError> {
-    let default = build_provider(&config.provider.route()).map_err(|source| {
-        ServiceError::Provider {
+    let default =
+        build_provider(&config.provider.route()).map_err(|source| ServiceError::Provider {
             route: "[provider]".into(),
             source,
-        }
-    })?;
+        })?;
     let mut routes = BTreeMap::new();
     for route in &config.models {
         let name = route.name.clone().unwrap_or_default();

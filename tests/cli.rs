@@ -338,6 +338,46 @@ fn the_checkout_config_file_is_used_from_the_repository() {
     assert!(run.stdout.contains("unix_ms"), "{}", run.stdout);
 }
 
+#[test]
+fn the_delegation_demo_runs_two_subagents_and_settles_the_childs_approval() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let run = overseer(
+        root,
+        &[
+            "run",
+            "--agent",
+            "lead",
+            "--scenario",
+            "examples/scenarios/delegation.json",
+            "--approve",
+            "auto",
+            "--data",
+            &data_arg(tmp.path()),
+            "Plan the launch",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    // The reviewer's approval surfaced at the root and was decided there.
+    assert!(
+        run.stderr
+            .contains("approval requested by subagent session"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("decision acknowledged: "),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stdout.contains("Both subagents reported back"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("Confirmed:"), "{}", run.stdout);
+}
+
 // ---- overseer run --resume ------------------------------------------------
 
 /// Plays "an earlier process" in-process: starts the runtime on `data` with
@@ -643,4 +683,80 @@ fn resume_of_an_unknown_session_is_a_clear_error() {
     let run = overseer(tmp.path(), &["run", "--resume", "nope"]);
     assert_eq!(run.code, Some(2));
     assert!(run.stderr.contains("'nope'"), "{}", run.stderr);
+}
+
+/// `run --provider openai --base-url … --model …` drives an OpenAI-compatible
+/// server (here a loopback server in the test speaking the streaming format).
+#[test]
+fn run_drives_an_openai_compatible_server_from_flags() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().expect("accept");
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Read headers and the JSON body (Content-Length bytes).
+        loop {
+            let n = conn.read(&mut buf).expect("read");
+            request.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&request).into_owned();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let len = text[..end]
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().to_owned())
+                    })
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or(0);
+                if request.len() >= end + 4 + len {
+                    break;
+                }
+            }
+        }
+        let body = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hello from \"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"the local model.\"},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":5}}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(response.as_bytes()).expect("write");
+        String::from_utf8_lossy(&request).into_owned()
+    });
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let base = format!("http://{addr}/v1");
+    let run = overseer(
+        tmp.path(),
+        &[
+            "run",
+            "--provider",
+            "openai",
+            "--base-url",
+            &base,
+            "--model",
+            "local-model",
+            "--agent",
+            "auto",
+            "--approve",
+            "auto",
+            "--data",
+            &data_arg(tmp.path()),
+            "Say hello",
+        ],
+    );
+    let request = server.join().expect("server");
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_eq!(run.stdout.trim(), "Hello from the local model.");
+    assert!(
+        request.starts_with("POST /v1/chat/completions"),
+        "{request}"
+    );
+    assert!(request.contains("\"model\":\"local-model\""), "{request}");
+    assert!(request.contains("\"stream\":true"), "{request}");
 }

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use overseer::actors::model::SessionStatus;
 
 use crate::common::{
-    bounded, create_request, memory, rate, rss_bytes, start, start_with, Backend, Mode, Probe, Reached, Res,
-    Row, Rows, Runs, Want, IDLE_AGENT,
+    bounded, create_request, memory, rate, rss_bytes, start, start_with, Backend, Mode, Probe,
+    Reached, Res, Row, Rows, Runs, Want, IDLE_AGENT,
 };
 
 /// Workload name in the table.

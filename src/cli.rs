@@ -12,6 +12,7 @@
 
 mod client;
 mod serve;
+mod tools;
 
 use std::collections::HashMap;
 use std::fmt::Display;
@@ -75,6 +76,9 @@ pub enum Command {
     /// Print a development token minted with OVERSEER_JWT_SECRET (only the
     /// token, on stdout).
     Token(serve::TokenArgs),
+    /// List every configured tool (built-ins, http tools, MCP servers' tools)
+    /// with its approval default and the agents that have it.
+    Tools(tools::ToolsArgs),
 }
 
 /// Arguments of `overseer run`.
@@ -260,6 +264,7 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
         Command::Serve(args) => serve::serve(args),
         Command::Sessions(args) => client::sessions(args),
         Command::Token(args) => serve::token(args),
+        Command::Tools(args) => tools::list(args),
     }
 }
 

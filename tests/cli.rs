@@ -760,3 +760,58 @@ fn run_drives_an_openai_compatible_server_from_flags() {
     assert!(request.contains("\"model\":\"local-model\""), "{request}");
     assert!(request.contains("\"stream\":true"), "{request}");
 }
+
+#[test]
+fn tools_lists_every_configured_tool_with_its_agents() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let config = tmp.path().join("c.toml");
+    std::fs::write(
+        &config,
+        r#"
+[http_request]
+allow_hosts = ["api.example.com"]
+
+[[tools]]
+name = "create_ticket"
+description = "Opens a ticket"
+url = "http://127.0.0.1:9/tools"
+
+[[agents]]
+name = "ops"
+tools = ["create_ticket", "http_request", "current_time"]
+"#,
+    )
+    .expect("write config");
+    let run = overseer(
+        tmp.path(),
+        &["tools", "--config", &config.display().to_string()],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let line = |name: &str| {
+        run.stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}\t")))
+            .unwrap_or_else(|| panic!("no {name} in {}", run.stdout))
+            .to_owned()
+    };
+    assert!(
+        line("create_ticket").contains("\tapproval\t"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        line("create_ticket").contains("agents: ops"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        line("http_request").contains("\tapproval\t"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        line("current_time").contains("\tno-approval\t"),
+        "{}",
+        run.stdout
+    );
+}

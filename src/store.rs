@@ -953,7 +953,8 @@ mod tests {
 
         // What a newer binary would have left behind.
         {
-            let db = sled::open(dir.path()).unwrap();
+            // The store just dropped may still hold the lock for a moment.
+            let db = open_retrying(&sled::Config::new().path(dir.path())).unwrap();
             let sessions = db.open_tree("sessions").unwrap();
             let mut header: serde_json::Value =
                 serde_json::from_slice(&sessions.get(sim.id().as_bytes()).unwrap().unwrap())
@@ -1001,7 +1002,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         drop(open(dir.path()));
         {
-            let db = sled::open(dir.path()).unwrap();
+            // The store just dropped may still hold the lock for a moment.
+            let db = open_retrying(&sled::Config::new().path(dir.path())).unwrap();
             db.open_tree("meta")
                 .unwrap()
                 .insert(FORMAT_KEY, &(FORMAT_VERSION + 1).to_be_bytes()[..])

@@ -25,6 +25,8 @@ mod approve;
 mod checkpoint;
 #[path = "overseer/common.rs"]
 mod common;
+#[path = "overseer/http.rs"]
+mod http;
 #[path = "overseer/idle.rs"]
 mod idle;
 #[path = "overseer/recovery.rs"]
@@ -47,7 +49,7 @@ usage: cargo bench --bench overseer -- [options]
   --full                the long run: N up to 100000, recovery at 100000, a million
                         idle sessions, 2000 checkpoint rounds
   --out FILE            also write the rows as JSON to FILE
-  --workload NAME       only this workload (repeatable): approve, round-trip, idle,
+  --workload NAME       only this workload (repeatable): approve, round-trip, idle, http,
                         checkpoint, recovery, scaling (= approve + idle)
   --concurrency C       sessions in flight at once (default 1000)
   --rounds R            checkpoints measured per history length (default 500)
@@ -66,6 +68,7 @@ enum Workload {
     Idle,
     Checkpoint,
     Recovery,
+    Http,
 }
 
 impl Workload {
@@ -76,6 +79,7 @@ impl Workload {
             "idle" | "idle-sessions" | "2" => vec![Self::Idle],
             "checkpoint" | "checkpoint-vs-history" | "3" => vec![Self::Checkpoint],
             "recovery" | "4" => vec![Self::Recovery],
+            "http" | "over-http" | "6" => vec![Self::Http],
             "scaling" | "5" => vec![Self::Approve, Self::Idle],
             "all" => vec![
                 Self::Approve,
@@ -83,6 +87,7 @@ impl Workload {
                 Self::Idle,
                 Self::Checkpoint,
                 Self::Recovery,
+                Self::Http,
             ],
             _ => return None,
         })
@@ -237,6 +242,16 @@ fn plan(args: &Args) -> Vec<Case> {
     for &m in &modes {
         add(Workload::Recovery, "recovery", m, recovery_n);
     }
+    // Over HTTP: fsync (the target), at the smaller default size.
+    let http_n = args
+        .sessions
+        .unwrap_or(if args.full { 10_000 } else { 2_000 });
+    add(
+        Workload::Http,
+        "http",
+        args.durability.unwrap_or(Mode::Fsync),
+        http_n,
+    );
     cases
 }
 
@@ -427,6 +442,7 @@ fn run_case(case: &str, args: &Args) -> Res<ExitCode> {
             "idle" => idle::run(mode, n, limit, &base).await,
             "checkpoint" => checkpoint::run(mode, rounds, &base).await,
             "recovery" => recovery::run(mode, n, limit, &base, &mut failures).await,
+            "http" => http::run(mode, n, &base, &mut failures).await,
             "park-for-recovery" => recovery::park_and_wait(mode, n, limit, &base)
                 .await
                 .map(|()| Vec::new()),

@@ -8,14 +8,14 @@
 //! concurrent checkpoints share a flush), and that every tool ran exactly once.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use overseer::actors::model::{EventKind, Notification, SessionStatus};
 
+use overseer::actors::RuntimeConfig;
+
 use crate::common::{
-    approve_all, busy, cpu_seconds, finish, live_bytes, park, rate, start, Backend, Mode, Probe,
-    Res, Row, Rows, Runs,
+    approve_all, busy, cpu_seconds, finish, live_bytes, park, rate, Bench, Mode, Res, Row, Rows,
 };
 
 /// Workload name in the table.
@@ -31,13 +31,13 @@ pub async fn run(
     base: &Path,
     failures: &mut Vec<String>,
 ) -> Res<Vec<Row>> {
-    let dir = tempfile::Builder::new()
-        .prefix("overseer-bench-approve-")
-        .tempdir_in(base)?;
-    let backend = Backend::open(dir.path(), mode)?;
-    let probe = Arc::new(Probe::new(backend.store.clone()));
-    let runs = Arc::new(Runs::default());
-    let ov = start(probe.clone(), runs.clone()).await?;
+    let Bench {
+        dir,
+        backend,
+        probe,
+        runs,
+        ov,
+    } = Bench::start("approve", mode, base, RuntimeConfig::default()).await?;
     let size0 = backend.size_on_disk()?;
     let mut rows = Rows::new(NAME, Some(mode), n);
 
@@ -161,13 +161,13 @@ pub async fn serial(
     base: &Path,
     failures: &mut Vec<String>,
 ) -> Res<Vec<Row>> {
-    let dir = tempfile::Builder::new()
-        .prefix("overseer-bench-rtt-")
-        .tempdir_in(base)?;
-    let backend = Backend::open(dir.path(), mode)?;
-    let probe = Arc::new(Probe::new(backend.store.clone()));
-    let runs = Arc::new(Runs::default());
-    let ov = start(probe.clone(), runs.clone()).await?;
+    let Bench {
+        dir: _dir,
+        backend: _backend,
+        probe,
+        runs,
+        ov,
+    } = Bench::start("rtt", mode, base, RuntimeConfig::default()).await?;
     let parked = park(&ov, &probe, 1..=n, limit).await?;
 
     let mut acks = Vec::with_capacity(n);

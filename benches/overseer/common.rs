@@ -242,6 +242,41 @@ pub struct Backend {
     sled: overseer::store::SledStore,
 }
 
+/// One workload's setup: a temp sled directory, its store behind a probe,
+/// the tool's execution counter and a started runtime.
+pub struct Bench {
+    /// Removed on drop.
+    pub dir: tempfile::TempDir,
+    /// The store.
+    pub backend: Backend,
+    /// Milestones seen in checkpoints.
+    pub probe: Arc<Probe>,
+    /// Tool executions per key.
+    pub runs: Arc<Runs>,
+    /// The runtime.
+    pub ov: Overseer,
+}
+
+impl Bench {
+    /// Sets up a workload named `name` (the temp dir's prefix) under `base`.
+    pub async fn start(name: &str, mode: Mode, base: &Path, config: RuntimeConfig) -> Res<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("overseer-bench-{name}-"))
+            .tempdir_in(base)?;
+        let backend = Backend::open(dir.path(), mode)?;
+        let probe = Arc::new(Probe::new(backend.store.clone()));
+        let runs = Arc::new(Runs::default());
+        let ov = start_with(probe.clone(), runs.clone(), config).await?;
+        Ok(Self {
+            dir,
+            backend,
+            probe,
+            runs,
+            ov,
+        })
+    }
+}
+
 impl Backend {
     /// Opens (or creates) the store in `dir`.
     pub fn open(dir: &Path, mode: Mode) -> Res<Self> {

@@ -10,15 +10,14 @@
 //! published to event streams).
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use overseer::auth::AuthConfig;
 use serde_json::{json, Value};
 
-use crate::common::{
-    bounded, rate, start, Backend, Mode, Probe, Reached, Res, Row, Rows, Runs, Want, APPROVE_AGENT,
-};
+use overseer::actors::RuntimeConfig;
+
+use crate::common::{bounded, rate, Bench, Mode, Reached, Res, Row, Rows, Want, APPROVE_AGENT};
 
 /// Workload name in the table.
 pub const NAME: &str = "over-http";
@@ -29,13 +28,13 @@ pub const CLIENTS: usize = 64;
 /// Runs workload 6 at `n` sessions with [`CLIENTS`] clients.
 pub async fn run(mode: Mode, n: usize, base: &Path, failures: &mut Vec<String>) -> Res<Vec<Row>> {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let dir = tempfile::Builder::new()
-        .prefix("overseer-bench-http-")
-        .tempdir_in(base)?;
-    let backend = Backend::open(dir.path(), mode)?;
-    let probe = Arc::new(Probe::new(backend.store.clone()));
-    let runs = Arc::new(Runs::default());
-    let ov = start(probe.clone(), runs.clone()).await?;
+    let Bench {
+        dir: _dir,
+        backend: _backend,
+        probe,
+        runs,
+        ov,
+    } = Bench::start("http", mode, base, RuntimeConfig::default()).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

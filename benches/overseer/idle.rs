@@ -12,9 +12,11 @@ use std::time::{Duration, Instant};
 
 use overseer::actors::model::SessionStatus;
 
+use overseer::actors::RuntimeConfig;
+
 use crate::common::{
-    bounded, create_request, memory, rate, rss_bytes, start, start_with, Backend, Mode, Probe,
-    Reached, Res, Row, Rows, Runs, Want, IDLE_AGENT,
+    bounded, create_request, memory, rate, rss_bytes, Bench, Mode, Probe, Reached, Res, Row, Rows,
+    Want, IDLE_AGENT,
 };
 
 /// Workload name in the table.
@@ -29,12 +31,13 @@ const CHUNK: usize = 10_000;
 
 /// Runs workload 2 at `n` sessions.
 pub async fn run(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<Vec<Row>> {
-    let dir = tempfile::Builder::new()
-        .prefix("overseer-bench-idle-")
-        .tempdir_in(base)?;
-    let backend = Backend::open(dir.path(), mode)?;
-    let probe = Arc::new(Probe::new(backend.store.clone()));
-    let ov = start(probe.clone(), Arc::new(Runs::default())).await?;
+    let Bench {
+        dir: _dir,
+        backend: _backend,
+        probe,
+        ov,
+        ..
+    } = Bench::start("idle", mode, base, RuntimeConfig::default()).await?;
 
     idle_sessions(&ov, &probe, 0, WARM_UP, limit).await?;
     settle().await;
@@ -100,16 +103,17 @@ pub async fn run(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<Vec<Row
 /// state only on disk). The allocator may keep freed pages, so this is an
 /// upper bound on what a hibernated session costs.
 async fn hibernated_rss(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<f64> {
-    let dir = tempfile::Builder::new()
-        .prefix("overseer-bench-hibernate-")
-        .tempdir_in(base)?;
-    let backend = Backend::open(dir.path(), mode)?;
-    let probe = Arc::new(Probe::new(backend.store.clone()));
-    let config = overseer::actors::RuntimeConfig {
+    let config = RuntimeConfig {
         idle_hibernate: Some(Duration::from_millis(500)),
-        ..overseer::actors::RuntimeConfig::default()
+        ..RuntimeConfig::default()
     };
-    let ov = start_with(probe.clone(), Arc::new(Runs::default()), config).await?;
+    let Bench {
+        dir: _dir,
+        backend: _backend,
+        probe,
+        ov,
+        ..
+    } = Bench::start("hibernate", mode, base, config).await?;
     idle_sessions(&ov, &probe, 0, WARM_UP, limit).await?;
     wait_hibernated(&ov, WARM_UP).await?;
     settle().await;

@@ -24,15 +24,20 @@ pub mod fault;
 #[cfg(not(feature = "fault-injection"))]
 mod fault_off;
 pub mod hub;
+pub mod journal;
+pub mod machine;
+pub mod messages;
 pub mod metrics;
 pub mod model;
 pub mod orchestrator;
+pub mod overseer;
 pub mod provider;
 pub mod runtime;
 pub mod scripted;
 pub mod session;
 pub mod store;
 pub mod supervision;
+pub mod timers;
 pub mod tool;
 pub mod tool_call;
 
@@ -41,6 +46,6 @@ pub use error::SessionError;
 pub(crate) use fault::fault_point;
 #[cfg(not(feature = "fault-injection"))]
 pub(crate) use fault_off::fault_point;
-pub use runtime::{
-    CreateSession, Overseer, PendingApproval, Runtime, RuntimeConfig, SessionOverrides, TreeNode,
-};
+pub use model::SessionOverrides;
+pub use overseer::{CreateSession, Overseer, PendingApproval, TreeNode};
+pub use runtime::{Bookkeeping, Runtime, RuntimeConfig};

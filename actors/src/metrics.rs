@@ -34,7 +34,7 @@ use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gau
 
 use crate::model::{Decision, Event, EventKind, SessionId, SessionStatus, TranscriptEntry};
 use crate::provider::{ProviderError, ProviderEvent};
-use crate::session::machine::Session;
+use crate::machine::Session;
 use crate::store::{Checkpoint, CheckpointStore, StoreError};
 
 /// Gauge: live session actors, by `status`.

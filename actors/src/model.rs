@@ -4,11 +4,12 @@
 //! This module owns the *shape* of the data and the small invariants that belong
 //! to a single value (which states are terminal, how override arguments merge).
 //! It deliberately owns no behaviour over time: the turn loop lives in
-//! [`crate::session::machine`], persistence behind [`crate::store`].
+//! [`crate::machine`], persistence behind [`crate::store`].
 
 mod call;
 pub(crate) mod decision;
 mod event;
+mod overrides;
 mod session;
 mod transcript;
 mod usage;
@@ -16,9 +17,11 @@ mod usage;
 pub use call::{CallState, OnInterrupt, ToolCallId, ToolCallRecord};
 pub use decision::{Decision, DecisionRecord, Submission};
 pub use event::{Event, EventKind, Notification};
+pub use overrides::SessionOverrides;
 pub use session::{
     AgentConfig, ApprovalPolicy, Budget, ChildApproval, EffectiveConfig, ParentLink, QueuedMessage,
-    RecentMessage, SessionHeader, SessionId, SessionStatus, StopReason, SCHEMA_VERSION,
+    RecentMessage, SessionHeader, SessionId, SessionStatus, StopReason, DEFAULT_MAX_CHILDREN,
+    DEFAULT_MAX_DELEGATION_DEPTH, SCHEMA_VERSION,
 };
 pub use transcript::{ProposedCall, TranscriptEntry};
 pub use usage::Usage;

@@ -1,42 +1,30 @@
 //! The orchestrator: root of the actor tree and supervisor of root sessions.
 //!
-//! It owns spawning session actors (one per session id, never two) and
+//! It owns spawning root session actors (one per session id, never two) and
 //! restarting them from their last checkpoint when they fail, under the
-//! policy of [`crate::supervision`]. It deliberately does no session I/O on
-//! the hot path: creating a session is checkpointed by the caller before the
-//! spawn request arrives, so creates share flushes instead of queueing here.
-//! It never dies of a child's failure: every supervision path logs and goes on.
+//! policy of [`crate::supervision`]. It never spawns a child session: a child
+//! is always its parent's actor's (see [`crate::session`]); the orchestrator
+//! only cancels, in the store, children whose parent will never resume them.
+//! It deliberately does no session I/O on the hot path: creating a session is
+//! checkpointed by the caller before the spawn request arrives, so creates
+//! share flushes instead of queueing here. It never dies of a child's
+//! failure: every supervision path logs and goes on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
 
 use crate::error::SessionError;
+use crate::machine::Session;
+use crate::messages::{OrchestratorMsg, SessionMsg};
 use crate::model::SessionId;
-use crate::runtime::Runtime;
-use crate::session::machine::Session;
-use crate::session::{SessionActor, SessionArgs, SessionMsg};
-use crate::supervision::{Decision, RestartHistory};
+use crate::runtime::{AfterFailure, Runtime};
+use crate::session::{SessionActor, SessionArgs};
+use crate::supervision::Restarts;
 
 /// The actor.
 pub struct OrchestratorActor;
-
-/// Messages.
-pub enum OrchestratorMsg {
-    /// Start the actor for a checkpointed session (or return the live one).
-    Spawn(
-        Box<Session>,
-        RpcReplyPort<Result<ActorRef<SessionMsg>, SessionError>>,
-    ),
-    /// Respawn a failed session from its last checkpoint (sent after backoff).
-    Restart {
-        /// Session.
-        id: SessionId,
-        /// The failure that caused the restart.
-        reason: String,
-    },
-}
 
 /// Startup arguments.
 pub struct OrchestratorArgs {
@@ -48,8 +36,7 @@ pub struct OrchestratorArgs {
 pub struct OrchestratorState {
     runtime: Arc<Runtime>,
     by_actor: HashMap<ActorId, SessionId>,
-    restarts: HashMap<SessionId, RestartHistory>,
-    epoch: tokio::time::Instant,
+    restarts: Restarts,
 }
 
 impl Actor for OrchestratorActor {
@@ -65,8 +52,7 @@ impl Actor for OrchestratorActor {
         Ok(OrchestratorState {
             runtime: args.runtime,
             by_actor: HashMap::new(),
-            restarts: HashMap::new(),
-            epoch: tokio::time::Instant::now(),
+            restarts: Restarts::default(),
         })
     }
 
@@ -91,6 +77,18 @@ impl Actor for OrchestratorActor {
                 let _ = reply.send(result);
             }
             OrchestratorMsg::Restart { id, reason } => state.restart(&myself, id, reason).await,
+            OrchestratorMsg::CancelOrphan(id, reply) => {
+                let result = if state.runtime.live.contains_key(&id) {
+                    // Activated meanwhile by its parent: not an orphan.
+                    Ok(())
+                } else {
+                    state.runtime.cancel_in_store(id).await
+                };
+                let _ = reply.send(result);
+            }
+            OrchestratorMsg::RestartHistories(reply) => {
+                let _ = reply.send(state.restarts.len());
+            }
         }
         Ok(())
     }
@@ -110,7 +108,11 @@ impl Actor for OrchestratorActor {
                 state.on_failure(&myself, id, err.to_string()).await;
             }
             SupervisionEvent::ActorTerminated(cell, _, _) => {
-                state.forget(cell.get_id());
+                if let Some(id) = state.forget(cell.get_id()) {
+                    // Stopped normally (hibernated or ended): it is not in a
+                    // crash loop any more.
+                    state.restarts.forget(&id);
+                }
             }
             _ => {}
         }
@@ -125,12 +127,18 @@ impl OrchestratorState {
         session: Session,
     ) -> Result<ActorRef<SessionMsg>, SessionError> {
         let id = session.header.id;
+        if session.header.parent.is_some() {
+            return Err(SessionError::Invalid(format!(
+                "session {id} is a child session: only its parent's actor starts it"
+            )));
+        }
         if let Some(live) = self.runtime.live.get(&id) {
             return Ok(live.clone());
         }
         let args = SessionArgs {
             session,
             runtime: self.runtime.clone(),
+            parent: None,
         };
         match Actor::spawn_linked(None, SessionActor, args, myself.get_cell()).await {
             Ok((actor, _)) => {
@@ -157,28 +165,17 @@ impl OrchestratorState {
         id: SessionId,
         reason: String,
     ) {
-        let now = self.epoch.elapsed().as_millis() as u64;
-        let decision = self
-            .restarts
-            .entry(id)
-            .or_default()
-            .decide(&self.runtime.config.restart, now);
-        match decision {
-            Decision::Restart(after) => {
-                self.runtime
-                    .metrics
-                    .restarts
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                metrics::counter!(crate::metrics::SESSION_RESTARTS_TOTAL).increment(1);
+        match self
+            .runtime
+            .on_actor_failed(&mut self.restarts, id, &reason)
+            .await
+        {
+            AfterFailure::RestartAfter(after) => {
                 myself.send_after(after, move || OrchestratorMsg::Restart { id, reason });
             }
-            Decision::GiveUp => {
-                self.restarts.remove(&id);
-                let why = format!("restart limit exceeded: {reason}");
-                if let Err(e) = self.runtime.fail_session(id, &why).await {
-                    tracing::error!(session_id = %id, "could not record the failure: {e}");
-                }
-            }
+            // A root has nobody to report to: the failure is in its
+            // checkpoint and its events.
+            AfterFailure::GaveUp { .. } => {}
         }
     }
 
@@ -188,7 +185,10 @@ impl OrchestratorState {
         }
         let loaded = match self.runtime.store.load(id).await {
             Ok(Some(stored)) => stored,
-            Ok(None) => return,
+            Ok(None) => {
+                self.restarts.forget(&id);
+                return;
+            }
             Err(e) => {
                 // A respawn that fails counts as another failure; it never
                 // takes the orchestrator down.
@@ -197,6 +197,7 @@ impl OrchestratorState {
             }
         };
         if loaded.header.status.is_terminal() {
+            self.restarts.forget(&id);
             return;
         }
         tracing::info!(session_id = %id, "restarting session after: {reason}");

@@ -1,15 +1,16 @@
 //! The session actor: one per live session. It owns the session's in-memory
-//! state, runs the pure transitions of [`machine`], checkpoints each one, and
-//! only then carries out its effects (§3, third invariant).
+//! state, runs the pure transitions of [`crate::machine`], checkpoints each
+//! one, and only then carries out its effects (§3, third invariant).
 //!
-//! It supervises the session's tool-call actors; provider streams run in tasks
-//! of their own and report back as messages, so the mailbox never blocks on a
-//! model or a tool (§3, second invariant) and a cancel is handled at once in
-//! every phase. It deliberately does not restart itself: the orchestrator
-//! reloads the last checkpoint and respawns it (§10).
+//! It supervises the session's tool-call actors and its child sessions;
+//! provider streams run in tasks of their own and report back as messages,
+//! so the mailbox never blocks on a model, a tool or another session (§3,
+//! second invariant) and a cancel is handled at once in every phase. It
+//! deliberately does not restart itself: its supervisor (the orchestrator
+//! for a root, the parent's actor for a child) reloads the last checkpoint
+//! and respawns it (§10).
 
 mod delegate;
-pub mod machine;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,98 +22,42 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::error::SessionError;
-use crate::model::{now_ms, Notification, Submission, ToolCallId};
+use crate::machine::{Dispatched, Effect, Input, Session};
+use crate::messages::{crashed, SessionMsg, ToolCallMsg};
+use crate::model::{CallState, Notification, SessionId, ToolCallId};
 use crate::provider::{ProviderError, ProviderEvent, ProviderRequest};
 use crate::runtime::Runtime;
 use crate::store::StoredSession;
+use crate::supervision::Restarts;
 use crate::tool::ToolContext;
-use crate::tool_call::{crashed, ToolCallActor, ToolCallArgs, ToolCallMsg};
-use machine::{Ctx, Dispatched, Effect, Input, Session};
+use crate::tool_call::{ToolCallActor, ToolCallArgs};
+
 
 /// The actor.
 pub struct SessionActor;
 
-/// Messages. RPC variants carry their reply port last.
-pub enum SessionMsg {
-    /// A user message (with an optional idempotency id); acknowledged once
-    /// checkpointed.
-    Send(
-        String,
-        Option<String>,
-        RpcReplyPort<Result<(), SessionError>>,
-    ),
-    /// Decisions; acknowledged once checkpointed.
-    Decide(Submission, RpcReplyPort<Result<(), SessionError>>),
-    /// Cancel the session (and its subtree).
-    Cancel(RpcReplyPort<Result<(), SessionError>>),
-    /// Mark the session completed.
-    Done(RpcReplyPort<Result<(), SessionError>>),
-    /// The current state.
-    Get(RpcReplyPort<StoredSession>),
-    /// An event of provider stream `attempt`.
-    Provider {
-        /// Stream attempt (older ones are ignored).
-        attempt: u64,
-        /// The event.
-        event: ProviderEvent,
-    },
-    /// Provider stream `attempt` ended.
-    StreamEnded {
-        /// Stream attempt.
-        attempt: u64,
-        /// Outcome.
-        result: Result<(), ProviderError>,
-    },
-    /// A tool-call actor's result.
-    ToolFinished {
-        /// Call.
-        call_id: ToolCallId,
-        /// Dispatch attempt.
-        attempt: u32,
-        /// Result or error object.
-        result: Result<Value, Value>,
-    },
-    /// An approval deadline passed.
-    ApprovalTimeout(ToolCallId),
-    /// The idle timer armed after message number `n` fired.
-    Hibernate(u64),
-    /// A child session ended its turn.
-    ChildFinished {
-        /// This session's `delegate_task` call.
-        call_id: ToolCallId,
-        /// Its attempt.
-        attempt: u32,
-        /// The child's result.
-        result: Result<Value, Value>,
-        /// What the child's subtree spent.
-        usage: crate::model::Usage,
-    },
-    /// A propagating child started or stopped waiting for a decision.
-    ChildWaiting {
-        /// This session's `delegate_task` call.
-        call_id: ToolCallId,
-        /// Whether it waits.
-        waiting: bool,
-    },
-    /// Respawn a failed child from its checkpoint (after backoff).
-    RestartChild(crate::model::SessionId),
-    /// Fault injection: panic now (sent by a tool-call actor at `during_tool`).
-    #[cfg(feature = "fault-injection")]
-    InjectedPanic,
-}
-
-/// Startup arguments: the session as last checkpointed, and the runtime.
+/// Startup arguments: the session as last checkpointed, the runtime, and the
+/// parent's actor for a child session.
 pub struct SessionArgs {
     /// The session.
     pub session: Session,
     /// Shared services.
     pub runtime: Arc<Runtime>,
+    /// The parent session's actor (its supervisor), for a child.
+    pub parent: Option<ActorRef<SessionMsg>>,
+}
+
+/// A live child session actor, as its parent knows it.
+struct Child {
+    id: SessionId,
+    actor: ActorRef<SessionMsg>,
 }
 
 /// The actor's state.
 pub struct SessionState {
     session: Session,
     runtime: Arc<Runtime>,
+    parent: Option<ActorRef<SessionMsg>>,
     stream: Option<JoinHandle<()>>,
     stream_attempt: u64,
     tools: HashMap<ActorId, (ToolCallId, u32, ActorRef<ToolCallMsg>)>,
@@ -120,12 +65,12 @@ pub struct SessionState {
     /// Messages handled so far; an idle timer only hibernates the session if
     /// nothing happened since it was armed.
     activity: u64,
-    /// Live child sessions by actor: (child id, our call, its attempt).
-    children: HashMap<ActorId, (crate::model::SessionId, ToolCallId, u32)>,
-    /// Restarts of each child, for the policy of §10.
-    child_restarts: HashMap<crate::model::SessionId, crate::supervision::RestartHistory>,
-    /// Monotonic origin for restart windows.
-    epoch: tokio::time::Instant,
+    /// Live child session actors.
+    children: HashMap<ActorId, Child>,
+    /// Restarts of this session's children, for the policy of §10.
+    child_restarts: Restarts,
+    /// Set once this actor drains (hibernation, or its session ended).
+    draining: bool,
     /// This actor's share of the gauges; dropped with the state, however
     /// the actor ends.
     gauges: crate::metrics::SessionGauges,
@@ -156,14 +101,15 @@ impl Actor for SessionActor {
         Ok(SessionState {
             session: args.session,
             runtime: args.runtime,
+            parent: args.parent,
             stream: None,
             stream_attempt: 0,
             tools: HashMap::new(),
             span,
             activity: 0,
             children: HashMap::new(),
-            child_restarts: HashMap::new(),
-            epoch: tokio::time::Instant::now(),
+            child_restarts: Restarts::default(),
+            draining: false,
             gauges,
         })
     }
@@ -189,20 +135,35 @@ impl Actor for SessionActor {
             }
         }
         let journal = state
-            .session
-            .header
-            .open_calls
-            .iter()
-            .filter_map(|c| {
-                let entry = state.runtime.journal.get(&(id, c.id.clone()))?;
-                Some((c.id.clone(), entry.0, entry.1.clone()))
-            })
-            .collect();
+            .runtime
+            .journal
+            .known(id, &state.session.header.open_calls);
         let _ = state
             .transition(&myself, Input::Resume { journal })
             .instrument(span)
             .await?;
         state.arm_idle_timer(&myself);
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // A drained actor may have accepted, from its queue, work that
+        // outlives it (a message that started a turn just as it hibernated):
+        // whoever supervises it brings it back. A child's parent does that
+        // when it sees the child stop; a root wakes itself.
+        if state.parent.is_none()
+            && !state.runtime.is_shutting_down()
+            && !state.session.header.status.is_terminal()
+            && !state.is_idle()
+        {
+            state
+                .runtime
+                .wake_after(state.session.header.id, myself.clone());
+        }
         Ok(())
     }
 
@@ -213,7 +174,7 @@ impl Actor for SessionActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         if let SessionMsg::Hibernate(n) = msg {
-            if n == state.activity && state.is_idle() {
+            if n == state.activity && state.is_idle() && !state.draining {
                 state
                     .runtime
                     .metrics
@@ -224,6 +185,7 @@ impl Actor for SessionActor {
                 // Drain, not stop: messages already queued are still handled,
                 // later sends are refused and the router re-activates the
                 // session from its checkpoint once this actor has stopped.
+                state.draining = true;
                 myself.drain()?;
             }
             return Ok(());
@@ -243,12 +205,20 @@ impl Actor for SessionActor {
                     Ok(())
                 }
                 SessionMsg::Cancel(reply) => state.rpc(&myself, Input::Cancel, reply).await,
+                SessionMsg::CancelFromParent => state
+                    .transition(&myself, Input::Cancel)
+                    .await
+                    .map(|_| ()),
                 SessionMsg::Done(reply) => state.rpc(&myself, Input::Done, reply).await,
                 SessionMsg::Get(reply) => {
                     let _ = reply.send(StoredSession {
                         header: state.session.header.clone(),
                         transcript: state.session.transcript.clone(),
                     });
+                    Ok(())
+                }
+                SessionMsg::ActivateChild(child, reply) => {
+                    state.activate_child(&myself, child, reply).await;
                     Ok(())
                 }
                 SessionMsg::Provider { attempt, event } => {
@@ -279,8 +249,7 @@ impl Actor for SessionActor {
                     state
                         .tools
                         .retain(|_, (id, a, _)| !(id == &call_id && *a == attempt));
-                    let key = (state.session.header.id, call_id.clone());
-                    let _ = state
+                    state
                         .transition(
                             &myself,
                             Input::ToolFinished {
@@ -289,16 +258,20 @@ impl Actor for SessionActor {
                                 result,
                             },
                         )
-                        .await?;
-                    // Recorded durably now: the journal entry has served.
-                    state
-                        .runtime
-                        .journal
-                        .remove_if(&key, |_, (a, _)| *a == attempt);
-                    Ok(())
+                        .await
+                        .map(|_| ())
                 }
-                SessionMsg::ApprovalTimeout(call_id) => state
-                    .transition(&myself, Input::ApprovalTimedOut { call_id })
+                SessionMsg::ApprovalTimeout {
+                    call_id,
+                    deadline_ms,
+                } => state
+                    .transition(
+                        &myself,
+                        Input::ApprovalTimedOut {
+                            call_id,
+                            deadline_ms,
+                        },
+                    )
                     .await
                     .map(|_| ()),
                 SessionMsg::Hibernate(_) => Ok(()),
@@ -345,61 +318,59 @@ impl Actor for SessionActor {
     ) -> Result<(), ActorProcessingErr> {
         // Overridden on purpose: the default would stop this session whenever
         // one of its tool-call actors stops, even normally.
-        if let SupervisionEvent::ActorFailed(cell, err) = &event {
-            if state.children.contains_key(&cell.get_id()) {
-                let span = state.span.clone();
-                state
-                    .on_child_failed(&myself, cell, err.to_string())
-                    .instrument(span)
-                    .await;
-                return Ok(());
+        let span = state.span.clone();
+        let result = async {
+            match event {
+                SupervisionEvent::ActorFailed(cell, err) => {
+                    if let Some(child) = state.children.remove(&cell.get_id()) {
+                        state.forget_child_actor(&child);
+                        state
+                            .on_child_failed(&myself, child.id, err.to_string())
+                            .await;
+                    } else if let Some((call_id, attempt, _)) = state.tools.remove(&cell.get_id())
+                    {
+                        tracing::warn!(tool_call_id = %call_id, "tool crashed: {err}");
+                        let input = Input::ToolFinished {
+                            call_id,
+                            attempt,
+                            result: Err(crashed(&err.to_string())),
+                        };
+                        let _ = state.transition(&myself, input).await?;
+                    }
+                }
+                SupervisionEvent::ActorTerminated(cell, _, _) => {
+                    if let Some(child) = state.children.remove(&cell.get_id()) {
+                        state.forget_child_actor(&child);
+                        state.child_stopped(&myself, child.id).await;
+                    } else {
+                        state.tools.remove(&cell.get_id());
+                    }
+                }
+                _ => {}
             }
+            Ok::<(), ActorProcessingErr>(())
         }
-        if let SupervisionEvent::ActorTerminated(cell, _, _) = &event {
-            if let Some((child, _, _)) = state.children.remove(&cell.get_id()) {
-                let stale = cell.get_id();
-                state
-                    .runtime
-                    .live
-                    .remove_if(&child, |_, r| r.get_id() == stale);
-                return Ok(());
-            }
-        }
-        if let SupervisionEvent::ActorFailed(cell, err) = event {
-            if let Some((call_id, attempt, _)) = state.tools.remove(&cell.get_id()) {
-                tracing::warn!(tool_call_id = %call_id, "tool crashed: {err}");
-                let input = Input::ToolFinished {
-                    call_id,
-                    attempt,
-                    result: Err(crashed(&err.to_string())),
-                };
-                let span = state.span.clone();
-                let _ = state.transition(&myself, input).instrument(span).await?;
-            }
-        } else if let SupervisionEvent::ActorTerminated(cell, _, _) = event {
-            state.tools.remove(&cell.get_id());
-        }
-        Ok(())
+        .instrument(span)
+        .await;
+        // A child or tool that stopped may be what kept this session awake.
+        state.arm_idle_timer(&myself);
+        result
     }
 }
 
 impl SessionState {
     /// Nothing in flight and waiting on someone else: safe to hibernate.
     fn is_idle(&self) -> bool {
-        use crate::model::SessionStatus::{AwaitingApproval, AwaitingInput};
-        matches!(self.session.header.status, AwaitingInput | AwaitingApproval)
+        self.session.is_settled()
             && self.stream.is_none()
             && self.tools.is_empty()
             && self.children.is_empty()
-            && self
-                .session
-                .header
-                .open_calls
-                .iter()
-                .all(|c| c.state != crate::model::CallState::Running)
     }
 
-    fn arm_idle_timer(&self, myself: &ActorRef<SessionMsg>) {
+    fn arm_idle_timer(&mut self, myself: &ActorRef<SessionMsg>) {
+        if self.draining {
+            return;
+        }
         if self.session.header.status.is_terminal()
             && self.tools.is_empty()
             && self.children.is_empty()
@@ -407,6 +378,7 @@ impl SessionState {
             // Nothing more can happen to a terminal session: release its
             // actor (requests already queued are still answered; later
             // ones are answered from the store).
+            self.draining = true;
             let _ = myself.drain();
             return;
         }
@@ -454,15 +426,12 @@ impl SessionState {
         myself: &ActorRef<SessionMsg>,
         input: Input,
     ) -> Result<Result<(), SessionError>, ActorProcessingErr> {
-        let ctx = Ctx {
-            tools: &self.runtime.tools,
-            now_ms: now_ms(),
-        };
         let before = self.session.header.status;
-        let effects = match self.session.apply(input, ctx) {
+        let effects = match self.session.apply(input, self.runtime.ctx()) {
             Ok(fx) => fx,
             Err(e) => return Ok(Err(e)),
         };
+        let id = self.session.header.id;
         // Journal the dispatches before their intent becomes durable: if this
         // actor dies between the checkpoint and the spawn, its restart knows
         // the tools never started and dispatches them instead of asking.
@@ -471,10 +440,9 @@ impl SessionState {
                 call_id, attempt, ..
             } = effect
             {
-                self.runtime.journal.insert(
-                    (self.session.header.id, call_id.clone()),
-                    (*attempt, Dispatched::NotStarted),
-                );
+                self.runtime
+                    .journal
+                    .record(id, call_id.clone(), *attempt, Dispatched::NotStarted);
             }
         }
         if self.session.is_dirty() {
@@ -482,7 +450,6 @@ impl SessionState {
             crate::metrics::checkpoint(self.runtime.store.as_ref(), checkpoint)
                 .await
                 .map_err(|e| -> ActorProcessingErr { Box::new(e) })?;
-            let id = self.session.header.id;
             crate::fault_point!(AfterCheckpoint, &self.session.header);
             let events = self.session.mark_persisted();
             self.gauges.checkpointed(&self.session, &events);
@@ -490,11 +457,28 @@ impl SessionState {
                 self.runtime.hub.publish(id, Notification::Event(event));
             }
         }
+        // What the runtime holds for this session follows its checkpoint:
+        // journal entries of calls no longer running, and timers of calls no
+        // longer waiting for a decision, have served.
+        let header = &self.session.header;
+        if header.status.is_terminal() {
+            self.runtime.forget(id);
+        } else {
+            self.runtime.journal.retain_running(id, &header.open_calls);
+            self.runtime.timers.retain(
+                id,
+                header
+                    .open_calls
+                    .iter()
+                    .filter(|c| c.state == CallState::AwaitingApproval)
+                    .map(|c| &c.id),
+            );
+        }
         for effect in effects {
             self.execute(myself, effect).await;
         }
-        if self.session.header.parent.is_some() && before != self.session.header.status {
-            self.report_to_parent(before).await;
+        if before != self.session.header.status {
+            self.report_to_parent(before);
         }
         Ok(Ok(()))
     }
@@ -519,12 +503,10 @@ impl SessionState {
                     .await
             }
             Effect::KillTools => {
-                for (_, (call_id, attempt, actor)) in self.tools.drain() {
+                // Their journal entries go with the transition that killed
+                // them (the calls are no longer running).
+                for (_, (_, _, actor)) in self.tools.drain() {
                     actor.kill();
-                    let key = (self.session.header.id, call_id);
-                    self.runtime
-                        .journal
-                        .remove_if(&key, |_, (a, _)| *a == attempt);
                 }
             }
             Effect::Delegate {
@@ -537,15 +519,18 @@ impl SessionState {
                 self.delegate(myself, call_id, attempt, child, args, grant)
                     .await
             }
-            Effect::CancelChild(child) => {
-                // Downwards only, so this call cannot deadlock with the child.
-                if let Err(e) = self.runtime.route(child, SessionMsg::Cancel).await {
-                    tracing::debug!(session_id = %child, "child not cancelled: {e}");
-                }
-            }
-            Effect::ArmApprovalTimer { call_id, after } => {
-                self.runtime
-                    .arm_approval_timer(self.session.header.id, call_id, after);
+            Effect::CancelChild(child) => self.cancel_child(child).await,
+            Effect::ArmApprovalTimer {
+                call_id,
+                deadline_ms,
+                after,
+            } => {
+                self.runtime.arm_approval_timer(
+                    self.session.header.id,
+                    call_id,
+                    deadline_ms,
+                    after,
+                );
             }
             Effect::Delta(text) => self.runtime.hub.publish(
                 self.session.header.id,
@@ -574,9 +559,22 @@ impl SessionState {
             })
             .await;
             meter.finish(&result);
+            // The session is gone (cancelled, crashed): nobody to tell.
             let _ = me.cast(SessionMsg::StreamEnded { attempt, result });
         };
         self.stream = Some(tokio::spawn(task.instrument(self.span.clone())));
+    }
+
+    /// Reports a tool's outcome to ourselves. If this actor is already
+    /// stopping the report is not lost: the call is still running in the
+    /// checkpoint, and the next activation resumes it.
+    fn report_to_self(&self, myself: &ActorRef<SessionMsg>, msg: SessionMsg) {
+        if myself.cast(msg).is_err() {
+            tracing::warn!(
+                session_id = %self.session.header.id,
+                "a report arrived while the session stopped; its next activation resumes the call"
+            );
+        }
     }
 
     async fn dispatch(
@@ -591,11 +589,14 @@ impl SessionState {
         crate::fault_point!(BeforeToolDispatch, &self.session.header);
         let header = &self.session.header;
         let Some(tool) = self.runtime.tools.get(&name) else {
-            let _ = myself.cast(SessionMsg::ToolFinished {
-                call_id,
-                attempt,
-                result: Err(crate::tool::not_available(&name)),
-            });
+            self.report_to_self(
+                myself,
+                SessionMsg::ToolFinished {
+                    call_id,
+                    attempt,
+                    result: Err(crate::tool::not_available(&name)),
+                },
+            );
             return;
         };
         let args = ToolCallArgs {
@@ -618,26 +619,26 @@ impl SessionState {
             arguments,
             session: myself.clone(),
         };
-        match Actor::spawn_linked(None, ToolCallActor, args, myself.get_cell()).await {
+        let failure = match Actor::spawn_linked(None, ToolCallActor, args, myself.get_cell()).await
+        {
             Ok((actor, _)) => {
                 if actor.cast(ToolCallMsg::Run).is_ok() {
-                    self.tools.insert(actor.get_id(), (call_id, attempt, actor));
-                } else {
-                    let _ = myself.cast(SessionMsg::ToolFinished {
-                        call_id,
-                        attempt,
-                        result: Err(crashed("tool-call actor stopped before it ran")),
-                    });
+                    self.tools
+                        .insert(actor.get_id(), (call_id.clone(), attempt, actor));
+                    return;
                 }
+                crashed("tool-call actor stopped before it ran")
             }
-            Err(e) => {
-                let _ = myself.cast(SessionMsg::ToolFinished {
-                    call_id,
-                    attempt,
-                    result: Err(crashed(&format!("could not start tool-call actor: {e}"))),
-                });
-            }
-        }
+            Err(e) => crashed(&format!("could not start tool-call actor: {e}")),
+        };
+        self.report_to_self(
+            myself,
+            SessionMsg::ToolFinished {
+                call_id,
+                attempt,
+                result: Err(failure),
+            },
+        );
     }
 }
 

@@ -1,10 +1,15 @@
 //! Restart policy (§10) as a pure decision: given the policy, the restarts
 //! seen so far and the time, restart after a backoff or give up.
 //!
-//! Owns only the arithmetic. Reloading the checkpoint and respawning is the
-//! supervisor's job ([`crate::orchestrator`]).
+//! Owns only the arithmetic and the per-session bookkeeping every supervisor
+//! keeps ([`Restarts`], shared by the orchestrator for roots and by each
+//! session actor for its children). Reloading the checkpoint and respawning
+//! is the supervisor's job ([`crate::orchestrator`], [`crate::session`]).
 
+use std::collections::HashMap;
 use std::time::Duration;
+
+use crate::model::SessionId;
 
 use serde::{Deserialize, Serialize};
 
@@ -65,6 +70,53 @@ impl RestartHistory {
     }
 }
 
+/// The restart histories one supervisor keeps, one per supervised session
+/// that failed recently. An entry is dropped when the session gives up,
+/// stops normally or finishes, so the map holds only sessions in a crash
+/// loop.
+#[derive(Debug)]
+pub struct Restarts {
+    histories: HashMap<SessionId, RestartHistory>,
+    epoch: tokio::time::Instant,
+}
+
+impl Default for Restarts {
+    fn default() -> Self {
+        Self {
+            histories: HashMap::new(),
+            epoch: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Restarts {
+    /// Decides about a failure of `id` now. A [`Decision::GiveUp`] forgets
+    /// the session's history (it will not be restarted again).
+    pub fn on_failure(&mut self, policy: &RestartPolicy, id: SessionId) -> Decision {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        let decision = self.histories.entry(id).or_default().decide(policy, now);
+        if decision == Decision::GiveUp {
+            self.histories.remove(&id);
+        }
+        decision
+    }
+
+    /// Forgets a session that stopped normally or finished.
+    pub fn forget(&mut self, id: &SessionId) {
+        self.histories.remove(id);
+    }
+
+    /// Sessions with a history.
+    pub fn len(&self) -> usize {
+        self.histories.len()
+    }
+
+    /// Whether no session has a history.
+    pub fn is_empty(&self) -> bool {
+        self.histories.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +151,19 @@ mod tests {
             h.decide(&p, 61_000),
             Decision::Restart(Duration::from_millis(100))
         );
+    }
+
+    #[test]
+    fn giving_up_forgets_the_history() {
+        let p = RestartPolicy::default();
+        let mut r = Restarts::default();
+        let id = SessionId::generate();
+        for _ in 0..3 {
+            assert!(matches!(r.on_failure(&p, id), Decision::Restart(_)));
+        }
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.on_failure(&p, id), Decision::GiveUp);
+        assert!(r.is_empty());
     }
 
     #[test]

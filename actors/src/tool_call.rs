@@ -13,19 +13,13 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use tracing::Instrument;
 
+use crate::machine::Dispatched;
+use crate::messages::{SessionMsg, ToolCallMsg};
 use crate::model::ToolCallId;
-use crate::session::machine::Dispatched;
-use crate::session::SessionMsg;
 use crate::tool::{Tool, ToolContext, MAX_RESULT_BYTES};
 
 /// The actor.
 pub struct ToolCallActor;
-
-/// Messages.
-pub enum ToolCallMsg {
-    /// Run the tool now.
-    Run,
-}
 
 /// What one dispatch needs.
 pub struct ToolCallArgs {
@@ -86,9 +80,9 @@ impl Actor for ToolCallActor {
         let call_id: ToolCallId = args.ctx.call_id.clone();
         let attempt = args.ctx.attempt;
         let span = tracing::info_span!("tool_call", session_id = %args.ctx.session_id, tool_call_id = %call_id, tool = %args.tool.spec().name);
-        let key = (args.ctx.session_id, call_id.clone());
+        let session_id = args.ctx.session_id;
         let journal = &args.runtime.journal;
-        journal.insert(key.clone(), (attempt, Dispatched::Started));
+        journal.advance(session_id, &call_id, attempt, Dispatched::Started);
         // Dropped unfinished if the tool panics or the actor is killed.
         let meter = crate::metrics::ToolRun::start(&args.tool.spec().name);
         let result = run(args.tool.as_ref(), args.ctx, args.arguments)
@@ -97,7 +91,12 @@ impl Actor for ToolCallActor {
         meter.finish(&result);
         // Journal first: if the session crashed meanwhile, its restart finds
         // the result here instead of running the tool again.
-        journal.insert(key, (attempt, Dispatched::Finished(result.clone())));
+        journal.advance(
+            session_id,
+            &call_id,
+            attempt,
+            Dispatched::Finished(result.clone()),
+        );
         // The session may be gone (cancelled, crashed); nothing to report to then.
         let _ = args.session.cast(SessionMsg::ToolFinished {
             call_id,
@@ -134,9 +133,4 @@ pub fn cap_result(value: Value) -> Result<Value, Value> {
         }));
     }
     Ok(value)
-}
-
-/// The result recorded for a tool whose actor crashed.
-pub fn crashed(reason: &str) -> Value {
-    json!({"error": format!("tool crashed: {reason}")})
 }

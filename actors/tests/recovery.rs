@@ -77,7 +77,7 @@ async fn an_approval_timeout_fires_while_hibernated() {
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
     assert_eq!(
         final_text(&h.transcript(id).await),
-        "Result: Tool denied by user: No approval decision received"
+        "Result: Tool not run: the approval request timed out (No approval decision received within 120 s)"
     );
 }
 

@@ -270,9 +270,10 @@ async fn undecided_call_is_denied_after_the_approval_timeout() {
     // Paused time auto-advances to the timer once everything is idle.
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
     let t = h.transcript(id).await;
+    // The model is told the request timed out, not that a user said no.
     assert_eq!(
         final_text(&t),
-        "Result: Tool denied by user: No approval decision received"
+        "Result: Tool not run: the approval request timed out (No approval decision received within 30 s)"
     );
     let results = tool_results(&t);
     assert_eq!(results[0].1, CallState::Denied);

@@ -10,6 +10,12 @@ use super::{ToolCallRecord, Usage};
 /// The checkpoint format version this binary writes and the newest it reads.
 pub const SCHEMA_VERSION: u32 = 1;
 
+/// Default of `max_delegation_depth` (§7): the deepest child is at this depth.
+pub const DEFAULT_MAX_DELEGATION_DEPTH: u32 = 3;
+
+/// Default of `max_children` (§7): live children per session.
+pub const DEFAULT_MAX_CHILDREN: u32 = 8;
+
 /// Identifier of a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -263,8 +269,8 @@ impl AgentConfig {
             approval_timeout_secs: 86_400,
             subagents: Vec::new(),
             child_approval: ChildApproval::Propagate,
-            max_delegation_depth: 3,
-            max_children: 8,
+            max_delegation_depth: DEFAULT_MAX_DELEGATION_DEPTH,
+            max_children: DEFAULT_MAX_CHILDREN,
             budget: Budget::default(),
         }
     }
@@ -331,11 +337,11 @@ pub struct EffectiveConfig {
 }
 
 fn default_depth() -> u32 {
-    3
+    DEFAULT_MAX_DELEGATION_DEPTH
 }
 
 fn default_children() -> u32 {
-    8
+    DEFAULT_MAX_CHILDREN
 }
 
 /// Link from a child session to the call that started it.
@@ -438,4 +444,45 @@ pub struct SessionHeader {
     /// Why the session failed, if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+impl SessionHeader {
+    /// The header of a brand-new session (`pending`, nothing spent, nothing
+    /// recorded): the one place a header is built from scratch, for roots
+    /// and children alike.
+    pub fn new(
+        id: SessionId,
+        tenant: String,
+        agent: String,
+        config: EffectiveConfig,
+        now_ms: i64,
+    ) -> Self {
+        Self {
+            schema_version: SCHEMA_VERSION,
+            id,
+            tenant,
+            created_by: None,
+            agent,
+            title: None,
+            metadata: Value::Null,
+            parent: None,
+            root_id: id,
+            status: SessionStatus::Pending,
+            created_at_ms: now_ms,
+            updated_at_ms: now_ms,
+            auto_complete: false,
+            config,
+            usage: Usage::default(),
+            children_usage: Usage::default(),
+            turn: 0,
+            step: 0,
+            last_stop_reason: None,
+            recent_messages: Vec::new(),
+            inbox: Vec::new(),
+            open_calls: Vec::new(),
+            transcript_len: 0,
+            last_event_seq: 0,
+            error: None,
+        }
+    }
 }

@@ -1,32 +1,38 @@
 //! The session actor's side of delegation (§7): starting, resuming,
-//! supervising and cancelling child sessions, and a child's reports to its
-//! parent.
+//! activating, supervising and cancelling child sessions, and a child's
+//! reports to its parent.
 //!
 //! A child session is an ordinary session actor, spawned linked to its
 //! parent's actor (so the parent supervises it and restarts it from its own
-//! checkpoint), with its own id, checkpoints and events. It runs one turn and
-//! reports its result; the parent's `delegate_task` call completes with it.
-//! This module deliberately holds no rules: which calls delegate, the depth
-//! and fan-out limits and budgets are decided by the pure machine.
+//! checkpoint), with its own id, checkpoints and events. Only its parent ever
+//! spawns it: on the parent's resume, on a request routed to the child
+//! (`ActivateChild`), after a crash. It runs one turn and reports its result;
+//! the parent's `delegate_task` call completes with it. Reports are not
+//! trusted to arrive: whenever a child's actor stops, the parent reads the
+//! child's checkpoint and acts on what it says (finished: its result;
+//! waiting for a human: leave it on disk; mid-turn: spawn it again), so no
+//! child result is ever lost while its parent lives, and a parent that is
+//! re-activated does the same for every child on its resume. This module
+//! deliberately holds no rules: which calls delegate, the depth and fan-out
+//! limits and budgets are decided by the pure machine.
 
 use std::sync::Arc;
 
-use ractor::{Actor, ActorCell, ActorRef};
+use ractor::{Actor, ActorRef, RpcReplyPort};
 use serde_json::Value;
 
-use super::machine::{Ctx, Input, Session};
-use super::{SessionActor, SessionArgs, SessionMsg, SessionState};
-use crate::delegation::{child_result, DelegateArgs};
+use super::{Child, SessionActor, SessionArgs, SessionMsg, SessionState};
+use crate::delegation::{child_result, DelegateArgs, DELEGATE_TASK};
 use crate::error::SessionError;
+use crate::machine::{Input, Session};
 use crate::model::{
-    now_ms, ApprovalPolicy, Budget, ChildApproval, ParentLink, SessionHeader, SessionId,
-    SessionStatus, ToolCallId, TranscriptEntry, Usage, SCHEMA_VERSION,
+    ApprovalPolicy, Budget, CallState, ChildApproval, ParentLink, SessionHeader, SessionId,
+    SessionStatus, ToolCallId, TranscriptEntry, Usage,
 };
-use crate::runtime::Runtime;
-use crate::supervision::Decision;
+use crate::runtime::{AfterFailure, Runtime};
 
 /// What a finished (or failed) child reports to its parent.
-pub(crate) fn report_of(session: &Session) -> (Result<Value, Value>, Usage) {
+pub(super) fn report_of(session: &Session) -> (Result<Value, Value>, Usage) {
     let h = &session.header;
     let final_text = session
         .transcript
@@ -59,7 +65,7 @@ pub(crate) fn report_of(session: &Session) -> (Result<Value, Value>, Usage) {
 /// Builds a new child session for a `delegate_task` call: the child's tools
 /// are its agent's tools intersected with the parent's scope; its budget is
 /// its agent's, capped by what the parent has left.
-pub(crate) fn new_child(
+pub(super) fn new_child(
     runtime: &Runtime,
     parent: &SessionHeader,
     call_id: &ToolCallId,
@@ -87,57 +93,115 @@ pub(crate) fn new_child(
     config.max_delegation_depth = config
         .max_delegation_depth
         .min(parent.config.max_delegation_depth);
-    let now = now_ms();
+    let ctx = runtime.ctx();
     let depth = parent.parent.as_ref().map_or(0, |p| p.depth) + 1;
-    let header = SessionHeader {
-        schema_version: SCHEMA_VERSION,
-        id: child,
-        tenant: parent.tenant.clone(),
-        created_by: parent.created_by.clone(),
-        agent: agent.name.clone(),
-        title: None,
-        metadata: Value::Null,
-        parent: Some(ParentLink {
-            session_id: parent.id,
-            call_id: call_id.clone(),
-            attempt,
-            depth,
-            propagate: parent.config.child_approval == ChildApproval::Propagate,
-        }),
-        root_id: parent.root_id,
-        status: SessionStatus::Pending,
-        created_at_ms: now,
-        updated_at_ms: now,
-        // A child runs one turn (§7).
-        auto_complete: true,
+    let mut header = SessionHeader::new(
+        child,
+        parent.tenant.clone(),
+        agent.name.clone(),
         config,
-        usage: Usage::default(),
-        children_usage: Usage::default(),
-        turn: 0,
-        step: 0,
-        last_stop_reason: None,
-        recent_messages: Vec::new(),
-        inbox: Vec::new(),
-        open_calls: Vec::new(),
-        transcript_len: 0,
-        last_event_seq: 0,
-        error: None,
-    };
+        ctx.now_ms,
+    );
+    header.created_by = parent.created_by.clone();
+    header.parent = Some(ParentLink {
+        session_id: parent.id,
+        call_id: call_id.clone(),
+        attempt,
+        depth,
+        propagate: parent.config.child_approval == ChildApproval::Propagate,
+    });
+    header.root_id = parent.root_id;
+    // A child runs one turn (§7).
+    header.auto_complete = true;
     let mut session = Session::new(header);
     session.apply(
         Input::Message {
             message_id: None,
             text: args.first_message(),
         },
-        Ctx {
-            tools: &runtime.tools,
-            now_ms: now,
-        },
+        ctx,
     )?;
     Ok(session)
 }
 
+/// The parent's running `delegate_task` call that started `child`.
+struct RunningCall {
+    call_id: ToolCallId,
+    attempt: u32,
+    agent: String,
+}
+
 impl SessionState {
+    fn running_call_of(&self, child: SessionId) -> Option<RunningCall> {
+        self.session.header.open_calls.iter().find_map(|c| {
+            (c.name == DELEGATE_TASK && c.state == CallState::Running && c.child == Some(child))
+                .then(|| RunningCall {
+                    call_id: c.id.clone(),
+                    attempt: c.attempt,
+                    agent: c
+                        .run_arguments()
+                        .get("agent")
+                        .and_then(Value::as_str)
+                        .unwrap_or("subagent")
+                        .to_owned(),
+                })
+        })
+    }
+
+    fn live_child(&self, child: SessionId) -> Option<ActorRef<SessionMsg>> {
+        self.children
+            .values()
+            .find(|c| c.id == child)
+            .map(|c| c.actor.clone())
+    }
+
+    pub(super) fn forget_child_actor(&self, child: &Child) {
+        let stale = child.actor.get_id();
+        self.runtime
+            .live
+            .remove_if(&child.id, |_, r| r.get_id() == stale);
+    }
+
+    /// Reports a child's outcome to ourselves (see `report_to_self`).
+    fn child_report(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        call: &RunningCall,
+        result: Result<Value, Value>,
+        usage: Usage,
+    ) {
+        self.report_to_self(
+            myself,
+            SessionMsg::ChildFinished {
+                call_id: call.call_id.clone(),
+                attempt: call.attempt,
+                result,
+                usage,
+            },
+        );
+    }
+
+    /// A child could not be started or resumed: the call fails visibly, with
+    /// the reason, and the parent goes on (§7).
+    fn child_failed(
+        &self,
+        myself: &ActorRef<SessionMsg>,
+        call: &RunningCall,
+        child: SessionId,
+        reason: &str,
+    ) {
+        tracing::warn!(session_id = %child, "subagent failed: {reason}");
+        let result = child_result(
+            child,
+            &call.agent,
+            "",
+            None,
+            Usage::default(),
+            Some(reason),
+        );
+        self.child_report(myself, call, result, Usage::default());
+    }
+
     /// Starts the child of a `delegate_task` call, or resumes it from its
     /// checkpoint, or (if it already finished) reports its result at once.
     pub(super) async fn delegate(
@@ -149,103 +213,186 @@ impl SessionState {
         args: DelegateArgs,
         grant: Budget,
     ) {
-        if let Some(live) = self.runtime.live.get(&child).map(|r| r.clone()) {
-            if live.get_status() != ractor::ActorStatus::Stopped {
-                return; // still running (e.g. activated by a request meanwhile)
-            }
-            self.runtime
-                .live
-                .remove_if(&child, |_, r| r.get_id() == live.get_id());
+        if self.live_child(child).is_some() {
+            return;
         }
-        let session = match self.runtime.store.load(child).await {
-            Ok(Some(stored)) => Session::from_stored(stored),
+        let call = RunningCall {
+            call_id,
+            attempt,
+            agent: args.agent.clone(),
+        };
+        match self.runtime.store.load_header(child).await {
+            Ok(Some(_)) => {
+                if let Err(e) = self.resume_child(myself, child, false).await {
+                    self.child_failed(myself, &call, child, &e.to_string());
+                }
+            }
             Ok(None) => {
-                match new_child(
+                let created = new_child(
                     &self.runtime,
                     &self.session.header,
-                    &call_id,
+                    &call.call_id,
                     attempt,
                     child,
                     &args,
                     grant,
-                ) {
-                    Ok(s) => {
-                        let mut s = s;
-                        if let Err(e) =
-                            crate::metrics::checkpoint(self.runtime.store.as_ref(), s.checkpoint())
-                                .await
-                        {
-                            self.child_failed(myself, &call_id, attempt, child, &e.to_string());
-                            return;
-                        }
-                        for e in s.mark_persisted() {
-                            self.runtime
-                                .hub
-                                .publish(child, crate::model::Notification::Event(e));
-                        }
-                        s
-                    }
-                    Err(e) => {
-                        self.child_failed(myself, &call_id, attempt, child, &e.to_string());
-                        return;
-                    }
+                );
+                let mut session = match created {
+                    Ok(s) => s,
+                    Err(e) => return self.child_failed(myself, &call, child, &e.to_string()),
+                };
+                if let Err(e) =
+                    crate::metrics::checkpoint(self.runtime.store.as_ref(), session.checkpoint())
+                        .await
+                {
+                    return self.child_failed(myself, &call, child, &e.to_string());
+                }
+                for e in session.mark_persisted() {
+                    self.runtime
+                        .hub
+                        .publish(child, crate::model::Notification::Event(e));
+                }
+                if let Err(e) = self.spawn_child(myself, session).await {
+                    self.child_failed(myself, &call, child, &e.to_string());
                 }
             }
-            Err(e) => {
-                self.child_failed(myself, &call_id, attempt, child, &e.to_string());
-                return;
-            }
-        };
-        if session.header.status.is_terminal() {
-            let (result, usage) = report_of(&session);
-            let _ = myself.cast(SessionMsg::ChildFinished {
-                call_id,
-                attempt,
-                result,
-                usage,
-            });
-            return;
+            Err(e) => self.child_failed(myself, &call, child, &e.to_string()),
         }
-        self.spawn_child(myself, session).await;
     }
 
-    async fn spawn_child(&mut self, myself: &ActorRef<SessionMsg>, session: Session) {
-        let Some(link) = session.header.parent.clone() else {
-            return;
+    /// Brings a child of a running call to what its checkpoint says: a
+    /// finished child's result is reported; a child that waits for a human is
+    /// left on disk when `only_if_busy` (its waiting is recorded here);
+    /// otherwise it is spawned. Returns its actor if it is live now.
+    async fn resume_child(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        child: SessionId,
+        only_if_busy: bool,
+    ) -> Result<Option<ActorRef<SessionMsg>>, SessionError> {
+        if let Some(actor) = self.live_child(child) {
+            return Ok(Some(actor));
+        }
+        let Some(call) = self.running_call_of(child) else {
+            return Ok(None);
         };
+        let Some(stored) = self.runtime.store.load(child).await? else {
+            return Err(SessionError::Invalid(format!(
+                "the checkpoint of subagent session {child} is missing"
+            )));
+        };
+        let session = Session::from_stored(stored);
+        if session.header.status.is_terminal() {
+            let (result, usage) = report_of(&session);
+            self.child_report(myself, &call, result, usage);
+            return Ok(None);
+        }
+        if only_if_busy && session.is_settled() {
+            let propagate = session.header.parent.as_ref().is_some_and(|p| p.propagate);
+            if propagate {
+                self.report_to_self(
+                    myself,
+                    SessionMsg::ChildWaiting {
+                        call_id: call.call_id,
+                        waiting: session.header.status == SessionStatus::AwaitingApproval,
+                    },
+                );
+            }
+            return Ok(None);
+        }
+        self.spawn_child(myself, session).await.map(Some)
+    }
+
+    async fn spawn_child(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        session: Session,
+    ) -> Result<ActorRef<SessionMsg>, SessionError> {
         let id = session.header.id;
         let args = SessionArgs {
             session,
             runtime: Arc::clone(&self.runtime),
+            parent: Some(myself.clone()),
         };
         match Actor::spawn_linked(None, SessionActor, args, myself.get_cell()).await {
             Ok((actor, _)) => {
-                self.children
-                    .insert(actor.get_id(), (id, link.call_id, link.attempt));
-                self.runtime.live.insert(id, actor);
+                self.children.insert(
+                    actor.get_id(),
+                    Child {
+                        id,
+                        actor: actor.clone(),
+                    },
+                );
+                self.runtime.live.insert(id, actor.clone());
+                Ok(actor)
             }
-            Err(e) => {
-                let reason = format!("could not start the child session: {e}");
-                self.child_failed(myself, &link.call_id, link.attempt, id, &reason);
+            Err(e) => Err(SessionError::Unavailable {
+                id,
+                reason: format!("could not start the child session: {e}"),
+            }),
+        }
+    }
+
+    /// Answers a request, routed here by the runtime, for the live actor of
+    /// one of our children.
+    pub(super) async fn activate_child(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        child: SessionId,
+        reply: RpcReplyPort<Result<ActorRef<SessionMsg>, SessionError>>,
+    ) {
+        if self.draining {
+            // Dropping the port tells the caller we are going: it waits for
+            // this actor to stop and activates a fresh one.
+            drop(reply);
+            return;
+        }
+        if self.running_call_of(child).is_none() {
+            let _ = reply.send(Err(SessionError::NotFound(child)));
+            return;
+        }
+        let answer = match self.resume_child(myself, child, false).await {
+            Ok(Some(actor)) => Ok(actor),
+            // It had finished: its result is on its way to us.
+            Ok(None) => Err(SessionError::Terminal {
+                id: child,
+                status: SessionStatus::Completed,
+            }),
+            Err(e) => Err(e),
+        };
+        let _ = reply.send(answer);
+    }
+
+    /// Cancels a child as part of our own cancel (§7): a live one by a
+    /// message, one on disk in the store (nobody else may run it).
+    pub(super) async fn cancel_child(&mut self, child: SessionId) {
+        match self.live_child(child) {
+            Some(actor) => {
+                if actor.cast(SessionMsg::CancelFromParent).is_err() {
+                    tracing::warn!(session_id = %child, "child stopped before its cancel; cancelling it on disk");
+                    if let Err(e) = self.runtime.cancel_in_store(child).await {
+                        tracing::error!(session_id = %child, "could not cancel the child: {e}");
+                    }
+                }
+            }
+            None => {
+                if let Err(e) = self.runtime.cancel_in_store(child).await {
+                    tracing::error!(session_id = %child, "could not cancel the child: {e}");
+                }
             }
         }
     }
 
-    fn child_failed(
-        &self,
-        myself: &ActorRef<SessionMsg>,
-        call_id: &ToolCallId,
-        attempt: u32,
-        child: SessionId,
-        reason: &str,
-    ) {
-        let agent = "subagent";
-        let _ = myself.cast(SessionMsg::ChildFinished {
-            call_id: call_id.clone(),
-            attempt,
-            result: child_result(child, agent, "", None, Usage::default(), Some(reason)),
-            usage: Usage::default(),
-        });
+    /// A child's actor stopped normally (it finished, or hibernated, or was
+    /// drained with work queued): act on its checkpoint.
+    pub(super) async fn child_stopped(&mut self, myself: &ActorRef<SessionMsg>, child: SessionId) {
+        self.child_restarts.forget(&child);
+        if self.runtime.is_shutting_down() {
+            return;
+        }
+        if let Err(e) = self.resume_child(myself, child, true).await {
+            Box::pin(self.on_child_failed(myself, child, format!("resume failed: {e}"))).await;
+        }
     }
 
     /// A child session actor failed: restart it from its checkpoint under the
@@ -253,111 +400,86 @@ impl SessionState {
     pub(super) async fn on_child_failed(
         &mut self,
         myself: &ActorRef<SessionMsg>,
-        cell: &ActorCell,
+        child: SessionId,
         reason: String,
     ) {
-        let Some((child, call_id, attempt)) = self.children.remove(&cell.get_id()) else {
+        let Some(call) = self.running_call_of(child) else {
+            // Its call is no longer running (cancelled): nothing to resume.
+            self.child_restarts.forget(&child);
             return;
         };
-        let stale = cell.get_id();
-        self.runtime
-            .live
-            .remove_if(&child, |_, r| r.get_id() == stale);
-        let now = self.epoch.elapsed().as_millis() as u64;
-        let decision = self
-            .child_restarts
-            .entry(child)
-            .or_default()
-            .decide(&self.runtime.config.restart, now);
-        match decision {
-            Decision::Restart(after) => {
-                self.runtime
-                    .metrics
-                    .restarts
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                metrics::counter!(crate::metrics::SESSION_RESTARTS_TOTAL).increment(1);
+        match self
+            .runtime
+            .on_actor_failed(&mut self.child_restarts, child, &reason)
+            .await
+        {
+            AfterFailure::RestartAfter(after) => {
                 myself.send_after(after, move || SessionMsg::RestartChild(child));
             }
-            Decision::GiveUp => {
-                self.child_restarts.remove(&child);
-                let why = format!("restart limit exceeded: {reason}");
-                match self.runtime.fail_session(child, &why).await {
-                    Ok(Some(failed)) => {
-                        let (result, usage) = report_of(&failed);
-                        let _ = myself.cast(SessionMsg::ChildFinished {
-                            call_id,
-                            attempt,
-                            result,
-                            usage,
-                        });
-                    }
-                    _ => self.child_failed(myself, &call_id, attempt, child, &why),
+            AfterFailure::GaveUp { why, failed } => match failed {
+                Ok(Some(session)) => {
+                    let (result, usage) = report_of(&session);
+                    self.child_report(myself, &call, result, usage);
                 }
-            }
+                Ok(None) | Err(_) => self.child_failed(myself, &call, child, &why),
+            },
         }
     }
 
     /// Respawns a failed child from its last checkpoint (after the backoff).
     pub(super) async fn restart_child(&mut self, myself: &ActorRef<SessionMsg>, child: SessionId) {
-        if self.runtime.live.contains_key(&child) {
+        if self.live_child(child).is_some() {
             return;
         }
-        match self.runtime.store.load(child).await {
-            Ok(Some(stored)) => {
-                let session = Session::from_stored(stored);
-                if session.header.status.is_terminal() {
-                    let Some(link) = session.header.parent.clone() else {
-                        return;
-                    };
-                    let (result, usage) = report_of(&session);
-                    let _ = myself.cast(SessionMsg::ChildFinished {
-                        call_id: link.call_id,
-                        attempt: link.attempt,
-                        result,
-                        usage,
-                    });
-                    return;
-                }
-                self.spawn_child(myself, session).await;
+        let Some(call) = self.running_call_of(child) else {
+            self.child_restarts.forget(&child);
+            return;
+        };
+        tracing::info!(session_id = %child, "restarting child session");
+        match self.resume_child(myself, child, false).await {
+            Ok(_) => {}
+            Err(SessionError::Invalid(missing)) => self.child_failed(myself, &call, child, &missing),
+            // A respawn that fails counts as another failure.
+            Err(e) => {
+                Box::pin(self.on_child_failed(myself, child, format!("restart failed: {e}"))).await
             }
-            Ok(None) => {}
-            Err(e) => tracing::error!(session_id = %child, "could not reload child: {e}"),
         }
     }
 
     /// After a transition of a child session: tell the parent when the turn
-    /// ended, and when a propagating child starts or stops waiting.
-    pub(super) async fn report_to_parent(&self, before: SessionStatus) {
-        let Some(link) = self.session.header.parent.clone() else {
+    /// ended, and when a propagating child starts or stops waiting. A report
+    /// that cannot be sent is not lost: the parent reads this session's
+    /// checkpoint when its actor stops (see the module docs).
+    pub(super) fn report_to_parent(&self, before: SessionStatus) {
+        let (Some(parent), Some(link)) = (&self.parent, &self.session.header.parent) else {
             return;
         };
         let now = self.session.header.status;
         let active = |s: SessionStatus| {
             matches!(s, SessionStatus::Running | SessionStatus::AwaitingApproval)
         };
-        let parent = link.session_id;
-        if active(before) && !active(now) {
-            let (result, usage) = report_of(&self.session);
-            let _ = self
-                .runtime
-                .deliver(parent, || SessionMsg::ChildFinished {
-                    call_id: link.call_id.clone(),
-                    attempt: link.attempt,
-                    result: result.clone(),
-                    usage,
-                })
-                .await;
-            return;
-        }
         let waiting = |s: SessionStatus| s == SessionStatus::AwaitingApproval;
-        if link.propagate && waiting(before) != waiting(now) {
-            let _ = self
-                .runtime
-                .deliver(parent, || SessionMsg::ChildWaiting {
-                    call_id: link.call_id.clone(),
-                    waiting: waiting(now),
-                })
-                .await;
+        let msg = if active(before) && !active(now) {
+            let (result, usage) = report_of(&self.session);
+            SessionMsg::ChildFinished {
+                call_id: link.call_id.clone(),
+                attempt: link.attempt,
+                result,
+                usage,
+            }
+        } else if link.propagate && waiting(before) != waiting(now) {
+            SessionMsg::ChildWaiting {
+                call_id: link.call_id.clone(),
+                waiting: waiting(now),
+            }
+        } else {
+            return;
+        };
+        if parent.cast(msg).is_err() {
+            tracing::warn!(
+                session_id = %self.session.header.id,
+                "the parent session stopped before this report; it reads the checkpoint instead"
+            );
         }
     }
 }

@@ -3,8 +3,10 @@
 //!
 //! [`Session::apply`] takes an [`Input`] and returns the [`Effect`]s the actor
 //! must carry out (start a provider stream, dispatch a tool, arm a timer…). It
-//! performs no I/O and reads no clock (the caller passes `now_ms`), which is
-//! what makes every rule here unit-testable without actors. What changed is
+//! performs no I/O and reads neither a clock nor randomness (the caller passes
+//! `now_ms` and a `seed` the ids it mints derive from), so the same state and
+//! input always give the same new state and effects: that is what makes every
+//! rule here unit-testable without actors (see the table-driven tests below). What changed is
 //! tracked so the actor can checkpoint exactly the new transcript entries and
 //! events before it executes any effect (§3, third invariant).
 
@@ -41,6 +43,13 @@ fn fnv1a(s: &str) -> u64 {
 /// Reason recorded when an approval times out (§6).
 pub const APPROVAL_TIMEOUT_REASON: &str = "No approval decision received";
 
+/// The result the model sees for a call whose approval timed out.
+pub fn timed_out_result(timeout_secs: u64) -> Value {
+    Value::String(format!(
+        "Tool not run: the approval request timed out ({APPROVAL_TIMEOUT_REASON} within {timeout_secs} s)"
+    ))
+}
+
 /// Result of a call that was dispatched when the process stopped and whose
 /// outcome is unknown, under `on_interrupt = "fail"` (§9).
 pub fn interrupted_error() -> Value {
@@ -76,6 +85,9 @@ pub enum Input {
     ApprovalTimedOut {
         /// Call.
         call_id: ToolCallId,
+        /// The deadline the timer was armed for: a call asked again since has
+        /// another one, and this stale timeout is ignored.
+        deadline_ms: i64,
     },
     /// A child session started by a `delegate_task` call ended its turn.
     ChildFinished {
@@ -155,7 +167,9 @@ pub enum Effect {
     ArmApprovalTimer {
         /// Call.
         call_id: ToolCallId,
-        /// Delay.
+        /// Its deadline, ms since the epoch.
+        deadline_ms: i64,
+        /// Delay from now until the deadline.
         after: Duration,
     },
     /// Forward a streamed text fragment to subscribers (never stored).
@@ -174,13 +188,39 @@ pub enum Dispatched {
     Finished(Result<Value, Value>),
 }
 
-/// What the machine needs from outside: the tools and the time.
+/// What the machine needs from outside: the tools, the time and entropy.
 #[derive(Debug, Clone, Copy)]
 pub struct Ctx<'a> {
     /// All tools of the runtime.
     pub tools: &'a ToolRegistry,
     /// Wall-clock now, ms since the epoch.
     pub now_ms: i64,
+    /// Entropy for the ids this transition mints (tool calls, children):
+    /// the same seed, state and input mint the same ids.
+    pub seed: u64,
+}
+
+impl Ctx<'_> {
+    /// A time-ordered id (UUID v7 layout: `now_ms`, then bits derived from
+    /// the seed and `salt`). Distinct salts within one transition give
+    /// distinct ids.
+    fn mint(&self, salt: u64) -> uuid::Uuid {
+        let mut bits = [0u8; 10];
+        let a = splitmix64(self.seed ^ splitmix64(salt));
+        let b = splitmix64(a);
+        bits[..8].copy_from_slice(&a.to_be_bytes());
+        bits[8..].copy_from_slice(&b.to_be_bytes()[..2]);
+        uuid::Builder::from_unix_timestamp_millis(self.now_ms.max(0) as u64, &bits).into_uuid()
+    }
+}
+
+/// A 64-bit mixer (SplitMix64's finaliser): spreads a seed and a counter
+/// over all bits.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// What the current provider stream produced so far. Never checkpointed: a
@@ -295,9 +335,72 @@ impl Session {
             agent: self.header.agent.clone(),
             model: self.header.config.model.clone(),
             instructions: self.header.config.instructions.clone(),
-            transcript: self.transcript.clone(),
+            transcript: self.transcript_as_run(),
             tools: tools.definitions(&self.header.config.tools),
         }
+    }
+
+    /// The transcript as the model must see it: where a human edited a
+    /// call's arguments before approving it, the assistant's call carries
+    /// the arguments that actually ran, so the model reads its result against
+    /// what produced it. The stored transcript keeps what the model proposed
+    /// (and the call record both, with the diff).
+    fn transcript_as_run(&self) -> Vec<Arc<TranscriptEntry>> {
+        let edited: std::collections::HashMap<&ToolCallId, &Value> = self
+            .transcript
+            .iter()
+            .filter_map(|e| match e.as_ref() {
+                TranscriptEntry::ToolResult { call } => call
+                    .effective_arguments
+                    .as_ref()
+                    .map(|args| (&call.id, args)),
+                _ => None,
+            })
+            .collect();
+        if edited.is_empty() {
+            return self.transcript.clone();
+        }
+        self.transcript
+            .iter()
+            .map(|e| match e.as_ref() {
+                TranscriptEntry::Assistant {
+                    text,
+                    tool_calls,
+                    at_ms,
+                } if tool_calls.iter().any(|c| edited.contains_key(&c.id)) => {
+                    let tool_calls = tool_calls
+                        .iter()
+                        .map(|c| match edited.get(&c.id) {
+                            Some(args) => ProposedCall {
+                                arguments: (*args).clone(),
+                                ..c.clone()
+                            },
+                            None => c.clone(),
+                        })
+                        .collect();
+                    Arc::new(TranscriptEntry::Assistant {
+                        text: text.clone(),
+                        tool_calls,
+                        at_ms: *at_ms,
+                    })
+                }
+                _ => e.clone(),
+            })
+            .collect()
+    }
+
+    /// Whether nothing is in flight that needs a live actor: the session
+    /// waits for a human (or a message), and any call still running is a
+    /// delegation whose child waits for a human too. Such a session may
+    /// hibernate, and a child in this state is left on disk by its parent.
+    pub fn is_settled(&self) -> bool {
+        use SessionStatus::{AwaitingApproval, AwaitingInput, Pending};
+        matches!(self.header.status, AwaitingApproval | AwaitingInput | Pending)
+            && self.header.open_calls.iter().all(|c| {
+                c.state.is_terminal()
+                    || c.state == CallState::AwaitingApproval
+                    || (c.state == CallState::Running && c.name == DELEGATE_TASK && c.child_waiting)
+            })
     }
 
     /// Applies one input. On `Err` nothing changed.
@@ -308,17 +411,13 @@ impl Session {
                 if self.seen_message(message_id.as_deref(), &text)? {
                     return Ok(fx);
                 }
-                let remembered = message_id.is_some();
+                // Every refusal comes before anything changes, the window of
+                // remembered ids included.
+                self.check_message(&text)?;
                 if let Some(id) = message_id {
                     self.remember_message(id, &text);
                 }
-                if let Err(e) = self.on_message(text, ctx, &mut fx) {
-                    // Refused: forget the id too (nothing was accepted).
-                    if remembered {
-                        self.header.recent_messages.pop();
-                    }
-                    return Err(e);
-                }
+                self.on_message(text, ctx, &mut fx);
             }
             Input::Provider(ev) => self.on_provider_event(ev, &mut fx),
             Input::StreamEnded(result) => self.on_stream_ended(result, ctx, &mut fx),
@@ -328,7 +427,10 @@ impl Session {
                 attempt,
                 result,
             } => self.on_tool_finished(call_id, attempt, result, ctx, &mut fx),
-            Input::ApprovalTimedOut { call_id } => self.on_approval_timeout(call_id, ctx, &mut fx),
+            Input::ApprovalTimedOut {
+                call_id,
+                deadline_ms,
+            } => self.on_approval_timeout(call_id, deadline_ms, ctx, &mut fx),
             Input::ChildFinished {
                 call_id,
                 attempt,
@@ -370,16 +472,17 @@ impl Session {
 
     // ---- inputs -------------------------------------------------------------
 
-    fn on_message(
-        &mut self,
-        text: String,
-        ctx: Ctx<'_>,
-        fx: &mut Vec<Effect>,
-    ) -> Result<(), SessionError> {
+    /// Whether a message can be accepted at all (nothing changes here).
+    fn check_message(&self, text: &str) -> Result<(), SessionError> {
         self.refuse_if_terminal()?;
         if text.trim().is_empty() {
             return Err(SessionError::Invalid("message text is empty".into()));
         }
+        Ok(())
+    }
+
+    /// Accepts a message [`Session::check_message`] passed.
+    fn on_message(&mut self, text: String, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
         match self.header.status {
             SessionStatus::Pending | SessionStatus::AwaitingInput => {
                 self.emit(
@@ -409,7 +512,6 @@ impl Session {
                 });
             }
         }
-        Ok(())
     }
 
     fn on_provider_event(&mut self, ev: ProviderEvent, fx: &mut Vec<Effect>) {
@@ -475,8 +577,9 @@ impl Session {
         }
         let mut records = Vec::with_capacity(partial.calls.len());
         let mut proposed = Vec::with_capacity(partial.calls.len());
-        for (name, arguments) in partial.calls {
-            let id = ToolCallId::generate();
+        let salt = self.header.last_event_seq << 16;
+        for (i, (name, arguments)) in partial.calls.into_iter().enumerate() {
+            let id = ToolCallId(format!("call_{}", ctx.mint(salt | i as u64).simple()));
             proposed.push(ProposedCall {
                 id: id.clone(),
                 name: name.clone(),
@@ -598,7 +701,7 @@ impl Session {
                 metadata: metadata.remove(&id),
                 args_diff: diff,
             };
-            self.record_decision(&id, record, effective, ctx);
+            self.record_decision(&id, record, effective, None, ctx);
         }
         self.advance(ctx, fx);
         Ok(())
@@ -637,12 +740,18 @@ impl Session {
         self.advance(ctx, fx);
     }
 
-    fn on_approval_timeout(&mut self, call_id: ToolCallId, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
-        let waiting = self
-            .header
-            .open_calls
-            .iter()
-            .any(|c| c.id == call_id && c.state == CallState::AwaitingApproval);
+    fn on_approval_timeout(
+        &mut self,
+        call_id: ToolCallId,
+        deadline_ms: i64,
+        ctx: Ctx<'_>,
+        fx: &mut Vec<Effect>,
+    ) {
+        let waiting = self.header.open_calls.iter().any(|c| {
+            c.id == call_id
+                && c.state == CallState::AwaitingApproval
+                && c.approval_deadline_ms.is_none_or(|d| d == deadline_ms)
+        });
         if !waiting || self.header.status.is_terminal() {
             return;
         }
@@ -653,7 +762,9 @@ impl Session {
             metadata: None,
             args_diff: None,
         };
-        self.record_decision(&call_id, record, None, ctx);
+        // The model is told the request timed out, not that someone said no.
+        let text = timed_out_result(self.header.config.approval_timeout_secs);
+        self.record_decision(&call_id, record, None, Some(text), ctx);
         self.advance(ctx, fx);
     }
 
@@ -860,10 +971,10 @@ impl Session {
             call.requires_approval = true;
             call.state = CallState::AwaitingApproval;
             let secs = self.header.config.approval_timeout_secs;
-            call.approval_deadline_ms = Some(
-                ctx.now_ms
-                    .saturating_add((secs as i64).saturating_mul(1000)),
-            );
+            let deadline_ms = ctx
+                .now_ms
+                .saturating_add((secs as i64).saturating_mul(1000));
+            call.approval_deadline_ms = Some(deadline_ms);
             self.emit(
                 EventKind::ApprovalRequested {
                     call_id: call.id.clone(),
@@ -875,6 +986,7 @@ impl Session {
             );
             fx.push(Effect::ArmApprovalTimer {
                 call_id: call.id.clone(),
+                deadline_ms,
                 after: Duration::from_secs(secs),
             });
         } else {
@@ -894,11 +1006,14 @@ impl Session {
         );
     }
 
+    /// Applies one decision. `denied_result` replaces the result text of a
+    /// denial (a timeout is not a user's "no").
     fn record_decision(
         &mut self,
         id: &ToolCallId,
         record: DecisionRecord,
         effective: Option<Value>,
+        denied_result: Option<Value>,
         ctx: Ctx<'_>,
     ) {
         let Some(i) = self.header.open_calls.iter().position(|c| &c.id == id) else {
@@ -926,7 +1041,8 @@ impl Session {
             }
             Some(message) => {
                 let reason = message.unwrap_or_else(|| "no reason given".into());
-                let result = Value::String(format!("Tool denied by user: {reason}"));
+                let result = denied_result
+                    .unwrap_or_else(|| Value::String(format!("Tool denied by user: {reason}")));
                 call.finish(CallState::Denied, result.clone(), ctx.now_ms);
                 Some((CallState::Denied, result))
             }
@@ -1034,10 +1150,11 @@ impl Session {
                 self.header.open_calls[i] = call;
                 return;
             }
+            let salt = (self.header.last_event_seq << 16) | 0xffff;
             let call = &mut self.header.open_calls[i];
             call.state = CallState::Running;
             call.attempt += 1;
-            call.child.get_or_insert_with(SessionId::generate);
+            call.child.get_or_insert_with(|| SessionId(ctx.mint(salt)));
             let (call_id, attempt) = (call.id.clone(), call.attempt);
             self.header.usage.tool_calls += 1;
             self.dirty = true;
@@ -1133,13 +1250,17 @@ impl Session {
 
     fn arm_timer(&self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
         let call = &self.header.open_calls[i];
-        let remaining = call
-            .approval_deadline_ms
-            .map(|d| d.saturating_sub(ctx.now_ms).max(0) as u64)
-            .unwrap_or(self.header.config.approval_timeout_secs * 1000);
+        // Snapshots from before deadlines were recorded have none: their
+        // timer runs a full timeout from now.
+        let deadline_ms = call.approval_deadline_ms.unwrap_or_else(|| {
+            ctx.now_ms.saturating_add(
+                (self.header.config.approval_timeout_secs as i64).saturating_mul(1000),
+            )
+        });
         fx.push(Effect::ArmApprovalTimer {
             call_id: call.id.clone(),
-            after: Duration::from_millis(remaining),
+            deadline_ms,
+            after: Duration::from_millis(deadline_ms.saturating_sub(ctx.now_ms).max(0) as u64),
         });
     }
 

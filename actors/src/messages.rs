@@ -1,0 +1,134 @@
+//! What the actors of the tree say to each other: [`SessionMsg`],
+//! [`ToolCallMsg`] and [`OrchestratorMsg`].
+//!
+//! The message types live below the actors that handle them so that the
+//! shared services ([`crate::runtime`]) can route messages without naming an
+//! actor type, which is what keeps the crate's imports free of cycles (see
+//! ARCHITECTURE.md). This module holds data only: no behaviour, no rules.
+
+use ractor::{ActorRef, RpcReplyPort};
+use serde_json::{json, Value};
+
+use crate::error::SessionError;
+use crate::machine::Session;
+use crate::model::{SessionId, Submission, ToolCallId, Usage};
+use crate::provider::{ProviderError, ProviderEvent};
+use crate::store::StoredSession;
+
+/// Messages of a session actor. RPC variants carry their reply port last.
+pub enum SessionMsg {
+    /// A user message (with an optional idempotency id); acknowledged once
+    /// checkpointed.
+    Send(
+        String,
+        Option<String>,
+        RpcReplyPort<Result<(), SessionError>>,
+    ),
+    /// Decisions; acknowledged once checkpointed.
+    Decide(Submission, RpcReplyPort<Result<(), SessionError>>),
+    /// Cancel the session (and its subtree).
+    Cancel(RpcReplyPort<Result<(), SessionError>>),
+    /// Cancel from the parent (its own cancel cascading down): nobody waits.
+    CancelFromParent,
+    /// Mark the session completed.
+    Done(RpcReplyPort<Result<(), SessionError>>),
+    /// The current state.
+    Get(RpcReplyPort<StoredSession>),
+    /// The live actor of one of this session's children, spawned (under this
+    /// actor's supervision) from its checkpoint if it is not live. Children
+    /// are never activated anywhere else.
+    ActivateChild(
+        SessionId,
+        RpcReplyPort<Result<ActorRef<SessionMsg>, SessionError>>,
+    ),
+    /// An event of provider stream `attempt`.
+    Provider {
+        /// Stream attempt (older ones are ignored).
+        attempt: u64,
+        /// The event.
+        event: ProviderEvent,
+    },
+    /// Provider stream `attempt` ended.
+    StreamEnded {
+        /// Stream attempt.
+        attempt: u64,
+        /// Outcome.
+        result: Result<(), ProviderError>,
+    },
+    /// A tool-call actor's result.
+    ToolFinished {
+        /// Call.
+        call_id: ToolCallId,
+        /// Dispatch attempt.
+        attempt: u32,
+        /// Result or error object.
+        result: Result<Value, Value>,
+    },
+    /// An approval deadline passed (ignored unless it is still the call's
+    /// deadline: a call asked again has a new one).
+    ApprovalTimeout {
+        /// Call.
+        call_id: ToolCallId,
+        /// The deadline the timer was armed for.
+        deadline_ms: i64,
+    },
+    /// The idle timer armed after message number `n` fired.
+    Hibernate(u64),
+    /// A child session ended its turn.
+    ChildFinished {
+        /// This session's `delegate_task` call.
+        call_id: ToolCallId,
+        /// Its attempt.
+        attempt: u32,
+        /// The child's result.
+        result: Result<Value, Value>,
+        /// What the child's subtree spent.
+        usage: Usage,
+    },
+    /// A propagating child started or stopped waiting for a decision.
+    ChildWaiting {
+        /// This session's `delegate_task` call.
+        call_id: ToolCallId,
+        /// Whether it waits.
+        waiting: bool,
+    },
+    /// Respawn a failed child from its checkpoint (after backoff).
+    RestartChild(SessionId),
+    /// Fault injection: panic now (sent by a tool-call actor at `during_tool`).
+    #[cfg(feature = "fault-injection")]
+    InjectedPanic,
+}
+
+/// Messages of a tool-call actor.
+pub enum ToolCallMsg {
+    /// Run the tool now.
+    Run,
+}
+
+/// Messages of the orchestrator.
+pub enum OrchestratorMsg {
+    /// Start the actor of a checkpointed root session (or return the live
+    /// one). Child sessions are refused: only their parent spawns them.
+    Spawn(
+        Box<Session>,
+        RpcReplyPort<Result<ActorRef<SessionMsg>, SessionError>>,
+    ),
+    /// Respawn a failed session from its last checkpoint (sent after backoff).
+    Restart {
+        /// Session.
+        id: SessionId,
+        /// The failure that caused the restart.
+        reason: String,
+    },
+    /// Cancel, in the store, a child session that no live parent will ever
+    /// resume (its parent is terminal, gone, or no longer runs the call that
+    /// started it), so none of its approvals is left orphaned (§6).
+    CancelOrphan(SessionId, RpcReplyPort<Result<(), SessionError>>),
+    /// How many sessions have a restart history (for leak checks).
+    RestartHistories(RpcReplyPort<usize>),
+}
+
+/// The result recorded for a tool whose actor crashed.
+pub fn crashed(reason: &str) -> Value {
+    json!({"error": format!("tool crashed: {reason}")})
+}

@@ -1,0 +1,535 @@
+//! [`Overseer`]: the in-process API of overseer (create, message, decide,
+//! cancel, done, state, tree, subscribe, recover, shutdown), and the shapes it
+//! answers with ([`PendingApproval`], [`TreeNode`]).
+//!
+//! It sits on top of the actor tree: it starts the orchestrator and talks to
+//! session actors only through [`Runtime`]'s routing. It deliberately knows
+//! nothing of HTTP, auth or tenancy rules beyond recording the tenant: those
+//! are the edge's (`overseer::http`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef};
+use serde_json::Value;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+use crate::error::SessionError;
+use crate::machine::{Input, Session};
+use crate::messages::{OrchestratorMsg, SessionMsg};
+use crate::model::{
+    now_ms, AgentConfig, Event, Notification, SessionHeader, SessionId, SessionOverrides,
+    SessionStatus, Submission, ToolCallId, Usage,
+};
+use crate::orchestrator::{OrchestratorActor, OrchestratorArgs};
+use crate::provider::Provider;
+use crate::runtime::{Runtime, RuntimeConfig};
+use crate::store::{CheckpointStore, StoredSession};
+use crate::tool::ToolRegistry;
+
+/// Sessions loaded concurrently during boot recovery.
+const RECOVERY_CONCURRENCY: usize = 64;
+
+/// A request to create a session.
+#[derive(Debug, Clone, Default)]
+pub struct CreateSession {
+    /// Agent name.
+    pub agent: String,
+    /// Owning tenant.
+    pub tenant: String,
+    /// Who starts it (a token's `sub`), recorded and passed to tools.
+    pub created_by: Option<String>,
+    /// First message; without it the session is `pending`.
+    pub prompt: Option<String>,
+    /// Optional title.
+    pub title: Option<String>,
+    /// Caller metadata.
+    pub metadata: Value,
+    /// Client-chosen id.
+    pub id: Option<SessionId>,
+    /// Complete instead of awaiting input when the turn ends.
+    pub auto_complete: bool,
+    /// Per-session changes to the agent's preset.
+    pub overrides: SessionOverrides,
+}
+
+
+/// The in-process API of overseer. Cheap to clone.
+#[derive(Clone)]
+pub struct Overseer {
+    runtime: Arc<Runtime>,
+    orchestrator: ActorRef<OrchestratorMsg>,
+    join: Arc<tokio::sync::Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl Overseer {
+    /// Starts the actor tree. Does not recover stored sessions: call
+    /// [`Overseer::recover`] before accepting work.
+    pub async fn start(
+        agents: Vec<AgentConfig>,
+        store: Arc<dyn CheckpointStore>,
+        provider: Arc<dyn Provider>,
+        tools: ToolRegistry,
+        config: RuntimeConfig,
+    ) -> Result<Self, SessionError> {
+        // `delegate_task` is part of every runtime; it is in an agent's scope
+        // only when the agent lists subagents.
+        let tools = if tools.spec(crate::delegation::DELEGATE_TASK).is_some() {
+            tools
+        } else {
+            tools
+                .extended(vec![Arc::new(crate::delegation::DelegateTask::default())])
+                .map_err(|e| SessionError::Invalid(e.to_string()))?
+        };
+        let runtime = Arc::new(Runtime::new(agents, store, provider, tools, config));
+        let (orchestrator, join) = Actor::spawn(
+            None,
+            OrchestratorActor,
+            OrchestratorArgs {
+                runtime: runtime.clone(),
+            },
+        )
+        .await
+        .map_err(|e| SessionError::Invalid(format!("could not start the orchestrator: {e}")))?;
+        let _ = runtime.orchestrator.set(orchestrator.clone());
+        Ok(Self {
+            runtime,
+            orchestrator,
+            join: Arc::new(tokio::sync::Mutex::new(Some(join))),
+        })
+    }
+
+    /// The shared services (for the edges: metrics, store access).
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
+    }
+
+    /// The configured agents.
+    pub fn agents(&self) -> impl Iterator<Item = &AgentConfig> {
+        self.runtime.agents.values()
+    }
+
+    /// Activates every session that was mid-turn (running or awaiting
+    /// approval) when the previous process stopped. Sessions awaiting input
+    /// stay on disk until touched. Roots are activated here; each resumes
+    /// its own children, under its own supervision. A child whose parent
+    /// will not resume it (the parent ended, or a crash came between the two
+    /// checkpoints of a cancel) is cancelled, so no approval is orphaned.
+    /// Returns how many roots were activated.
+    pub async fn recover(&self) -> Result<usize, SessionError> {
+        let headers = self
+            .runtime
+            .store
+            .list_by_status(&[SessionStatus::Running, SessionStatus::AwaitingApproval])
+            .await?;
+        let active: std::collections::BTreeSet<SessionId> = headers.iter().map(|h| h.id).collect();
+        let mut roots = Vec::new();
+        let mut orphans = Vec::new();
+        for h in &headers {
+            match &h.parent {
+                None => roots.push(h.id),
+                Some(link) if !active.contains(&link.session_id) => orphans.push(h.id),
+                Some(_) => {}
+            }
+        }
+        for id in orphans {
+            self.runtime.cancel_in_store(id).await?;
+        }
+        let n = roots.len();
+        // Loads overlap; spawns are serialised by the orchestrator anyway.
+        let mut activations = futures::stream::iter(roots)
+            .map(|id| self.runtime.activate(id))
+            .buffer_unordered(RECOVERY_CONCURRENCY);
+        while let Some(result) = activations.next().await {
+            result?;
+        }
+        Ok(n)
+    }
+
+    /// Creates a session; with a prompt, its first turn starts at once. Returns
+    /// once the session is checkpointed.
+    pub async fn create_session(&self, req: CreateSession) -> Result<SessionId, SessionError> {
+        let agent = self
+            .runtime
+            .agents
+            .get(&req.agent)
+            .ok_or_else(|| SessionError::UnknownAgent(req.agent.clone()))?;
+        let config = req.overrides.apply(agent)?;
+        let id = req.id.unwrap_or_else(SessionId::generate);
+        // Two creates of one client-chosen id must not both pass the check
+        // below and overwrite each other: the second one here loses. The
+        // guard releases the id however this future ends, dropped included.
+        let Some(_creating) = CreatingGuard::claim(&self.runtime, id) else {
+            return Err(SessionError::AlreadyExists(id));
+        };
+        self.create_checked(id, req, config, agent).await
+    }
+
+    async fn create_checked(
+        &self,
+        id: SessionId,
+        req: CreateSession,
+        config: crate::model::EffectiveConfig,
+        agent: &AgentConfig,
+    ) -> Result<SessionId, SessionError> {
+        if req.id.is_some() && self.runtime.store.load_header(id).await?.is_some() {
+            return Err(SessionError::AlreadyExists(id));
+        }
+        let now = now_ms();
+        let mut header =
+            SessionHeader::new(id, req.tenant, agent.name.clone(), config, now);
+        header.created_by = req.created_by;
+        header.title = req.title;
+        header.metadata = req.metadata;
+        header.auto_complete = req.auto_complete;
+        let mut session = Session::new(header);
+        if let Some(text) = req.prompt {
+            // The effects are recomputed by the actor's resume on start.
+            session.apply(
+                Input::Message {
+                    text,
+                    message_id: None,
+                },
+                self.runtime.ctx(),
+            )?;
+        }
+        crate::metrics::checkpoint(self.runtime.store.as_ref(), session.checkpoint()).await?;
+        let events = session.mark_persisted();
+        for e in events {
+            self.runtime.hub.publish(id, Notification::Event(e));
+        }
+        self.runtime.spawn_root(session).await?;
+        Ok(id)
+    }
+
+    /// Sends a user message (starts a turn, or queues behind the running one).
+    pub async fn send_message(
+        &self,
+        id: SessionId,
+        text: impl Into<String>,
+    ) -> Result<(), SessionError> {
+        self.send_message_with_id(id, text, None).await
+    }
+
+    /// Sends a user message with a client-chosen `message_id`: retrying the
+    /// same message is a no-op answered like the first time; reusing the id
+    /// for different text is a [`SessionError::Conflict`].
+    pub async fn send_message_with_id(
+        &self,
+        id: SessionId,
+        text: impl Into<String>,
+        message_id: Option<String>,
+    ) -> Result<(), SessionError> {
+        let text = text.into();
+        self.runtime
+            .route(id, move |reply| {
+                SessionMsg::Send(text.clone(), message_id.clone(), reply)
+            })
+            .await
+    }
+
+    /// Submits decisions; acknowledged once checkpointed. Calls of
+    /// descendants whose approvals propagate to `id` may be decided here
+    /// (§7): the decisions are routed to the sessions that own them.
+    pub async fn submit(&self, id: SessionId, submission: Submission) -> Result<(), SessionError> {
+        let direct = submission.clone();
+        let result = self
+            .runtime
+            .route(id, move |reply| SessionMsg::Decide(direct.clone(), reply))
+            .await;
+        match result {
+            // The session refused atomically; some ids may belong to children.
+            Err(SessionError::UnknownCalls(_)) => self.submit_in_tree(id, submission).await,
+            other => other,
+        }
+    }
+
+    async fn submit_in_tree(&self, id: SessionId, sub: Submission) -> Result<(), SessionError> {
+        let tree = self.tree(id).await?;
+        let mut owner: BTreeMap<ToolCallId, SessionId> = BTreeMap::new();
+        let mut known: std::collections::BTreeSet<ToolCallId> = Default::default();
+        tree.walk(&mut |node, reachable| {
+            for c in &node.calls {
+                known.insert(c.clone());
+            }
+            if reachable {
+                for p in &node.pending {
+                    owner.insert(p.call.id.clone(), node.session_id);
+                }
+            }
+        });
+        let unknown: Vec<ToolCallId> = sub
+            .decisions
+            .keys()
+            .filter(|c| !owner.contains_key(*c) && !known.contains(*c))
+            .cloned()
+            .collect();
+        if !unknown.is_empty() {
+            return Err(SessionError::UnknownCalls(unknown));
+        }
+        let decided: Vec<ToolCallId> = sub
+            .decisions
+            .keys()
+            .filter(|c| !owner.contains_key(*c))
+            .cloned()
+            .collect();
+        if !decided.is_empty() {
+            return Err(SessionError::AlreadyDecided(decided));
+        }
+        let stray: Vec<ToolCallId> = sub
+            .metadata
+            .keys()
+            .filter(|c| !sub.decisions.contains_key(*c))
+            .cloned()
+            .collect();
+        if !stray.is_empty() {
+            return Err(SessionError::StrayMetadata(stray));
+        }
+        let mut parts: BTreeMap<SessionId, Submission> = BTreeMap::new();
+        for (call, decision) in sub.decisions {
+            let Some(session) = owner.get(&call) else {
+                continue;
+            };
+            let part = parts.entry(*session).or_insert_with(|| Submission {
+                approved_by: sub.approved_by.clone(),
+                ..Submission::default()
+            });
+            if let Some(m) = sub.metadata.get(&call) {
+                part.metadata.insert(call.clone(), m.clone());
+            }
+            part.decisions.insert(call, decision);
+        }
+        for (session, part) in parts {
+            self.runtime
+                .route(session, move |reply| {
+                    SessionMsg::Decide(part.clone(), reply)
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The session tree rooted at `id`: each node's agent, status, usage
+    /// (own and rolled up) and pending approvals (§7).
+    pub async fn tree(&self, id: SessionId) -> Result<TreeNode, SessionError> {
+        let stored = self.state(id).await?;
+        let session = Session::from_stored(stored);
+        let h = &session.header;
+        let mut child_ids = Vec::new();
+        for c in session.all_calls() {
+            if let Some(child) = c.child {
+                if !child_ids.contains(&child) {
+                    child_ids.push(child);
+                }
+            }
+        }
+        let mut children = Vec::new();
+        for child in child_ids {
+            match Box::pin(self.tree(child)).await {
+                Ok(node) => children.push(node),
+                Err(SessionError::NotFound(_)) => {} // intent recorded, child not yet created
+                Err(e) => return Err(e),
+            }
+        }
+        let mut subtree_usage = h.usage;
+        for c in &children {
+            subtree_usage.add(&c.subtree_usage);
+        }
+        Ok(TreeNode {
+            session_id: h.id,
+            agent: h.agent.clone(),
+            status: h.status,
+            stop_reason: h.last_stop_reason,
+            depth: h.parent.as_ref().map_or(0, |p| p.depth),
+            propagates: h.parent.as_ref().is_some_and(|p| p.propagate),
+            usage: h.usage,
+            subtree_usage,
+            pending: session
+                .pending_approvals()
+                .into_iter()
+                .map(|c| PendingApproval {
+                    session_id: h.id,
+                    path: vec![h.id],
+                    call: c.clone(),
+                })
+                .collect(),
+            calls: session
+                .all_calls()
+                .into_iter()
+                .map(|c| c.id.clone())
+                .collect(),
+            children,
+        })
+    }
+
+    /// Every approval decidable at `id`: its own and those of descendants whose
+    /// requests propagate to it, each with the path of sessions leading to it.
+    pub async fn pending_approvals(
+        &self,
+        id: SessionId,
+    ) -> Result<Vec<PendingApproval>, SessionError> {
+        let tree = self.tree(id).await?;
+        let mut out = Vec::new();
+        collect_pending(&tree, &mut Vec::new(), &mut out);
+        Ok(out)
+    }
+
+    /// Cancels the session.
+    pub async fn cancel(&self, id: SessionId) -> Result<(), SessionError> {
+        self.runtime.route(id, SessionMsg::Cancel).await
+    }
+
+    /// Marks the session completed.
+    pub async fn done(&self, id: SessionId) -> Result<(), SessionError> {
+        self.runtime.route(id, SessionMsg::Done).await
+    }
+
+    /// The session's current state (from its actor when live, else from disk).
+    pub async fn state(&self, id: SessionId) -> Result<StoredSession, SessionError> {
+        let live = self.runtime.live.get(&id).map(|r| r.clone());
+        if let Some(actor) = live {
+            if let Ok(CallResult::Success(s)) = actor
+                .call(SessionMsg::Get, Some(self.runtime.config.call_timeout))
+                .await
+            {
+                return Ok(s);
+            }
+        }
+        self.runtime
+            .store
+            .load(id)
+            .await?
+            .ok_or(SessionError::NotFound(id))
+    }
+
+    /// Live notifications of a session. Subscribe before acting to see every
+    /// event; use [`Overseer::events_after`] to replay what came before.
+    pub fn subscribe(&self, id: SessionId) -> broadcast::Receiver<Notification> {
+        self.runtime.hub.subscribe(id)
+    }
+
+    /// Stored events with `seq > after`.
+    pub async fn events_after(
+        &self,
+        id: SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, SessionError> {
+        Ok(self.runtime.store.events_after(id, after, limit).await?)
+    }
+
+    /// Stops every actor gracefully and flushes the store.
+    pub async fn shutdown(&self) -> Result<(), SessionError> {
+        self.runtime.shutting_down.store(true, Ordering::Relaxed);
+        self.orchestrator.stop(None);
+        if let Some(join) = self.join.lock().await.take() {
+            let _ = join.await;
+        }
+        self.runtime.store.flush().await?;
+        Ok(())
+    }
+}
+
+
+/// Holds a session id in the set of ids being created, and releases it when
+/// dropped, so a create whose future is dropped half-way leaves no trace.
+struct CreatingGuard<'a> {
+    runtime: &'a Runtime,
+    id: SessionId,
+}
+
+impl<'a> CreatingGuard<'a> {
+    fn claim(runtime: &'a Runtime, id: SessionId) -> Option<Self> {
+        runtime
+            .creating
+            .insert(id)
+            .then_some(Self { runtime, id })
+    }
+}
+
+impl Drop for CreatingGuard<'_> {
+    fn drop(&mut self) {
+        self.runtime.creating.remove(&self.id);
+    }
+}
+
+/// A pending approval as seen from an ancestor.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PendingApproval {
+    /// The session that owns the call.
+    pub session_id: SessionId,
+    /// Sessions from the queried one down to the owner.
+    pub path: Vec<SessionId>,
+    /// The call.
+    pub call: crate::model::ToolCallRecord,
+}
+
+/// One node of a session tree.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TreeNode {
+    /// Session.
+    pub session_id: SessionId,
+    /// Agent.
+    pub agent: String,
+    /// Status.
+    pub status: SessionStatus,
+    /// Why its last turn stopped.
+    pub stop_reason: Option<crate::model::StopReason>,
+    /// Depth (root = 0).
+    pub depth: u32,
+    /// Whether its approvals surface at its parent.
+    pub propagates: bool,
+    /// Its own usage.
+    pub usage: Usage,
+    /// Its usage plus its whole subtree's.
+    pub subtree_usage: Usage,
+    /// Its own pending approvals.
+    pub pending: Vec<PendingApproval>,
+    /// Ids of all its calls (decided or not).
+    #[serde(skip)]
+    pub calls: Vec<ToolCallId>,
+    /// Children, in call order.
+    pub children: Vec<TreeNode>,
+}
+
+impl TreeNode {
+    /// Visits every node with whether its approvals reach this node.
+    fn walk(&self, f: &mut impl FnMut(&TreeNode, bool)) {
+        fn go(n: &TreeNode, reachable: bool, f: &mut impl FnMut(&TreeNode, bool)) {
+            f(n, reachable);
+            for c in &n.children {
+                go(c, reachable && c.propagates, f);
+            }
+        }
+        go(self, true, f);
+    }
+
+    /// This node and every descendant, depth first.
+    pub fn nodes(&self) -> Vec<&TreeNode> {
+        let mut out = vec![self];
+        for c in &self.children {
+            out.extend(c.nodes());
+        }
+        out
+    }
+}
+
+fn collect_pending(node: &TreeNode, path: &mut Vec<SessionId>, out: &mut Vec<PendingApproval>) {
+    path.push(node.session_id);
+    for p in &node.pending {
+        out.push(PendingApproval {
+            path: path.clone(),
+            ..p.clone()
+        });
+    }
+    for c in &node.children {
+        if c.propagates {
+            collect_pending(c, path, out);
+        }
+    }
+    path.pop();
+}

@@ -87,6 +87,7 @@ impl Actor for OrchestratorActor {
                 let _ = reply.send(result);
             }
             OrchestratorMsg::RestartHistories(reply) => {
+                state.restarts.prune(&state.runtime.config.restart);
                 let _ = reply.send(state.restarts.len());
             }
         }

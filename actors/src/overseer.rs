@@ -108,6 +108,24 @@ impl Overseer {
         &self.runtime
     }
 
+    /// How many root sessions the orchestrator keeps a restart history for
+    /// (sessions in a crash loop; for leak checks and diagnostics).
+    pub async fn restart_histories(&self) -> Result<usize, SessionError> {
+        match self
+            .orchestrator
+            .call(
+                OrchestratorMsg::RestartHistories,
+                Some(self.runtime.config.call_timeout),
+            )
+            .await
+        {
+            Ok(CallResult::Success(n)) => Ok(n),
+            _ => Err(SessionError::Invalid(
+                "the orchestrator did not answer".into(),
+            )),
+        }
+    }
+
     /// The configured agents.
     pub fn agents(&self) -> impl Iterator<Item = &AgentConfig> {
         self.runtime.agents.values()

@@ -93,12 +93,26 @@ impl Restarts {
     /// Decides about a failure of `id` now. A [`Decision::GiveUp`] forgets
     /// the session's history (it will not be restarted again).
     pub fn on_failure(&mut self, policy: &RestartPolicy, id: SessionId) -> Decision {
-        let now = self.epoch.elapsed().as_millis() as u64;
+        self.prune(policy);
+        let now = self.now();
         let decision = self.histories.entry(id).or_default().decide(policy, now);
         if decision == Decision::GiveUp {
             self.histories.remove(&id);
         }
         decision
+    }
+
+    /// Forgets the histories whose restarts have all left the window: those
+    /// sessions are no longer in a crash loop.
+    pub fn prune(&mut self, policy: &RestartPolicy) {
+        let now = self.now();
+        let window = policy.restart_window_secs.saturating_mul(1000);
+        self.histories
+            .retain(|_, h| h.at_ms.iter().any(|&t| now.saturating_sub(t) < window));
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
     }
 
     /// Forgets a session that stopped normally or finished.

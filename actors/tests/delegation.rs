@@ -51,17 +51,15 @@ async fn until_tree(
     id: overseer_actors::model::SessionId,
     pred: impl Fn(&TreeNode) -> bool,
 ) -> TreeNode {
-    for _ in 0..2000 {
-        let t = ov.tree(id).await.unwrap();
-        if pred(&t) {
-            return t;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-    }
-    panic!(
-        "tree never reached the expected state: {:#?}",
-        ov.tree(id).await.unwrap()
-    );
+    poll(
+        "the tree to reach the expected state",
+        std::time::Duration::from_millis(2),
+        || async {
+            let t = ov.tree(id).await.unwrap();
+            pred(&t).then_some(t)
+        },
+    )
+    .await
 }
 
 fn all_terminal(t: &TreeNode) -> bool {

@@ -22,13 +22,10 @@ fn hibernating(secs: u64) -> RuntimeConfig {
 
 /// Waits (in paused time) until the session has no live actor.
 async fn until_hibernated(h: &Harness, id: overseer_actors::model::SessionId) {
-    for _ in 0..1000 {
-        if !h.ov.runtime().live.contains_key(&id) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    panic!("session {id} never hibernated");
+    poll("the session to hibernate", Duration::from_secs(1), || async {
+        (!h.ov.runtime().live.contains_key(&id)).then_some(())
+    })
+    .await
 }
 
 #[tokio::test(start_paused = true)]
@@ -229,35 +226,34 @@ mod faults {
         until_status(&mut rx, SessionStatus::AwaitingApproval).await;
         // A fault before the approval may restart the session; the pending
         // call survives it.
-        let mut pending = h.pending(id).await;
-        while pending.is_empty() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            pending = h.pending(id).await;
-        }
-        let call = pending.remove(0);
+        let call = poll("the pending call", Duration::from_millis(5), || async {
+            h.pending(id).await.into_iter().next()
+        })
+        .await;
         // If the actor dies between the decision's checkpoint and the reply,
         // the caller is told to check: a retry then finds it already decided.
-        loop {
-            match h
-                .ov
-                .submit(id, Submission::one(call.clone(), Decision::approve()))
-                .await
-            {
-                Ok(()) | Err(SessionError::AlreadyDecided(_)) => break,
-                Err(SessionError::Unavailable { .. }) => {
-                    tokio::time::sleep(Duration::from_millis(5)).await
+        poll("the decision to be accepted", Duration::from_millis(5), || {
+            let call = call.clone();
+            let h = &h;
+            async move {
+                match h
+                    .ov
+                    .submit(id, Submission::one(call, Decision::approve()))
+                    .await
+                {
+                    Ok(()) | Err(SessionError::AlreadyDecided(_)) => Some(()),
+                    Err(SessionError::Unavailable { .. }) => None,
+                    Err(e) => panic!("{e:?}"),
                 }
-                Err(e) => panic!("{e:?}"),
             }
-        }
-        loop {
+        })
+        .await;
+        poll("the turn to end", Duration::from_millis(5), || async {
             let s = h.ov.state(id).await.unwrap();
-            if s.header.status == SessionStatus::AwaitingInput {
-                break;
-            }
             assert!(!s.header.status.is_terminal(), "{:?}", s.header);
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+            (s.header.status == SessionStatus::AwaitingInput).then_some(())
+        })
+        .await;
         let t = h.transcript(id).await;
         assert_eq!(shape(&t), expected, "same transcript as without the fault");
         assert_eq!(

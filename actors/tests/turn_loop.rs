@@ -400,11 +400,16 @@ impl Provider for Hanging {
 async fn cancel_while_streaming() {
     let h = harness_with(agent(&["echo"]), Arc::new(Hanging)).await;
     let (id, mut rx) = h.start("go").await;
-    loop {
-        if let Ok(Notification::TextDelta { .. }) = rx.recv().await {
-            break;
+    bounded("the first text delta", async {
+        loop {
+            match rx.recv().await {
+                Ok(Notification::TextDelta { .. }) => break,
+                Ok(_) => {}
+                Err(e) => panic!("event stream ended: {e}"),
+            }
         }
-    }
+    })
+    .await;
     h.ov.cancel(id).await.unwrap();
     assert_eq!(turn_end(&mut rx).await, StopReason::Cancelled);
     let s = h.ov.state(id).await.unwrap();

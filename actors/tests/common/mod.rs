@@ -3,8 +3,10 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::future::Future;
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
+use std::time::Duration;
 
 use overseer_actors::model::{
     AgentConfig, CallState, Decision, EventKind, Notification, SessionId, SessionStatus,
@@ -208,18 +210,59 @@ impl Harness {
     }
 }
 
+/// The longest any one wait of a test may take, in wall-clock time. It only
+/// turns a hang into a failure naming what never happened; nothing is timed
+/// against it.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Runs `fut`, failing the test if it has not finished within [`PATIENCE`]
+/// of wall-clock time. The deadline is kept by a thread, not by tokio, so
+/// paused tokio time neither trips it nor is held back by it.
+pub async fn bounded<T>(what: impl std::fmt::Display, fut: impl Future<Output = T>) -> T {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        std::thread::sleep(PATIENCE);
+        let _ = tx.send(());
+    });
+    tokio::select! {
+        v = fut => v,
+        _ = rx => panic!("gave up after {PATIENCE:?} (wall clock) waiting for {what}"),
+    }
+}
+
+/// Polls `check` (every `every` of tokio time, paused or not) until it gives
+/// a value, within [`PATIENCE`] of wall-clock time.
+pub async fn poll<T, F, Fut>(what: &str, every: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    bounded(what, async {
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(every).await;
+        }
+    })
+    .await
+}
+
 /// Waits until a durable event matches; returns it.
 pub async fn until(
     rx: &mut broadcast::Receiver<Notification>,
     pred: impl Fn(&EventKind) -> bool,
 ) -> EventKind {
-    loop {
-        match rx.recv().await {
-            Ok(Notification::Event(e)) if pred(&e.kind) => return e.kind,
-            Ok(_) => {}
-            Err(e) => panic!("event stream ended: {e}"),
+    bounded("an event that never came", async {
+        loop {
+            match rx.recv().await {
+                Ok(Notification::Event(e)) if pred(&e.kind) => return e.kind,
+                Ok(_) => {}
+                Err(e) => panic!("event stream ended: {e}"),
+            }
         }
-    }
+    })
+    .await
 }
 
 pub async fn until_status(rx: &mut broadcast::Receiver<Notification>, status: SessionStatus) {

@@ -1,0 +1,636 @@
+//! The architecture invariants of ARCHITECTURE.md that are about the actor
+//! tree, each guarded through the in-process API: children stay under their
+//! parents (even across hibernation and a restart limit), no child report is
+//! lost, a dropped create leaves nothing behind, approval timers are owned,
+//! cancelling a tree never waits on a child, nothing is left in the runtime's
+//! bookkeeping once sessions end, and the model sees the arguments that ran.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use overseer_actors::model::{
+    AgentConfig, CallState, ChildApproval, Decision, EventKind, SessionId, SessionStatus,
+    StopReason, Submission, TranscriptEntry,
+};
+use overseer_actors::provider::{Provider, ProviderError, ProviderRequest, ProviderStream};
+use overseer_actors::scripted::{Scenario, ScriptedProvider};
+use overseer_actors::store::{
+    Checkpoint, CheckpointStore, MemStore, SessionSummary, StoreError, StoredSession,
+};
+use overseer_actors::{CreateSession, Overseer, RuntimeConfig, SessionError};
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+fn named(name: &str, tools: &[&str]) -> AgentConfig {
+    AgentConfig::new(name, tools)
+}
+
+fn lead(name: &str, child: &str) -> AgentConfig {
+    let mut a = AgentConfig::new(name, &["echo"]);
+    a.subagents = vec![child.into()];
+    a.child_approval = ChildApproval::Propagate;
+    a
+}
+
+fn delegate(agent: &str, goal: &str) -> Value {
+    json!({"name": "delegate_task", "arguments": {"agent": agent, "goal": goal}})
+}
+
+/// A lead that delegates once and quotes the result; a child that asks to
+/// run `echo` and quotes its result.
+fn tree_steps(lead: &str, child: &str) -> Value {
+    json!({
+        lead: [{"tool_calls": [delegate(child, "echo something")]}, {"text": "lead: {{tool_result}}"}],
+        child: [{"tool_calls": [{"name": "echo", "arguments": {"text": "from child"}}]}, {"text": "child: {{tool_result}}"}]
+    })
+}
+
+fn hibernating(secs: u64) -> RuntimeConfig {
+    RuntimeConfig {
+        idle_hibernate: Some(Duration::from_secs(secs)),
+        ..RuntimeConfig::default()
+    }
+}
+
+fn provider(steps: Value) -> Arc<dyn Provider> {
+    let scenario = Scenario::from_json(&json!({"agents": steps}).to_string()).unwrap();
+    Arc::new(ScriptedProvider::new(scenario))
+}
+
+async fn start_with(
+    agents: Vec<AgentConfig>,
+    store: Arc<dyn CheckpointStore>,
+    provider: Arc<dyn Provider>,
+    config: RuntimeConfig,
+) -> Overseer {
+    Overseer::start(
+        agents,
+        store,
+        provider,
+        tools(Default::default(), Default::default()),
+        config,
+    )
+    .await
+    .unwrap()
+}
+
+async fn create(ov: &Overseer, agent: &str, prompt: &str) -> SessionId {
+    ov.create_session(CreateSession {
+        agent: agent.into(),
+        tenant: "t".into(),
+        prompt: Some(prompt.into()),
+        ..CreateSession::default()
+    })
+    .await
+    .unwrap()
+}
+
+async fn transcript(ov: &Overseer, id: SessionId) -> Vec<TranscriptEntry> {
+    let s = ov.state(id).await.unwrap();
+    s.transcript.iter().map(|e| (**e).clone()).collect()
+}
+
+/// Waits until nothing is left in the runtime's per-session bookkeeping
+/// (journal entries, timers, ids being created, restart histories) and no
+/// ended session keeps an actor.
+async fn until_nothing_held(ov: &Overseer) {
+    poll(
+        "the runtime to hold nothing for ended sessions",
+        Duration::from_millis(5),
+        || async {
+            let b = ov.runtime().bookkeeping();
+            let mut live_ended = 0;
+            let ids: Vec<SessionId> = ov.runtime().live.iter().map(|e| *e.key()).collect();
+            for id in ids {
+                if ov.state(id).await.unwrap().header.status.is_terminal() {
+                    live_ended += 1;
+                }
+            }
+            let held = (b.journal, b.timers, b.creating, live_ended);
+            (held == (0, 0, 0, 0)).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(ov.restart_histories().await.unwrap(), 0);
+}
+
+// ---- a store that can hold a session's checkpoints ------------------------
+
+/// The in-memory store, except that checkpoints of "held" sessions wait
+/// until released (a slow disk for one session).
+#[derive(Clone)]
+struct GatedStore {
+    inner: MemStore,
+    held: Arc<Mutex<HashSet<SessionId>>>,
+    gate: Arc<Semaphore>,
+    entered: Arc<tokio::sync::Notify>,
+}
+
+impl Default for GatedStore {
+    fn default() -> Self {
+        Self {
+            inner: MemStore::new(),
+            held: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
+            entered: Arc::default(),
+        }
+    }
+}
+
+impl GatedStore {
+    fn hold(&self, id: SessionId) {
+        self.held.lock().unwrap().insert(id);
+    }
+
+    fn release(&self, id: SessionId) {
+        self.held.lock().unwrap().remove(&id);
+        self.gate.add_permits(1_000);
+    }
+}
+
+#[async_trait::async_trait]
+impl CheckpointStore for GatedStore {
+    async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
+        let id = checkpoint.header.id;
+        if self.held.lock().unwrap().contains(&id) {
+            self.entered.notify_one();
+            while self.held.lock().unwrap().contains(&id) {
+                // Permits are only a wake-up; the set decides.
+                if let Ok(p) = self.gate.acquire().await {
+                    p.forget();
+                }
+            }
+        }
+        self.inner.checkpoint(checkpoint).await
+    }
+    async fn load(&self, id: SessionId) -> Result<Option<StoredSession>, StoreError> {
+        self.inner.load(id).await
+    }
+    async fn load_header(
+        &self,
+        id: SessionId,
+    ) -> Result<Option<overseer_actors::model::SessionHeader>, StoreError> {
+        self.inner.load_header(id).await
+    }
+    async fn events_after(
+        &self,
+        id: SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<overseer_actors::model::Event>, StoreError> {
+        self.inner.events_after(id, after, limit).await
+    }
+    async fn list_by_status(
+        &self,
+        statuses: &[SessionStatus],
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        self.inner.list_by_status(statuses).await
+    }
+    async fn list_tenant(
+        &self,
+        tenant: &str,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        self.inner.list_tenant(tenant, after, limit).await
+    }
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush().await
+    }
+}
+
+// ---- cancel-safe create ----------------------------------------------------
+
+/// A create whose future is dropped half-way (the client went away while
+/// its checkpoint was being written) leaves nothing behind: the id is free
+/// again, not `AlreadyExists` for ever.
+#[tokio::test]
+async fn a_dropped_create_releases_its_id() {
+    let store = GatedStore::default();
+    let ov = start_with(
+        vec![named("a", &[])],
+        Arc::new(store.clone()),
+        provider(json!({"a": [{"text": "hi"}]})),
+        RuntimeConfig::default(),
+    )
+    .await;
+    let id = SessionId::generate();
+    let req = CreateSession {
+        agent: "a".into(),
+        tenant: "t".into(),
+        prompt: Some("hello".into()),
+        id: Some(id),
+        ..CreateSession::default()
+    };
+    store.hold(id);
+    let entered = store.entered.clone();
+    bounded("the create to reach its checkpoint", async {
+        tokio::select! {
+            r = ov.create_session(req.clone()) => panic!("the create finished while held: {r:?}"),
+            () = entered.notified() => {}
+        }
+    })
+    .await;
+    // The create future is dropped here, mid-checkpoint.
+    assert_eq!(ov.runtime().bookkeeping().creating, 0);
+    store.release(id);
+    let created = bounded("the second create", ov.create_session(req)).await;
+    assert_eq!(created.unwrap(), id);
+}
+
+// ---- children stay under their parents --------------------------------------
+
+/// A child that waits for an approval hibernates like any session (and its
+/// parent after it); the decision, routed to the child, activates the tree
+/// from the root down, so the child runs under its parent again and never
+/// under the orchestrator.
+#[tokio::test(start_paused = true)]
+async fn a_hibernated_child_is_activated_under_its_parent() {
+    let agents = vec![lead("hib_lead", "hib_child"), named("hib_child", &["echo"])];
+    let ov = start_with(
+        agents,
+        Arc::new(MemStore::new()),
+        provider(tree_steps("hib_lead", "hib_child")),
+        hibernating(10),
+    )
+    .await;
+    let id = create(&ov, "hib_lead", "go").await;
+    let mut rx = ov.subscribe(id);
+    let pending = poll("the child's approval", Duration::from_millis(50), || async {
+        ov.pending_approvals(id).await.unwrap().into_iter().next()
+    })
+    .await;
+    let child = pending.session_id;
+    poll("the tree to hibernate", Duration::from_secs(1), || async {
+        let live = &ov.runtime().live;
+        (!live.contains_key(&id) && !live.contains_key(&child)).then_some(())
+    })
+    .await;
+    ov.submit(child, Submission::one(pending.call.id, Decision::approve()))
+        .await
+        .unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let text = final_text(&transcript(&ov, id).await);
+    assert!(text.contains("child: "), "{text}");
+    // Nothing is left running: the whole tree ends or hibernates.
+    until_nothing_held(&ov).await;
+}
+
+#[cfg(feature = "fault-injection")]
+mod faults {
+    use super::*;
+    use overseer_actors::fault::{arm, FaultAction, FaultPlan, FaultPoint};
+
+    fn plan(point: FaultPoint, nth: u64, agent: &str, repeat: bool) {
+        arm(FaultPlan {
+            point,
+            nth,
+            action: FaultAction::Panic,
+            session: None,
+            agent: Some(agent.into()),
+            repeat,
+        });
+    }
+
+    /// The scenario: a child waits for an approval longer than the
+    /// idle timeout, is approved, crashes past its restart limit; its parent
+    /// (not the orchestrator) gives up on it, and the parent finishes.
+    #[tokio::test(start_paused = true)]
+    async fn a_child_hibernated_then_crashing_past_its_limit_fails_the_parents_call() {
+        let agents = vec![lead("lim_lead", "lim_child"), named("lim_child", &["echo"])];
+        let ov = start_with(
+            agents,
+            Arc::new(MemStore::new()),
+            provider(tree_steps("lim_lead", "lim_child")),
+            hibernating(10),
+        )
+        .await;
+        let id = create(&ov, "lim_lead", "go").await;
+        let mut rx = ov.subscribe(id);
+        let pending = poll("the child's approval", Duration::from_millis(50), || async {
+            ov.pending_approvals(id).await.unwrap().into_iter().next()
+        })
+        .await;
+        let child = pending.session_id;
+        poll("the child to hibernate", Duration::from_secs(1), || async {
+            (!ov.runtime().live.contains_key(&child)).then_some(())
+        })
+        .await;
+        // From now on the child dies whenever it dispatches its tool.
+        plan(FaultPoint::BeforeToolDispatch, 1, "lim_child", true);
+        match ov
+            .submit(id, Submission::one(pending.call.id, Decision::approve()))
+            .await
+        {
+            // The child may die before answering; the decision is durable.
+            Ok(()) | Err(SessionError::Unavailable { .. }) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+        assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+        let t = transcript(&ov, id).await;
+        let failed = t
+            .iter()
+            .find_map(|e| match e {
+                TranscriptEntry::ToolResult { call } => Some(call.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(failed.state, CallState::Failed);
+        let msg = failed.result.unwrap()["error"].as_str().unwrap().to_owned();
+        assert!(msg.contains("restart limit exceeded"), "{msg}");
+        let tree = ov.tree(id).await.unwrap();
+        assert_eq!(tree.children[0].status, SessionStatus::Failed);
+        assert_eq!(tree.status, SessionStatus::AwaitingInput);
+        until_nothing_held(&ov).await;
+    }
+
+    /// A child that dies between its final checkpoint and its report to the
+    /// parent: the parent reads the child's checkpoint and goes on.
+    #[tokio::test]
+    async fn a_childs_lost_report_is_recovered_from_its_checkpoint() {
+        let agents = vec![lead("lost_lead", "lost_child"), named("lost_child", &[])];
+        let steps = json!({
+            "lost_lead": [{"tool_calls": [delegate("lost_child", "work")]}, {"text": "lead: {{tool_result}}"}],
+            "lost_child": [{"text": "the child's answer"}]
+        });
+        let ov = start_with(
+            agents,
+            Arc::new(MemStore::new()),
+            provider(steps),
+            RuntimeConfig::default(),
+        )
+        .await;
+        // The child's first checkpoint is the one that completes it.
+        plan(FaultPoint::AfterCheckpoint, 1, "lost_child", false);
+        let id = create(&ov, "lost_lead", "go").await;
+        let mut rx = ov.subscribe(id);
+        assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+        let text = final_text(&transcript(&ov, id).await);
+        assert!(text.contains("the child's answer"), "{text}");
+        until_nothing_held(&ov).await;
+    }
+
+    /// A call asked again after an in-process restart (`on_interrupt =
+    /// "ask"`) gets a timer for its new deadline; the timer of its first ask
+    /// was disarmed by the approval and never denies it early.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_asked_again_after_a_restart_times_out_at_its_new_deadline() {
+        let mut a = named("reasked", &["slow_echo"]);
+        a.approval_timeout_secs = 100;
+        let steps = json!({"reasked": [
+            {"tool_calls": [{"name": "slow_echo", "arguments": {}}]},
+            {"text": "after: {{tool_result}}"},
+            {"text": "and the queued message"}
+        ]});
+        let ov = Overseer::start(
+            vec![a],
+            Arc::new(MemStore::new()),
+            provider(steps),
+            slow_echo_registry(),
+            RuntimeConfig::default(),
+        )
+        .await
+        .unwrap();
+        let started = tokio::time::Instant::now();
+        let id = create(&ov, "reasked", "go").await;
+        let mut rx = ov.subscribe(id);
+        let call = poll("the approval", Duration::from_millis(50), || async {
+            ov.pending_approvals(id).await.unwrap().into_iter().next()
+        })
+        .await
+        .call
+        .id;
+        tokio::time::sleep(Duration::from_secs(50)).await;
+        ov.submit(id, Submission::one(call.clone(), Decision::approve()))
+            .await
+            .unwrap();
+        // Its next checkpoint (queueing this message while the tool runs)
+        // kills the session: the restart finds the tool started, outcome
+        // unknown, and asks again.
+        plan(FaultPoint::AfterCheckpoint, 1, "reasked", false);
+        let _ = ov.send_message(id, "another thing").await;
+        until(&mut rx, |k| {
+            matches!(
+                k,
+                EventKind::ApprovalRequested {
+                    outcome_unknown: true,
+                    ..
+                }
+            )
+        })
+        .await;
+        assert_eq!(ov.runtime().bookkeeping().timers, 1, "one timer: the new one");
+        // Past the first ask's deadline (t = 100 s): still waiting.
+        tokio::time::sleep(Duration::from_secs(70)).await;
+        let s = ov.state(id).await.unwrap();
+        assert_eq!(s.header.open_calls[0].state, CallState::AwaitingApproval);
+        // It times out at its own deadline, 100 s after it was asked again.
+        let decided = until(&mut rx, |k| matches!(k, EventKind::DecisionRecorded { .. })).await;
+        assert!(started.elapsed() >= Duration::from_secs(150));
+        let EventKind::DecisionRecorded { record, .. } = decided else {
+            unreachable!()
+        };
+        assert_eq!(record.by.as_deref(), Some("system"));
+        until_nothing_held(&ov).await;
+    }
+
+    fn slow_echo_registry() -> overseer_actors::tool::ToolRegistry {
+        use overseer_actors::tool::{Tool, ToolContext, ToolError, ToolRegistry, ToolSpec};
+        struct SlowEcho(ToolSpec);
+        #[async_trait::async_trait]
+        impl Tool for SlowEcho {
+            fn spec(&self) -> &ToolSpec {
+                &self.0
+            }
+            async fn call(&self, _ctx: ToolContext, args: Value) -> Result<Value, ToolError> {
+                futures::future::pending::<()>().await;
+                Ok(args)
+            }
+        }
+        ToolRegistry::new(vec![Arc::new(SlowEcho(
+            ToolSpec::new("slow_echo", "never returns", json!({"type": "object"}))
+                .with_approval(true)
+                .with_timeout(10_000),
+        ))])
+        .unwrap()
+    }
+}
+
+// ---- handlers never wait on other actors -----------------------------------
+
+/// Cancelling a tree does not wait for its children: a child whose mailbox is
+/// stuck behind a slow checkpoint does not hold the root's cancel (the cancel
+/// reaches it as a message, handled when it can).
+#[tokio::test]
+async fn cancelling_a_tree_does_not_wait_for_a_busy_child() {
+    let store = GatedStore::default();
+    let agents = vec![lead("busy_lead", "busy_child"), named("busy_child", &["echo"])];
+    let ov = start_with(
+        agents,
+        Arc::new(store.clone()),
+        provider(tree_steps("busy_lead", "busy_child")),
+        RuntimeConfig {
+            // A call that waited for the child would wait this long.
+            call_timeout: Duration::from_secs(3_600),
+            ..RuntimeConfig::default()
+        },
+    )
+    .await;
+    let id = create(&ov, "busy_lead", "go").await;
+    let pending = poll("the child's approval", Duration::from_millis(5), || async {
+        ov.pending_approvals(id).await.unwrap().into_iter().next()
+    })
+    .await;
+    let child = pending.session_id;
+    // The child's next checkpoint (the decision) hangs: its mailbox is stuck.
+    store.hold(child);
+    let decide = {
+        let ov = ov.clone();
+        let call = pending.call.id.clone();
+        tokio::spawn(async move { ov.submit(child, Submission::one(call, Decision::approve())).await })
+    };
+    bounded("the child to be busy", store.entered.notified()).await;
+    bounded("the root's cancel", ov.cancel(id)).await.unwrap();
+    assert_eq!(
+        ov.state(id).await.unwrap().header.status,
+        SessionStatus::Cancelled
+    );
+    store.release(child);
+    let _ = bounded("the child's decision", decide).await.unwrap();
+    let child_status = poll("the child to be cancelled", Duration::from_millis(5), || async {
+        let s = ov.state(child).await.unwrap().header.status;
+        s.is_terminal().then_some(s)
+    })
+    .await;
+    assert_eq!(child_status, SessionStatus::Cancelled);
+    until_nothing_held(&ov).await;
+}
+
+// ---- no leaked bookkeeping ----------------------------------------------------
+
+/// Sessions that complete, get cancelled with a tool running, or fail past
+/// their restart limit leave nothing behind in the runtime.
+#[tokio::test]
+async fn ended_sessions_leave_no_bookkeeping() {
+    let h = harness(agent(&["echo", "stuck"]), echo_then_answer()).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let call = h.pending(id).await.remove(0);
+    h.approve(id, &call).await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    h.ov.done(id).await.unwrap();
+
+    let stuck = harness(
+        agent(&["stuck"]),
+        json!([{"tool_calls": [{"name": "stuck", "arguments": {}}]}]),
+    )
+    .await;
+    let (id, mut rx) = stuck.start("go").await;
+    until(&mut rx, |k| matches!(k, EventKind::ToolCallStarted { .. })).await;
+    assert_eq!(stuck.ov.runtime().bookkeeping().journal, 1);
+    stuck.ov.cancel(id).await.unwrap();
+    until_nothing_held(&h.ov).await;
+    until_nothing_held(&stuck.ov).await;
+}
+
+// ---- edits and decisions are what they claim ------------------------------------
+
+/// Records every request, then plays the scripted steps.
+struct Recording {
+    inner: ScriptedProvider,
+    requests: Mutex<Vec<ProviderRequest>>,
+}
+
+#[async_trait::async_trait]
+impl Provider for Recording {
+    async fn stream(&self, request: ProviderRequest) -> Result<ProviderStream, ProviderError> {
+        self.requests.lock().unwrap().push(request.clone());
+        self.inner.stream(request).await
+    }
+}
+
+/// After an approval with edited arguments, the transcript the model reads
+/// carries the arguments that ran (the stored transcript keeps the proposal,
+/// and the call record the diff).
+#[tokio::test]
+async fn the_model_sees_the_arguments_that_ran() {
+    let scenario = Scenario::from_json(
+        &json!({"agents": {"a": echo_then_answer()}}).to_string(),
+    )
+    .unwrap();
+    let recording = Arc::new(Recording {
+        inner: ScriptedProvider::new(scenario),
+        requests: Mutex::new(Vec::new()),
+    });
+    let h = harness_with(agent(&["echo"]), recording.clone()).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let call = h.pending(id).await.remove(0);
+    let edit = Decision::Approve {
+        override_args: json!({"text": "edited"}).as_object().cloned(),
+    };
+    h.ov.submit(id, Submission::one(call.clone(), edit))
+        .await
+        .unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let requests = recording.requests.lock().unwrap().clone();
+    let second = &requests[1];
+    let seen: Vec<Value> = second
+        .transcript
+        .iter()
+        .filter_map(|e| match e.as_ref() {
+            TranscriptEntry::Assistant { tool_calls, .. } if !tool_calls.is_empty() => {
+                Some(tool_calls[0].arguments.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(seen, vec![json!({"text": "edited"})]);
+    // The stored transcript still shows what the model proposed.
+    let stored = h.transcript(id).await;
+    let proposed = stored
+        .iter()
+        .find_map(|e| match e {
+            TranscriptEntry::Assistant { tool_calls, .. } if !tool_calls.is_empty() => {
+                Some(tool_calls[0].arguments.clone())
+            }
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(proposed, json!({"text": "hi"}));
+    assert_eq!(h.echo_seen.lock().unwrap()[0], json!({"text": "edited"}));
+}
+
+/// Deciding a call that was already decided is a conflict, also once its
+/// step has closed and the session has hibernated.
+#[tokio::test(start_paused = true)]
+async fn deciding_a_decided_call_again_is_a_conflict() {
+    let h = harness_cfg(
+        agent(&["echo"]),
+        scripted(echo_then_answer()),
+        hibernating(10),
+    )
+    .await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let call = h.pending(id).await.remove(0);
+    h.approve(id, &call).await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    poll("the session to hibernate", Duration::from_secs(1), || async {
+        (!h.ov.runtime().live.contains_key(&id)).then_some(())
+    })
+    .await;
+    let err =
+        h.ov.submit(id, Submission::one(call.clone(), Decision::deny("late")))
+            .await
+            .unwrap_err();
+    assert_eq!(err, SessionError::AlreadyDecided(vec![call]));
+    assert_eq!(h.echo_runs.load(Ordering::SeqCst), 1);
+}

@@ -395,12 +395,14 @@ impl Session {
     /// hibernate, and a child in this state is left on disk by its parent.
     pub fn is_settled(&self) -> bool {
         use SessionStatus::{AwaitingApproval, AwaitingInput, Pending};
-        matches!(self.header.status, AwaitingApproval | AwaitingInput | Pending)
-            && self.header.open_calls.iter().all(|c| {
-                c.state.is_terminal()
-                    || c.state == CallState::AwaitingApproval
-                    || (c.state == CallState::Running && c.name == DELEGATE_TASK && c.child_waiting)
-            })
+        matches!(
+            self.header.status,
+            AwaitingApproval | AwaitingInput | Pending
+        ) && self.header.open_calls.iter().all(|c| {
+            c.state.is_terminal()
+                || c.state == CallState::AwaitingApproval
+                || (c.state == CallState::Running && c.name == DELEGATE_TASK && c.child_waiting)
+        })
     }
 
     /// Applies one input. On `Err` nothing changed.
@@ -1485,5 +1487,319 @@ impl Session {
             kind,
         });
         self.dirty = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! `Session::apply` itself, table-driven: a session is driven through a
+    //! list of inputs, and each row names what the last input must produce
+    //! (effects, status, and whether it was refused with nothing changed).
+
+    use super::*;
+    use crate::model::{AgentConfig, RecentMessage, SCHEMA_VERSION};
+    use crate::tool::{Tool, ToolContext, ToolError, ToolSpec};
+
+    struct Noop(ToolSpec);
+
+    #[async_trait::async_trait]
+    impl Tool for Noop {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+        async fn call(&self, _ctx: ToolContext, _args: Value) -> Result<Value, ToolError> {
+            Ok(Value::Null)
+        }
+    }
+
+    fn registry() -> ToolRegistry {
+        ToolRegistry::new(vec![
+            Arc::new(Noop(
+                ToolSpec::new(
+                    "ask",
+                    "needs approval",
+                    json!({"type": "object", "properties": {"n": {"type": "integer"}}}),
+                )
+                .with_approval(true),
+            )),
+            Arc::new(Noop(ToolSpec::new(
+                "free",
+                "no approval",
+                json!({"type": "object"}),
+            ))),
+        ])
+        .unwrap()
+    }
+
+    const NOW: i64 = 1_700_000_000_000;
+    const TIMEOUT_SECS: u64 = 30;
+
+    fn session() -> Session {
+        let mut agent = AgentConfig::new("a", &["ask", "free"]);
+        agent.approval_timeout_secs = TIMEOUT_SECS;
+        let id = SessionId(uuid::Uuid::from_u128(7));
+        let header = SessionHeader::new(id, "t".into(), "a".into(), agent.effective(), NOW);
+        assert_eq!(header.schema_version, SCHEMA_VERSION);
+        let mut s = Session::new(header);
+        s.mark_persisted();
+        s
+    }
+
+    fn msg(text: &str) -> Input {
+        Input::Message {
+            text: text.into(),
+            message_id: None,
+        }
+    }
+
+    fn calls(names: &[&str]) -> Vec<Input> {
+        let mut v: Vec<Input> = names
+            .iter()
+            .map(|n| {
+                Input::Provider(ProviderEvent::ToolCall {
+                    name: (*n).into(),
+                    arguments: json!({}),
+                })
+            })
+            .collect();
+        v.push(Input::StreamEnded(Ok(())));
+        v
+    }
+
+    /// A compact name for each effect.
+    fn shape(fx: &[Effect]) -> Vec<String> {
+        fx.iter()
+            .map(|e| match e {
+                Effect::StartStream(_) => "stream".to_owned(),
+                Effect::StopStream => "stop_stream".to_owned(),
+                Effect::Dispatch { name, attempt, .. } => format!("dispatch {name} #{attempt}"),
+                Effect::KillTools => "kill_tools".to_owned(),
+                Effect::Delegate { .. } => "delegate".to_owned(),
+                Effect::CancelChild(_) => "cancel_child".to_owned(),
+                Effect::ArmApprovalTimer {
+                    deadline_ms, after, ..
+                } => format!("timer +{}ms @{}", after.as_millis(), deadline_ms - NOW),
+                Effect::Delta(t) => format!("delta {t}"),
+            })
+            .collect()
+    }
+
+    fn ctx(tools: &ToolRegistry, seed: u64) -> Ctx<'_> {
+        Ctx {
+            tools,
+            now_ms: NOW,
+            seed,
+        }
+    }
+
+    /// Applies `inputs` in order; returns the session and what the last one
+    /// gave.
+    fn drive(
+        s: &mut Session,
+        tools: &ToolRegistry,
+        inputs: Vec<Input>,
+    ) -> Result<Vec<Effect>, SessionError> {
+        let mut last = Ok(Vec::new());
+        for input in inputs {
+            last = s.apply(input, ctx(tools, 42));
+            s.mark_persisted();
+        }
+        last
+    }
+
+    fn pending_id(s: &Session) -> ToolCallId {
+        s.pending_approvals()[0].id.clone()
+    }
+
+    fn approve(s: &Session) -> Input {
+        Input::Decide(Submission::one(pending_id(s), Decision::approve()))
+    }
+
+    #[test]
+    fn inputs_give_the_effects_of_the_turn_loop() {
+        type Setup = fn(&Session) -> Vec<Input>;
+        type Last = fn(&Session) -> Input;
+        let rows: Vec<(&str, Setup, Last, Vec<&str>, SessionStatus)> = vec![
+            (
+                "a first message starts a turn and a stream",
+                |_| vec![],
+                |_| msg("hi"),
+                vec!["stream"],
+                SessionStatus::Running,
+            ),
+            (
+                "text deltas are forwarded, not stored",
+                |_| vec![msg("hi")],
+                |_| Input::Provider(ProviderEvent::TextDelta("he".into())),
+                vec!["delta he"],
+                SessionStatus::Running,
+            ),
+            (
+                "an answer without calls ends the turn",
+                |_| vec![msg("hi")],
+                |_| Input::StreamEnded(Ok(())),
+                vec![],
+                SessionStatus::AwaitingInput,
+            ),
+            (
+                "a call that needs approval arms its timer at the deadline",
+                |_| {
+                    let mut v = vec![msg("hi")];
+                    v.extend(calls(&["ask"]).into_iter().take(1));
+                    v
+                },
+                |_| Input::StreamEnded(Ok(())),
+                vec!["timer +30000ms @30000"],
+                SessionStatus::AwaitingApproval,
+            ),
+            (
+                "a call that needs none is dispatched at once",
+                |_| {
+                    let mut v = vec![msg("hi")];
+                    v.extend(calls(&["free"]).into_iter().take(1));
+                    v
+                },
+                |_| Input::StreamEnded(Ok(())),
+                vec!["dispatch free #1"],
+                SessionStatus::Running,
+            ),
+            (
+                "an approval dispatches the call",
+                |_| [vec![msg("hi")], calls(&["ask"])].concat(),
+                approve,
+                vec!["dispatch ask #1"],
+                SessionStatus::Running,
+            ),
+            (
+                "a stale timeout (another deadline) changes nothing",
+                |_| [vec![msg("hi")], calls(&["ask"])].concat(),
+                |s| Input::ApprovalTimedOut {
+                    call_id: pending_id(s),
+                    deadline_ms: NOW + 1,
+                },
+                vec![],
+                SessionStatus::AwaitingApproval,
+            ),
+            (
+                "the timeout at the call's deadline denies it and goes on",
+                |_| [vec![msg("hi")], calls(&["ask"])].concat(),
+                |s| Input::ApprovalTimedOut {
+                    call_id: pending_id(s),
+                    deadline_ms: NOW + 30_000,
+                },
+                vec!["stream"],
+                SessionStatus::Running,
+            ),
+            (
+                "a cancel while waiting leaves nothing to run",
+                |_| [vec![msg("hi")], calls(&["ask"])].concat(),
+                |_| Input::Cancel,
+                vec![],
+                SessionStatus::Cancelled,
+            ),
+            (
+                "a cancel while a tool runs kills it",
+                |_| [vec![msg("hi")], calls(&["free"])].concat(),
+                |_| Input::Cancel,
+                vec!["kill_tools"],
+                SessionStatus::Cancelled,
+            ),
+        ];
+        let tools = registry();
+        for (name, setup, last, effects, status) in rows {
+            let mut s = session();
+            let steps = setup(&s);
+            drive(&mut s, &tools, steps).unwrap();
+            let input = last(&s);
+            let fx = drive(&mut s, &tools, vec![input]).unwrap();
+            assert_eq!(shape(&fx), effects, "{name}");
+            assert_eq!(s.header.status, status, "{name}");
+        }
+    }
+
+    #[test]
+    fn the_same_state_input_and_seed_give_the_same_ids() {
+        let tools = registry();
+        let mut a = session();
+        drive(
+            &mut a,
+            &tools,
+            [vec![msg("hi")], calls(&["ask", "ask"])].concat(),
+        )
+        .unwrap();
+        let mut b = session();
+        drive(
+            &mut b,
+            &tools,
+            [vec![msg("hi")], calls(&["ask", "ask"])].concat(),
+        )
+        .unwrap();
+        let ids = |s: &Session| {
+            s.header
+                .open_calls
+                .iter()
+                .map(|c| c.id.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&a), ids(&b));
+        assert_ne!(ids(&a)[0], ids(&a)[1], "distinct within one transition");
+        // Another seed, other ids.
+        let mut c = session();
+        drive(&mut c, &tools, vec![msg("hi")]).unwrap();
+        for input in calls(&["ask", "ask"]) {
+            c.apply(input, ctx(&tools, 43)).unwrap();
+        }
+        assert_ne!(ids(&a), ids(&c));
+    }
+
+    /// A refused input changes nothing, the window of remembered message
+    /// ids included (even when it is full).
+    #[test]
+    fn a_refused_message_changes_nothing() {
+        let tools = registry();
+        let mut s = session();
+        s.header.recent_messages = (0..RECENT_MESSAGE_IDS)
+            .map(|i| RecentMessage {
+                id: format!("m{i}"),
+                text_hash: fnv1a("x"),
+            })
+            .collect();
+        let before = s.header.clone();
+        let refusals = [
+            ("an empty text", "  ", SessionStatus::Pending),
+            ("a terminal session", "hello", SessionStatus::Completed),
+        ];
+        for (name, text, status) in refusals {
+            s.header.status = status;
+            let mut expected = before.clone();
+            expected.status = status;
+            let r = s.apply(
+                Input::Message {
+                    text: text.into(),
+                    message_id: Some("new-id".into()),
+                },
+                ctx(&tools, 1),
+            );
+            assert!(r.is_err(), "{name}");
+            assert_eq!(s.header, expected, "{name}: nothing changed");
+            assert!(!s.is_dirty(), "{name}");
+            assert!(s.pending_events().is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_reused_message_id_is_a_no_op_or_a_conflict() {
+        let tools = registry();
+        let mut s = session();
+        let with_id = |text: &str| Input::Message {
+            text: text.into(),
+            message_id: Some("m-1".into()),
+        };
+        drive(&mut s, &tools, vec![with_id("hello")]).unwrap();
+        let fx = drive(&mut s, &tools, vec![with_id("hello")]).unwrap();
+        assert!(fx.is_empty());
+        assert!(!s.is_dirty());
+        let err = s.apply(with_id("other"), ctx(&tools, 1)).unwrap_err();
+        assert!(matches!(err, SessionError::Conflict(_)), "{err:?}");
     }
 }

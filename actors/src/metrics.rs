@@ -32,9 +32,9 @@ use std::time::Instant;
 use dashmap::DashMap;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
+use crate::machine::Session;
 use crate::model::{Decision, Event, EventKind, SessionId, SessionStatus, TranscriptEntry};
 use crate::provider::{ProviderError, ProviderEvent};
-use crate::machine::Session;
 use crate::store::{Checkpoint, CheckpointStore, StoreError};
 
 /// Gauge: live session actors, by `status`.

@@ -57,7 +57,6 @@ pub struct CreateSession {
     pub overrides: SessionOverrides,
 }
 
-
 /// The in-process API of overseer. Cheap to clone.
 #[derive(Clone)]
 pub struct Overseer {
@@ -198,8 +197,7 @@ impl Overseer {
             return Err(SessionError::AlreadyExists(id));
         }
         let now = now_ms();
-        let mut header =
-            SessionHeader::new(id, req.tenant, agent.name.clone(), config, now);
+        let mut header = SessionHeader::new(id, req.tenant, agent.name.clone(), config, now);
         header.created_by = req.created_by;
         header.title = req.title;
         header.metadata = req.metadata;
@@ -452,7 +450,6 @@ impl Overseer {
     }
 }
 
-
 /// Holds a session id in the set of ids being created, and releases it when
 /// dropped, so a create whose future is dropped half-way leaves no trace.
 struct CreatingGuard<'a> {
@@ -462,10 +459,7 @@ struct CreatingGuard<'a> {
 
 impl<'a> CreatingGuard<'a> {
     fn claim(runtime: &'a Runtime, id: SessionId) -> Option<Self> {
-        runtime
-            .creating
-            .insert(id)
-            .then_some(Self { runtime, id })
+        runtime.creating.insert(id).then_some(Self { runtime, id })
     }
 }
 

@@ -500,7 +500,7 @@ impl Runtime {
             }
             Decision::GiveUp => {
                 let why = format!("restart limit exceeded: {reason}");
-                let failed = self.fail_session(id, &why).await;
+                let failed = self.fail_session(id, &why).await.map(|s| s.map(Box::new));
                 if let Err(e) = &failed {
                     tracing::error!(session_id = %id, "could not record the failure: {e}");
                 }
@@ -520,7 +520,7 @@ pub(crate) enum AfterFailure {
         /// The failure as recorded.
         why: String,
         /// The failed session, `None` if it has no checkpoint.
-        failed: Result<Option<Session>, SessionError>,
+        failed: Result<Option<Box<Session>>, SessionError>,
     },
 }
 

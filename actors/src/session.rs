@@ -32,7 +32,6 @@ use crate::supervision::Restarts;
 use crate::tool::ToolContext;
 use crate::tool_call::{ToolCallActor, ToolCallArgs};
 
-
 /// The actor.
 pub struct SessionActor;
 
@@ -205,10 +204,9 @@ impl Actor for SessionActor {
                     Ok(())
                 }
                 SessionMsg::Cancel(reply) => state.rpc(&myself, Input::Cancel, reply).await,
-                SessionMsg::CancelFromParent => state
-                    .transition(&myself, Input::Cancel)
-                    .await
-                    .map(|_| ()),
+                SessionMsg::CancelFromParent => {
+                    state.transition(&myself, Input::Cancel).await.map(|_| ())
+                }
                 SessionMsg::Done(reply) => state.rpc(&myself, Input::Done, reply).await,
                 SessionMsg::Get(reply) => {
                     let _ = reply.send(StoredSession {
@@ -327,8 +325,7 @@ impl Actor for SessionActor {
                         state
                             .on_child_failed(&myself, child.id, err.to_string())
                             .await;
-                    } else if let Some((call_id, attempt, _)) = state.tools.remove(&cell.get_id())
-                    {
+                    } else if let Some((call_id, attempt, _)) = state.tools.remove(&cell.get_id()) {
                         tracing::warn!(tool_call_id = %call_id, "tool crashed: {err}");
                         let input = Input::ToolFinished {
                             call_id,

@@ -263,9 +263,11 @@ async fn a_hibernated_child_is_activated_under_its_parent() {
     .await;
     let id = create(&ov, "hib_lead", "go").await;
     let mut rx = ov.subscribe(id);
-    let pending = poll("the child's approval", Duration::from_millis(50), || async {
-        ov.pending_approvals(id).await.unwrap().into_iter().next()
-    })
+    let pending = poll(
+        "the child's approval",
+        Duration::from_millis(50),
+        || async { ov.pending_approvals(id).await.unwrap().into_iter().next() },
+    )
     .await;
     let child = pending.session_id;
     poll("the tree to hibernate", Duration::from_secs(1), || async {
@@ -314,9 +316,11 @@ mod faults {
         .await;
         let id = create(&ov, "lim_lead", "go").await;
         let mut rx = ov.subscribe(id);
-        let pending = poll("the child's approval", Duration::from_millis(50), || async {
-            ov.pending_approvals(id).await.unwrap().into_iter().next()
-        })
+        let pending = poll(
+            "the child's approval",
+            Duration::from_millis(50),
+            || async { ov.pending_approvals(id).await.unwrap().into_iter().next() },
+        )
         .await;
         let child = pending.session_id;
         poll("the child to hibernate", Duration::from_secs(1), || async {
@@ -426,7 +430,11 @@ mod faults {
             )
         })
         .await;
-        assert_eq!(ov.runtime().bookkeeping().timers, 1, "one timer: the new one");
+        assert_eq!(
+            ov.runtime().bookkeeping().timers,
+            1,
+            "one timer: the new one"
+        );
         // Past the first ask's deadline (t = 100 s): still waiting.
         tokio::time::sleep(Duration::from_secs(70)).await;
         let s = ov.state(id).await.unwrap();
@@ -471,7 +479,10 @@ mod faults {
 #[tokio::test]
 async fn cancelling_a_tree_does_not_wait_for_a_busy_child() {
     let store = GatedStore::default();
-    let agents = vec![lead("busy_lead", "busy_child"), named("busy_child", &["echo"])];
+    let agents = vec![
+        lead("busy_lead", "busy_child"),
+        named("busy_child", &["echo"]),
+    ];
     let ov = start_with(
         agents,
         Arc::new(store.clone()),
@@ -494,7 +505,10 @@ async fn cancelling_a_tree_does_not_wait_for_a_busy_child() {
     let decide = {
         let ov = ov.clone();
         let call = pending.call.id.clone();
-        tokio::spawn(async move { ov.submit(child, Submission::one(call, Decision::approve())).await })
+        tokio::spawn(async move {
+            ov.submit(child, Submission::one(call, Decision::approve()))
+                .await
+        })
     };
     bounded("the child to be busy", store.entered.notified()).await;
     bounded("the root's cancel", ov.cancel(id)).await.unwrap();
@@ -504,10 +518,14 @@ async fn cancelling_a_tree_does_not_wait_for_a_busy_child() {
     );
     store.release(child);
     let _ = bounded("the child's decision", decide).await.unwrap();
-    let child_status = poll("the child to be cancelled", Duration::from_millis(5), || async {
-        let s = ov.state(child).await.unwrap().header.status;
-        s.is_terminal().then_some(s)
-    })
+    let child_status = poll(
+        "the child to be cancelled",
+        Duration::from_millis(5),
+        || async {
+            let s = ov.state(child).await.unwrap().header.status;
+            s.is_terminal().then_some(s)
+        },
+    )
     .await;
     assert_eq!(child_status, SessionStatus::Cancelled);
     until_nothing_held(&ov).await;
@@ -561,10 +579,8 @@ impl Provider for Recording {
 /// and the call record the diff).
 #[tokio::test]
 async fn the_model_sees_the_arguments_that_ran() {
-    let scenario = Scenario::from_json(
-        &json!({"agents": {"a": echo_then_answer()}}).to_string(),
-    )
-    .unwrap();
+    let scenario =
+        Scenario::from_json(&json!({"agents": {"a": echo_then_answer()}}).to_string()).unwrap();
     let recording = Arc::new(Recording {
         inner: ScriptedProvider::new(scenario),
         requests: Mutex::new(Vec::new()),
@@ -623,9 +639,11 @@ async fn deciding_a_decided_call_again_is_a_conflict() {
     let call = h.pending(id).await.remove(0);
     h.approve(id, &call).await;
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
-    poll("the session to hibernate", Duration::from_secs(1), || async {
-        (!h.ov.runtime().live.contains_key(&id)).then_some(())
-    })
+    poll(
+        "the session to hibernate",
+        Duration::from_secs(1),
+        || async { (!h.ov.runtime().live.contains_key(&id)).then_some(()) },
+    )
     .await;
     let err =
         h.ov.submit(id, Submission::one(call.clone(), Decision::deny("late")))

@@ -22,9 +22,11 @@ fn hibernating(secs: u64) -> RuntimeConfig {
 
 /// Waits (in paused time) until the session has no live actor.
 async fn until_hibernated(h: &Harness, id: overseer_actors::model::SessionId) {
-    poll("the session to hibernate", Duration::from_secs(1), || async {
-        (!h.ov.runtime().live.contains_key(&id)).then_some(())
-    })
+    poll(
+        "the session to hibernate",
+        Duration::from_secs(1),
+        || async { (!h.ov.runtime().live.contains_key(&id)).then_some(()) },
+    )
     .await
 }
 
@@ -232,21 +234,25 @@ mod faults {
         .await;
         // If the actor dies between the decision's checkpoint and the reply,
         // the caller is told to check: a retry then finds it already decided.
-        poll("the decision to be accepted", Duration::from_millis(5), || {
-            let call = call.clone();
-            let h = &h;
-            async move {
-                match h
-                    .ov
-                    .submit(id, Submission::one(call, Decision::approve()))
-                    .await
-                {
-                    Ok(()) | Err(SessionError::AlreadyDecided(_)) => Some(()),
-                    Err(SessionError::Unavailable { .. }) => None,
-                    Err(e) => panic!("{e:?}"),
+        poll(
+            "the decision to be accepted",
+            Duration::from_millis(5),
+            || {
+                let call = call.clone();
+                let h = &h;
+                async move {
+                    match h
+                        .ov
+                        .submit(id, Submission::one(call, Decision::approve()))
+                        .await
+                    {
+                        Ok(()) | Err(SessionError::AlreadyDecided(_)) => Some(()),
+                        Err(SessionError::Unavailable { .. }) => None,
+                        Err(e) => panic!("{e:?}"),
+                    }
                 }
-            }
-        })
+            },
+        )
         .await;
         poll("the turn to end", Duration::from_millis(5), || async {
             let s = h.ov.state(id).await.unwrap();

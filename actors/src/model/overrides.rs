@@ -38,10 +38,7 @@ impl SessionOverrides {
     /// The effective configuration of a session of `agent` with these
     /// overrides, or an error naming the field that asks for more than the
     /// agent allows.
-    pub fn apply(
-        &self,
-        agent: &AgentConfig,
-    ) -> Result<EffectiveConfig, SessionError> {
+    pub fn apply(&self, agent: &AgentConfig) -> Result<EffectiveConfig, SessionError> {
         let mut cfg = agent.effective();
         if let Some(extra) = &self.instructions {
             if cfg.instructions.is_empty() {
@@ -107,4 +104,3 @@ impl SessionOverrides {
         Ok(cfg)
     }
 }
-

@@ -191,14 +191,7 @@ impl SessionState {
         reason: &str,
     ) {
         tracing::warn!(session_id = %child, "subagent failed: {reason}");
-        let result = child_result(
-            child,
-            &call.agent,
-            "",
-            None,
-            Usage::default(),
-            Some(reason),
-        );
+        let result = child_result(child, &call.agent, "", None, Usage::default(), Some(reason));
         self.child_report(myself, call, result, Usage::default());
     }
 
@@ -438,7 +431,9 @@ impl SessionState {
         tracing::info!(session_id = %child, "restarting child session");
         match self.resume_child(myself, child, false).await {
             Ok(_) => {}
-            Err(SessionError::Invalid(missing)) => self.child_failed(myself, &call, child, &missing),
+            Err(SessionError::Invalid(missing)) => {
+                self.child_failed(myself, &call, child, &missing)
+            }
             // A respawn that fails counts as another failure.
             Err(e) => {
                 Box::pin(self.on_child_failed(myself, child, format!("restart failed: {e}"))).await

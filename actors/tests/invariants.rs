@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use common::*;
 use overseer_actors::model::{
-    AgentConfig, CallState, ChildApproval, Decision, EventKind, SessionId, SessionStatus,
-    StopReason, Submission, TranscriptEntry,
+    AgentConfig, ChildApproval, Decision, EventKind, SessionId, SessionStatus, StopReason,
+    Submission, TranscriptEntry,
 };
 use overseer_actors::provider::{Provider, ProviderError, ProviderRequest, ProviderStream};
 use overseer_actors::scripted::{Scenario, ScriptedProvider};
@@ -289,6 +289,7 @@ async fn a_hibernated_child_is_activated_under_its_parent() {
 mod faults {
     use super::*;
     use overseer_actors::fault::{arm, FaultAction, FaultPlan, FaultPoint};
+    use overseer_actors::model::CallState;
 
     fn plan(point: FaultPoint, nth: u64, agent: &str, repeat: bool) {
         arm(FaultPlan {

@@ -759,7 +759,12 @@ async fn an_agent_calls_an_http_tool_after_approval_and_answers_with_its_json() 
     let wait = async {
         // requires_approval defaults to true for a declared tool.
         loop {
-            if let Ok(Notification::Event(e)) = rx.recv().await {
+            let e = match rx.recv().await {
+                Ok(Notification::Event(e)) => e,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(e) => panic!("event stream ended: {e}"),
+            };
+            {
                 if matches!(
                     e.kind,
                     EventKind::StatusChanged {
@@ -788,7 +793,12 @@ async fn an_agent_calls_an_http_tool_after_approval_and_answers_with_its_json() 
             .await
             .unwrap();
         loop {
-            if let Ok(Notification::Event(e)) = rx.recv().await {
+            let e = match rx.recv().await {
+                Ok(Notification::Event(e)) => e,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(e) => panic!("event stream ended: {e}"),
+            };
+            {
                 if let EventKind::TurnEnded { stop_reason, .. } = e.kind {
                     assert_eq!(stop_reason, StopReason::EndTurn);
                     break call;

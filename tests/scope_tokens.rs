@@ -116,14 +116,23 @@ async fn a_childs_token_names_its_tree_and_allows_a_subset_of_its_parents_tools(
     })
     .await
     .unwrap();
-    loop {
-        if let Ok(Notification::Event(e)) = rx.recv().await {
-            if let EventKind::TurnEnded { stop_reason, .. } = e.kind {
-                assert_eq!(stop_reason, StopReason::EndTurn);
-                break;
+    let turn_end = async {
+        loop {
+            match rx.recv().await {
+                Ok(Notification::Event(e)) => {
+                    if let EventKind::TurnEnded { stop_reason, .. } = e.kind {
+                        assert_eq!(stop_reason, StopReason::EndTurn);
+                        break;
+                    }
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(e) => panic!("event stream ended: {e}"),
             }
         }
-    }
+    };
+    tokio::time::timeout(Duration::from_secs(60), turn_end)
+        .await
+        .expect("the turn never ended");
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2, "root and child each minted one token");
     let parent = tokens.verify(&seen[0]).unwrap();

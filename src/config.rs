@@ -825,6 +825,7 @@ impl Config {
             },
             call_timeout: Duration::from_secs(self.runtime.call_timeout_secs),
             idle_hibernate: self.idle_hibernate(),
+            limits: overseer_actors::Limits::default(),
         }
     }
 

@@ -72,6 +72,33 @@ pub enum SessionError {
         /// Why.
         reason: String,
     },
+    /// The session's queue of messages waiting behind its running turn is
+    /// full (by count or bytes); retry once the turn has moved on.
+    #[error("session {id} has too many queued messages: {detail}; retry when its current turn has ended")]
+    QueueFull {
+        /// Session.
+        id: SessionId,
+        /// Which limit, with its value.
+        detail: String,
+    },
+    /// A value is over its documented size limit.
+    #[error("{what} is {size} bytes, over the limit of {limit} bytes")]
+    TooLarge {
+        /// What (a field name).
+        what: String,
+        /// Its size.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The runtime is at its admission limit; retry after the given delay.
+    #[error("overloaded: {reason}; retry in {retry_after_secs} s")]
+    Overloaded {
+        /// Which limit.
+        reason: String,
+        /// Seconds after which a retry is likely to be admitted.
+        retry_after_secs: u64,
+    },
 }
 
 fn join(ids: &[ToolCallId]) -> String {

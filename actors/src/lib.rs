@@ -25,6 +25,7 @@ pub mod fault;
 mod fault_off;
 pub mod hub;
 pub mod journal;
+pub mod limits;
 pub mod machine;
 pub mod messages;
 pub mod metrics;
@@ -46,6 +47,7 @@ pub use error::SessionError;
 pub(crate) use fault::fault_point;
 #[cfg(not(feature = "fault-injection"))]
 pub(crate) use fault_off::fault_point;
+pub use limits::Limits;
 pub use model::SessionOverrides;
 pub use overseer::{CreateSession, Overseer, PendingApproval, TreeNode};
 pub use runtime::{Bookkeeping, Runtime, RuntimeConfig};

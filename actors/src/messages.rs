@@ -74,6 +74,8 @@ pub enum SessionMsg {
     },
     /// The idle timer armed after message number `n` fired.
     Hibernate(u64),
+    /// The runtime is at its live-session limit: hibernate now if idle.
+    HibernateIfIdle,
     /// A child session ended its turn.
     ChildFinished {
         /// This session's `delegate_task` call.

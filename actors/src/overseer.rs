@@ -176,6 +176,17 @@ impl Overseer {
             .get(&req.agent)
             .ok_or_else(|| SessionError::UnknownAgent(req.agent.clone()))?;
         let config = req.overrides.apply(agent)?;
+        let limits = &self.runtime.config.limits;
+        if let Some(title) = &req.title {
+            check_size("title", title.len() as u64, limits.max_title_bytes)?;
+        }
+        if !req.metadata.is_null() {
+            let size = serde_json::to_vec(&req.metadata)
+                .map(|v| v.len() as u64)
+                .map_err(|e| SessionError::Invalid(format!("metadata: {e}")))?;
+            check_size("metadata", size, limits.max_metadata_bytes)?;
+        }
+        self.runtime.admit()?;
         let id = req.id.unwrap_or_else(SessionId::generate);
         // Two creates of one client-chosen id must not both pass the check
         // below and overwrite each other: the second one here loses. The
@@ -544,4 +555,15 @@ fn collect_pending(node: &TreeNode, path: &mut Vec<SessionId>, out: &mut Vec<Pen
         }
     }
     path.pop();
+}
+
+fn check_size(what: &str, size: u64, limit: u64) -> Result<(), SessionError> {
+    if size > limit {
+        return Err(SessionError::TooLarge {
+            what: what.to_owned(),
+            size,
+            limit,
+        });
+    }
+    Ok(())
 }

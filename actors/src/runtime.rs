@@ -23,6 +23,7 @@ use ractor::{ActorRef, RpcReplyPort};
 use crate::error::SessionError;
 use crate::hub::EventHub;
 use crate::journal::Journal;
+use crate::limits::Limits;
 use crate::machine::{Ctx, Input, Session};
 use crate::messages::{OrchestratorMsg, SessionMsg};
 use crate::model::{now_ms, AgentConfig, Notification, SessionId, ToolCallId};
@@ -42,6 +43,8 @@ pub struct RuntimeConfig {
     /// Stop the actor of a session idle this long (awaiting input or
     /// approval) and keep it only on disk; `None` never hibernates.
     pub idle_hibernate: Option<Duration>,
+    /// Size and admission limits.
+    pub limits: Limits,
 }
 
 impl Default for RuntimeConfig {
@@ -50,8 +53,20 @@ impl Default for RuntimeConfig {
             restart: RestartPolicy::default(),
             call_timeout: Duration::from_secs(30),
             idle_hibernate: Some(Duration::from_secs(300)),
+            limits: Limits::default(),
         }
     }
+}
+
+/// Whether an activation is subject to the live-session limit: requests
+/// from API callers are; the runtime's own work (recovery, timers, children
+/// of live parents) is not, or accepted work could be stranded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Refuse past the limit.
+    Check,
+    /// Always admit.
+    Bypass,
 }
 
 /// Counters the edge exports as metrics.
@@ -109,6 +124,9 @@ pub struct Runtime {
     /// Set once shutdown began: stopping actors then is not hibernation, and
     /// nothing is woken again.
     pub(crate) shutting_down: AtomicBool,
+    /// When idle sessions were last asked to hibernate early (ms since the
+    /// epoch), so that a burst of refusals asks once.
+    last_shed_ms: AtomicU64,
 }
 
 impl Runtime {
@@ -134,7 +152,39 @@ impl Runtime {
             creating: dashmap::DashSet::new(),
             journal: Journal::default(),
             shutting_down: AtomicBool::new(false),
+            last_shed_ms: AtomicU64::new(0),
         }
+    }
+
+    /// Admits one more live session, or refuses with `Overloaded` at the
+    /// limit (and asks idle sessions to hibernate now, at most once a
+    /// second, so the refusal is brief).
+    pub(crate) fn admit(&self) -> Result<(), SessionError> {
+        let limit = self.config.limits.max_live_sessions;
+        if self.live.len() < limit {
+            return Ok(());
+        }
+        let now = now_ms().max(0) as u64;
+        let last = self.last_shed_ms.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 1_000
+            && self
+                .last_shed_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                live = self.live.len(),
+                limit,
+                "at the live-session limit: hibernating idle sessions early"
+            );
+            for actor in self.live.iter() {
+                let _ = actor.cast(SessionMsg::HibernateIfIdle);
+            }
+        }
+        Err(SessionError::Overloaded {
+            reason: format!("{limit} sessions are live (max_live_sessions)"),
+            retry_after_secs: 1,
+        })
     }
 
     /// What is held per session now (see [`Bookkeeping`]).
@@ -192,8 +242,21 @@ impl Runtime {
     /// The live actor of a session, activating it from its checkpoint if
     /// needed: a root under the orchestrator, a child under its parent.
     pub async fn activate(&self, id: SessionId) -> Result<ActorRef<SessionMsg>, SessionError> {
+        self.activate_with(id, Admission::Bypass).await
+    }
+
+    /// [`Runtime::activate`], refusing a new activation past the live-session
+    /// limit when `admission` says so.
+    pub async fn activate_with(
+        &self,
+        id: SessionId,
+        admission: Admission,
+    ) -> Result<ActorRef<SessionMsg>, SessionError> {
         if let Some(r) = self.live.get(&id) {
             return Ok(r.clone());
+        }
+        if admission == Admission::Check {
+            self.admit()?;
         }
         let stored = self
             .store
@@ -323,7 +386,7 @@ impl Runtime {
         // One retry, only when the message was never delivered (the actor had
         // just stopped): a delivered request is never sent twice.
         for _ in 0..2 {
-            let actor = self.activate(id).await?;
+            let actor = self.activate_with(id, Admission::Check).await?;
             match actor.call(&make, Some(self.config.call_timeout)).await {
                 Ok(CallResult::Success(r)) => return r,
                 Ok(CallResult::Timeout) => {

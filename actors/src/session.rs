@@ -172,8 +172,13 @@ impl Actor for SessionActor {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        if let SessionMsg::Hibernate(n) = msg {
-            if n == state.activity && state.is_idle() && !state.draining {
+        let hibernate = match msg {
+            SessionMsg::Hibernate(n) => Some(n == state.activity),
+            SessionMsg::HibernateIfIdle => Some(true),
+            _ => None,
+        };
+        if let Some(quiet) = hibernate {
+            if quiet && state.is_idle() && !state.draining {
                 state
                     .runtime
                     .metrics
@@ -272,7 +277,7 @@ impl Actor for SessionActor {
                     )
                     .await
                     .map(|_| ()),
-                SessionMsg::Hibernate(_) => Ok(()),
+                SessionMsg::Hibernate(_) | SessionMsg::HibernateIfIdle => Ok(()),
                 SessionMsg::ChildFinished {
                     call_id,
                     attempt,

@@ -162,6 +162,17 @@ impl From<SessionError> for ApiError {
             SessionError::Unavailable { .. } => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
             }
+            SessionError::QueueFull { .. } => {
+                Self::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message)
+            }
+            SessionError::TooLarge { what, size, limit } => {
+                Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
+                    .with_details(json!({"field": what, "size": size, "limit": limit}))
+            }
+            SessionError::Overloaded {
+                retry_after_secs, ..
+            } => Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message)
+                .with_details(json!({"retry_after_secs": retry_after_secs})),
             SessionError::Store(store) => {
                 // The details are for operators, not for callers.
                 tracing::error!(error = %store, "storage failure while serving a request");

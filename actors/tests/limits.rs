@@ -1,0 +1,147 @@
+//! Size and admission limits through the in-process API: titles and
+//! metadata are bounded at creation, and past the live-session limit new
+//! work is refused with `Overloaded` while idle sessions hibernate early to
+//! make room. Nothing accepted before is lost.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use overseer_actors::model::{SessionStatus, StopReason};
+use overseer_actors::{CreateSession, Limits, RuntimeConfig, SessionError};
+use serde_json::json;
+
+fn limited(limits: Limits) -> RuntimeConfig {
+    RuntimeConfig {
+        // Nothing hibernates by itself: only the limit makes room.
+        idle_hibernate: None,
+        limits,
+        ..RuntimeConfig::default()
+    }
+}
+
+fn chat() -> serde_json::Value {
+    json!([{"text": "one"}, {"text": "two"}, {"text": "three"}])
+}
+
+#[tokio::test]
+async fn titles_and_metadata_over_their_limits_are_refused_naming_the_field() {
+    let limits = Limits {
+        max_title_bytes: 8,
+        max_metadata_bytes: 32,
+        ..Limits::default()
+    };
+    let h = harness_cfg(agent(&[]), scripted(chat()), limited(limits)).await;
+    let base = CreateSession {
+        agent: "a".into(),
+        tenant: "t".into(),
+        ..CreateSession::default()
+    };
+    let err =
+        h.ov.create_session(CreateSession {
+            title: Some("a title that is too long".into()),
+            ..base.clone()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, SessionError::TooLarge { what, limit: 8, .. } if what == "title"),
+        "{err:?}"
+    );
+    let err =
+        h.ov.create_session(CreateSession {
+            metadata: json!({"blob": "x".repeat(100)}),
+            ..base.clone()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, SessionError::TooLarge { what, limit: 32, .. } if what == "metadata"),
+        "{err:?}"
+    );
+    // At the limits exactly: accepted.
+    h.ov.create_session(CreateSession {
+        title: Some("12345678".into()),
+        metadata: json!({"k": "v"}),
+        ..base
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn past_the_live_session_limit_work_is_refused_then_admitted_once_idle_sessions_hibernate() {
+    let limits = Limits {
+        max_live_sessions: 2,
+        ..Limits::default()
+    };
+    let h = harness_cfg(agent(&[]), scripted(chat()), limited(limits)).await;
+    let (a, mut rx_a) = h.start("hi").await;
+    let (_b, mut rx_b) = h.start("hi").await;
+    assert_eq!(turn_end(&mut rx_a).await, StopReason::EndTurn);
+    assert_eq!(turn_end(&mut rx_b).await, StopReason::EndTurn);
+    assert_eq!(h.ov.runtime().live.len(), 2);
+    let c = overseer_actors::model::SessionId::generate();
+    let mut rx_c = h.ov.subscribe(c);
+    let req = CreateSession {
+        agent: "a".into(),
+        tenant: "t".into(),
+        prompt: Some("third".into()),
+        id: Some(c),
+        ..CreateSession::default()
+    };
+    let err = h.ov.create_session(req.clone()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SessionError::Overloaded {
+                retry_after_secs: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // The refusal asked the idle sessions to hibernate: room is made, and
+    // the retry is admitted.
+    poll(
+        "the create to be admitted",
+        Duration::from_millis(10),
+        || {
+            let (ov, req) = (h.ov.clone(), req.clone());
+            async move {
+                match ov.create_session(req).await {
+                    Ok(_) => Some(()),
+                    Err(SessionError::Overloaded { .. }) => None,
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+        },
+    )
+    .await;
+    // Nothing accepted before was lost: the hibernated session still takes a
+    // message once there is room (waiting for it if needed).
+    assert_eq!(turn_end(&mut rx_c).await, StopReason::EndTurn);
+    poll(
+        "the message to be admitted",
+        Duration::from_millis(10),
+        || {
+            let ov = h.ov.clone();
+            async move {
+                match ov.send_message(a, "again").await {
+                    Ok(()) => Some(()),
+                    Err(SessionError::Overloaded { .. }) => None,
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(turn_end(&mut rx_a).await, StopReason::EndTurn);
+    assert_eq!(
+        h.ov.state(a).await.unwrap().header.status,
+        SessionStatus::AwaitingInput
+    );
+}

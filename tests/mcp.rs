@@ -1,8 +1,8 @@
 //! MCP servers as tools, against real servers nobody on the team wrote:
 //! `@modelcontextprotocol/server-everything` over stdio and over streamable
 //! HTTP, and `@modelcontextprotocol/server-filesystem` on a temp directory,
-//! installed from npm into `tests/node_modules` (`npm ci --prefix tests`,
-//! which `.ci/run` does).
+//! installed from npm into `tests/node_modules` by the tests themselves
+//! (`common::npm`: `npm ci --prefix tests` when missing or out of date).
 //!
 //! What is checked: tool listing (names, schemas, approval from annotations
 //! and overrides), calls through a full agent turn with a human approval,
@@ -15,6 +15,8 @@
 //! Nothing is timed: every wait is bounded only to turn a hang into a failure.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -41,18 +43,16 @@ const SECRET: &[u8] = b"mcp-test-scope-token-secret-32-bytes";
 
 // ---- the installed servers ---------------------------------------------------
 
-/// `dist/index.js` of an installed `@modelcontextprotocol/<package>`; fails
-/// the test (never skips it) when the servers are not installed.
+/// `dist/index.js` of an installed `@modelcontextprotocol/<package>` (the
+/// test's `init` installed them).
 fn server_js(package: &str) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
-    let js = root
+    let js = common::npm::tests_dir()
         .join("node_modules/@modelcontextprotocol")
         .join(package)
         .join("dist/index.js");
     assert!(
         js.is_file(),
-        "{} is missing: the MCP test servers are not installed. Run `npm ci --prefix tests` \
-         from the repository root (CI does it in .ci/run).",
+        "{} is missing although tests/node_modules is installed from tests/package-lock.json",
         js.display()
     );
     js.display().to_string()
@@ -254,7 +254,10 @@ async fn proxy(upstream: String, spec_404: bool) -> (String, Arc<Mutex<Vec<Seen>
 
 // ---- helpers -------------------------------------------------------------------
 
-fn init() {
+/// Every test's first line: installs the npm servers if needed (failing
+/// with what to install when Node.js is missing), and sets up logging.
+async fn init() {
+    common::npm::installed().await;
     // reqwest (the proxy's) is built without a default TLS provider.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let _ = tracing_subscriber::fmt()
@@ -428,7 +431,7 @@ fn tool_results(t: &[TranscriptEntry]) -> Vec<(String, CallState, Value)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn everything_over_stdio_lists_its_tools_and_answers_calls() {
-    init();
+    init().await;
     let mut config = everything_stdio("everything");
     config
         .env
@@ -551,7 +554,7 @@ async fn everything_over_stdio_lists_its_tools_and_answers_calls() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn filesystem_tools_run_in_an_agent_turn_with_approval_and_fail_cleanly() {
-    init();
+    init().await;
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
     let hub = start_hub(&[filesystem(&root)], None).await;
@@ -648,7 +651,7 @@ async fn filesystem_tools_run_in_an_agent_turn_with_approval_and_fail_cleanly() 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn everything_over_streamable_http_gets_the_scope_token_and_runs_in_a_turn() {
-    init();
+    init().await;
     let server = HttpEverything::start().await;
     let (proxy, seen) = recording_proxy(format!("http://127.0.0.1:{}", server.port)).await;
     let tokens = ScopeTokens::hs256(SECRET, Duration::from_secs(300)).unwrap();
@@ -735,7 +738,7 @@ async fn everything_over_streamable_http_gets_the_scope_token_and_runs_in_a_turn
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_http_server_fails_start_up_or_is_unavailable() {
-    init();
+    init().await;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -784,7 +787,7 @@ fn kill9(pid: u32) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stdio_server_that_dies_mid_session_is_unavailable_then_reconnected() {
-    init();
+    init().await;
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("refuse");
     // server-everything behind a launcher that refuses to start while the
@@ -897,7 +900,7 @@ async fn a_stdio_server_that_dies_mid_session_is_unavailable_then_reconnected() 
 /// second call succeeds after one new `initialize`, and the retried request
 /// still carries the call's scope token.
 async fn survives_a_restart(spec_404: bool) {
-    init();
+    init().await;
     let server = HttpEverything::start().await;
     let port = server.port;
     let (proxy, seen) = proxy(format!("http://127.0.0.1:{port}"), spec_404).await;
@@ -986,7 +989,7 @@ fn assert_plain(text: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn error_texts_that_reach_the_model_are_plain_sentences() {
-    init();
+    init().await;
     // A server that went away: the model reads why its call failed.
     let server = HttpEverything::start().await;
     let url = format!("http://127.0.0.1:{}/mcp", server.port);
@@ -1053,4 +1056,91 @@ async fn error_texts_that_reach_the_model_are_plain_sentences() {
         "{err}"
     );
     assert_plain(err);
+}
+
+// ---- installing the npm servers -------------------------------------------------
+
+/// A directory with this repository's `package.json` and lock file.
+fn npm_project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["package.json", "package-lock.json"] {
+        std::fs::copy(common::npm::tests_dir().join(name), dir.path().join(name)).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn without_node_or_npm_the_tests_fail_saying_what_to_install() {
+    use common::npm::{ensure, Programs, INSTALL_HINT};
+    let dir = npm_project();
+    for programs in [
+        Programs {
+            node: "overseer-test-no-such-node",
+            npm: "npm",
+        },
+        Programs {
+            node: "node",
+            npm: "overseer-test-no-such-npm",
+        },
+    ] {
+        let message = ensure(dir.path(), programs).unwrap_err();
+        assert!(message.contains(INSTALL_HINT), "{message}");
+        assert!(message.contains("apt-get install nodejs npm"), "{message}");
+        assert!(!message.contains('\n'), "one line: {message}");
+    }
+    // Node.js that is too old says so, with the same advice (a script stands
+    // in for an old `node`).
+    let old = dir.path().join("old-node");
+    std::fs::write(&old, "#!/bin/sh\necho v18.19.0\n").unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&old)
+        .status()
+        .unwrap();
+    let old = old.display().to_string();
+    let message = ensure(
+        dir.path(),
+        Programs {
+            node: &old,
+            npm: "npm",
+        },
+    )
+    .unwrap_err();
+    assert!(message.contains("'v18.19.0'"), "{message}");
+    assert!(message.contains(INSTALL_HINT), "{message}");
+}
+
+#[test]
+fn node_modules_is_installed_again_only_when_the_lock_file_changed() {
+    use common::npm::{ensure, is_up_to_date, stamp, Install, Programs};
+    let dir = npm_project();
+    let path = dir.path();
+    // An `npm` that cannot run shows whether an install was attempted.
+    let no_npm = Programs {
+        node: "node",
+        npm: "overseer-test-no-such-npm",
+    };
+    let current = stamp(path).unwrap();
+    assert!(!is_up_to_date(path, &current), "nothing installed yet");
+    assert!(ensure(path, no_npm).is_err(), "a missing install runs npm");
+
+    // A finished install of this lock file is left alone.
+    let modules = path.join("node_modules");
+    std::fs::create_dir(&modules).unwrap();
+    std::fs::write(modules.join(".overseer-npm-ci.sha256"), &current).unwrap();
+    assert!(is_up_to_date(path, &current));
+    assert_eq!(ensure(path, no_npm), Ok(Install::UpToDate));
+
+    // A changed lock file makes it out of date: npm runs again.
+    let lock = path.join("package-lock.json");
+    let mut text = std::fs::read_to_string(&lock).unwrap();
+    text.push('\n');
+    std::fs::write(&lock, text).unwrap();
+    let changed = stamp(path).unwrap();
+    assert_ne!(changed, current);
+    assert!(!is_up_to_date(path, &changed));
+    assert!(
+        ensure(path, no_npm).is_err(),
+        "an outdated install runs npm"
+    );
 }

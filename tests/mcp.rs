@@ -1,18 +1,22 @@
 //! MCP servers as tools, against real servers nobody on the team wrote:
 //! `@modelcontextprotocol/server-everything` over stdio and over streamable
 //! HTTP, and `@modelcontextprotocol/server-filesystem` on a temp directory,
-//! installed from npm into `tests/node_modules` (`npm ci --prefix tests`,
-//! which `.ci/run` does).
+//! installed from npm into `tests/node_modules` by the tests themselves
+//! (`common::npm`: `npm ci --prefix tests` when missing or out of date).
 //!
 //! What is checked: tool listing (names, schemas, approval from annotations
 //! and overrides), calls through a full agent turn with a human approval,
 //! error results (`isError` and refused arguments), the scope token on the
-//! HTTP transport (through a recording proxy), concurrent calls, and a stdio
+//! HTTP transport (through a recording proxy), concurrent calls, a stdio
 //! server that dies mid-session: its tools fail at once as unavailable while
-//! it cannot restart, and work again once the supervisor has reconnected.
+//! it cannot restart, and work again once the supervisor has reconnected; an
+//! HTTP server restarted between two calls (a new MCP session, the call
+//! retried once); error texts that read as sentences, not Rust.
 //! Nothing is timed: every wait is bounded only to turn a hang into a failure.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -39,18 +43,16 @@ const SECRET: &[u8] = b"mcp-test-scope-token-secret-32-bytes";
 
 // ---- the installed servers ---------------------------------------------------
 
-/// `dist/index.js` of an installed `@modelcontextprotocol/<package>`; fails
-/// the test (never skips it) when the servers are not installed.
+/// `dist/index.js` of an installed `@modelcontextprotocol/<package>` (the
+/// test's `init` installed them).
 fn server_js(package: &str) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
-    let js = root
+    let js = common::npm::tests_dir()
         .join("node_modules/@modelcontextprotocol")
         .join(package)
         .join("dist/index.js");
     assert!(
         js.is_file(),
-        "{} is missing: the MCP test servers are not installed. Run `npm ci --prefix tests` \
-         from the repository root (CI does it in .ci/run).",
+        "{} is missing although tests/node_modules is installed from tests/package-lock.json",
         js.display()
     );
     js.display().to_string()
@@ -79,12 +81,17 @@ struct HttpEverything {
 
 impl HttpEverything {
     async fn start() -> Self {
-        let js = server_js("server-everything");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
+        Self::start_on(port).await
+    }
+
+    /// Starts it on `port` (a restart reuses the port of the one before).
+    async fn start_on(port: u16) -> Self {
+        let js = server_js("server-everything");
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("server.log");
         let out = std::fs::File::create(&log).unwrap();
@@ -127,6 +134,15 @@ impl HttpEverything {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Kills it and waits until the process is gone (its port is free).
+    async fn stop(mut self) {
+        self.child.start_kill().unwrap();
+        tokio::time::timeout(PATIENCE, self.child.wait())
+            .await
+            .expect("server-everything did not exit")
+            .unwrap();
+    }
 }
 
 impl Drop for HttpEverything {
@@ -150,8 +166,16 @@ struct Seen {
 /// Forwards everything to `upstream`, streaming answers (SSE) back, and
 /// records each request's `Authorization` header and body.
 async fn recording_proxy(upstream: String) -> (String, Arc<Mutex<Vec<Seen>>>) {
+    proxy(upstream, false).await
+}
+
+/// Like [`recording_proxy`]; with `spec_404`, server-everything's refusal of
+/// an unknown session (400, "No valid session ID") reaches the client as the
+/// 404 the MCP spec prescribes. An upstream that cannot be reached is a 502.
+async fn proxy(upstream: String, spec_404: bool) -> (String, Arc<Mutex<Vec<Seen>>>) {
     use axum::body::Body;
     use axum::extract::{Request, State};
+    use axum::http::StatusCode;
     use axum::response::Response;
 
     #[derive(Clone)]
@@ -159,6 +183,7 @@ async fn recording_proxy(upstream: String) -> (String, Arc<Mutex<Vec<Seen>>>) {
         upstream: String,
         client: reqwest::Client,
         seen: Arc<Mutex<Vec<Seen>>>,
+        spec_404: bool,
     }
 
     async fn forward(State(p): State<Proxy>, req: Request) -> Response {
@@ -186,12 +211,27 @@ async fn recording_proxy(upstream: String) -> (String, Arc<Mutex<Vec<Seen>>>) {
                 request = request.header(name, value);
             }
         }
-        let answer = request.body(bytes).send().await.unwrap();
+        let answer = match request.body(bytes).send().await {
+            Ok(answer) => answer,
+            Err(e) => {
+                return Response::builder()
+                    .status(StatusCode::BAD_GATEWAY)
+                    .body(Body::from(e.to_string()))
+                    .unwrap()
+            }
+        };
         let mut response = Response::builder().status(answer.status());
         for (name, value) in answer.headers() {
             if name != "content-length" && name != "transfer-encoding" {
                 response = response.header(name, value);
             }
+        }
+        if p.spec_404 && answer.status() == StatusCode::BAD_REQUEST {
+            let text = answer.text().await.unwrap_or_default();
+            if text.contains("No valid session ID") {
+                response = response.status(StatusCode::NOT_FOUND);
+            }
+            return response.body(Body::from(text)).unwrap();
         }
         response
             .body(Body::from_stream(answer.bytes_stream()))
@@ -203,6 +243,7 @@ async fn recording_proxy(upstream: String) -> (String, Arc<Mutex<Vec<Seen>>>) {
         upstream,
         client: reqwest::Client::new(),
         seen: seen.clone(),
+        spec_404,
     };
     let app = axum::Router::new().fallback(forward).with_state(proxy);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -213,7 +254,10 @@ async fn recording_proxy(upstream: String) -> (String, Arc<Mutex<Vec<Seen>>>) {
 
 // ---- helpers -------------------------------------------------------------------
 
-fn init() {
+/// Every test's first line: installs the npm servers if needed (failing
+/// with what to install when Node.js is missing), and sets up logging.
+async fn init() {
+    common::npm::installed().await;
     // reqwest (the proxy's) is built without a default TLS provider.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let _ = tracing_subscriber::fmt()
@@ -387,7 +431,7 @@ fn tool_results(t: &[TranscriptEntry]) -> Vec<(String, CallState, Value)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn everything_over_stdio_lists_its_tools_and_answers_calls() {
-    init();
+    init().await;
     let mut config = everything_stdio("everything");
     config
         .env
@@ -510,7 +554,7 @@ async fn everything_over_stdio_lists_its_tools_and_answers_calls() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn filesystem_tools_run_in_an_agent_turn_with_approval_and_fail_cleanly() {
-    init();
+    init().await;
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
     let hub = start_hub(&[filesystem(&root)], None).await;
@@ -607,7 +651,7 @@ async fn filesystem_tools_run_in_an_agent_turn_with_approval_and_fail_cleanly() 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn everything_over_streamable_http_gets_the_scope_token_and_runs_in_a_turn() {
-    init();
+    init().await;
     let server = HttpEverything::start().await;
     let (proxy, seen) = recording_proxy(format!("http://127.0.0.1:{}", server.port)).await;
     let tokens = ScopeTokens::hs256(SECRET, Duration::from_secs(300)).unwrap();
@@ -694,7 +738,7 @@ async fn everything_over_streamable_http_gets_the_scope_token_and_runs_in_a_turn
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_http_server_fails_start_up_or_is_unavailable() {
-    init();
+    init().await;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -708,6 +752,7 @@ async fn an_unreachable_http_server_fails_start_up_or_is_unavailable() {
             .starts_with("MCP server 'gone' failed to start"),
         "{err}"
     );
+    assert_plain(&err.to_string());
     config.required = false;
     config.tools.insert(
         "echo".into(),
@@ -726,6 +771,7 @@ async fn an_unreachable_http_server_fails_start_up_or_is_unavailable() {
             .starts_with("MCP server 'gone' is unavailable: "),
         "{err}"
     );
+    assert_plain(err["error"].as_str().unwrap());
 }
 
 // ---- a stdio server that dies mid-session ----------------------------------------
@@ -741,7 +787,7 @@ fn kill9(pid: u32) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stdio_server_that_dies_mid_session_is_unavailable_then_reconnected() {
-    init();
+    init().await;
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("refuse");
     // server-everything behind a launcher that refuses to start while the
@@ -845,4 +891,256 @@ async fn a_stdio_server_that_dies_mid_session_is_unavailable_then_reconnected() 
     let (_, stop) = run_turn_approving(&ov, id, &mut rx).await;
     assert_eq!(stop, StopReason::EndTurn);
     assert_eq!(final_text(&transcript(&ov, id).await), "third: Echo: three");
+}
+
+// ---- an HTTP server that restarts ------------------------------------------------
+
+/// Calls `web__echo` once, restarts the server on the same port (the new
+/// process knows nothing of overseer's MCP session), and calls it again: the
+/// second call succeeds after one new `initialize`, and the retried request
+/// still carries the call's scope token.
+async fn survives_a_restart(spec_404: bool) {
+    init().await;
+    let server = HttpEverything::start().await;
+    let port = server.port;
+    let (proxy, seen) = proxy(format!("http://127.0.0.1:{port}"), spec_404).await;
+    let tokens = ScopeTokens::hs256(SECRET, Duration::from_secs(300)).unwrap();
+    let mut config = McpServerConfig::http("web", format!("{proxy}/mcp"));
+    // Far above the test's patience: a call that waited for the tool timeout
+    // fails the test through `call`'s bound.
+    config.timeout_secs = 3600;
+    let hub = start_hub(&[config], Some(tokens.clone())).await;
+    assert_eq!(
+        call(&hub, "web__echo", json!({"message": "before"})).await,
+        Ok(json!("Echo: before"))
+    );
+
+    server.stop().await;
+    let server = HttpEverything::start_on(port).await;
+    let after = call(&hub, "web__echo", json!({"message": "after"})).await;
+    assert_eq!(
+        after,
+        Ok(json!("Echo: after")),
+        "server log:\n{}",
+        server.log()
+    );
+    assert_eq!(
+        hub.status("web"),
+        Some(McpServerStatus::Available { pid: None })
+    );
+
+    let seen = seen.lock().unwrap().clone();
+    let count = |m: &str| {
+        seen.iter()
+            .filter(|s| s.rpc_method.as_deref() == Some(m))
+            .count()
+    };
+    assert_eq!(count("initialize"), 2, "one re-initialization: {seen:#?}");
+    // Before; refused in the old session; retried once in the new one.
+    let calls: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.rpc_method.as_deref() == Some("tools/call"))
+        .collect();
+    assert_eq!(calls.len(), 3, "{seen:#?}");
+    for c in calls {
+        let bearer = c
+            .authorization
+            .as_deref()
+            .and_then(|a| a.strip_prefix("Bearer "))
+            .unwrap_or_else(|| panic!("a tools/call without its scope token: {c:?}"));
+        tokens.authorize(bearer, "web__echo").unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_http_server_that_restarts_is_reinitialized_and_the_call_retried() {
+    // server-everything refuses the stale session with a 400 and a JSON-RPC
+    // error without an id.
+    survives_a_restart(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_http_server_that_answers_404_for_a_stale_session_is_reinitialized() {
+    // The MCP spec's answer to an unknown session.
+    survives_a_restart(true).await;
+}
+
+/// Fails if `text` reads like Rust rather than a sentence: a path, a type's
+/// debug output, an `Option`.
+fn assert_plain(text: &str) {
+    for marker in [
+        "::",
+        "Transport [",
+        "Transport(",
+        "McpError",
+        "ErrorData",
+        "Error {",
+        "Error(",
+        "Some(",
+        "None",
+        "ProtocolVersion(",
+    ] {
+        assert!(
+            !text.contains(marker),
+            "'{marker}' in an error text meant for people: {text}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn error_texts_that_reach_the_model_are_plain_sentences() {
+    init().await;
+    // A server that went away: the model reads why its call failed.
+    let server = HttpEverything::start().await;
+    let url = format!("http://127.0.0.1:{}/mcp", server.port);
+    let hub = start_hub(&[McpServerConfig::http("web", &url)], None).await;
+    let agent = AgentConfig::new("caller", &["web__echo"]);
+    let ov = overseer(
+        &hub,
+        vec![agent],
+        json!({"caller": [
+            {"tool_calls": [{"name": "web__echo", "arguments": {"message": "anyone?"}}]},
+            {"text": "Failed: {{tool_result}}"}
+        ]}),
+    )
+    .await;
+    server.stop().await;
+    let (id, mut rx) = create(&ov, "caller", "echo something").await;
+    let (_, stop) = run_turn_approving(&ov, id, &mut rx).await;
+    assert_eq!(stop, StopReason::EndTurn);
+    let t = transcript(&ov, id).await;
+    let (_, state, result) = tool_results(&t).pop().unwrap();
+    assert_eq!(state, CallState::Failed);
+    let error = result["error"].as_str().unwrap();
+    assert!(
+        error.starts_with(&format!(
+            "MCP server 'web' is unavailable: could not connect to {url}: "
+        )),
+        "{error}"
+    );
+    assert_plain(error);
+    assert_plain(&final_text(&t));
+
+    // An HTTP endpoint that is no MCP server: the start-up error, and the
+    // reason its tools fail with when it is optional.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let odd = format!("http://{}/mcp", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            axum::Router::new().fallback(|| async { "hello, I am a web page" }),
+        )
+        .await
+    });
+    let mut config = McpServerConfig::http("odd", &odd);
+    let err = McpHub::start(std::slice::from_ref(&config), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("content type 'text/plain"), "{err}");
+    assert_plain(&err);
+    config.required = false;
+    config.tools.insert(
+        "echo".into(),
+        McpToolOverride {
+            requires_approval: false,
+        },
+    );
+    let hub = start_hub(&[config], None).await;
+    let err = call(&hub, "odd__echo", json!({"message": "x"}))
+        .await
+        .unwrap_err();
+    let err = err["error"].as_str().unwrap();
+    assert!(
+        err.starts_with("MCP server 'odd' is unavailable: "),
+        "{err}"
+    );
+    assert_plain(err);
+}
+
+// ---- installing the npm servers -------------------------------------------------
+
+/// A directory with this repository's `package.json` and lock file.
+fn npm_project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["package.json", "package-lock.json"] {
+        std::fs::copy(common::npm::tests_dir().join(name), dir.path().join(name)).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn without_node_or_npm_the_tests_fail_saying_what_to_install() {
+    use common::npm::{ensure, Programs, INSTALL_HINT};
+    let dir = npm_project();
+    for programs in [
+        Programs {
+            node: "overseer-test-no-such-node",
+            npm: "npm",
+        },
+        Programs {
+            node: "node",
+            npm: "overseer-test-no-such-npm",
+        },
+    ] {
+        let message = ensure(dir.path(), programs).unwrap_err();
+        assert!(message.contains(INSTALL_HINT), "{message}");
+        assert!(message.contains("apt-get install nodejs npm"), "{message}");
+        assert!(!message.contains('\n'), "one line: {message}");
+    }
+    // Node.js that is too old says so, with the same advice (a script stands
+    // in for an old `node`).
+    let old = dir.path().join("old-node");
+    std::fs::write(&old, "#!/bin/sh\necho v18.19.0\n").unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&old)
+        .status()
+        .unwrap();
+    let old = old.display().to_string();
+    let message = ensure(
+        dir.path(),
+        Programs {
+            node: &old,
+            npm: "npm",
+        },
+    )
+    .unwrap_err();
+    assert!(message.contains("'v18.19.0'"), "{message}");
+    assert!(message.contains(INSTALL_HINT), "{message}");
+}
+
+#[test]
+fn node_modules_is_installed_again_only_when_the_lock_file_changed() {
+    use common::npm::{ensure, is_up_to_date, stamp, Install, Programs};
+    let dir = npm_project();
+    let path = dir.path();
+    // An `npm` that cannot run shows whether an install was attempted.
+    let no_npm = Programs {
+        node: "node",
+        npm: "overseer-test-no-such-npm",
+    };
+    let current = stamp(path).unwrap();
+    assert!(!is_up_to_date(path, &current), "nothing installed yet");
+    assert!(ensure(path, no_npm).is_err(), "a missing install runs npm");
+
+    // A finished install of this lock file is left alone.
+    let modules = path.join("node_modules");
+    std::fs::create_dir(&modules).unwrap();
+    std::fs::write(modules.join(".overseer-npm-ci.sha256"), &current).unwrap();
+    assert!(is_up_to_date(path, &current));
+    assert_eq!(ensure(path, no_npm), Ok(Install::UpToDate));
+
+    // A changed lock file makes it out of date: npm runs again.
+    let lock = path.join("package-lock.json");
+    let mut text = std::fs::read_to_string(&lock).unwrap();
+    text.push('\n');
+    std::fs::write(&lock, text).unwrap();
+    let changed = stamp(path).unwrap();
+    assert_ne!(changed, current);
+    assert!(!is_up_to_date(path, &changed));
+    assert!(
+        ensure(path, no_npm).is_err(),
+        "an outdated install runs npm"
+    );
 }

@@ -5,7 +5,10 @@
 //! (`data: {...}\n\n` for OpenAI chat completions, `event: ...\ndata: ...\n\n`
 //! for Anthropic Messages), records every request it receives, and answers
 //! from a per-test script. The tests assert on the events the provider
-//! yields and on the request bodies the server received.
+//! yields and on the request bodies the server received. Connections that
+//! break mid-stream come from a hand-written HTTP/1.1 server that closes the
+//! socket after writing every part, so no byte is lost to buffering; those
+//! tests run whole turns through `Overseer` with the real provider.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -162,6 +165,91 @@ async fn handle(
                 .body(Body::from_stream(stream))
                 .unwrap()
         }
+    }
+}
+
+// ---- a server whose connections break -----------------------------------------
+
+/// A hand-written HTTP/1.1 server for broken connections: it writes each
+/// response as a chunked event stream, part by part, and then either ends
+/// the body or, to break the connection, closes it without the final chunk
+/// once every part has been written (axum would discard bytes still
+/// buffered when a body fails). One request per connection.
+struct BreakingServer {
+    base: String,
+    count: Arc<Mutex<usize>>,
+}
+
+impl BreakingServer {
+    /// Answers request `n` (from 0) with `script(n)`: the parts, and whether
+    /// the connection then breaks.
+    async fn start(script: impl Fn(usize) -> (Vec<String>, bool) + Send + Sync + 'static) -> Self {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let count = Arc::new(Mutex::new(0));
+        let counter = count.clone();
+        let script = Arc::new(script);
+        tokio::spawn(async move {
+            loop {
+                let Ok((socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let n = {
+                    let mut c = counter.lock().unwrap();
+                    *c += 1;
+                    *c - 1
+                };
+                let (parts, breaks) = script(n);
+                tokio::spawn(async move {
+                    let mut socket = BufReader::new(socket);
+                    // Read the whole request, so closing sends a FIN and
+                    // not a reset that would discard what was written.
+                    let mut length = 0usize;
+                    loop {
+                        let mut line = String::new();
+                        socket.read_line(&mut line).await.unwrap();
+                        let line = line.trim_end().to_ascii_lowercase();
+                        if line.is_empty() {
+                            break;
+                        }
+                        if let Some(v) = line.strip_prefix("content-length:") {
+                            length = v.trim().parse().unwrap();
+                        }
+                    }
+                    let mut body = vec![0u8; length];
+                    socket.read_exact(&mut body).await.unwrap();
+                    let mut out = String::from(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                         transfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+                    );
+                    for part in parts {
+                        out.push_str(&format!("{:x}\r\n{part}\r\n", part.len()));
+                    }
+                    if !breaks {
+                        out.push_str("0\r\n\r\n");
+                    }
+                    let socket = socket.get_mut();
+                    socket.write_all(out.as_bytes()).await.unwrap();
+                    socket.flush().await.unwrap();
+                    let _ = socket.shutdown().await;
+                });
+            }
+        });
+        Self { base, count }
+    }
+
+    fn count(&self) -> usize {
+        *self.count.lock().unwrap()
+    }
+
+    fn route(&self, kind: ProviderKind) -> RouteConfig {
+        let mut route = RouteConfig::new(kind, "test-model");
+        route.base_url = Some(match kind {
+            ProviderKind::Openai => format!("{}/v1", self.base),
+            _ => self.base.clone(),
+        });
+        route
     }
 }
 
@@ -336,10 +424,15 @@ fn built(route: &RouteConfig) -> Arc<dyn Provider> {
 }
 
 fn endpoint(kind: ProviderKind, server: &TestServer) -> Endpoint {
+    endpoint_at(kind, &server.base)
+}
+
+/// The endpoint of a server at `base` (OpenAI's lives under `/v1`).
+fn endpoint_at(kind: ProviderKind, base: &str) -> Endpoint {
     crypto();
     let base = match kind {
-        ProviderKind::Openai => format!("{}/v1", server.base),
-        _ => server.base.clone(),
+        ProviderKind::Openai => format!("{base}/v1"),
+        _ => base.to_owned(),
     };
     Endpoint::new(base, "test-model")
 }
@@ -1193,6 +1286,263 @@ async fn a_refused_connection_is_a_transport_error() {
         matches!(items.as_slice(), [Err(ProviderError::Transport(m))] if m.contains("gave up after 4 attempts")),
         "{items:?}"
     );
+}
+
+// ---- dropped streams through a session -------------------------------------------------------
+
+/// A tool that runs without approval and says what it got.
+struct Launcher(ToolSpec);
+
+#[async_trait::async_trait]
+impl Tool for Launcher {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+    async fn call(&self, _ctx: ToolContext, arguments: Value) -> Result<Value, ToolError> {
+        Ok(json!({"launched": arguments["count"]}))
+    }
+}
+
+/// An overseer whose agent `a` streams from `provider` and may call
+/// `launch` (no approval needed).
+async fn launcher_overseer(provider: Arc<dyn Provider>) -> Overseer {
+    let schema = json!({"type": "object", "properties": {"count": {"type": "integer"}}});
+    let tools = ToolRegistry::new(vec![Arc::new(Launcher(ToolSpec::new(
+        "launch",
+        "Launches things",
+        schema,
+    )))])
+    .unwrap();
+    Overseer::start(
+        vec![AgentConfig::new("a", &["launch"])],
+        Arc::new(MemStore::new()),
+        provider,
+        tools,
+        RuntimeConfig::default(),
+    )
+    .await
+    .unwrap()
+}
+
+/// Runs the first turn of a new session of `a`; returns how it ended and
+/// the transcript.
+async fn first_turn(ov: &Overseer, prompt: &str) -> (StopReason, Vec<TranscriptEntry>) {
+    let id = SessionId::generate();
+    let mut rx = ov.subscribe(id);
+    ov.create_session(CreateSession {
+        agent: "a".into(),
+        tenant: "t".into(),
+        prompt: Some(prompt.into()),
+        id: Some(id),
+        ..CreateSession::default()
+    })
+    .await
+    .unwrap();
+    let EventKind::TurnEnded { stop_reason, .. } =
+        until(&mut rx, |k| matches!(k, EventKind::TurnEnded { .. })).await
+    else {
+        unreachable!()
+    };
+    let state = ov.state(id).await.unwrap();
+    let transcript = state.transcript.iter().map(|e| (**e).clone()).collect();
+    (stop_reason, transcript)
+}
+
+/// A complete `launch` call with `{"count": 3}` and the finish that says
+/// the model wants it run, then nothing: no usage, no `[DONE]` (OpenAI), no
+/// `message_stop` (Anthropic).
+fn finished_call_then_nothing(kind: ProviderKind) -> Vec<String> {
+    match kind {
+        ProviderKind::Openai => vec![
+            oa_role(),
+            oa_call_start(0, "call_1", "launch"),
+            oa_call_args(0, "{\"cou"),
+            oa_call_args(0, "nt\": 3}"),
+            oa_finish("tool_calls"),
+        ],
+        _ => vec![
+            an_start(7),
+            an_tool_start(0, "toolu_1", "launch"),
+            an_json(0, "{\"count\""),
+            an_json(0, ": 3}"),
+            an_stop(0),
+            an_delta("tool_use", 12),
+        ],
+    }
+}
+
+/// The events of a complete text answer made of `texts`.
+fn text_answer(kind: ProviderKind, texts: &[&str]) -> Vec<String> {
+    match kind {
+        ProviderKind::Openai => {
+            let mut events = vec![oa_role()];
+            events.extend(texts.iter().map(|t| oa_text(t)));
+            events.extend([oa_finish("stop"), oa_usage(9, 4), OA_DONE.to_owned()]);
+            events
+        }
+        _ => {
+            let mut events = vec![an_start(9), an_text_start(0), an_ping()];
+            events.extend(texts.iter().map(|t| an_text(0, t)));
+            events.extend([an_stop(0), an_delta("end_turn", 4), an_message_stop()]);
+            events
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_tool_call_that_finished_survives_a_dropped_connection() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        let server = BreakingServer::start(move |n| match n {
+            0 => (finished_call_then_nothing(kind), true),
+            _ => (text_answer(kind, &["Launched ", "3."]), false),
+        })
+        .await;
+        let ov = launcher_overseer(built(&server.route(kind))).await;
+        let (stop, transcript) = first_turn(&ov, "Launch 3").await;
+        assert_eq!(stop, StopReason::EndTurn, "{kind}: {transcript:#?}");
+        let calls: Vec<(String, Value)> = transcript
+            .iter()
+            .filter_map(|e| match e {
+                TranscriptEntry::Assistant { tool_calls, .. } => Some(tool_calls),
+                _ => None,
+            })
+            .flatten()
+            .map(|c| (c.name.clone(), c.arguments.clone()))
+            .collect();
+        assert_eq!(
+            calls,
+            vec![("launch".into(), json!({"count": 3}))],
+            "{kind}"
+        );
+        let results: Vec<(CallState, Option<Value>)> = transcript
+            .iter()
+            .filter_map(|e| match e {
+                TranscriptEntry::ToolResult { call } => Some((call.state, call.result.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            results,
+            vec![(CallState::Completed, Some(json!({"launched": 3})))],
+            "{kind}"
+        );
+        assert!(
+            matches!(transcript.last(), Some(TranscriptEntry::Assistant { text, .. }) if text == "Launched 3."),
+            "{kind}: {transcript:#?}"
+        );
+        // The broken request was not sent again; the next step was.
+        assert_eq!(server.count(), 2, "{kind}");
+        ov.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_stream_cut_or_stalled_after_its_finish_is_complete() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        let call = Ok(ProviderEvent::ToolCall {
+            name: "launch".into(),
+            arguments: json!({"count": 3}),
+        });
+        let done = Ok(ProviderEvent::Done(FinishReason::ToolCalls));
+        let expected = match kind {
+            // The usage chunk was the part that never came.
+            ProviderKind::Openai => vec![call, done],
+            _ => vec![call, Ok(usage(7, 12)), done],
+        };
+
+        // The connection breaks.
+        let server = BreakingServer::start(move |_| (finished_call_then_nothing(kind), true)).await;
+        let provider = raw(kind, endpoint_at(kind, &server.base));
+        let items = collect(provider.as_ref(), hello()).await;
+        assert_eq!(items, expected, "{kind}: cut");
+
+        // Nothing more ever comes: the idle timeout ends it, as complete.
+        let server = TestServer::start(move |_, _| {
+            Reply::Sse(
+                finished_call_then_nothing(kind)
+                    .into_iter()
+                    .map(Part::Bytes)
+                    .collect(),
+                End::Stall,
+            )
+        })
+        .await;
+        let mut ep = endpoint(kind, &server);
+        ep.idle_timeout = Duration::from_millis(300);
+        let items = collect(raw(kind, ep).as_ref(), hello()).await;
+        assert_eq!(items, expected, "{kind}: stalled");
+    }
+}
+
+#[tokio::test]
+async fn a_stream_that_breaks_before_visible_output_is_retried() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        // Everything a stream may send before its first text or call: a
+        // role-only chunk, an empty delta, running usage (OpenAI); the
+        // message start with its usage, a ping, an empty text block
+        // (Anthropic).
+        let before_output = match kind {
+            ProviderKind::Openai => {
+                let with_usage = oa_chunk(json!({}), None).replace(
+                    "\"usage\":null",
+                    "\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":0}",
+                );
+                assert!(with_usage.contains("prompt_tokens"));
+                vec![oa_role(), oa_text(""), with_usage]
+            }
+            _ => vec![an_start(9), an_ping(), an_text_start(0)],
+        };
+        let server = BreakingServer::start(move |n| match n {
+            0 => (before_output.clone(), true),
+            _ => (text_answer(kind, &["Hello"]), false),
+        })
+        .await;
+        let ep = endpoint_at(kind, &server.base);
+        let provider = RetryingProvider::new(raw(kind, ep), None, fast_policy());
+        let items = collect(&provider, hello()).await;
+        assert_eq!(text_of(&items), "Hello", "{kind}: {items:?}");
+        assert_eq!(
+            items.last(),
+            Some(&Ok(ProviderEvent::Done(FinishReason::Stop))),
+            "{kind}: {items:?}"
+        );
+        assert_eq!(server.count(), 2, "{kind}: one retry");
+    }
+}
+
+#[tokio::test]
+async fn a_drop_after_visible_text_keeps_the_partial_and_ends_the_turn_in_error() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        let server = BreakingServer::start(move |_| {
+            let parts = match kind {
+                ProviderKind::Openai => vec![oa_role(), oa_text("Partial "), oa_text("answer")],
+                _ => vec![
+                    an_start(3),
+                    an_text_start(0),
+                    an_text(0, "Partial "),
+                    an_text(0, "answer"),
+                ],
+            };
+            (parts, true)
+        })
+        .await;
+        let ov = launcher_overseer(built(&server.route(kind))).await;
+        let (stop, transcript) = first_turn(&ov, "Say something").await;
+        assert_eq!(stop, StopReason::Error, "{kind}");
+        let Some(TranscriptEntry::Assistant {
+            text, tool_calls, ..
+        }) = transcript.last()
+        else {
+            panic!("{kind}: {transcript:#?}")
+        };
+        assert!(
+            text.starts_with("Partial answer\n[Provider error: transport error: the stream broke"),
+            "{kind}: {text}"
+        );
+        assert!(tool_calls.is_empty());
+        assert_eq!(server.count(), 1, "{kind}: no retry after output");
+        ov.shutdown().await.unwrap();
+    }
 }
 
 // ---- a full turn through the actor tree ---------------------------------------------------------

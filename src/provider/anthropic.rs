@@ -436,6 +436,10 @@ impl Decoder for EventDecoder {
             Err(ProviderError::BadResponse(ENDED_WITHOUT_FINISH.into()))
         }
     }
+
+    fn finished(&self) -> bool {
+        self.stop_reason.is_some()
+    }
 }
 
 impl EventDecoder {

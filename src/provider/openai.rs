@@ -325,6 +325,10 @@ impl Decoder for ChunkDecoder {
         out.push(ProviderEvent::Done(finish));
         Ok(out)
     }
+
+    fn finished(&self) -> bool {
+        self.finish.is_some()
+    }
 }
 
 impl ChunkDecoder {

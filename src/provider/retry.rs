@@ -1,11 +1,13 @@
 //! The §11 error policy as a [`Provider`] decorator.
 //!
-//! Before any event has reached the caller, a rate-limit, server or
-//! transport error is retried up to three times, waiting 1 s, 2 s, 4 s
-//! (doubling, capped at 10 s) or what the server's `retry-after` asks; an
-//! authentication error re-reads the key from the environment once and
-//! retries. Once an event has been handed on, nothing is retried: the error
-//! passes through, and the runtime keeps the partial text and records
+//! Before any visible output (a text delta or a tool call; see `visible`)
+//! a rate-limit, server or transport error is retried up to three times,
+//! waiting 1 s, 2 s, 4 s (doubling, capped at 10 s) or what the server's
+//! `retry-after` asks; an authentication error re-reads the key from the
+//! environment once and retries. Whatever came before the first visible
+//! output (usage so far) is held back meanwhile, and dropped with the failed
+//! attempt. Once output is visible, nothing is retried: the error passes
+//! through, and the runtime keeps the partial text and records
 //! `[Provider error: …]`.
 //!
 //! This module owns only that policy. It deliberately knows no wire format
@@ -17,7 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use overseer_actors::provider::{Provider, ProviderError, ProviderRequest, ProviderStream};
+use overseer_actors::provider::{
+    Provider, ProviderError, ProviderEvent, ProviderRequest, ProviderStream,
+};
 
 use super::KeySource;
 
@@ -94,29 +98,42 @@ impl RetryingProvider {
 
 /// How one attempt ended before handing anything on.
 enum Attempt {
-    /// The first event arrived (or the stream was empty): hand it all on.
+    /// Output became visible (or the stream finished or ended): hand it all
+    /// on.
     Started(ProviderStream),
-    /// It failed before any event.
+    /// It failed before any visible output.
     Failed(ProviderError),
 }
 
+/// Whether `event` is output the caller shows (and so may not be repeated
+/// by a retry): text, a tool call, or the finish of a stream that had
+/// neither. Usage is bookkeeping, whenever a provider sends it.
+fn visible(event: &ProviderEvent) -> bool {
+    !matches!(event, ProviderEvent::Usage(_))
+}
+
 impl RetryingProvider {
-    /// One attempt, up to its first event. Waiting for that event here is
-    /// what makes an error that comes before any output retryable.
+    /// One attempt, up to its first visible event. Waiting for that event
+    /// here is what makes an error that comes before any output retryable.
     async fn attempt(&self, request: &ProviderRequest) -> Attempt {
         let mut stream = match self.inner.stream(request.clone()).await {
             Ok(stream) => stream,
             Err(e) => return Attempt::Failed(e),
         };
-        match stream.next().await {
-            Some(Err(e)) => Attempt::Failed(e),
-            Some(Ok(first)) => Attempt::Started(
-                futures::stream::once(async { Ok(first) })
-                    .chain(stream)
-                    .boxed(),
-            ),
-            // An empty stream is the caller's to judge (it has no finish).
-            None => Attempt::Started(stream),
+        let mut held = Vec::new();
+        loop {
+            match stream.next().await {
+                Some(Err(e)) => return Attempt::Failed(e),
+                Some(Ok(event)) => {
+                    let shown = visible(&event);
+                    held.push(Ok(event));
+                    if shown {
+                        return Attempt::Started(futures::stream::iter(held).chain(stream).boxed());
+                    }
+                }
+                // A stream without a finish is the caller's to judge.
+                None => return Attempt::Started(futures::stream::iter(held).boxed()),
+            }
         }
     }
 }
@@ -191,6 +208,96 @@ fn gave_up(error: ProviderError, attempts: u32) -> ProviderError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use overseer_actors::model::{SessionId, Usage};
+    use overseer_actors::provider::FinishReason;
+
+    /// Answers its first request with `first`, every later one with `then`.
+    struct Twice {
+        calls: AtomicUsize,
+        first: Vec<Result<ProviderEvent, ProviderError>>,
+        then: Vec<Result<ProviderEvent, ProviderError>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Provider for Twice {
+        async fn stream(&self, _: ProviderRequest) -> Result<ProviderStream, ProviderError> {
+            let items = if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                self.first.clone()
+            } else {
+                self.then.clone()
+            };
+            Ok(futures::stream::iter(items).boxed())
+        }
+    }
+
+    fn request() -> ProviderRequest {
+        ProviderRequest {
+            session_id: SessionId::generate(),
+            agent: "a".into(),
+            model: "m".into(),
+            instructions: String::new(),
+            transcript: Vec::new(),
+            tools: Vec::new(),
+        }
+    }
+
+    fn usage(input: u64) -> ProviderEvent {
+        ProviderEvent::Usage(Usage {
+            input_tokens: input,
+            ..Usage::default()
+        })
+    }
+
+    async fn run(inner: Twice) -> (Vec<Result<ProviderEvent, ProviderError>>, usize) {
+        let inner = Arc::new(inner);
+        let policy = RetryPolicy {
+            initial_backoff: Duration::ZERO,
+            ..RetryPolicy::default()
+        };
+        let provider = RetryingProvider::new(inner.clone(), None, policy);
+        let items = match provider.stream(request()).await {
+            Ok(stream) => stream.collect().await,
+            Err(e) => vec![Err(e)],
+        };
+        (items, inner.calls.load(Ordering::SeqCst))
+    }
+
+    fn broke() -> ProviderError {
+        ProviderError::Transport("the stream broke".into())
+    }
+
+    #[tokio::test]
+    async fn usage_before_any_output_does_not_stop_a_retry() {
+        let hello = ProviderEvent::TextDelta("Hello".into());
+        let done = ProviderEvent::Done(FinishReason::Stop);
+        let (items, calls) = run(Twice {
+            calls: AtomicUsize::new(0),
+            first: vec![Ok(usage(5)), Err(broke())],
+            then: vec![Ok(usage(7)), Ok(hello.clone()), Ok(done.clone())],
+        })
+        .await;
+        assert_eq!(calls, 2);
+        // The failed attempt's usage is not handed on; the retry's is.
+        assert_eq!(items, vec![Ok(usage(7)), Ok(hello), Ok(done)]);
+    }
+
+    #[tokio::test]
+    async fn an_error_after_visible_output_is_not_retried() {
+        let call = ProviderEvent::ToolCall {
+            name: "t".into(),
+            arguments: serde_json::json!({}),
+        };
+        let (items, calls) = run(Twice {
+            calls: AtomicUsize::new(0),
+            first: vec![Ok(usage(5)), Ok(call.clone()), Err(broke())],
+            then: vec![],
+        })
+        .await;
+        assert_eq!(calls, 1);
+        assert_eq!(items, vec![Ok(usage(5)), Ok(call), Err(broke())]);
+    }
 
     #[test]
     fn backoff_doubles_from_one_second_capped_at_ten() {

@@ -3,8 +3,12 @@
 //!
 //! This module owns the parts both providers share: the idle timeout (a
 //! stream silent for too long is cut, §11), the mapping of transport and
-//! framing failures onto [`ProviderError`], and the rule that a stream which
-//! ends without a finish is an error. The SSE framing itself is parsed by the
+//! framing failures onto [`ProviderError`], the rule that a stream which
+//! ends without a finish is an error, and its converse: a stream that had
+//! reached its finish (OpenAI's `finish_reason`, Anthropic's `stop_reason`)
+//! is complete even when its connection then breaks or stalls before the
+//! trailer (usage, `[DONE]`, `message_stop`), so the tool calls it finished
+//! are kept and the step goes on. The SSE framing itself is parsed by the
 //! `eventsource-stream` crate, not by hand; the meaning of each event's data
 //! is deliberately left to the decoders.
 
@@ -25,6 +29,10 @@ pub(super) trait Decoder: Send + 'static {
     /// The body ended: returns what is still pending (ending with `Done`) if
     /// the stream had finished, else an error.
     fn end(&mut self) -> Result<Vec<ProviderEvent>, ProviderError>;
+
+    /// Whether the model has said why it stopped: all its output is in, and
+    /// only the trailer may still come.
+    fn finished(&self) -> bool;
 }
 
 /// The message of a stream that stopped before its finish.
@@ -44,7 +52,19 @@ pub(super) fn decode<D: Decoder>(
         loop {
             let (batch, finished) = match events.next().await {
                 Some(Ok(event)) => (decoder.event(&event), false),
-                Some(Err(e)) => (Err(framing_error(e)), true),
+                Some(Err(e)) => {
+                    let e = framing_error(e);
+                    if decoder.finished() {
+                        // What broke is the trailer, not the answer.
+                        tracing::warn!(
+                            error = %e,
+                            "the provider stream broke after its finish; keeping the complete answer"
+                        );
+                        (decoder.end(), true)
+                    } else {
+                        (Err(e), true)
+                    }
+                }
                 None => (decoder.end(), true),
             };
             match batch {

@@ -41,6 +41,13 @@
 //! Calls to one server may run concurrently: rmcp multiplexes requests over
 //! one connection.
 //!
+//! A streamable HTTP server that restarts forgets overseer's MCP session. rmcp
+//! then opens a new session (a new `initialize`) and sends the refused
+//! request once more, so the call goes through instead of waiting for its
+//! timeout; [`http`] makes the refusal recognisable when a server answers it
+//! with a 400 rather than the spec's 404. Error texts are plain sentences,
+//! never rmcp's Rust type names (`errors`).
+//!
 //! Tools of a server that was unavailable at start-up (`required = false`)
 //! cannot be listed. The hub then exposes only the tools named in that
 //! server's `tools` overrides, with a permissive schema, so agents may list
@@ -50,6 +57,7 @@
 //! timeout and size cap: those are the runtime's (`overseer_actors`).
 
 mod config;
+mod errors;
 pub mod http;
 mod stderr;
 
@@ -230,8 +238,12 @@ impl Server {
             ServiceError::TransportClosed => {
                 self.unavailable("the connection closed during the call")
             }
-            ServiceError::TransportSend(e) => self.unavailable(e),
-            other => ToolError::new(format!("MCP server '{}': {other}", self.name())),
+            ServiceError::TransportSend(e) => self.unavailable(errors::plain(&e)),
+            other => ToolError::new(format!(
+                "MCP server '{}': {}",
+                self.name(),
+                errors::service(&other)
+            )),
         }
     }
 }
@@ -474,12 +486,12 @@ where
         let service = client_config()
             .serve(transport)
             .await
-            .map_err(|e| format!("the MCP handshake failed: {e}"))?;
+            .map_err(|e| format!("the MCP handshake failed: {}", errors::initialize(&e)))?;
         let tools = service
             .peer()
             .list_all_tools()
             .await
-            .map_err(|e| format!("listing its tools failed: {e}"))?;
+            .map_err(|e| format!("listing its tools failed: {}", errors::service(&e)))?;
         Ok((service, tools))
     };
     tokio::time::timeout(patience, attempt).await.map_err(|_| {
@@ -787,7 +799,7 @@ async fn supervise(server: Arc<Server>, mut live: Option<Live>) {
                 Ok(QuitReason::Closed) => what.to_owned(),
                 Ok(QuitReason::Cancelled) => format!("{what} (cancelled)"),
                 Ok(QuitReason::JoinError(e)) | Err(e) => format!("its connection task failed: {e}"),
-                Ok(other) => format!("{what} ({other:?})"),
+                Ok(_) => what.to_owned(),
             };
             let text = match &stderr {
                 Some(tail) => {

@@ -7,6 +7,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod npm;
+
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;

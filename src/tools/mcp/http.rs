@@ -8,12 +8,17 @@
 //! before it is written, moves it from the body to the header. Nothing else
 //! (handshake, listing, the server's event stream) carries a token: no call
 //! is being made for anyone then.
+//!
+//! It also makes a server's refusal of a stale session recognisable to rmcp
+//! (see [`session_refused`]), so that after a server restart rmcp opens a new
+//! session and retries the request once instead of letting it wait for its
+//! timeout.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use reqwest::header::{HeaderName, HeaderValue};
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage, RequestId};
 use rmcp::transport::common::client_side_sse::BoxedSseResponse;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
@@ -66,6 +71,49 @@ fn take_scope_token(message: &mut ClientJsonRpcMessage) -> Option<String> {
     }
 }
 
+/// The id of a request message (`None` for notifications and answers).
+fn request_id(message: &ClientJsonRpcMessage) -> Option<RequestId> {
+    match message {
+        JsonRpcMessage::Request(request) => Some(request.id.clone()),
+        _ => None,
+    }
+}
+
+/// `response` to a request sent in a session, with the server's refusal of
+/// that session reported as rmcp's `SessionExpired`.
+///
+/// rmcp re-initializes the session and retries the request once when a POST
+/// in a session is answered 404, the MCP spec's answer to an unknown
+/// `Mcp-Session-Id`. Some servers answer 400 with a JSON-RPC error that
+/// carries no id instead (server-everything, the reference servers' example,
+/// does after a restart); rmcp cannot match such an error to the request and
+/// drops it, so the call would wait for its timeout. A request in a session
+/// answered with an error for no request (or for another one) was refused
+/// before the server read it, which for a well-formed request means the
+/// session: it is reported as the 404 it stands for.
+fn session_refused<E: std::error::Error + Send + Sync + 'static>(
+    request: Option<RequestId>,
+    in_session: bool,
+    response: Result<StreamableHttpPostResponse, StreamableHttpError<E>>,
+) -> Result<StreamableHttpPostResponse, StreamableHttpError<E>> {
+    let Some(request) = request.filter(|_| in_session) else {
+        return response;
+    };
+    match response {
+        Ok(StreamableHttpPostResponse::Json(JsonRpcMessage::Error(error), _))
+            if error.id.as_ref() != Some(&request) =>
+        {
+            tracing::debug!(
+                "the MCP server refused the session ({}: {}); re-initializing",
+                error.error.code.0,
+                error.error.message
+            );
+            Err(StreamableHttpError::SessionExpired)
+        }
+        other => other,
+    }
+}
+
 impl<C: StreamableHttpClient + Sync> StreamableHttpClient for ScopedClient<C> {
     type Error = C::Error;
 
@@ -78,9 +126,12 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for ScopedClient<C> {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
         let auth = take_scope_token(&mut message).or(auth_header);
-        self.inner
+        let (id, in_session) = (request_id(&message), session_id.is_some());
+        let response = self
+            .inner
             .post_message(uri, message, session_id, auth, custom_headers)
-            .await
+            .await;
+        session_refused(id, in_session, response)
     }
 
     async fn post_message_with_max_sse_event_size(
@@ -93,7 +144,9 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for ScopedClient<C> {
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
         let auth = take_scope_token(&mut message).or(auth_header);
-        self.inner
+        let (id, in_session) = (request_id(&message), session_id.is_some());
+        let response = self
+            .inner
             .post_message_with_max_sse_event_size(
                 uri,
                 message,
@@ -102,7 +155,8 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for ScopedClient<C> {
                 custom_headers,
                 max_sse_event_size,
             )
-            .await
+            .await;
+        session_refused(id, in_session, response)
     }
 
     async fn post_message_with_response_limits(
@@ -115,7 +169,9 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for ScopedClient<C> {
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
         let auth = take_scope_token(&mut message).or(auth_header);
-        self.inner
+        let (id, in_session) = (request_id(&message), session_id.is_some());
+        let response = self
+            .inner
             .post_message_with_response_limits(
                 uri,
                 message,
@@ -124,7 +180,8 @@ impl<C: StreamableHttpClient + Sync> StreamableHttpClient for ScopedClient<C> {
                 custom_headers,
                 limits,
             )
-            .await
+            .await;
+        session_refused(id, in_session, response)
     }
 
     async fn delete_session(
@@ -188,6 +245,50 @@ mod tests {
             RequestId::Number(1),
             ClientRequest::CallToolRequest(CallToolRequest::new(params)),
         ))
+    }
+
+    type Answer = Result<StreamableHttpPostResponse, StreamableHttpError<std::io::Error>>;
+
+    fn error_answer(id: Option<RequestId>) -> Answer {
+        let message: rmcp::model::ServerJsonRpcMessage = serde_json::from_value(match id {
+            Some(id) => serde_json::json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32000, "message": "no"}}),
+            None => serde_json::json!({"jsonrpc": "2.0", "error": {"code": -32000, "message": "Bad Request: No valid session ID provided"}}),
+        })
+        .unwrap();
+        Ok(StreamableHttpPostResponse::Json(message, None))
+    }
+
+    fn is_expired(answer: &Answer) -> bool {
+        matches!(answer, Err(StreamableHttpError::SessionExpired))
+    }
+
+    #[test]
+    fn an_error_for_no_request_in_a_session_is_a_refused_session() {
+        let id = Some(RequestId::Number(7));
+        assert!(is_expired(&session_refused(
+            id.clone(),
+            true,
+            error_answer(None)
+        )));
+        assert!(is_expired(&session_refused(
+            id.clone(),
+            true,
+            error_answer(Some(RequestId::Number(8)))
+        )));
+        // The server's answer to the request itself is the call's result.
+        assert!(!is_expired(&session_refused(
+            id.clone(),
+            true,
+            error_answer(id.clone())
+        )));
+        // Without a session (initialize) or without a request (a
+        // notification) there is no session to renew.
+        assert!(!is_expired(&session_refused(id, false, error_answer(None))));
+        assert!(!is_expired(&session_refused(
+            None,
+            true,
+            error_answer(None)
+        )));
     }
 
     #[test]

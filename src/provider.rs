@@ -283,6 +283,17 @@ pub struct KeySource {
     // A plain lock: it is held only to copy a short string, never across an
     // await.
     key: RwLock<Option<String>>,
+    env: Env,
+}
+
+/// Where variables are read from: the process environment in production; a
+/// map in tests, which must not change the process's (tests run in
+/// parallel).
+pub type Env = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// The process environment.
+pub fn process_env() -> Env {
+    Arc::new(|var: &str| std::env::var(var).ok())
 }
 
 impl KeySource {
@@ -291,6 +302,7 @@ impl KeySource {
         Self {
             var: None,
             key: RwLock::new(None),
+            env: process_env(),
         }
     }
 
@@ -299,18 +311,31 @@ impl KeySource {
         Self {
             var: None,
             key: RwLock::new(Some(key.into())),
+            env: process_env(),
         }
     }
 
-    /// The key held by `var`, which must be set and non-empty.
+    /// The key held by `var` in the process environment, which must be set
+    /// and non-empty.
     pub fn from_env(var: &str, provider: ProviderKind) -> Result<Self, ProviderConfigError> {
-        let key = read_env(var).ok_or_else(|| ProviderConfigError::MissingKey {
+        Self::from_var(var, provider, process_env())
+    }
+
+    /// The key held by `var` in `env`, which must be set and non-empty;
+    /// [`KeySource::reload`] reads `env` again.
+    pub fn from_var(
+        var: &str,
+        provider: ProviderKind,
+        env: Env,
+    ) -> Result<Self, ProviderConfigError> {
+        let key = read_env(&env, var).ok_or_else(|| ProviderConfigError::MissingKey {
             var: var.to_owned(),
             provider,
         })?;
         Ok(Self {
             var: Some(var.to_owned()),
             key: RwLock::new(Some(key)),
+            env,
         })
     }
 
@@ -330,7 +355,8 @@ impl KeySource {
         let Some(var) = &self.var else {
             return Err("the key does not come from an environment variable".into());
         };
-        let key = read_env(var).ok_or_else(|| format!("environment variable {var} is not set"))?;
+        let key = read_env(&self.env, var)
+            .ok_or_else(|| format!("environment variable {var} is not set"))?;
         *self.key.write().unwrap_or_else(|p| p.into_inner()) = Some(key);
         Ok(())
     }
@@ -347,9 +373,8 @@ impl fmt::Debug for KeySource {
     }
 }
 
-fn read_env(var: &str) -> Option<String> {
-    std::env::var(var)
-        .ok()
+fn read_env(env: &Env, var: &str) -> Option<String> {
+    env(var)
         .map(|k| k.trim().to_owned())
         .filter(|k| !k.is_empty())
 }
@@ -485,6 +510,14 @@ fn key_header(
 /// the first request: the values, the key variable, the HTTP client. HTTP
 /// providers come wrapped in a [`RetryingProvider`] with the §11 policy.
 pub fn build_provider(route: &RouteConfig) -> Result<Arc<dyn Provider>, ProviderConfigError> {
+    build_provider_with_env(route, process_env())
+}
+
+/// [`build_provider`], reading key variables from `env`.
+pub fn build_provider_with_env(
+    route: &RouteConfig,
+    env: Env,
+) -> Result<Arc<dyn Provider>, ProviderConfigError> {
     route.validate()?;
     match route.provider {
         ProviderKind::Scripted => {
@@ -496,7 +529,7 @@ pub fn build_provider(route: &RouteConfig) -> Result<Arc<dyn Provider>, Provider
         }
         ProviderKind::Openai | ProviderKind::Anthropic => {
             let keys = Arc::new(match route.effective_api_key_env() {
-                Some(var) => KeySource::from_env(var, route.provider)?,
+                Some(var) => KeySource::from_var(var, route.provider, env)?,
                 None => KeySource::none(),
             });
             let endpoint = Endpoint {

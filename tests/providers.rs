@@ -423,6 +423,28 @@ fn built(route: &RouteConfig) -> Arc<dyn Provider> {
     build_provider(route).unwrap()
 }
 
+/// Variables for key lookups, kept out of the process environment (tests
+/// run in parallel and must not change it).
+#[derive(Clone, Default)]
+struct FakeEnv(Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>);
+
+impl FakeEnv {
+    fn set(&self, var: &str, value: &str) {
+        self.0.lock().unwrap().insert(var.into(), value.into());
+    }
+
+    fn env(&self) -> overseer::provider::Env {
+        let vars = self.0.clone();
+        Arc::new(move |var: &str| vars.lock().unwrap().get(var).cloned())
+    }
+}
+
+/// [`built`], with key variables read from `env`.
+fn built_with(route: &RouteConfig, env: &FakeEnv) -> Arc<dyn Provider> {
+    crypto();
+    overseer::provider::build_provider_with_env(route, env.env()).unwrap()
+}
+
 fn endpoint(kind: ProviderKind, server: &TestServer) -> Endpoint {
     endpoint_at(kind, &server.base)
 }
@@ -580,7 +602,8 @@ async fn openai_streams_text_deltas_as_they_arrive_with_usage() {
 #[tokio::test]
 async fn anthropic_streams_text_deltas_as_they_arrive_with_usage() {
     let var = "OVERSEER_TEST_ANTHROPIC_TEXT_KEY";
-    std::env::set_var(var, "sk-ant-text");
+    let env = FakeEnv::default();
+    env.set(var, "sk-ant-text");
     let go = Arc::new(Notify::new());
     let gate = go.clone();
     let server = TestServer::start(move |_, _| {
@@ -603,7 +626,7 @@ async fn anthropic_streams_text_deltas_as_they_arrive_with_usage() {
     let mut route = route(ProviderKind::Anthropic, &server);
     route.api_key_env = Some(var.into());
     route.max_tokens = Some(1024);
-    let provider = built(&route);
+    let provider = built_with(&route, &env);
     let mut stream = provider.stream(hello()).await.unwrap();
     assert_eq!(
         next_event(&mut stream).await,
@@ -1055,7 +1078,8 @@ async fn a_401_rereads_the_key_from_the_environment_once() {
             "OVERSEER_TEST_ANTHROPIC_ROTATED_KEY",
         ),
     ] {
-        std::env::set_var(var, "old-key");
+        let env = FakeEnv::default();
+        env.set(var, "old-key");
         let server = TestServer::start(move |_, headers| {
             let key = match kind {
                 ProviderKind::Openai => headers
@@ -1083,16 +1107,16 @@ async fn a_401_rereads_the_key_from_the_environment_once() {
         let mut route = route(kind, &server);
         route.api_key_env = Some(var.into());
         // The key is read at start-up...
-        let provider = built(&route);
+        let provider = built_with(&route, &env);
         // ...and rotated afterwards: the first request still uses the old one.
-        std::env::set_var(var, "new-key");
+        env.set(var, "new-key");
         let items = collect(provider.as_ref(), hello()).await;
         assert_eq!(text_of(&items), "welcome back", "{kind}: {items:?}");
         assert_eq!(server.count(), 2, "{kind}");
 
         // A key that stays wrong is re-read once only, then reported.
-        std::env::set_var(var, "still-wrong");
-        let provider = built(&route);
+        env.set(var, "still-wrong");
+        let provider = built_with(&route, &env);
         let items = collect(provider.as_ref(), hello()).await;
         assert!(
             matches!(items.as_slice(), [Err(ProviderError::Auth(m))] if m.contains("invalid x-api-key")),

@@ -22,6 +22,8 @@ pub const LEDGER_ENV: &str = "OVERSEER_TEST_LEDGER";
 #[derive(Debug, Clone)]
 pub struct LedgerAppend {
     spec: ToolSpec,
+    /// The file; `None` reads [`LEDGER_ENV`] at each call.
+    path: Option<PathBuf>,
 }
 
 impl LedgerAppend {
@@ -50,7 +52,15 @@ impl LedgerAppend {
         .with_approval(true)
         .with_timeout(10)
         .idempotent(false);
-        Self { spec }
+        Self { spec, path: None }
+    }
+
+    /// The tool appending to `path` (the environment is not read).
+    pub fn at(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: Some(path.into()),
+            ..Self::new()
+        }
     }
 }
 
@@ -76,8 +86,10 @@ impl Tool for LedgerAppend {
         if entry.contains(['\n', '\r']) {
             return Err(ToolError::new("'entry' must be a single line"));
         }
-        let path = std::env::var_os(LEDGER_ENV)
-            .map(PathBuf::from)
+        let path = self
+            .path
+            .clone()
+            .or_else(|| std::env::var_os(LEDGER_ENV).map(PathBuf::from))
             .ok_or_else(|| ToolError::new(format!("{LEDGER_ENV} is not set")))?;
         let line = format!("{} {entry}\n", ctx.idempotency_key);
         // File I/O and fsync block: keep them off the async workers.
@@ -132,9 +144,7 @@ mod tests {
     async fn appends_one_line_per_call_and_refuses_multi_line_entries() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger");
-        // The variable is process-wide: no other unit test reads it.
-        std::env::set_var(LEDGER_ENV, &path);
-        let tool = LedgerAppend::new();
+        let tool = LedgerAppend::at(&path);
         tool.call(ctx("k1"), json!({"entry": "one"})).await.unwrap();
         tool.call(ctx("k1"), json!({"entry": "one"})).await.unwrap();
         assert!(tool

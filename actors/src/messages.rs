@@ -37,9 +37,10 @@ pub enum SessionMsg {
     /// The live actor of one of this session's children, spawned (under this
     /// actor's supervision) from its checkpoint if it is not live. Children
     /// are never activated anywhere else.
+    /// The answer says whether the actor was spawned now (an activation).
     ActivateChild(
         SessionId,
-        RpcReplyPort<Result<ActorRef<SessionMsg>, SessionError>>,
+        RpcReplyPort<Result<(ActorRef<SessionMsg>, bool), SessionError>>,
     ),
     /// An event of provider stream `attempt`.
     Provider {
@@ -110,10 +111,11 @@ pub enum ToolCallMsg {
 /// Messages of the orchestrator.
 pub enum OrchestratorMsg {
     /// Start the actor of a checkpointed root session (or return the live
-    /// one). Child sessions are refused: only their parent spawns them.
+    /// one; the answer says whether it was spawned now). Child sessions are
+    /// refused: only their parent spawns them.
     Spawn(
         Box<Session>,
-        RpcReplyPort<Result<ActorRef<SessionMsg>, SessionError>>,
+        RpcReplyPort<Result<(ActorRef<SessionMsg>, bool), SessionError>>,
     ),
     /// Respawn a failed session from its last checkpoint (sent after backoff).
     Restart {

@@ -126,7 +126,7 @@ impl OrchestratorState {
         &mut self,
         myself: &ActorRef<OrchestratorMsg>,
         session: Session,
-    ) -> Result<ActorRef<SessionMsg>, SessionError> {
+    ) -> Result<(ActorRef<SessionMsg>, bool), SessionError> {
         let id = session.header.id;
         if session.header.parent.is_some() {
             return Err(SessionError::Invalid(format!(
@@ -134,7 +134,7 @@ impl OrchestratorState {
             )));
         }
         if let Some(live) = self.runtime.live.get(&id) {
-            return Ok(live.clone());
+            return Ok((live.clone(), false));
         }
         let args = SessionArgs {
             session,
@@ -145,7 +145,7 @@ impl OrchestratorState {
             Ok((actor, _)) => {
                 self.by_actor.insert(actor.get_id(), id);
                 self.runtime.live.insert(id, actor.clone());
-                Ok(actor)
+                Ok((actor, true))
             }
             Err(e) => Err(SessionError::Unavailable {
                 id,

@@ -218,10 +218,11 @@ impl Runtime {
 
     /// Starts the actor of a checkpointed root session (through the
     /// orchestrator, which guarantees one actor per id).
+    /// Also says whether the actor was spawned now (it may have been live).
     pub(crate) async fn spawn_root(
         &self,
         session: Session,
-    ) -> Result<ActorRef<SessionMsg>, SessionError> {
+    ) -> Result<(ActorRef<SessionMsg>, bool), SessionError> {
         let id = session.header.id;
         match self
             .orchestrator()?
@@ -269,13 +270,17 @@ impl Runtime {
                 status: stored.header.status,
             });
         }
-        let activated = match stored.header.parent.as_ref().map(|p| p.session_id) {
+        let (actor, spawned) = match stored.header.parent.as_ref().map(|p| p.session_id) {
             Some(parent) => self.activate_child(id, parent).await?,
             None => self.spawn_root(Session::from_stored(stored)).await?,
         };
-        self.metrics.activations.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(crate::metrics::SESSION_ACTIVATIONS_TOTAL).increment(1);
-        Ok(activated)
+        // Racing requests each load the session; only the one whose load
+        // became the actor counts.
+        if spawned {
+            self.metrics.activations.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(crate::metrics::SESSION_ACTIVATIONS_TOTAL).increment(1);
+        }
+        Ok(actor)
     }
 
     /// Activates a child through its parent's actor (activating the parent,
@@ -285,7 +290,7 @@ impl Runtime {
         &self,
         id: SessionId,
         parent: SessionId,
-    ) -> Result<ActorRef<SessionMsg>, SessionError> {
+    ) -> Result<(ActorRef<SessionMsg>, bool), SessionError> {
         for _ in 0..2 {
             let parent_ref = match Box::pin(self.activate(parent)).await {
                 Ok(r) => r,

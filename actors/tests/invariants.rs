@@ -653,3 +653,46 @@ async fn deciding_a_decided_call_again_is_a_conflict() {
     assert_eq!(err, SessionError::AlreadyDecided(vec![call]));
     assert_eq!(h.echo_runs.load(Ordering::SeqCst), 1);
 }
+
+// ---- one live actor per session ------------------------------------------------
+
+/// Many requests racing to a session that lives only on disk activate it
+/// once: one actor, every request answered by it.
+#[tokio::test(start_paused = true)]
+async fn concurrent_requests_to_a_hibernated_session_activate_one_actor() {
+    let h = harness_cfg(
+        agent(&["echo"]),
+        scripted(echo_then_answer()),
+        hibernating(10),
+    )
+    .await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    poll(
+        "the session to hibernate",
+        Duration::from_secs(1),
+        || async { (!h.ov.runtime().live.contains_key(&id)).then_some(()) },
+    )
+    .await;
+    let before = h.ov.runtime().metrics.activations.load(Ordering::Relaxed);
+    let reads = (0..32).map(|i| {
+        let ov = h.ov.clone();
+        async move {
+            // Reads and writes alike: a queued message each.
+            ov.send_message(id, format!("message {i}")).await
+        }
+    });
+    for r in futures::future::join_all(reads).await {
+        r.unwrap();
+    }
+    let after = h.ov.runtime().metrics.activations.load(Ordering::Relaxed);
+    assert_eq!(after - before, 1, "one activation for 32 racing requests");
+    assert_eq!(
+        h.ov.runtime()
+            .live
+            .iter()
+            .filter(|e| *e.key() == id)
+            .count(),
+        1
+    );
+}

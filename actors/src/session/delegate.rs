@@ -332,7 +332,7 @@ impl SessionState {
         &mut self,
         myself: &ActorRef<SessionMsg>,
         child: SessionId,
-        reply: RpcReplyPort<Result<ActorRef<SessionMsg>, SessionError>>,
+        reply: RpcReplyPort<Result<(ActorRef<SessionMsg>, bool), SessionError>>,
     ) {
         if self.draining {
             // Dropping the port tells the caller we are going: it waits for
@@ -344,8 +344,9 @@ impl SessionState {
             let _ = reply.send(Err(SessionError::NotFound(child)));
             return;
         }
+        let was_live = self.live_child(child).is_some();
         let answer = match self.resume_child(myself, child, false).await {
-            Ok(Some(actor)) => Ok(actor),
+            Ok(Some(actor)) => Ok((actor, !was_live)),
             // It had finished: its result is on its way to us.
             Ok(None) => Err(SessionError::Terminal {
                 id: child,

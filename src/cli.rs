@@ -12,6 +12,7 @@
 
 mod client;
 mod serve;
+mod store;
 mod tools;
 
 use std::collections::HashMap;
@@ -79,6 +80,8 @@ pub enum Command {
     /// List every configured tool (built-ins, http tools, MCP servers' tools)
     /// with its approval default and the agents that have it.
     Tools(tools::ToolsArgs),
+    /// Offline maintenance of a store directory (`store check DIR`).
+    Store(store::StoreArgs),
 }
 
 /// Arguments of `overseer run`.
@@ -236,6 +239,9 @@ pub enum CliError {
     /// `--resume` names a session that has no turn to continue.
     #[error("session {0} is pending: it has no message yet, so there is no turn to resume")]
     NothingToResume(SessionId),
+    /// `overseer store`.
+    #[error(transparent)]
+    StoreCommand(#[from] store::StoreCliError),
     /// `OVERSEER_FAULT` is malformed (only with the `fault-injection` feature).
     #[cfg(feature = "fault-injection")]
     #[error("fault injection: {0}")]
@@ -265,6 +271,7 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
         Command::Sessions(args) => client::sessions(args),
         Command::Token(args) => serve::token(args),
         Command::Tools(args) => tools::list(args),
+        Command::Store(args) => Ok(store::run(args)?),
     }
 }
 
@@ -367,12 +374,12 @@ async fn run_session(
     mode: ApproveMode,
 ) -> Result<(), CliError> {
     let dir = config.store.data_dir.clone();
-    let durability = config.store.durability;
+    let options = config.store.options();
     let open_dir = dir.clone();
     let data_dir = dir.clone();
     // sled opens (and may recover) files synchronously: keep it off the
     // async workers.
-    let store = tokio::task::spawn_blocking(move || SledStore::open(&open_dir, durability))
+    let store = tokio::task::spawn_blocking(move || SledStore::open_with(&open_dir, &options))
         .await
         .map_err(|e| CliError::Store {
             dir: dir.clone(),

@@ -26,7 +26,7 @@ use overseer_actors::tool::ToolRegistry;
 use overseer_actors::RuntimeConfig;
 
 use crate::provider::{ProviderKind as RouteKind, RouteConfig};
-use crate::store::Durability;
+use crate::store::{Durability, StoreOptions, DEFAULT_CACHE_MB, MAX_CACHE_MB};
 use crate::tools::http_request::HttpRequestConfig;
 use crate::tools::http_tool::HttpToolConfig;
 use crate::tools::mcp::McpServerConfig;
@@ -168,6 +168,9 @@ pub struct StoreSection {
     /// Flush policy of checkpoints.
     #[serde(default)]
     pub durability: Durability,
+    /// Most memory sled's page cache may hold, MiB.
+    #[serde(default = "default_cache_mb")]
+    pub cache_mb: u64,
 }
 
 impl Default for StoreSection {
@@ -175,8 +178,23 @@ impl Default for StoreSection {
         Self {
             data_dir: default_data_dir(),
             durability: Durability::default(),
+            cache_mb: default_cache_mb(),
         }
     }
+}
+
+impl StoreSection {
+    /// How the store is opened.
+    pub fn options(&self) -> StoreOptions {
+        StoreOptions {
+            durability: self.durability,
+            cache_mb: self.cache_mb,
+        }
+    }
+}
+
+fn default_cache_mb() -> u64 {
+    DEFAULT_CACHE_MB
 }
 
 /// `[runtime]`: supervision and timing (§10).
@@ -483,6 +501,7 @@ pub struct LoadOptions {
 pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("OVERSEER_DATA_DIR", "store.data_dir"),
     ("OVERSEER_DURABILITY", "store.durability"),
+    ("OVERSEER_STORE_CACHE_MB", "store.cache_mb"),
     ("OVERSEER_MAX_RESTARTS", "runtime.max_restarts"),
     (
         "OVERSEER_RESTART_WINDOW_SECS",
@@ -565,6 +584,15 @@ impl Config {
         let mut out = Vec::new();
         if self.store.data_dir.as_os_str().is_empty() {
             out.push(Problem::new("store.data_dir", "must not be empty"));
+        }
+        if !(1..=MAX_CACHE_MB).contains(&self.store.cache_mb) {
+            out.push(Problem::new(
+                "store.cache_mb",
+                format!(
+                    "must be between 1 and {MAX_CACHE_MB} (MiB), found {}",
+                    self.store.cache_mb
+                ),
+            ));
         }
         let at_least_one = [
             (
@@ -696,6 +724,13 @@ impl Config {
             "OVERSEER_DURABILITY",
             false,
             &mut self.store.durability,
+            &mut problems,
+        );
+        env_value(
+            &get,
+            "OVERSEER_STORE_CACHE_MB",
+            true,
+            &mut self.store.cache_mb,
             &mut problems,
         );
         env_value(
@@ -1124,7 +1159,7 @@ mod tests {
         assert!(parse_err("bogus = 1\n").contains("bogus: unknown key"));
         let e = parse_err("[store]\nbogus = 1\n");
         assert!(
-            e.contains("store.bogus: unknown key, expected one of data_dir, durability"),
+            e.contains("store.bogus: unknown key, expected one of data_dir, durability, cache_mb"),
             "{e}"
         );
         let e = parse_err("[[agents]]\nname = \"a\"\ncolour = \"red\"\n");
@@ -1218,6 +1253,46 @@ mod tests {
             e.contains(
                 "OVERSEER_CALL_TIMEOUT_SECS (runtime.call_timeout_secs): expected an integer"
             ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn store_cache_mb_is_validated_and_reaches_the_store_options() {
+        let c = load_text(MINIMAL, no_env).unwrap();
+        assert_eq!(c.store.cache_mb, DEFAULT_CACHE_MB);
+        assert_eq!(c.store.options().cache_mb, DEFAULT_CACHE_MB);
+        let c = load_text(&format!("[store]\ncache_mb = 256\n{MINIMAL}"), no_env).unwrap();
+        assert_eq!(c.store.options().cache_mb, 256);
+
+        for bad in ["0", "65537"] {
+            let e = load_text(&format!("[store]\ncache_mb = {bad}\n{MINIMAL}"), no_env)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!(
+                    "store.cache_mb: must be between 1 and 65536 (MiB), found {bad}"
+                )),
+                "{e}"
+            );
+        }
+        let e = parse_err("[store]\ncache_mb = -5\n");
+        assert!(e.contains("store.cache_mb: invalid value"), "{e}");
+        let e = parse_err("[store]\ncache_mb = \"lots\"\n");
+        assert!(e.contains("store.cache_mb: invalid type"), "{e}");
+
+        let env = |var: &str| match var {
+            "OVERSEER_STORE_CACHE_MB" => Some(OsString::from("32")),
+            _ => None,
+        };
+        assert_eq!(load_text(MINIMAL, env).unwrap().store.cache_mb, 32);
+        let env = |var: &str| match var {
+            "OVERSEER_STORE_CACHE_MB" => Some(OsString::from("big")),
+            _ => None,
+        };
+        let e = load_text(MINIMAL, env).unwrap_err().to_string();
+        assert!(
+            e.contains("OVERSEER_STORE_CACHE_MB (store.cache_mb): expected an integer"),
             "{e}"
         );
     }

@@ -163,9 +163,9 @@ pub async fn start(
     provider: Arc<dyn Provider>,
 ) -> Result<(Overseer, SledStore), ServiceError> {
     let dir = config.store.data_dir.clone();
-    let durability = config.store.durability;
+    let options = config.store.options();
     // Opening sled reads and replays its log: blocking work.
-    let opened = tokio::task::spawn_blocking(move || SledStore::open(&dir, durability))
+    let opened = tokio::task::spawn_blocking(move || SledStore::open_with(&dir, &options))
         .await
         .map_err(|e| ServiceError::Store {
             dir: config.store.data_dir.display().to_string(),

@@ -11,13 +11,22 @@
 //! | `tenants`    | tenant bytes ‖ 0x00 ‖ id         | empty                         |
 //! | `active`     | id                               | empty (`running`, `awaiting_approval`) |
 //! | `blobs`      | sha256 hex of a tool result      | the result JSON (> 64 KiB)    |
-//! | `meta`       | `format_version`                 | big-endian u32                |
+//! | `meta`       | `format_version`, `commit_seq`, `health_check` | big-endian u32, u64; a nonce |
+//!
+//! plus, beside the database, `overseer.commit`: the number of the last group
+//! of checkpoints a flush confirmed (`sidecar`), checked at every open so that
+//! a database that lost confirmed checkpoints (its files damaged or replaced,
+//! which sled does not notice) is refused, not served. Opening turns sled's
+//! panics on damaged files into one-line errors naming the directory (`open`).
 //!
 //! and the durability machinery: checkpoints are applied on a dedicated writer
 //! thread, in groups, and under [`Durability::Fsync`] confirmed only after a
 //! flush that concurrent checkpoints share (group commit, see `group_commit`;
 //! what a flush does to be power-loss safe on top of sled's own, see
-//! `durable`). Encoding is in `codec`.
+//! `durable`). After a failed write or flush (a full disk) the writer reopens
+//! the directory on its own and the store takes writes again once the disk
+//! does (`group_commit`, `gate`). Encoding is in `codec`; the offline
+//! verification of `overseer store check` in `check`.
 //!
 //! Atomicity without sled transactions: the session's header in `sessions` is
 //! the commit record of its checkpoint. Everything else a checkpoint writes
@@ -29,16 +38,26 @@
 //! the header), never miss one. A crash between the two leaves only such
 //! invisible rows, which the session's next checkpoint overwrites (same keys).
 //!
+//! Memory: sled's page cache is bounded by [`StoreOptions::cache_mb`]
+//! (`[store] cache_mb`); the writer remembers the header state of sessions in
+//! use only (a terminal one is forgotten, and the whole is bounded). Nothing
+//! here grows with the number of sessions ever stored.
+//!
 //! It deliberately owns no session semantics: what goes into a checkpoint, and
 //! when, is decided by `overseer-actors`; this module stores it and reads it
 //! back exactly. Retention (purging old sessions and unreferenced blobs) is not
 //! here yet.
 
+mod check;
 mod codec;
 mod durable;
+mod gate;
 mod group_commit;
+mod open;
+mod sidecar;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use overseer_actors::model::{Event, SessionHeader, SessionId, SessionStatus};
@@ -47,13 +66,23 @@ use overseer_actors::store::{
 };
 use tokio::sync::oneshot;
 
+pub use check::{check, CheckReport};
+pub use open::OpenError;
+
 use codec::corrupt;
-use group_commit::{Command, GroupCommit, Trees};
+use gate::Gate;
+use group_commit::{Command, GroupCommit, Shared};
+use open::{Purpose, Trees};
 
 /// The layout version of the trees above (not the snapshot `schema_version`,
 /// which versions the JSON inside them).
 const FORMAT_VERSION: u32 = 1;
 const FORMAT_KEY: &[u8] = b"format_version";
+
+/// The default of [`StoreOptions::cache_mb`] (`[store] cache_mb`).
+pub const DEFAULT_CACHE_MB: u64 = 64;
+/// The largest [`StoreOptions::cache_mb`] accepted: 64 GiB.
+pub const MAX_CACHE_MB: u64 = 64 * 1024;
 
 /// When `checkpoint` returns (§9, `durability` in the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -69,6 +98,32 @@ pub enum Durability {
     Os,
 }
 
+/// How a store is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// When a checkpoint is confirmed.
+    pub durability: Durability,
+    /// The most memory, in MiB, sled's page cache may hold (sled's own
+    /// default is 1 GiB). Reads of sessions not in it go to the disk (and
+    /// the OS's page cache). Between 1 and [`MAX_CACHE_MB`].
+    pub cache_mb: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::default(),
+            cache_mb: DEFAULT_CACHE_MB,
+        }
+    }
+}
+
+impl StoreOptions {
+    fn cache_bytes(&self) -> u64 {
+        self.cache_mb.clamp(1, MAX_CACHE_MB) * 1024 * 1024
+    }
+}
+
 /// The sled checkpoint store. Cloning is cheap and shares the database.
 #[derive(Clone)]
 pub struct SledStore {
@@ -76,9 +131,7 @@ pub struct SledStore {
 }
 
 struct Inner {
-    trees: Trees,
-    path: PathBuf,
-    durability: Durability,
+    shared: Arc<Shared>,
     // Dropping it joins the writer and flusher threads, which hold database
     // handles of their own: once the last `SledStore` is dropped, the
     // directory is closed (and its lock released), so it can be reopened at
@@ -89,8 +142,8 @@ struct Inner {
 impl std::fmt::Debug for SledStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SledStore")
-            .field("path", &self.inner.path)
-            .field("durability", &self.inner.durability)
+            .field("path", &self.inner.shared.dir)
+            .field("options", &self.inner.shared.options)
             .finish_non_exhaustive()
     }
 }
@@ -99,62 +152,40 @@ fn io(context: impl std::fmt::Display, e: impl std::fmt::Display) -> StoreError 
     StoreError::Io(format!("{context}: {e}"))
 }
 
-/// Opens sled, waiting briefly while the directory's lock is still held: a
-/// store dropped a moment ago in this process (a restart, a test) releases it
-/// only when sled's background flusher thread has exited.
-fn open_retrying(config: &sled::Config) -> sled::Result<sled::Db> {
-    let mut tries = 0;
-    loop {
-        match config.open() {
-            // sled reports a held lock as a plain `Other` error with this text.
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock") && tries < 60 =>
-            {
-                tries += 1;
-                std::thread::sleep(std::time::Duration::from_millis(50));
-            }
-            other => return other,
-        }
-    }
-}
-
 impl SledStore {
-    /// Opens (creating if needed) the store in `dir`. Blocking; call at start-up.
-    ///
-    /// A directory written by a newer layout version is refused, untouched.
+    /// Opens (creating if needed) the store in `dir` with the default
+    /// options but `durability`. Blocking; call at start-up.
     pub fn open(dir: &Path, durability: Durability) -> Result<Self, StoreError> {
-        let mut config = sled::Config::new().path(dir);
-        if durability == Durability::Fsync {
-            // Every checkpoint is flushed explicitly; a periodic flush on
-            // top would only compete with the group commit for the disk.
-            config = config.flush_every_ms(None);
-        }
-        let db = open_retrying(&config)
-            .map_err(|e| io(format_args!("opening the store in {}", dir.display()), e))?;
-        check_format(&db, dir)?;
-        let open = |name: &str| {
-            db.open_tree(name)
-                .map_err(|e| io(format_args!("opening tree {name} in {}", dir.display()), e))
-        };
-        let trees = Trees {
-            sessions: open("sessions")?,
-            transcript: open("transcript")?,
-            events: open("events")?,
-            tenants: open("tenants")?,
-            active: open("active")?,
-            blobs: open("blobs")?,
-            db: db.clone(),
-            #[cfg(test)]
-            drop_headers: Arc::default(),
-        };
-        let commit = GroupCommit::start(trees.clone(), dir, durability)?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                trees,
-                path: dir.to_owned(),
+        Self::open_with(
+            dir,
+            &StoreOptions {
                 durability,
-                commit,
-            }),
+                ..StoreOptions::default()
+            },
+        )
+    }
+
+    /// Opens (creating if needed) the store in `dir`. Blocking; call at
+    /// start-up.
+    ///
+    /// Refused, each with a one-line error naming the directory: a directory
+    /// written by a newer layout version (left untouched); one another
+    /// process holds open; one whose files sled cannot read (sled's panic
+    /// is caught); and one that holds fewer checkpoints than were confirmed
+    /// durable (see [`OpenError`]).
+    pub fn open_with(dir: &Path, options: &StoreOptions) -> Result<Self, StoreError> {
+        let opened = open::open(dir, options, Purpose::Serve)?;
+        let generation = Arc::new(opened.generation);
+        let shared = Arc::new(Shared {
+            dir: dir.to_owned(),
+            options: *options,
+            gate: Gate::new(dir.to_owned(), generation.clone()),
+            flushes: Default::default(),
+            full: Default::default(),
+        });
+        let commit = GroupCommit::start(shared.clone(), generation, opened.commit_seq)?;
+        Ok(Self {
+            inner: Arc::new(Inner { shared, commit }),
         })
     }
 
@@ -162,16 +193,31 @@ impl SledStore {
     /// concurrent load with [`Durability::Fsync`], zero with [`Durability::Os`]
     /// unless [`CheckpointStore::flush`] is called.
     pub fn flush_count(&self) -> u64 {
-        self.inner.commit.flush_count()
+        self.inner.shared.flushes.load(Ordering::Relaxed)
     }
 
     /// Bytes the database occupies on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
         self.inner
+            .shared
+            .gate
+            .get()?
             .trees
             .db
             .size_on_disk()
             .map_err(|e| io("measuring the store", e))
+    }
+
+    /// Fault injection, for tests of the recovery from a full disk: while
+    /// `full`, every flush fails with `ENOSPC` after sled has taken the
+    /// writes in memory, which is where a real full disk makes them fail
+    /// (those of checkpoints, of [`CheckpointStore::flush`] and
+    /// [`CheckpointStore::health_check`], and the store's own attempts to
+    /// take writes again), and so does the store's check that the disk takes
+    /// data again. Setting it back to `false` is space returning. Nothing but
+    /// tests calls it.
+    pub fn simulate_full_disk(&self, full: bool) {
+        self.inner.shared.full.store(full, Ordering::Release);
     }
 
     /// Runs a read on tokio's blocking pool. sled reads are usually served from
@@ -180,12 +226,15 @@ impl SledStore {
     async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&Inner) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Trees) -> Result<T, StoreError> + Send + 'static,
     {
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || f(&inner))
-            .await
-            .map_err(|e| io("store read task", e))?
+        tokio::task::spawn_blocking(move || {
+            let generation = inner.shared.gate.get()?;
+            f(&generation.trees)
+        })
+        .await
+        .map_err(|e| io("store read task", e))?
     }
 
     /// Sends a command to the writer and waits for its outcome.
@@ -202,52 +251,17 @@ impl SledStore {
             StoreError::Io(format!("the store writer stopped before confirming {what}"))
         })?
     }
-}
 
-/// Refuses a directory of a newer layout before anything is written to it,
-/// and stamps a new one with ours.
-fn check_format(db: &sled::Db, dir: &Path) -> Result<(), StoreError> {
-    let meta = db
-        .open_tree("meta")
-        .map_err(|e| io(format_args!("opening tree meta in {}", dir.display()), e))?;
-    match meta
-        .get(FORMAT_KEY)
-        .map_err(|e| io("reading the store format version", e))?
-    {
-        Some(raw) => {
-            let bytes: [u8; 4] = raw.as_ref().try_into().map_err(|_| {
-                corrupt(
-                    "meta",
-                    format!("format_version is {} bytes, expected 4", raw.len()),
-                )
-            })?;
-            let found = u32::from_be_bytes(bytes);
-            if found > FORMAT_VERSION {
-                return Err(corrupt(
-                    "meta",
-                    format!(
-                        "the store in {} has format version {found}, but this binary reads at most \
-                         {FORMAT_VERSION}; upgrade overseer to open it",
-                        dir.display()
-                    ),
-                ));
-            }
-            Ok(())
-        }
-        None => {
-            meta.insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes()[..])
-                .map_err(|e| io("writing the store format version", e))?;
-            db.flush()
-                .map_err(|e| io("writing the store format version", e))?;
-            Ok(())
-        }
+    /// The opening readers use now (tests look inside it).
+    #[cfg(test)]
+    fn current(&self) -> Arc<open::Generation> {
+        self.inner.shared.gate.get().unwrap()
     }
 }
 
-impl Inner {
+impl Trees {
     fn header(&self, id: &SessionId) -> Result<Option<SessionHeader>, StoreError> {
         match self
-            .trees
             .sessions
             .get(id.as_bytes())
             .map_err(|e| io(format_args!("reading session {id}"), e))?
@@ -269,7 +283,7 @@ impl Inner {
         let mut transcript = Vec::with_capacity(usize::try_from(len.min(4096)).unwrap_or(0));
         if len > 0 {
             let range = codec::seq_key(id, 0)..=codec::seq_key(id, len - 1);
-            for item in self.trees.transcript.range(range) {
+            for item in self.transcript.range(range) {
                 let (key, value) = item
                     .map_err(|e| io(format_args!("reading the transcript of session {id}"), e))?;
                 let expected = transcript.len() as u64;
@@ -282,8 +296,7 @@ impl Inner {
                     ));
                 }
                 let entry = codec::decode_entry(id, idx, &value, |hash| {
-                    self.trees
-                        .blobs
+                    self.blobs
                         .get(hash.as_bytes())
                         .map_err(|e| io(format_args!("reading blob {hash} of session {id}"), e))
                 })?;
@@ -320,7 +333,6 @@ impl Inner {
         // its header (they are garbage, overwritten by the next checkpoint).
         // No header, no committed events.
         let Some(bytes) = self
-            .trees
             .sessions
             .get(id.as_bytes())
             .map_err(|e| io(format_args!("reading session {id}"), e))?
@@ -337,7 +349,7 @@ impl Inner {
             return Ok(out);
         }
         let range = codec::seq_key(id, first)..=codec::seq_key(id, last);
-        for item in self.trees.events.range(range).take(limit) {
+        for item in self.events.range(range).take(limit) {
             let (key, value) =
                 item.map_err(|e| io(format_args!("reading the events of session {id}"), e))?;
             let event = serde_json::from_slice(&value).map_err(|e| {
@@ -370,12 +382,11 @@ impl Inner {
             // whose header says otherwise (a crash between a checkpoint's
             // writes) or that has no header yet; `consider` filters on the
             // header.
-            for key in self.trees.active.iter().keys() {
+            for key in self.active.iter().keys() {
                 let key = key.map_err(|e| io("reading the active index", e))?;
                 let id =
                     codec::id_from(&key).ok_or_else(|| corrupt("active index", "malformed key"))?;
                 if let Some(bytes) = self
-                    .trees
                     .sessions
                     .get(&key)
                     .map_err(|e| io(format_args!("reading session {id}"), e))?
@@ -384,7 +395,7 @@ impl Inner {
                 }
             }
         } else {
-            for item in self.trees.sessions.iter() {
+            for item in self.sessions.iter() {
                 let (key, bytes) = item.map_err(|e| io("listing sessions", e))?;
                 let id =
                     codec::id_from(&key).ok_or_else(|| corrupt("sessions", "malformed key"))?;
@@ -407,7 +418,6 @@ impl Inner {
         };
         let mut out = Vec::new();
         for key in self
-            .trees
             .tenants
             .range::<Vec<u8>, _>((start, std::ops::Bound::Unbounded))
             .keys()
@@ -457,11 +467,11 @@ impl CheckpointStore for SledStore {
     }
 
     async fn load(&self, id: SessionId) -> Result<Option<StoredSession>, StoreError> {
-        self.read(move |inner| inner.session(&id)).await
+        self.read(move |trees| trees.session(&id)).await
     }
 
     async fn load_header(&self, id: SessionId) -> Result<Option<SessionHeader>, StoreError> {
-        self.read(move |inner| inner.header(&id)).await
+        self.read(move |trees| trees.header(&id)).await
     }
 
     async fn events_after(
@@ -470,7 +480,7 @@ impl CheckpointStore for SledStore {
         after: u64,
         limit: usize,
     ) -> Result<Vec<Event>, StoreError> {
-        self.read(move |inner| inner.events_after(&id, after, limit))
+        self.read(move |trees| trees.events_after(&id, after, limit))
             .await
     }
 
@@ -479,7 +489,7 @@ impl CheckpointStore for SledStore {
         statuses: &[SessionStatus],
     ) -> Result<Vec<SessionSummary>, StoreError> {
         let statuses = statuses.to_vec();
-        self.read(move |inner| inner.by_status(&statuses)).await
+        self.read(move |trees| trees.by_status(&statuses)).await
     }
 
     async fn list_tenant(
@@ -489,7 +499,7 @@ impl CheckpointStore for SledStore {
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         let tenant = tenant.to_owned();
-        self.read(move |inner| inner.tenant(&tenant, after, limit))
+        self.read(move |trees| trees.tenant(&tenant, after, limit))
             .await
     }
 
@@ -497,45 +507,22 @@ impl CheckpointStore for SledStore {
         self.send(Command::Flush, "a flush".into()).await
     }
 
-    /// Writes a fresh value under `health_check` in `meta`, reads it back,
-    /// then flushes through the writer: that proves sled takes writes, the
-    /// writer and flusher threads are alive and the disk takes a flush,
-    /// which is what every checkpoint needs. The one small key is rewritten
-    /// in place, so the check does not grow the store. It writes outside the
-    /// writer thread, which is safe: the writer's read-then-write reasoning
-    /// covers the session trees only, never `meta`.
+    /// Has the writer write a fresh value under `health_check` in `meta`,
+    /// read it back and flush: that proves sled takes writes, the writer and
+    /// flusher threads are alive and the disk takes a flush, which is what
+    /// every checkpoint needs. The one small key is rewritten in place, so
+    /// the check does not grow the store. While the store does not take
+    /// writes (see `group_commit`) it fails at once; it succeeds again once
+    /// the store has recovered on its own.
     async fn health_check(&self) -> Result<(), StoreError> {
-        const KEY: &[u8] = b"health_check";
-        let nonce = uuid::Uuid::new_v4();
-        self.read(move |inner| {
-            let meta = inner
-                .trees
-                .db
-                .open_tree("meta")
-                .map_err(|e| io("opening tree meta", e))?;
-            meta.insert(KEY, nonce.as_bytes())
-                .map_err(|e| io("writing the health check key", e))?;
-            // Another check running at the same time may have written its
-            // own nonce in between, so any nonce reads back as success.
-            match meta
-                .get(KEY)
-                .map_err(|e| io("reading the health check key back", e))?
-            {
-                Some(v) if v.len() == nonce.as_bytes().len() => Ok(()),
-                _ => Err(corrupt(
-                    "meta",
-                    "the health check key did not read back as written",
-                )),
-            }
-        })
-        .await?;
-        self.flush().await
+        self.send(Command::Health, "a health check".into()).await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
+    use std::path::PathBuf;
 
     use overseer_actors::model::{
         AgentConfig, CallState, EventKind, ToolCallId, ToolCallRecord, TranscriptEntry, Usage,
@@ -743,7 +730,8 @@ mod tests {
             sim.events
         );
         // The large result went to `blobs`; its transcript row only names it.
-        let trees = &store.inner.trees;
+        let generation = store.current();
+        let trees = &generation.trees;
         assert_eq!(trees.blobs.len(), 1);
         let row = trees
             .transcript
@@ -771,7 +759,7 @@ mod tests {
         b.push(tool_result(big_result()));
         store.checkpoint(a.checkpoint()).await.unwrap();
         store.checkpoint(b.checkpoint()).await.unwrap();
-        assert_eq!(store.inner.trees.blobs.len(), 1);
+        assert_eq!(store.current().trees.blobs.len(), 1);
         assert_same(&store.load(a.id()).await.unwrap().unwrap(), &a);
         assert_same(&store.load(b.id()).await.unwrap().unwrap(), &b);
     }
@@ -889,7 +877,7 @@ mod tests {
         };
         let active_keys = || {
             store
-                .inner
+                .current()
                 .trees
                 .active
                 .iter()
@@ -926,7 +914,7 @@ mod tests {
         let mut raw = Sim::new("acme");
         raw.status(SessionStatus::Running);
         store
-            .inner
+            .current()
             .trees
             .sessions
             .insert(
@@ -954,7 +942,7 @@ mod tests {
         // What a newer binary would have left behind.
         {
             // The store just dropped may still hold the lock for a moment.
-            let db = open_retrying(&sled::Config::new().path(dir.path())).unwrap();
+            let db = open::open_retrying(&sled::Config::new().path(dir.path())).unwrap();
             let sessions = db.open_tree("sessions").unwrap();
             let mut header: serde_json::Value =
                 serde_json::from_slice(&sessions.get(sim.id().as_bytes()).unwrap().unwrap())
@@ -1003,7 +991,7 @@ mod tests {
         drop(open(dir.path()));
         {
             // The store just dropped may still hold the lock for a moment.
-            let db = open_retrying(&sled::Config::new().path(dir.path())).unwrap();
+            let db = open::open_retrying(&sled::Config::new().path(dir.path())).unwrap();
             db.open_tree("meta")
                 .unwrap()
                 .insert(FORMAT_KEY, &(FORMAT_VERSION + 1).to_be_bytes()[..])
@@ -1046,7 +1034,8 @@ mod tests {
         }
         store.checkpoint(sim.checkpoint()).await.unwrap();
         store.checkpoint(other.checkpoint()).await.unwrap();
-        let trees = &store.inner.trees;
+        let generation = store.current();
+        let trees = &generation.trees;
         let (transcript, events) = (trees.transcript.len(), trees.events.len());
         assert_eq!(transcript, 100);
 
@@ -1155,7 +1144,7 @@ mod tests {
         let mut fresh = Sim::new("acme");
         fresh.status(SessionStatus::Running);
         store
-            .inner
+            .current()
             .trees
             .drop_headers
             .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -1169,7 +1158,8 @@ mod tests {
             let fresh = fresh.id();
             async move {
                 // The garbage is there...
-                let trees = &store.inner.trees;
+                let generation = store.current();
+                let trees = &generation.trees;
                 assert_eq!(trees.transcript.len(), 4);
                 assert!(trees
                     .active
@@ -1228,7 +1218,7 @@ mod tests {
             store.events_after(sim.id(), 0, 100).await.unwrap(),
             sim.events
         );
-        assert_eq!(store.inner.trees.transcript.len(), 4);
+        assert_eq!(store.current().trees.transcript.len(), 4);
         assert_eq!(
             store.list_by_status(&recovery).await.unwrap(),
             vec![sim.header.clone()]

@@ -145,6 +145,8 @@ pub(super) struct Prepared {
     pub(super) schema_version: u32,
     pub(super) tenant: String,
     pub(super) active: bool,
+    /// Whether the header's status is terminal (the writer then forgets it).
+    pub(super) terminal: bool,
     pub(super) header: IVec,
     pub(super) entries: Vec<([u8; 24], IVec)>,
     pub(super) events: Vec<([u8; 24], IVec)>,
@@ -205,6 +207,7 @@ pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
         schema_version: cp.header.schema_version,
         tenant: cp.header.tenant.clone(),
         active: is_active(cp.header.status),
+        terminal: cp.header.status.is_terminal(),
         header: IVec::from(header),
         entries,
         events,

@@ -1,45 +1,80 @@
-//! Group commit: the writer and flusher threads behind [`super::SledStore`].
+//! Group commit: the writer and flusher threads behind [`super::SledStore`],
+//! and the store's recovery from write failures.
 //!
 //! Async tasks hand an encoded checkpoint to the *writer* thread and await a
 //! oneshot reply; they never touch sled's write path nor wait on a disk. The
 //! writer takes whatever is queued (up to [`MAX_GROUP`]), writes it with
 //! plain sled inserts, the `sessions` headers after everything they cover, as
 //! the commit record (see [`apply`] for why that keeps every checkpoint atomic
-//! without a sled transaction), and then either replies at once (`os`) or
-//! passes the replies to the *flusher* thread (`fsync`). The flusher takes every reply
-//! passed to it so far, flushes once, and releases them all: each of them
+//! without a sled transaction), numbers the group in `meta` (`commit_seq`,
+//! the last write), and then either replies at once (`os`) or passes the
+//! replies to the *flusher* thread (`fsync`). The flusher takes every reply
+//! passed to it so far, flushes once, records the group number it covered
+//! beside the database (`sidecar`), and releases them all: each of them
 //! belongs to a group that was applied before it was handed over, so that one
 //! flush covers them all. While it flushes, the writer applies the next
 //! groups, which the next flush covers. Nobody waits for a timer: under load,
 //! groups grow by themselves to match how long applying and flushing take.
 //!
+//! When a write or a flush fails (a full disk, an I/O error), sled 0.34
+//! refuses every later write until the database is opened again, and holds in
+//! memory writes that may never reach the disk. Whoever sees the failure
+//! closes the `gate` first (no reader sees those writes any more), then fails
+//! the callers concerned; nothing was confirmed to them, so nothing confirmed
+//! is lost. The writer then reopens the directory — sled recovers what is
+//! durable, in which each checkpoint is whole or absent — and tries a write
+//! and a flush on it. Until one goes through, every write is refused at once
+//! (readers get the reopened database meanwhile) and the writer retries with
+//! a growing delay, first checking that the disk takes a file again, so a
+//! long outage costs one small probe every few seconds.
+//!
 //! This module deliberately owns neither the encoding (`codec` prepares the
 //! bytes on the caller's side) nor reads (readers go to sled directly), nor
-//! what a flush does on disk (`durable`).
+//! what a flush does on disk (`durable`), nor opening (`open`).
 
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use overseer_actors::model::{SessionId, SCHEMA_VERSION};
 use overseer_actors::store::StoreError;
-use sled::Tree;
-use tokio::sync::oneshot;
 
-use super::codec::{self, Prepared};
-use super::durable::Durable;
-use super::Durability;
+use super::codec::{self, corrupt, Prepared};
+use super::gate::Gate;
+use super::open::{self, catch_sled_panic, Generation, OpenError, Purpose, Trees, COMMIT_KEY};
+use super::sidecar::Sidecar;
+use super::{Durability, StoreOptions};
 
 /// Most checkpoints in one group, and most bytes: bounds how long the first
 /// checkpoint of a group waits for the last to be written.
 const MAX_GROUP: usize = 256;
 const MAX_GROUP_BYTES: usize = 4 * 1024 * 1024;
 
+/// How often an idle writer looks whether the flusher saw a failure, so that
+/// recovery starts without waiting for the next write.
+const IDLE_TICK: Duration = Duration::from_millis(500);
+/// Delay before the second attempt to recover, doubled after each failed
+/// attempt up to [`MAX_BACKOFF`]. The first attempt is immediate.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long a reopen waits for readers and the flusher to let go of the
+/// failed database (sled's lock is released only then).
+const RELEASE_WAIT: Duration = Duration::from_secs(10);
+/// The file written (and removed) to see whether the disk takes data again
+/// before a database that reads fine is closed to be reopened, and its size:
+/// about what sled needs to take a write (a log segment and a snapshot).
+const SPACE_PROBE: &str = "overseer.space-probe";
+const SPACE_PROBE_BYTES: usize = 1024 * 1024;
+/// The key of `meta` the health check (and a recovery) writes.
+pub(super) const HEALTH_KEY: &[u8] = b"health_check";
+
 /// Where a caller waits for its outcome.
-pub(super) type Reply = oneshot::Sender<Result<(), StoreError>>;
+pub(super) type Reply = tokio::sync::oneshot::Sender<Result<(), StoreError>>;
 
 /// What async tasks send to the writer.
 pub(super) enum Command {
@@ -47,23 +82,57 @@ pub(super) enum Command {
     Checkpoint(Box<Prepared>, Reply),
     /// Make everything applied so far durable.
     Flush(Reply),
+    /// Write a key of `meta`, read it back, and flush: whether the store
+    /// takes writes now (`/readyz`).
+    Health(Reply),
 }
 
-/// The database and its trees, cloned (cheaply) into each thread.
-#[derive(Clone)]
-pub(super) struct Trees {
-    pub(super) db: sled::Db,
-    pub(super) sessions: Tree,
-    pub(super) transcript: Tree,
-    pub(super) events: Tree,
-    pub(super) tenants: Tree,
-    pub(super) active: Tree,
-    pub(super) blobs: Tree,
-    /// Test hook: when set, the writer stops each group right before its
-    /// `sessions` writes (the commit record) and fails it, as a crash there
-    /// would leave the trees.
-    #[cfg(test)]
-    pub(super) drop_headers: Arc<std::sync::atomic::AtomicBool>,
+/// What the writer, the flusher and the readers share.
+pub(super) struct Shared {
+    pub(super) dir: PathBuf,
+    pub(super) options: StoreOptions,
+    pub(super) gate: Gate,
+    pub(super) flushes: AtomicU64,
+    /// Fault injection: while set, the disk behaves as if full (see
+    /// [`super::SledStore::simulate_full_disk`]).
+    pub(super) full: AtomicBool,
+}
+
+impl Shared {
+    /// Flushes `generation`, or fails as a full disk would.
+    fn flush(&self, generation: &Generation) -> Result<(), String> {
+        if self.full.load(Ordering::Acquire) {
+            return Err(format!("syncing the log: {} (simulated)", no_space()));
+        }
+        generation.flush()
+    }
+
+    /// Whether the directory takes a file of [`SPACE_PROBE_BYTES`] again.
+    fn space_probe(&self) -> std::io::Result<()> {
+        if self.full.load(Ordering::Acquire) {
+            return Err(no_space());
+        }
+        let path = self.dir.join(SPACE_PROBE);
+        let outcome = (|| {
+            let mut file = std::fs::File::create(&path)?;
+            file.write_all(&vec![0u8; SPACE_PROBE_BYTES])?;
+            file.sync_all()
+        })();
+        let removed = std::fs::remove_file(&path);
+        outcome.and(removed)
+    }
+}
+
+fn no_space() -> std::io::Error {
+    std::io::Error::from_raw_os_error(28)
+}
+
+/// Replies the flusher releases after one flush of `generation`, which
+/// covers every group up to `seq`.
+struct Batch {
+    generation: Arc<Generation>,
+    seq: u64,
+    replies: Vec<Reply>,
 }
 
 /// Handle on the two threads. Dropping it stops them after they have finished
@@ -72,39 +141,49 @@ pub(super) struct GroupCommit {
     // Field order matters: `tx` drops first, which ends the writer's loop (and
     // in turn the flusher's), then `_threads` joins them (only its drop matters).
     tx: Sender<Command>,
-    flushes: Arc<AtomicU64>,
     _threads: Threads,
 }
 
 impl GroupCommit {
+    /// Starts the threads on `generation`, whose last group is `seq`.
     pub(super) fn start(
-        trees: Trees,
-        dir: &Path,
-        durability: Durability,
+        shared: Arc<Shared>,
+        generation: Arc<Generation>,
+        seq: u64,
     ) -> Result<Self, StoreError> {
         let (tx, rx) = mpsc::channel::<Command>();
-        let (flush_tx, flush_rx) = mpsc::channel::<Vec<Reply>>();
-        let flushes = Arc::new(AtomicU64::new(0));
+        let (flush_tx, flush_rx) = mpsc::channel::<Batch>();
+        let sidecar = Sidecar::open(&shared.dir, seq).map_err(|e| {
+            StoreError::Io(format!(
+                "cannot write the commit record of the store in {}: {e}",
+                shared.dir.display()
+            ))
+        })?;
 
         let flusher = {
-            let mut durable = Durable::new(trees.db.clone(), dir).map_err(|e| {
-                StoreError::Io(format!("opening the log of {}: {e}", dir.display()))
-            })?;
-            let flushes = flushes.clone();
+            let shared = shared.clone();
             std::thread::Builder::new()
                 .name("overseer-store-flusher".into())
-                .spawn(move || run_flusher(&mut durable, &flush_rx, &flushes))
+                .spawn(move || run_flusher(&shared, &flush_rx, sidecar))
                 .map_err(|e| {
                     StoreError::Io(format!("cannot start the store flusher thread: {e}"))
                 })?
         };
+        let writer = Writer {
+            durability: shared.options.durability,
+            shared,
+            flush_tx,
+            cache: Cache::default(),
+            seq,
+            state: State::Writable(generation),
+            reported: None,
+        };
         let writer = std::thread::Builder::new()
             .name("overseer-store-writer".into())
-            .spawn(move || run_writer(&trees, &rx, &flush_tx, durability))
+            .spawn(move || writer.run(&rx))
             .map_err(|e| StoreError::Io(format!("cannot start the store writer thread: {e}")))?;
         Ok(Self {
             tx,
-            flushes,
             // Writer first: the flusher only stops once the writer is gone.
             _threads: Threads(vec![writer, flusher]),
         })
@@ -116,10 +195,6 @@ impl GroupCommit {
         self.tx
             .send(cmd)
             .map_err(|_| StoreError::Io("the store writer thread has stopped".into()))
-    }
-
-    pub(super) fn flush_count(&self) -> u64 {
-        self.flushes.load(Ordering::Relaxed)
     }
 }
 
@@ -135,72 +210,390 @@ impl Drop for Threads {
     }
 }
 
-fn run_writer(
-    trees: &Trees,
-    rx: &Receiver<Command>,
-    flush_tx: &Sender<Vec<Reply>>,
+/// Whether the writer takes writes.
+enum State {
+    Writable(Arc<Generation>),
+    /// Writes are refused until a recovery attempt succeeds.
+    Unwritable {
+        /// The opening still held: the failed one (already out of the gate,
+        /// waiting to be closed), or a reopening that reads fine but has not
+        /// taken a write yet (in the gate, for readers).
+        held: Option<Arc<Generation>>,
+        next_try: Instant,
+        backoff: Duration,
+    },
+}
+
+struct Writer {
+    shared: Arc<Shared>,
+    flush_tx: Sender<Batch>,
     durability: Durability,
-) {
-    let mut cache = Cache::default();
-    while let Ok(first) = rx.recv() {
-        let mut group = Vec::new();
-        let mut flush_waiters = Vec::new();
-        let mut bytes = 0;
-        let mut next = Some(first);
-        while let Some(cmd) = next.take() {
-            match cmd {
-                Command::Checkpoint(p, reply) => {
-                    bytes += p.size();
-                    group.push((p, reply));
-                }
-                Command::Flush(reply) => flush_waiters.push(reply),
+    cache: Cache,
+    /// The number of the last group written to the current generation.
+    seq: u64,
+    state: State,
+    /// The lasting reopen failure last logged, so that it is logged once.
+    reported: Option<String>,
+}
+
+/// The commands of one group, by kind.
+#[derive(Default)]
+struct Group {
+    checkpoints: Vec<(Box<Prepared>, Reply)>,
+    flushes: Vec<Reply>,
+    health: Vec<Reply>,
+}
+
+impl Group {
+    fn add(&mut self, cmd: Command) -> usize {
+        match cmd {
+            Command::Checkpoint(p, reply) => {
+                let size = p.size();
+                self.checkpoints.push((p, reply));
+                size
             }
-            if group.len() < MAX_GROUP && bytes < MAX_GROUP_BYTES {
-                next = rx.try_recv().ok();
+            Command::Flush(reply) => {
+                self.flushes.push(reply);
+                0
+            }
+            Command::Health(reply) => {
+                self.health.push(reply);
+                0
             }
         }
+    }
 
-        let (prepared, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
-        let outcomes = apply(trees, &mut cache, &prepared);
-        let mut to_flush = flush_waiters;
-        for (reply, outcome) in replies.into_iter().zip(outcomes) {
-            match (outcome, durability) {
+    fn fail(self, error: &StoreError) {
+        let replies = self
+            .checkpoints
+            .into_iter()
+            .map(|(_, r)| r)
+            .chain(self.flushes)
+            .chain(self.health);
+        for reply in replies {
+            // A caller that stopped waiting is not an error.
+            let _ = reply.send(Err(error.clone()));
+        }
+    }
+}
+
+impl Writer {
+    fn run(mut self, rx: &Receiver<Command>) {
+        loop {
+            let wait = match &self.state {
+                State::Writable(_) => IDLE_TICK,
+                State::Unwritable { next_try, .. } => {
+                    next_try.saturating_duration_since(Instant::now())
+                }
+            };
+            let first = match rx.recv_timeout(wait) {
+                Ok(cmd) => Some(cmd),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => {
+                    // sled's close of a database that failed to write may
+                    // panic (it syncs once more); that must not turn a
+                    // clean shutdown into a panicking thread.
+                    let state = std::mem::replace(
+                        &mut self.state,
+                        State::Unwritable {
+                            held: None,
+                            next_try: Instant::now(),
+                            backoff: FIRST_BACKOFF,
+                        },
+                    );
+                    let _ = catch_sled_panic(move || drop(state));
+                    return;
+                }
+            };
+            self.notice_failure();
+            if matches!(&self.state, State::Unwritable { next_try, .. } if *next_try <= Instant::now())
+            {
+                self.recover();
+            }
+            let Some(first) = first else { continue };
+
+            let mut group = Group::default();
+            let mut bytes = 0;
+            let mut next = Some(first);
+            while let Some(cmd) = next.take() {
+                bytes += group.add(cmd);
+                if group.checkpoints.len() < MAX_GROUP && bytes < MAX_GROUP_BYTES {
+                    next = rx.try_recv().ok();
+                }
+            }
+            match &self.state {
+                State::Writable(generation) => {
+                    let generation = generation.clone();
+                    self.write_group(&generation, group);
+                }
+                State::Unwritable { .. } => group.fail(&self.shared.gate.unwritable()),
+            }
+        }
+    }
+
+    /// Moves to `Unwritable` when the flusher (or anyone) failed the current
+    /// generation.
+    fn notice_failure(&mut self) {
+        if let State::Writable(generation) = &self.state {
+            if generation.failure().is_some() {
+                let generation = generation.clone();
+                self.failed(generation);
+            }
+        }
+    }
+
+    /// After `generation` failed (the gate is already closed on it).
+    fn failed(&mut self, generation: Arc<Generation>) {
+        // What it says about stored headers may include writes now lost.
+        self.cache.clear();
+        self.state = State::Unwritable {
+            held: Some(generation),
+            next_try: Instant::now(),
+            backoff: FIRST_BACKOFF,
+        };
+    }
+
+    fn write_group(&mut self, generation: &Arc<Generation>, group: Group) {
+        let Group {
+            checkpoints,
+            flushes,
+            health,
+        } = group;
+        let (prepared, replies): (Vec<_>, Vec<_>) = checkpoints.into_iter().unzip();
+        let applied = apply(&generation.trees, &mut self.cache, &prepared, self.seq + 1);
+        let mut failure = applied.failure;
+        if applied.wrote && failure.is_none() {
+            self.seq += 1;
+        }
+        let mut health_ok = Vec::new();
+        for reply in health {
+            if failure.is_some() {
+                // Answered below, with the outage.
+                health_ok.push(reply);
+                continue;
+            }
+            match write_health_key(&generation.trees) {
+                Ok(()) => health_ok.push(reply),
+                Err(HealthError::Io(cause)) => {
+                    failure = Some(cause);
+                    health_ok.push(reply);
+                }
+                Err(HealthError::Other(e)) => {
+                    let _ = reply.send(Err(e));
+                }
+            }
+        }
+        if let Some(cause) = failure {
+            // Readers must stop seeing what this generation holds before
+            // anyone hears of the failure (see the module docs).
+            self.shared.gate.close(generation, &cause);
+            self.failed(generation.clone());
+            let error = self.shared.gate.unwritable();
+            for (reply, outcome) in replies.into_iter().zip(applied.outcomes) {
+                let _ = reply.send(outcome.and(Err(error.clone())));
+            }
+            for reply in flushes.into_iter().chain(health_ok) {
+                let _ = reply.send(Err(error.clone()));
+            }
+            return;
+        }
+
+        let mut to_flush = flushes;
+        to_flush.extend(health_ok);
+        for (reply, outcome) in replies.into_iter().zip(applied.outcomes) {
+            match (outcome, self.durability) {
                 (Ok(()), Durability::Fsync) => to_flush.push(reply),
                 (outcome, _) => {
-                    // A caller that stopped waiting is not an error.
                     let _ = reply.send(outcome);
                 }
             }
         }
         if to_flush.is_empty() {
-            continue;
+            return;
         }
-        if let Err(mpsc::SendError(waiters)) = flush_tx.send(to_flush) {
-            for reply in waiters {
+        let batch = Batch {
+            generation: generation.clone(),
+            seq: self.seq,
+            replies: to_flush,
+        };
+        if let Err(mpsc::SendError(batch)) = self.flush_tx.send(batch) {
+            for reply in batch.replies {
                 let _ = reply.send(Err(StoreError::Io(
                     "the store flusher thread has stopped".into(),
                 )));
             }
         }
     }
+
+    /// One attempt to make the store writable again: close what is held,
+    /// reopen the directory, write and flush once. Reschedules itself on
+    /// failure.
+    fn recover(&mut self) {
+        let State::Unwritable { held, backoff, .. } = &mut self.state else {
+            return;
+        };
+        let backoff_now = *backoff;
+        let shared = self.shared.clone();
+        let reschedule = |state: &mut State, held: Option<Arc<Generation>>| {
+            *state = State::Unwritable {
+                held,
+                next_try: Instant::now() + backoff_now,
+                backoff: (backoff_now * 2).min(MAX_BACKOFF),
+            };
+        };
+        if let Some(generation) = held.take() {
+            if generation.failure().is_none() {
+                // A reopening that reads fine: kept for readers until the
+                // disk seems to take data again.
+                if let Err(e) = shared.space_probe() {
+                    tracing::debug!(error = %e, "store recovery: the disk still refuses data");
+                    reschedule(&mut self.state, Some(generation));
+                    return;
+                }
+                shared.gate.withdraw(&generation);
+            }
+            if let Err(generation) = release(generation) {
+                tracing::debug!("store recovery: the failed database is still in use");
+                reschedule(&mut self.state, Some(generation));
+                return;
+            }
+        }
+        let opened = match open::open(&shared.dir, &shared.options, Purpose::Serve) {
+            Ok(opened) => opened,
+            Err(e) => {
+                // Damage found on reopening will not go away by retrying:
+                // said once, loudly; anything else (no space for sled's
+                // snapshot yet) is the outage going on.
+                let lasting = matches!(
+                    e,
+                    OpenError::Lost { .. } | OpenError::Damaged { .. } | OpenError::Record { .. }
+                );
+                let text = e.to_string();
+                if lasting && self.reported.as_deref() != Some(text.as_str()) {
+                    tracing::error!(error = %text, "the store cannot recover on its own");
+                    self.reported = Some(text);
+                } else {
+                    tracing::debug!(error = %text, "store recovery: reopening failed");
+                }
+                reschedule(&mut self.state, None);
+                return;
+            }
+        };
+        let generation = Arc::new(opened.generation);
+        self.cache.clear();
+        self.seq = opened.commit_seq;
+        let probe = match write_health_key(&generation.trees) {
+            Ok(()) => shared.flush(&generation),
+            Err(HealthError::Io(cause)) => Err(cause),
+            Err(HealthError::Other(e)) => Err(e.to_string()),
+        };
+        match probe {
+            Ok(()) => {
+                shared.gate.install(generation.clone(), true, "");
+                self.state = State::Writable(generation);
+                self.reported = None;
+            }
+            Err(cause) => {
+                tracing::debug!(error = %cause, "store recovery: the reopened store refuses writes");
+                shared.gate.install(generation.clone(), false, &cause);
+                reschedule(&mut self.state, Some(generation));
+            }
+        }
+    }
 }
 
-fn run_flusher(durable: &mut Durable, rx: &Receiver<Vec<Reply>>, flushes: &AtomicU64) {
-    while let Ok(mut waiters) = rx.recv() {
+/// Waits until this thread holds the only reference to `generation`, then
+/// drops it, which closes the database and releases its lock. Gives it back
+/// if readers or the flusher still hold it after [`RELEASE_WAIT`].
+fn release(generation: Arc<Generation>) -> Result<(), Arc<Generation>> {
+    let deadline = Instant::now() + RELEASE_WAIT;
+    while Arc::strong_count(&generation) > 1 {
+        if Instant::now() >= deadline {
+            return Err(generation);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Closing a database sled did not itself see fail flushes it, and sled
+    // panics if the final sync fails: that must not take the writer down.
+    if catch_sled_panic(move || drop(generation)).is_err() {
+        tracing::debug!("store recovery: closing the failed database panicked");
+    }
+    Ok(())
+}
+
+enum HealthError {
+    /// The write failed: the generation is unusable.
+    Io(String),
+    /// It went through but did not read back.
+    Other(StoreError),
+}
+
+/// Writes a fresh value under [`HEALTH_KEY`] and reads it back. The one small
+/// key is rewritten in place, so the check does not grow the store.
+fn write_health_key(trees: &Trees) -> Result<(), HealthError> {
+    let nonce = uuid::Uuid::new_v4();
+    trees
+        .meta
+        .insert(HEALTH_KEY, nonce.as_bytes())
+        .map_err(|e| HealthError::Io(format!("writing the health check key: {e}")))?;
+    match trees.meta.get(HEALTH_KEY) {
+        Ok(Some(v)) if v.as_ref() == nonce.as_bytes() => Ok(()),
+        Ok(_) => Err(HealthError::Other(corrupt(
+            "meta",
+            "the health check key did not read back as written",
+        ))),
+        Err(e) => Err(HealthError::Io(format!(
+            "reading the health check key back: {e}"
+        ))),
+    }
+}
+
+fn run_flusher(shared: &Shared, rx: &Receiver<Batch>, mut sidecar: Sidecar) {
+    let mut sidecar_failed = false;
+    while let Ok(first) = rx.recv() {
         // Everything handed over so far was applied before it was handed
-        // over, so this one flush covers all of it.
+        // over, so one flush per generation covers all of it (there is more
+        // than one only right after a reopen).
+        let mut batches = vec![first];
         while let Ok(more) = rx.try_recv() {
-            waiters.extend(more);
+            batches.push(more);
         }
-        let outcome = durable
-            .flush()
-            .map_err(|e| StoreError::Io(format!("flushing the store: {e}")));
-        flushes.fetch_add(1, Ordering::Relaxed);
-        if let Err(e) = &outcome {
-            tracing::error!(error = %e, "store flush failed");
+        let mut runs: Vec<Batch> = Vec::new();
+        for batch in batches {
+            match runs.last_mut() {
+                Some(run) if Arc::ptr_eq(&run.generation, &batch.generation) => {
+                    run.seq = run.seq.max(batch.seq);
+                    run.replies.extend(batch.replies);
+                }
+                _ => runs.push(batch),
+            }
         }
-        for reply in waiters {
-            let _ = reply.send(outcome.clone());
+        for run in runs {
+            let outcome = match run.generation.failure() {
+                Some(cause) => Err(cause),
+                None => {
+                    let outcome = shared.flush(&run.generation);
+                    shared.flushes.fetch_add(1, Ordering::Relaxed);
+                    outcome
+                }
+            };
+            match &outcome {
+                Ok(()) => match sidecar.record(run.seq) {
+                    Ok(()) => sidecar_failed = false,
+                    Err(e) if !sidecar_failed => {
+                        // It only lags, which never raises a false alarm.
+                        sidecar_failed = true;
+                        tracing::warn!(error = %e, "cannot update the store's commit record");
+                    }
+                    Err(_) => {}
+                },
+                // Before anyone hears of it (see the module docs).
+                Err(cause) => shared.gate.close(&run.generation, cause),
+            }
+            let outcome = outcome.map_err(|e| StoreError::Io(format!("flushing the store: {e}")));
+            for reply in run.replies {
+                let _ = reply.send(outcome.clone());
+            }
         }
     }
 }
@@ -227,8 +620,11 @@ struct Known {
 /// a checkpoint of a live session (the common case: every turn writes several)
 /// does not read and parse its previous header back from sled. Correct because
 /// this thread is the only writer of `sessions`: an entry is what is stored.
-/// Bounded by [`CACHE_CAPACITY`]: when full it is simply emptied, and the
-/// sessions still in use fill it again from disk, one read each.
+/// A session whose latest checkpoint is terminal is forgotten at once: it is
+/// rarely written again, so the cache holds the sessions in use, not every
+/// session ever finished. Bounded by [`CACHE_CAPACITY`] besides: when full it
+/// is replaced by an empty one (its memory returned), and the sessions still
+/// in use fill it again from disk, one read each.
 #[derive(Default)]
 struct Cache(HashMap<SessionId, Previous>);
 
@@ -237,11 +633,17 @@ impl Cache {
         self.0.get(id)
     }
 
-    fn commit(&mut self, known: HashMap<SessionId, Previous>) {
+    fn commit(&mut self, known: HashMap<SessionId, Previous>, terminal: &HashSet<SessionId>) {
         if self.0.len() + known.len() > CACHE_CAPACITY {
-            self.0.clear();
+            self.0 = HashMap::new();
         }
-        self.0.extend(known);
+        for (id, previous) in known {
+            if terminal.contains(&id) {
+                self.0.remove(&id);
+            } else {
+                self.0.insert(id, previous);
+            }
+        }
     }
 
     /// After a failed write what is stored is unknown: read it again.
@@ -249,6 +651,11 @@ impl Cache {
         for id in ids {
             self.0.remove(id);
         }
+    }
+
+    /// After a reopen nothing known holds any more.
+    fn clear(&mut self) {
+        self.0 = HashMap::new();
     }
 }
 
@@ -298,14 +705,19 @@ struct Writes {
 /// previous state → last new state), so that a session leaving and re-entering
 /// an index in one group is neither removed after being added nor the reverse.
 ///
+/// The group is numbered `seq` in `meta` (`commit_seq`), written last, so
+/// that the number sled recovers after a crash is that of the last group it
+/// holds whole (see `sidecar`).
+///
 /// All reads happen before the writes, which is safe because this thread is
 /// the only writer.
-fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>]) -> Vec<Result<(), StoreError>> {
+fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) -> Applied {
     let mut outcomes: Vec<Result<(), StoreError>> = Vec::with_capacity(group.len());
     // Per session in this group: its state before the group, and the state
     // its latest accepted checkpoint leaves.
     let mut before: HashMap<SessionId, Previous> = HashMap::new();
     let mut after: HashMap<SessionId, Previous> = HashMap::new();
+    let mut terminal: HashSet<SessionId> = HashSet::new();
     let mut blobs_in_group: HashSet<&str> = HashSet::new();
     let mut writes = Writes::default();
     let mut accepted = Vec::with_capacity(group.len());
@@ -326,6 +738,11 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>]) -> Vec<Resul
                         active: Some(p.active),
                     }),
                 );
+                if p.terminal {
+                    terminal.insert(p.id);
+                } else {
+                    terminal.remove(&p.id);
+                }
                 for &i in &new_blobs {
                     let (hash, data) = &p.blobs[i];
                     blobs_in_group.insert(hash.as_str());
@@ -351,7 +768,11 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>]) -> Vec<Resul
         }
     }
     if accepted.is_empty() {
-        return outcomes;
+        return Applied {
+            outcomes,
+            wrote: false,
+            failure: None,
+        };
     }
 
     for (id, first) in &before {
@@ -385,27 +806,63 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>]) -> Vec<Resul
         }
     }
 
-    match write(trees, writes) {
-        Ok(()) => cache.commit(after),
+    let written = write(trees, writes, seq);
+    let wrote = written.is_ok();
+    let failure = match written {
+        Ok(()) => {
+            cache.commit(after, &terminal);
+            None
+        }
         Err(e) => {
             // Every accepted checkpoint shared the failed write.
             cache.forget(after.keys());
+            let text = match &e {
+                WriteError::Io(text) | WriteError::Hook(text) => text,
+            };
             for (n, id) in &accepted {
-                outcomes[*n] = Err(StoreError::Io(format!("checkpoint of session {id}: {e}")));
+                outcomes[*n] = Err(StoreError::Io(format!(
+                    "checkpoint of session {id}: {text}"
+                )));
+            }
+            match e {
+                WriteError::Io(text) => Some(text),
+                WriteError::Hook(_) => None,
             }
         }
+    };
+    Applied {
+        outcomes,
+        wrote,
+        failure,
     }
-    outcomes
+}
+
+/// What [`apply`] did.
+struct Applied {
+    /// One per checkpoint of the group.
+    outcomes: Vec<Result<(), StoreError>>,
+    /// Whether the group was written (and numbered).
+    wrote: bool,
+    /// A write failed: sled may hold part of the group in memory, and will
+    /// refuse further writes.
+    failure: Option<String>,
+}
+
+enum WriteError {
+    Io(String),
+    /// The test hook cut the group short, as a crash would; the database
+    /// itself is fine.
+    Hook(String),
 }
 
 fn empty() -> sled::IVec {
     sled::IVec::from(&[][..])
 }
 
-/// Applies the writes of a group in commit order (see [`apply`]). A group
-/// where everything was refused has no writes at all, so it leaves the files
-/// untouched.
-fn write(trees: &Trees, writes: Writes) -> Result<(), String> {
+/// Applies the writes of a group in commit order (see [`apply`]), then its
+/// number. A group where everything was refused has no writes at all, so it
+/// leaves the files untouched.
+fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
     let Writes {
         blobs,
         transcript,
@@ -431,16 +888,22 @@ fn write(trees: &Trees, writes: Writes) -> Result<(), String> {
             continue;
         }
         if crashed_before(trees, n) {
-            return Err("test hook: the header writes were dropped".into());
+            return Err(WriteError::Hook(
+                "test hook: the header writes were dropped".into(),
+            ));
         }
         for (key, value) in writes {
             match value {
                 Some(value) => tree.insert(key, value),
                 None => tree.remove(key),
             }
-            .map_err(|e| format!("writing {name}: {e}"))?;
+            .map_err(|e| WriteError::Io(format!("writing {name}: {e}")))?;
         }
     }
+    trees
+        .meta
+        .insert(COMMIT_KEY, &seq.to_be_bytes()[..])
+        .map_err(|e| WriteError::Io(format!("writing the group number: {e}")))?;
     Ok(())
 }
 
@@ -517,6 +980,8 @@ fn stored_previous(trees: &Trees, p: &Prepared) -> Result<Previous, StoreError> 
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn trees(dir: &Path) -> Trees {
@@ -529,6 +994,7 @@ mod tests {
             tenants: open("tenants"),
             active: open("active"),
             blobs: open("blobs"),
+            meta: open("meta"),
             drop_headers: Arc::default(),
             db,
         }
@@ -540,6 +1006,7 @@ mod tests {
             schema_version: SCHEMA_VERSION,
             tenant: tenant.into(),
             active,
+            terminal: false,
             header: sled::IVec::from(vec![n]),
             entries: Vec::new(),
             events: Vec::new(),
@@ -556,12 +1023,13 @@ mod tests {
         let trees = trees(dir.path());
         let mut cache = Cache::default();
         let (a, b) = (SessionId::generate(), SessionId::generate());
-        let outcomes = apply(
+        let applied = apply(
             &trees,
             &mut cache,
             &[prepared(a, "t1", true, 1), prepared(b, "t1", false, 1)],
+            1,
         );
-        assert!(outcomes.iter().all(Result::is_ok));
+        assert!(applied.outcomes.iter().all(Result::is_ok));
         let group = [
             prepared(a, "t1", false, 2),
             prepared(b, "t1", true, 2),
@@ -569,7 +1037,9 @@ mod tests {
             prepared(b, "t1", false, 3),
         ];
         for cache in [&mut cache, &mut Cache::default()] {
-            assert!(apply(&trees, cache, &group).iter().all(Result::is_ok));
+            let applied = apply(&trees, cache, &group, 2);
+            assert!(applied.outcomes.iter().all(Result::is_ok));
+            assert!(applied.wrote && applied.failure.is_none());
             assert!(trees.active.contains_key(a.as_bytes()).unwrap());
             assert!(!trees.active.contains_key(b.as_bytes()).unwrap());
             let tenants: Vec<_> = trees.tenants.iter().keys().map(|k| k.unwrap()).collect();
@@ -580,6 +1050,44 @@ mod tests {
             want.sort();
             assert_eq!(tenants, want);
             assert_eq!(trees.sessions.get(a.as_bytes()).unwrap().unwrap(), vec![3]);
+            assert_eq!(
+                trees.meta.get(COMMIT_KEY).unwrap().unwrap(),
+                2u64.to_be_bytes()
+            );
         }
+    }
+
+    /// The writer's cache holds the sessions in use: a session whose latest
+    /// checkpoint is terminal leaves it (a later checkpoint reads its header
+    /// from disk, as after any miss).
+    #[test]
+    fn terminal_sessions_leave_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let trees = trees(dir.path());
+        let mut cache = Cache::default();
+        let (live, done) = (SessionId::generate(), SessionId::generate());
+        let mut finished = prepared(done, "t1", false, 2);
+        finished.terminal = true;
+        let group = [
+            prepared(live, "t1", true, 1),
+            prepared(done, "t1", true, 1),
+            finished,
+        ];
+        assert!(apply(&trees, &mut cache, &group, 1)
+            .outcomes
+            .iter()
+            .all(Result::is_ok));
+        assert!(cache.get(&live).is_some());
+        assert!(cache.get(&done).is_none());
+        assert!(!trees.active.contains_key(done.as_bytes()).unwrap());
+        // Written again (not expected, but allowed): what it replaces is
+        // read back from disk.
+        let group = [prepared(done, "t1", true, 3)];
+        assert!(apply(&trees, &mut cache, &group, 2)
+            .outcomes
+            .iter()
+            .all(Result::is_ok));
+        assert!(trees.active.contains_key(done.as_bytes()).unwrap());
+        assert!(cache.get(&done).is_some());
     }
 }

@@ -1,0 +1,291 @@
+//! `overseer store check DIR`: verifying a store directory offline.
+//!
+//! It opens the directory the way a server would, minus every write of its
+//! own (sled 0.34 has no read-only mode: opening rewrites sled's snapshot
+//! file, a page index derived from the log, and nothing else), and checks
+//! what a server relies on: that sled can open it at all, the layout version,
+//! the commit record beside it (`sidecar`: a database holding fewer groups
+//! than were confirmed lost some), every session header, the transcript
+//! entries, events and blobs each header covers (present, in sequence and
+//! decodable), and the indexes (every session in its tenant's, every running
+//! or waiting one in `active`). Rows no header covers and stale index entries
+//! are what a crash normally leaves and are not problems.
+//!
+//! It deliberately repairs nothing: it reports, and the operator decides.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use overseer_actors::model::{Event, SessionId, SCHEMA_VERSION};
+
+use super::open::{self, catch_sled_panic, OpenError, Purpose, Trees, COMMIT_KEY};
+use super::{codec, sidecar, StoreOptions, FORMAT_KEY, FORMAT_VERSION};
+
+/// At most this many problems are listed (the count says how many more).
+const MAX_LISTED: usize = 50;
+
+/// What [`check`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    /// The directory checked.
+    pub dir: PathBuf,
+    /// What the store holds, one line each.
+    pub summary: Vec<String>,
+    /// What is wrong, one line each; empty when the store is healthy.
+    pub problems: Vec<String>,
+}
+
+impl CheckReport {
+    /// Whether nothing is wrong.
+    pub fn is_healthy(&self) -> bool {
+        self.problems.is_empty()
+    }
+
+    fn problem(&mut self, text: impl Into<String>) {
+        self.problems.push(text.into());
+    }
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "store {}", self.dir.display())?;
+        for line in &self.summary {
+            writeln!(f, "  {line}")?;
+        }
+        if self.problems.is_empty() {
+            return writeln!(f, "healthy");
+        }
+        writeln!(f, "{} problem(s):", self.problems.len())?;
+        for p in self.problems.iter().take(MAX_LISTED) {
+            writeln!(f, "  - {p}")?;
+        }
+        if self.problems.len() > MAX_LISTED {
+            writeln!(f, "  … and {} more", self.problems.len() - MAX_LISTED)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks the store in `dir`. Blocking. An error means it could not be
+/// checked at all (no such store, or another process holds it open); damage,
+/// including damage that keeps sled from opening it, is a problem in the
+/// report.
+pub fn check(dir: &Path) -> Result<CheckReport, OpenError> {
+    if !dir.join("db").is_file() {
+        return Err(OpenError::Other {
+            dir: dir.to_owned(),
+            detail: "it holds no sled database (no db file): not a store directory".into(),
+        });
+    }
+    let mut report = CheckReport {
+        dir: dir.to_owned(),
+        ..CheckReport::default()
+    };
+    let recorded = match sidecar::read(dir) {
+        Ok(r) => r,
+        Err(e) => {
+            report.problem(format!("the commit record is unreadable: {e}"));
+            None
+        }
+    };
+    let options = StoreOptions::default();
+    let opened = match open::open(dir, &options, Purpose::Inspect) {
+        Ok(opened) => opened,
+        Err(e @ OpenError::Locked { .. }) => return Err(e),
+        Err(OpenError::Damaged { message, .. }) => {
+            report.problem(format!("sled fails while opening the database: {message}"));
+            return Ok(report);
+        }
+        Err(e) => {
+            report.problem(format!("the database does not open: {e}"));
+            return Ok(report);
+        }
+    };
+    let trees = opened.generation.trees.clone();
+    let found = opened.commit_seq;
+    match recorded {
+        Some(recorded) if recorded > found => report.problem(format!(
+            "lost committed checkpoints: {} records group {recorded} as durable but the \
+             database ends at group {found}",
+            sidecar::path(dir).display()
+        )),
+        Some(recorded) => report
+            .summary
+            .push(format!("last group {found} (commit record: {recorded})")),
+        None => report.summary.push(format!(
+            "last group {found} (no commit record: a loss would go unnoticed)"
+        )),
+    }
+    if let Err(message) = catch_sled_panic(|| verify(&trees, &mut report)) {
+        report.problem(format!("sled failed while reading the database: {message}"));
+    }
+    drop(trees);
+    drop(opened);
+    Ok(report)
+}
+
+/// Reports a failed sled read and stops the scan it came from: a sled
+/// iterator that hit damaged data may yield the same error forever.
+macro_rules! or_stop {
+    ($report:expr, $result:expr, $what:expr) => {
+        match $result {
+            Ok(v) => v,
+            Err(e) => {
+                $report.problem(format!("{}: {e}", $what));
+                break;
+            }
+        }
+    };
+}
+
+fn verify(trees: &Trees, report: &mut CheckReport) {
+    match trees.meta.get(FORMAT_KEY) {
+        Ok(Some(raw)) => match <[u8; 4]>::try_from(raw.as_ref()) {
+            Ok(bytes) => {
+                let version = u32::from_be_bytes(bytes);
+                if version > FORMAT_VERSION {
+                    report.problem(format!(
+                        "layout version {version} is newer than this binary's {FORMAT_VERSION}; \
+                         check it with a newer overseer"
+                    ));
+                    return;
+                }
+                report.summary.push(format!("layout version {version}"));
+            }
+            Err(_) => report.problem(format!(
+                "the layout version is {} bytes, expected 4",
+                raw.len()
+            )),
+        },
+        Ok(None) => report.problem("no layout version: not written by overseer"),
+        Err(e) => report.problem(format!("reading the layout version: {e}")),
+    }
+    if let Ok(Some(raw)) = trees.meta.get(COMMIT_KEY) {
+        if raw.len() != 8 {
+            report.problem(format!(
+                "the group number is {} bytes, expected 8",
+                raw.len()
+            ));
+        }
+    }
+
+    let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
+    let (mut sessions, mut entries, mut events) = (0u64, 0u64, 0u64);
+    for item in trees.sessions.iter() {
+        let (key, bytes) = or_stop!(report, item, "reading the sessions tree");
+        sessions += 1;
+        let Some(id) = codec::id_from(&key) else {
+            report.problem(format!(
+                "sessions: a key of {} bytes, expected 16",
+                key.len()
+            ));
+            continue;
+        };
+        let peek = match codec::peek(&id, &bytes) {
+            Ok(peek) => peek,
+            Err(e) => {
+                report.problem(format!("session {id}: {}", detail(&e)));
+                continue;
+            }
+        };
+        if peek.schema_version > SCHEMA_VERSION {
+            continue;
+        }
+        let header = match codec::decode_header(&id, &bytes) {
+            Ok(header) => header,
+            Err(e) => {
+                report.problem(format!("session {id}: {}", detail(&e)));
+                continue;
+            }
+        };
+        *by_status
+            .entry(header.status.as_str().to_owned())
+            .or_default() += 1;
+        match trees.session(&id) {
+            Ok(_) => entries += header.transcript_len,
+            Err(e) => report.problem(format!("session {id}: {}", detail(&e))),
+        }
+        match check_events(trees, &id, header.last_event_seq) {
+            Ok(()) => events += header.last_event_seq,
+            Err(e) => report.problem(format!("session {id}: {e}")),
+        }
+        match trees
+            .tenants
+            .contains_key(codec::tenant_key(&header.tenant, &id))
+        {
+            Ok(true) => {}
+            Ok(false) => report.problem(format!(
+                "session {id} is missing from the index of tenant {:?}: listings would not show it",
+                header.tenant
+            )),
+            Err(e) => report.problem(format!("session {id}: reading the tenants index: {e}")),
+        }
+        if codec::is_active(header.status) {
+            match trees.active.contains_key(id.as_bytes()) {
+                Ok(true) => {}
+                Ok(false) => report.problem(format!(
+                    "session {id} ({}) is missing from the active index: a restart would not \
+                     resume it",
+                    header.status
+                )),
+                Err(e) => report.problem(format!("session {id}: reading the active index: {e}")),
+            }
+        }
+    }
+    let mut blobs = 0u64;
+    for item in trees.blobs.iter() {
+        or_stop!(report, item, "reading the blobs tree");
+        blobs += 1;
+    }
+    let statuses = by_status
+        .iter()
+        .map(|(s, n)| format!("{s} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    report.summary.push(format!(
+        "{sessions} session(s){}; {entries} transcript entries and {events} events covered by \
+         their headers; {blobs} blob(s)",
+        if statuses.is_empty() {
+            String::new()
+        } else {
+            format!(" ({statuses})")
+        }
+    ));
+}
+
+/// Every event from 1 to `last` is present, in sequence, and decodes.
+fn check_events(trees: &Trees, id: &SessionId, last: u64) -> Result<(), String> {
+    if last == 0 {
+        return Ok(());
+    }
+    let mut expected = 1;
+    for item in trees
+        .events
+        .range(codec::seq_key(id, 1)..=codec::seq_key(id, last))
+    {
+        let (key, value) = item.map_err(|e| format!("reading its events: {e}"))?;
+        let seq = codec::seq_of(&key).ok_or("a malformed event key")?;
+        if seq != expected {
+            return Err(format!("event {expected} is missing"));
+        }
+        serde_json::from_slice::<Event>(&value)
+            .map_err(|e| format!("event {seq} is unreadable: {e}"))?;
+        expected += 1;
+    }
+    if expected <= last {
+        return Err(format!(
+            "event {expected} is missing (the header counts {last})"
+        ));
+    }
+    Ok(())
+}
+
+/// A store error without the "corrupt record for session X" prefix the
+/// report already gives.
+fn detail(e: &overseer_actors::store::StoreError) -> String {
+    match e {
+        overseer_actors::store::StoreError::Corrupt { detail, .. } => detail.clone(),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,367 @@
+//! Opening a store directory: sled itself, the layout checks, and the
+//! commit-record check, as one step that either yields an open
+//! [`Generation`] or a one-line [`OpenError`] naming the directory.
+//!
+//! sled 0.34 panics on several kinds of damage (a truncated or overwritten
+//! log, a broken snapshot) instead of returning an error; every call into
+//! sled here runs under [`catch_sled_panic`], which turns such a panic into an
+//! error and keeps its text out of the process's stderr. A database that sled
+//! opens but that holds less than the commit record beside it says was
+//! confirmed ([`sidecar`]) is refused as well: sled recovers the longest
+//! valid prefix of its log without a word, so this is how a loss is noticed.
+//!
+//! It is used for the first open, for every reopen after a write failure
+//! (`group_commit`), and, without writing anything, by `overseer store check`.
+//! It deliberately owns no reads or writes of sessions.
+
+use std::any::Any;
+use std::cell::Cell;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, Once, PoisonError};
+
+use overseer_actors::store::StoreError;
+use sled::Tree;
+
+use super::durable::Durable;
+use super::sidecar;
+use super::{StoreOptions, FORMAT_KEY, FORMAT_VERSION};
+use crate::store::codec::corrupt;
+
+/// The key of `meta` holding the number of the last group written.
+pub(super) const COMMIT_KEY: &[u8] = b"commit_seq";
+
+/// The database and its trees, cloned (cheaply) wherever they are used.
+#[derive(Clone)]
+pub(super) struct Trees {
+    pub(super) db: sled::Db,
+    pub(super) sessions: Tree,
+    pub(super) transcript: Tree,
+    pub(super) events: Tree,
+    pub(super) tenants: Tree,
+    pub(super) active: Tree,
+    pub(super) blobs: Tree,
+    pub(super) meta: Tree,
+    /// Test hook: when set, the writer stops each group right before its
+    /// `sessions` writes (the commit record) and fails it, as a crash there
+    /// would leave the trees.
+    #[cfg(test)]
+    pub(super) drop_headers: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// One opening of the directory. After a write failure the writer closes it
+/// and opens the directory again: what sled holds in memory past the last
+/// confirmed flush must not outlive the failure (see `gate`).
+pub(super) struct Generation {
+    pub(super) trees: Trees,
+    durable: Mutex<Durable>,
+    /// Why this generation stopped taking writes, once it has.
+    failure: Mutex<Option<String>>,
+}
+
+impl Generation {
+    /// Makes everything written to this generation so far durable.
+    pub(super) fn flush(&self) -> Result<(), String> {
+        self.durable
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .flush()
+    }
+
+    /// Marks this generation failed; the first cause sticks.
+    pub(super) fn fail(&self, cause: &str) {
+        let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        if failure.is_none() {
+            *failure = Some(cause.to_owned());
+        }
+    }
+
+    /// Why this generation failed, if it has.
+    pub(super) fn failure(&self) -> Option<String> {
+        self.failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// What opening a directory found.
+pub(super) struct Opened {
+    pub(super) generation: Generation,
+    /// The number of the last group the database holds.
+    pub(super) commit_seq: u64,
+}
+
+/// Whether the open may write (a server) or must not (`store check`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Purpose {
+    /// Stamp a new directory with the layout version and create its commit
+    /// record; refuse a directory that lost commits.
+    Serve,
+    /// Write nothing of ours, and leave the commit record to the caller.
+    Inspect,
+}
+
+/// Why a directory could not be opened. Every message is one line and names
+/// the directory.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OpenError {
+    /// Another process (a running server) holds sled's lock.
+    #[error("the store in {} is in use by another process (sled's lock on its db file is held, e.g. by a running overseer); stop that process first", dir.display())]
+    Locked {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// sled panicked while opening or reading it back: its files are damaged.
+    #[error("the store in {} is damaged: sled failed while opening it ({message}); `overseer store check {}` reports what is readable", dir.display(), dir.display())]
+    Damaged {
+        /// The directory.
+        dir: PathBuf,
+        /// sled's panic message, on one line.
+        message: String,
+    },
+    /// The database holds fewer groups than were confirmed durable.
+    #[error("the store in {} lost committed checkpoints: {} records group {recorded} as durable but the database ends at group {found}, so its files were damaged, truncated or replaced; `overseer store check {}` reports what is left; to open it anyway and accept the loss, delete {}", dir.display(), sidecar.display(), dir.display(), sidecar.display())]
+    Lost {
+        /// The directory.
+        dir: PathBuf,
+        /// The commit record's path.
+        sidecar: PathBuf,
+        /// The group the record says was confirmed.
+        recorded: u64,
+        /// The last group the database holds.
+        found: u64,
+    },
+    /// The commit record itself is unreadable.
+    #[error("the store in {} has an unreadable commit record: {detail}; delete it to open the store without this check", dir.display())]
+    Record {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Any other failure (I/O, not a store).
+    #[error("cannot open the store in {}: {detail}", dir.display())]
+    Other {
+        /// The directory.
+        dir: PathBuf,
+        /// What failed.
+        detail: String,
+    },
+    /// Refused by a check of the layout (a newer layout version).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<OpenError> for StoreError {
+    fn from(e: OpenError) -> Self {
+        match e {
+            OpenError::Store(e) => e,
+            other => StoreError::Io(other.to_string()),
+        }
+    }
+}
+
+/// Opens `dir` for `purpose`. Blocking.
+pub(super) fn open(
+    dir: &Path,
+    options: &StoreOptions,
+    purpose: Purpose,
+) -> Result<Opened, OpenError> {
+    let mut config = sled::Config::new()
+        .path(dir)
+        .cache_capacity(options.cache_bytes());
+    if options.durability == super::Durability::Fsync || purpose == Purpose::Inspect {
+        // Every checkpoint is flushed explicitly; a periodic flush on top
+        // would only compete with the group commit for the disk.
+        config = config.flush_every_ms(None);
+    }
+    let damaged = |message: String| OpenError::Damaged {
+        dir: dir.to_owned(),
+        message,
+    };
+    let other = |detail: String| OpenError::Other {
+        dir: dir.to_owned(),
+        detail,
+    };
+    let db = match catch_sled_panic(|| open_retrying(&config)).map_err(damaged)? {
+        Ok(db) => db,
+        Err(e) if is_lock_error(&e) => {
+            return Err(OpenError::Locked {
+                dir: dir.to_owned(),
+            })
+        }
+        Err(e @ sled::Error::Corruption { .. }) => return Err(damaged(e.to_string())),
+        Err(e) => return Err(other(e.to_string())),
+    };
+    let opened = catch_sled_panic(|| -> Result<Opened, OpenError> {
+        let tree = |name: &str| {
+            db.open_tree(name)
+                .map_err(|e| other(format!("opening tree {name}: {e}")))
+        };
+        let meta = tree("meta")?;
+        check_format(&db, &meta, dir, purpose)?;
+        let commit_seq = match meta
+            .get(COMMIT_KEY)
+            .map_err(|e| other(format!("reading the commit number: {e}")))?
+        {
+            None => 0,
+            Some(raw) => u64::from_be_bytes(raw.as_ref().try_into().map_err(|_| {
+                damaged(format!(
+                    "its group number (commit_seq) is {} bytes, expected 8",
+                    raw.len()
+                ))
+            })?),
+        };
+        if purpose == Purpose::Serve {
+            let recorded = sidecar::read(dir).map_err(|detail| OpenError::Record {
+                dir: dir.to_owned(),
+                detail,
+            })?;
+            if let Some(recorded) = recorded.filter(|r| *r > commit_seq) {
+                return Err(OpenError::Lost {
+                    dir: dir.to_owned(),
+                    sidecar: sidecar::path(dir),
+                    recorded,
+                    found: commit_seq,
+                });
+            }
+        }
+        let trees = Trees {
+            sessions: tree("sessions")?,
+            transcript: tree("transcript")?,
+            events: tree("events")?,
+            tenants: tree("tenants")?,
+            active: tree("active")?,
+            blobs: tree("blobs")?,
+            meta,
+            db: db.clone(),
+            #[cfg(test)]
+            drop_headers: Default::default(),
+        };
+        let durable = Durable::new(db.clone(), dir)
+            .map_err(|e| other(format!("opening its log for syncing: {e}")))?;
+        Ok(Opened {
+            generation: Generation {
+                trees,
+                durable: Mutex::new(durable),
+                failure: Mutex::new(None),
+            },
+            commit_seq,
+        })
+    })
+    .map_err(damaged)??;
+    Ok(opened)
+}
+
+/// Refuses a directory of a newer layout before anything is written to it,
+/// and (when serving) stamps a new one with ours.
+fn check_format(
+    db: &sled::Db,
+    meta: &Tree,
+    dir: &Path,
+    purpose: Purpose,
+) -> Result<(), StoreError> {
+    let io = |e: sled::Error| {
+        StoreError::Io(format!(
+            "reading the store format version in {}: {e}",
+            dir.display()
+        ))
+    };
+    match meta.get(FORMAT_KEY).map_err(io)? {
+        Some(raw) => {
+            let bytes: [u8; 4] = raw.as_ref().try_into().map_err(|_| {
+                corrupt(
+                    "meta",
+                    format!("format_version is {} bytes, expected 4", raw.len()),
+                )
+            })?;
+            let found = u32::from_be_bytes(bytes);
+            if found > FORMAT_VERSION {
+                return Err(corrupt(
+                    "meta",
+                    format!(
+                        "the store in {} has format version {found}, but this binary reads at most \
+                         {FORMAT_VERSION}; upgrade overseer to open it",
+                        dir.display()
+                    ),
+                ));
+            }
+            Ok(())
+        }
+        None if purpose == Purpose::Inspect => Ok(()),
+        None => {
+            let write = |e: sled::Error| {
+                StoreError::Io(format!(
+                    "writing the store format version in {}: {e}",
+                    dir.display()
+                ))
+            };
+            meta.insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes()[..])
+                .map_err(write)?;
+            db.flush().map_err(write)?;
+            Ok(())
+        }
+    }
+}
+
+/// Opens sled, waiting briefly while the directory's lock is still held: a
+/// store dropped a moment ago in this process (a restart, a reopen, a test)
+/// releases it only once sled's background threads have let go of it.
+pub(super) fn open_retrying(config: &sled::Config) -> sled::Result<sled::Db> {
+    let mut tries = 0;
+    loop {
+        match config.open() {
+            Err(e) if is_lock_error(&e) && tries < 60 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// sled reports a held lock as a plain `Other` I/O error with this text.
+fn is_lock_error(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
+}
+
+thread_local! {
+    /// Set while this thread runs [`catch_sled_panic`]: the panic hook stays
+    /// quiet, since the panic becomes an error that says the same in one line.
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic into its message on one line. The default panic
+/// hook would print sled's panic (with a backtrace, if enabled) before the
+/// error is reported; a hook installed once, process-wide, skips that for
+/// threads inside this function and defers to the previous hook otherwise.
+pub(super) fn catch_sled_panic<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    outcome.map_err(|payload| one_line(&panic_message(payload.as_ref())))
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}

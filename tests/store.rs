@@ -1,0 +1,951 @@
+//! The sled store through its public surface (issue 12, items 6 and 7): real
+//! store directories written by the store and then damaged on purpose, the
+//! `overseer` binary as a process (`serve` refusing a damaged store, `store
+//! check`), and a full disk: the store's fault point always, and a real small
+//! tmpfs with `overseer serve` on it where this test can mount one.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use overseer::store::{Durability, SledStore};
+use overseer_actors::model::{
+    AgentConfig, Event, EventKind, SessionHeader, SessionId, SessionStatus, TranscriptEntry, Usage,
+    SCHEMA_VERSION,
+};
+use overseer_actors::store::{Checkpoint, CheckpointStore, StoredSession};
+use serde_json::json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_overseer");
+
+/// The longest any single wait may take before the test fails. It only turns
+/// a hang into a failure; nothing is timed against it.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------
+// Sessions as the runtime writes them
+
+/// A session as the runtime would drive it: each checkpoint carries only what
+/// is new since the previous one.
+#[derive(Clone)]
+struct Sim {
+    header: SessionHeader,
+    transcript: Vec<Arc<TranscriptEntry>>,
+    persisted: usize,
+    events: Vec<Event>,
+    pending: Vec<Event>,
+}
+
+impl Sim {
+    fn new(tenant: &str) -> Self {
+        let id = SessionId::generate();
+        // Only the fields a snapshot must carry, so that fields added later
+        // (which must default) do not break this test.
+        let header: SessionHeader = serde_json::from_value(json!({
+            "schema_version": SCHEMA_VERSION,
+            "id": id,
+            "tenant": tenant,
+            "agent": "a",
+            "root_id": id,
+            "status": "pending",
+            "created_at_ms": 1,
+            "updated_at_ms": 1,
+            "config": AgentConfig::new("a", &["current_time"]).effective(),
+            "usage": Usage::default(),
+            "turn": 0,
+            "step": 0,
+            "transcript_len": 0,
+            "last_event_seq": 0,
+        }))
+        .unwrap();
+        let mut sim = Self {
+            header,
+            transcript: Vec::new(),
+            persisted: 0,
+            events: Vec::new(),
+            pending: Vec::new(),
+        };
+        sim.emit(EventKind::SessionCreated { agent: "a".into() });
+        sim
+    }
+
+    fn id(&self) -> SessionId {
+        self.header.id
+    }
+
+    fn user(&mut self, text: &str) {
+        self.transcript.push(Arc::new(TranscriptEntry::User {
+            text: text.into(),
+            at_ms: 7,
+        }));
+        self.header.transcript_len = self.transcript.len() as u64;
+    }
+
+    fn emit(&mut self, kind: EventKind) {
+        self.header.last_event_seq += 1;
+        self.pending.push(Event {
+            session_id: self.header.id,
+            seq: self.header.last_event_seq,
+            at_ms: 9,
+            kind,
+        });
+    }
+
+    fn status(&mut self, status: SessionStatus) {
+        self.header.status = status;
+        self.emit(EventKind::StatusChanged { status });
+    }
+
+    /// A turn's worth of change: a message of `bytes` and a status change.
+    fn step(&mut self, n: usize, bytes: usize) {
+        self.user(&format!("{n} {}", "x".repeat(bytes)));
+        let status = if n.is_multiple_of(2) {
+            SessionStatus::Running
+        } else {
+            SessionStatus::AwaitingInput
+        };
+        self.status(status);
+    }
+
+    fn checkpoint(&mut self) -> Checkpoint {
+        let entries = self.transcript[self.persisted..]
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ((self.persisted + i) as u64, e.clone()))
+            .collect();
+        self.persisted = self.transcript.len();
+        let events = std::mem::take(&mut self.pending);
+        self.events.extend(events.iter().cloned());
+        Checkpoint {
+            header: self.header.clone(),
+            entries,
+            events,
+        }
+    }
+
+    /// The state the store holds for this session, if `stored` is it.
+    fn is(&self, stored: &StoredSession) -> bool {
+        stored.header == self.header
+            && stored.transcript.len() == self.transcript.len()
+            && stored
+                .transcript
+                .iter()
+                .zip(&self.transcript)
+                .all(|(a, b)| **a == **b)
+    }
+
+    /// Continues from what the store holds, as a restarted actor would.
+    fn resumed(stored: &StoredSession) -> Self {
+        Self {
+            header: stored.header.clone(),
+            transcript: stored.transcript.clone(),
+            persisted: stored.transcript.len(),
+            events: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+}
+
+/// Writes `sessions` sessions of `rounds` checkpoints each (every session
+/// checkpointed once per round, a few KiB each) and closes the store: a log
+/// long enough to span several of sled's segments.
+async fn write_store(dir: &Path, sessions: usize, rounds: usize) -> Vec<Sim> {
+    let store = SledStore::open(dir, Durability::Fsync).unwrap();
+    let mut sims: Vec<Sim> = (0..sessions).map(|_| Sim::new("acme")).collect();
+    for round in 0..rounds {
+        for sim in &mut sims {
+            sim.step(round, 2048);
+            store.checkpoint(sim.checkpoint()).await.unwrap();
+        }
+    }
+    store.flush().await.unwrap();
+    sims
+}
+
+fn overwrite_start_of_log(dir: &Path) {
+    let mut db = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("db"))
+        .unwrap();
+    db.seek(SeekFrom::Start(0)).unwrap();
+    db.write_all(&[0xA5; 512]).unwrap();
+    db.sync_all().unwrap();
+}
+
+fn truncate_log(dir: &Path) {
+    let db = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("db"))
+        .unwrap();
+    let len = db.metadata().unwrap().len();
+    db.set_len(len / 3).unwrap();
+    db.sync_all().unwrap();
+}
+
+/// A copy of a store directory (damaged one way in the copy, another way in
+/// the original).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+fn overseer(args: &[&str], dir: &Path) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .arg(dir)
+        .env(
+            "OVERSEER_JWT_SECRET",
+            "store-test-secret-store-test-secret!",
+        )
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The one `error:` line of a command that failed, after checking there is
+/// exactly one and no panic (sled's own log lines may precede it).
+fn error_line(out: &Output) -> String {
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "it succeeded: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("backtrace"), "{err}");
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(errors.len(), 1, "one error line:\n{err}");
+    errors[0].to_owned()
+}
+
+/// `overseer serve` on a damaged store: exits non-zero with a one-line error
+/// naming the directory, and no panic.
+fn assert_serve_refuses(dir: &Path, expect: &str) {
+    let out = overseer(&["serve", "--listen", "127.0.0.1:0", "--data"], dir);
+    let err = error_line(&out);
+    assert!(err.contains(&dir.display().to_string()), "{err}");
+    assert!(err.contains(expect), "{err}");
+}
+
+// ---------------------------------------------------------------------------
+// Item 7: damage found at open, and `overseer store check`
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overwritten_log_start_is_refused_at_open_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    write_store(dir.path(), 30, 12).await;
+    overwrite_start_of_log(dir.path());
+
+    let err = SledStore::open(dir.path(), Durability::Fsync).unwrap_err();
+    let message = err.to_string();
+    assert!(!message.contains('\n'), "{message}");
+    assert!(
+        message.contains(&format!("the store in {}", dir.path().display())),
+        "{message}"
+    );
+    assert_serve_refuses(dir.path(), "the store in");
+    // Refused again: opening the damaged store changed nothing about that.
+    assert!(SledStore::open(dir.path(), Durability::Fsync).is_err());
+}
+
+/// sled panics on some damage instead of returning an error: here a log
+/// that sled itself wrote (thousands of small items, flushed every ten, no
+/// snapshot, as after a kill) with its first 512 bytes overwritten. The
+/// panic becomes a one-line error naming the directory.
+#[test]
+fn a_sled_panic_at_open_becomes_a_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = sled::Config::new()
+            .path(dir.path())
+            .flush_every_ms(None)
+            .open()
+            .unwrap();
+        let tree = db.open_tree("t").unwrap();
+        for i in 0..5_000u64 {
+            tree.insert(i.to_be_bytes(), vec![7u8; 300]).unwrap();
+            if i.is_multiple_of(10) {
+                db.flush().unwrap();
+            }
+        }
+        db.flush().unwrap();
+    }
+    remove_snapshots(dir.path());
+    overwrite_start_of_log(dir.path());
+
+    let message = SledStore::open(dir.path(), Durability::Fsync)
+        .unwrap_err()
+        .to_string();
+    assert!(!message.contains('\n'), "{message}");
+    assert!(
+        message.contains(&format!(
+            "the store in {} is damaged: sled failed while opening it",
+            dir.path().display()
+        )),
+        "{message}"
+    );
+    assert_serve_refuses(dir.path(), "is damaged: sled failed while opening it");
+    let out = overseer(&["store", "check"], dir.path());
+    assert!(
+        text(&out.stdout).contains("sled fails while opening the database"),
+        "{}",
+        text(&out.stdout)
+    );
+    error_line(&out);
+}
+
+/// Removes sled's snapshot files (an index derived from the log, rebuilt
+/// from it at open).
+fn remove_snapshots(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let name = entry.unwrap().file_name();
+        if name.to_string_lossy().starts_with("snap.") {
+            std::fs::remove_file(dir.join(name)).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_log_is_refused_at_open_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    write_store(dir.path(), 30, 12).await;
+    truncate_log(dir.path());
+
+    let err = SledStore::open(dir.path(), Durability::Fsync).unwrap_err();
+    let message = err.to_string();
+    assert!(!message.contains('\n'), "{message}");
+    assert!(
+        message.contains(&format!("the store in {}", dir.path().display())),
+        "{message}"
+    );
+    assert_serve_refuses(dir.path(), "the store in");
+}
+
+/// sled recovers the longest valid prefix of its log without a word; the
+/// commit record beside it notices, names what was lost, and says how to
+/// accept the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_lost_confirmed_checkpoints_is_refused_until_the_loss_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = write_store(dir.path(), 5, 2).await;
+    // Keep the log as it was, then confirm more checkpoints...
+    let before = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), before.path());
+    write_store(dir.path(), 5, 2).await;
+    // ...and put the old log back: what a lost tail of the log looks like.
+    for name in ["db", "conf"] {
+        std::fs::copy(before.path().join(name), dir.path().join(name)).unwrap();
+    }
+    remove_snapshots(dir.path());
+
+    let err = SledStore::open(dir.path(), Durability::Fsync)
+        .unwrap_err()
+        .to_string();
+    let record = dir.path().join("overseer.commit");
+    assert!(err.contains("lost committed checkpoints"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "to open it anyway and accept the loss, delete {}",
+            record.display()
+        )),
+        "{err}"
+    );
+    assert_serve_refuses(dir.path(), "lost committed checkpoints");
+    let out = overseer(&["store", "check"], dir.path());
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stdout).contains("lost committed checkpoints"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Accepting the loss: what is left opens, exactly as it was.
+    std::fs::remove_file(&record).unwrap();
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    for sim in &first {
+        assert!(sim.is(&store.load(sim.id()).await.unwrap().unwrap()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_check_passes_a_healthy_store_and_names_each_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let sims = write_store(dir.path(), 6, 3).await;
+
+    let out = overseer(&["store", "check"], dir.path());
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("layout version 1"), "{stdout}");
+    assert!(stdout.contains("6 session(s)"), "{stdout}");
+    assert!(stdout.contains("18 transcript entries"), "{stdout}");
+    assert!(stdout.trim_end().ends_with("healthy"), "{stdout}");
+    // Checking changed nothing a server relies on.
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    for sim in &sims {
+        assert!(sim.is(&store.load(sim.id()).await.unwrap().unwrap()));
+    }
+    drop(store);
+    let (overwritten, truncated) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    copy_dir(dir.path(), overwritten.path());
+    copy_dir(dir.path(), truncated.path());
+
+    // Logical damage, made with sled itself: a transcript entry and an event
+    // gone, and a running session missing from the index recovery reads.
+    let (gone_entry, gone_event, unindexed) = (sims[0].id(), sims[1].id(), sims[2].id());
+    let running = sims
+        .iter()
+        .find(|s| s.header.status == SessionStatus::Running)
+        .map(Sim::id);
+    {
+        let db = open_raw(dir.path());
+        let key = |id: SessionId, n: u64| {
+            let mut key = id.as_bytes().to_vec();
+            key.extend_from_slice(&n.to_be_bytes());
+            key
+        };
+        db.open_tree("transcript")
+            .unwrap()
+            .remove(key(gone_entry, 1))
+            .unwrap()
+            .unwrap();
+        db.open_tree("events")
+            .unwrap()
+            .remove(key(gone_event, 2))
+            .unwrap()
+            .unwrap();
+        let mut tenant_key = b"acme\0".to_vec();
+        tenant_key.extend_from_slice(unindexed.as_bytes());
+        db.open_tree("tenants")
+            .unwrap()
+            .remove(tenant_key)
+            .unwrap()
+            .unwrap();
+        if let Some(running) = running {
+            db.open_tree("active")
+                .unwrap()
+                .remove(running.as_bytes())
+                .unwrap()
+                .unwrap();
+        }
+        db.flush().unwrap();
+    }
+    let out = overseer(&["store", "check"], dir.path());
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "session {gone_entry}: transcript entry 1 is missing"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("session {gone_event}: event 2 is missing")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "session {unindexed} is missing from the index of tenant \"acme\""
+        )),
+        "{stdout}"
+    );
+    if let Some(running) = running {
+        assert!(
+            stdout.contains(&format!(
+                "session {running} (running) is missing from the active index"
+            )),
+            "{stdout}"
+        );
+    }
+    assert!(stderr.starts_with("error: the store in"), "{stderr}");
+    assert!(stderr.contains("problem(s), listed above"), "{stderr}");
+
+    // Physical damage: sled cannot read it, or lost part of it.
+    overwrite_start_of_log(overwritten.path());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(truncated.path().join("db"))
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    for damaged in [overwritten.path(), truncated.path()] {
+        let out = overseer(&["store", "check"], damaged);
+        let stdout = text(&out.stdout);
+        assert!(
+            stdout.contains("sled fails while opening the database")
+                || stdout.contains("lost committed checkpoints"),
+            "{stdout}"
+        );
+        assert!(error_line(&out).contains("problem(s), listed above"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_check_says_when_a_running_server_holds_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    write_store(dir.path(), 1, 1).await;
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    let out = overseer(&["store", "check"], dir.path());
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("is in use by another process"), "{stderr}");
+    assert!(stderr.contains("stop that process first"), "{stderr}");
+    drop(store);
+
+    let empty = tempfile::tempdir().unwrap();
+    let out = overseer(&["store", "check"], empty.path());
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("not a store directory"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !empty.path().join("db").exists(),
+        "checking created nothing"
+    );
+}
+
+/// Opens a closed store directory with sled directly, waiting for the lock a
+/// store dropped a moment ago may still hold.
+fn open_raw(dir: &Path) -> sled::Db {
+    for _ in 0..100 {
+        match sled::Config::new().path(dir).open() {
+            Ok(db) => return db,
+            Err(e) if e.to_string().contains("could not acquire lock") => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("the store's lock was never released");
+}
+
+// ---------------------------------------------------------------------------
+// Item 6: a full disk
+
+/// Log lines of this process's store, captured once for all tests (each
+/// test filters by its own directory).
+fn logs() -> &'static Mutex<Vec<u8>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = Capture(buf.clone());
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("overseer=info"))
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .try_init();
+        buf
+    })
+}
+
+#[derive(Clone)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn log_lines(dir: &Path, containing: &str) -> usize {
+    let logs = text(&logs().lock().unwrap());
+    let dir = dir.display().to_string();
+    logs.lines()
+        .filter(|l| l.contains(&dir) && l.contains(containing))
+        .count()
+}
+
+/// Polls `check` until it holds, a bounded number of times.
+async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What must hold of a store that went through a full disk: every confirmed
+/// checkpoint is there, and each failed one is there whole or not at all.
+/// Returns each session as the store now holds it.
+async fn assert_nothing_confirmed_lost(
+    store: &SledStore,
+    confirmed: &BTreeMap<SessionId, Sim>,
+    failed: &BTreeMap<SessionId, Sim>,
+) -> BTreeMap<SessionId, Sim> {
+    let mut now = BTreeMap::new();
+    for (id, sim) in confirmed {
+        let stored = store.load(*id).await.unwrap().expect("a confirmed session");
+        let failed_one = failed.get(id);
+        assert!(
+            sim.is(&stored) || failed_one.is_some_and(|f| f.is(&stored)),
+            "session {id} holds neither its confirmed nor its failed checkpoint"
+        );
+        let events = store.events_after(*id, 0, 10_000).await.unwrap();
+        assert_eq!(events.len() as u64, stored.header.last_event_seq);
+        now.insert(*id, Sim::resumed(&stored));
+    }
+    for (id, sim) in failed {
+        if confirmed.contains_key(id) {
+            continue;
+        }
+        if let Some(stored) = store.load(*id).await.unwrap() {
+            assert!(sim.is(&stored), "session {id} is half-written");
+        }
+    }
+    now
+}
+
+/// The disk fills up (the store's fault point, so this runs everywhere):
+/// writes and `/readyz`'s check fail at once, reads go on, nothing confirmed
+/// is lost; once space returns the store takes writes again on its own,
+/// `/readyz` says ready, and the log says so, once each way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_writes_cleanly_and_the_store_recovers_on_its_own() {
+    full_disk_on_the_fault_point().await;
+}
+
+async fn full_disk_on_the_fault_point() {
+    logs();
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    let api = Api::start(store.clone()).await;
+
+    let mut confirmed = BTreeMap::new();
+    for n in 0..8 {
+        let mut sim = Sim::new("acme");
+        sim.step(n, 100);
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        confirmed.insert(sim.id(), sim);
+    }
+    assert_eq!(api.readyz().await, 200);
+
+    store.simulate_full_disk(true);
+    let mut failed = BTreeMap::new();
+    for (n, sim) in confirmed.values().take(4).enumerate() {
+        let mut attempt = sim.clone();
+        attempt.step(100 + n, 100);
+        store.checkpoint(attempt.checkpoint()).await.unwrap_err();
+        failed.insert(attempt.id(), attempt);
+    }
+    let mut fresh = Sim::new("acme");
+    fresh.step(0, 100);
+    let err = store.checkpoint(fresh.checkpoint()).await.unwrap_err();
+    assert!(err.to_string().contains("does not take writes"), "{err}");
+    failed.insert(fresh.id(), fresh);
+    store.health_check().await.unwrap_err();
+    assert_eq!(api.readyz().await, 503);
+    // Reads go on, and never see a failed checkpoint half-written.
+    assert_nothing_confirmed_lost(&store, &confirmed, &failed).await;
+    assert_eq!(log_lines(dir.path(), "stopped taking writes"), 1);
+
+    store.simulate_full_disk(false);
+    until("the store takes writes again", || {
+        let store = store.clone();
+        async move { store.health_check().await.is_ok() }
+    })
+    .await;
+    assert_eq!(api.readyz().await, 200);
+    assert_eq!(log_lines(dir.path(), "stopped taking writes"), 1);
+    assert_eq!(log_lines(dir.path(), "takes writes again"), 1);
+
+    // Sessions go on from what the store holds, as restarted actors would.
+    let mut now = assert_nothing_confirmed_lost(&store, &confirmed, &failed).await;
+    for (n, sim) in now.values_mut().enumerate() {
+        sim.step(200 + n, 100);
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+    }
+    api.stop().await;
+    drop(store);
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    for sim in now.values() {
+        assert!(sim.is(&store.load(sim.id()).await.unwrap().unwrap()));
+    }
+}
+
+/// The HTTP API over a store, on a loopback socket, for its `/readyz`.
+struct Api {
+    url: String,
+    client: reqwest::Client,
+    overseer: overseer_actors::Overseer,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Api {
+    async fn start(store: SledStore) -> Self {
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let scenario = overseer_actors::scripted::Scenario::from_json(
+            &json!({"name": "s", "agents": {"a": [{"text": "hi"}]}}).to_string(),
+        )
+        .unwrap();
+        let overseer = overseer_actors::Overseer::start(
+            vec![AgentConfig::new("a", &[])],
+            Arc::new(store),
+            Arc::new(overseer_actors::scripted::ScriptedProvider::new(scenario)),
+            overseer_actors::tool::ToolRegistry::new(Vec::new()).unwrap(),
+            overseer_actors::RuntimeConfig::default(),
+        )
+        .await
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/readyz", listener.local_addr().unwrap());
+        let auth =
+            overseer::auth::AuthConfig::hs256(b"store-test-secret-store-test-secret!").unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(overseer::http::serve_with(
+            overseer.clone(),
+            listener,
+            auth,
+            overseer::http::HttpOptions::default(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            url,
+            client: reqwest::Client::new(),
+            overseer,
+            stop,
+            task,
+        }
+    }
+
+    /// `GET /readyz`'s status.
+    async fn readyz(&self) -> u16 {
+        self.client
+            .get(&self.url)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+
+    /// Stops the server and the runtime, which lets go of the store.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(PATIENCE, self.task)
+            .await
+            .expect("the server stopped")
+            .unwrap()
+            .unwrap();
+        self.overseer.shutdown().await.unwrap();
+    }
+}
+
+/// A tmpfs of `size`, unmounted on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts one, or says why it cannot (not root, no `mount`, a
+    /// container without the capability).
+    fn mount(size: &str) -> Result<Self, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("mount failed: {}", text(&out.stderr).trim()));
+        }
+        Ok(Self { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+/// Fills the file system of `dir` with a ballast file until it refuses more.
+fn fill(dir: &Path) -> PathBuf {
+    let path = dir.join("ballast");
+    let mut file = std::fs::File::create(&path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    loop {
+        match file.write_all(&chunk) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(28) => break,
+            Err(e) => panic!("filling {}: {e}", dir.display()),
+        }
+    }
+    // The last partial chunk may be buffered nowhere: sync what is there.
+    let _ = file.sync_all();
+    path
+}
+
+struct Served {
+    child: Child,
+    base: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `overseer serve` with no authentication on loopback, its stderr kept.
+fn serve_on(data: &Path, config: &Path) -> Served {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .arg("--data")
+        .arg(data)
+        .env("RUST_LOG", "overseer::store=info,warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let base = loop {
+        let line = lines
+            .next()
+            .expect("serve exited before listening")
+            .unwrap();
+        if let Some(addr) = line.strip_prefix("listening on ") {
+            break format!("http://{addr}");
+        }
+    };
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let kept = stderr.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let mut kept = kept.lock().unwrap();
+            kept.push_str(&line);
+            kept.push('\n');
+        }
+    });
+    Served {
+        child,
+        base,
+        stderr,
+    }
+}
+
+/// The same on a real full disk, end to end: `overseer serve` on a small
+/// tmpfs, filled with a ballast file; freeing it makes the server ready
+/// again, with no restart. Needs the right to mount a tmpfs; where that is
+/// refused, the same scenario runs on the store's fault point instead (see
+/// the test above), so it never passes without testing anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_on_a_full_tmpfs_recovers_when_space_returns() {
+    let tmpfs = match Tmpfs::mount("24m") {
+        Ok(t) => t,
+        Err(why) => {
+            eprintln!("no tmpfs ({why}): running the fault-point variant instead");
+            return full_disk_on_the_fault_point().await;
+        }
+    };
+    let data = tmpfs.path().join("data");
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("c.toml");
+    std::fs::write(
+        &config,
+        "[http]\nauth = \"none\"\n[store]\ncache_mb = 8\n[[agents]]\nname = \"a\"\n",
+    )
+    .unwrap();
+    let served = serve_on(&data, &config);
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let create = |n: usize| {
+        let http = http.clone();
+        let url = format!("{}/v1/sessions", served.base);
+        async move {
+            let response = http
+                .post(url)
+                .json(&json!({"agent": "a", "title": format!("s{n} {}", "t".repeat(200))}))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let body: serde_json::Value = response.json().await.unwrap_or_default();
+            (status, body["id"].as_str().map(str::to_owned))
+        }
+    };
+    let readyz = || {
+        let http = http.clone();
+        let url = format!("{}/readyz", served.base);
+        async move { http.get(url).send().await.unwrap().status().as_u16() }
+    };
+    let mut confirmed = Vec::new();
+    for n in 0..20 {
+        let (status, id) = create(n).await;
+        assert_eq!(status, 201, "creating session {n}");
+        confirmed.push(id.unwrap());
+    }
+    assert_eq!(readyz().await, 200);
+
+    let ballast = fill(tmpfs.path());
+    // Writes fail (sled may buffer a few before its log write fails).
+    let mut refused = 0;
+    for n in 0..200 {
+        let (status, id) = create(100 + n).await;
+        if status == 201 {
+            confirmed.push(id.unwrap());
+        } else {
+            refused += 1;
+            if refused >= 3 {
+                break;
+            }
+        }
+    }
+    assert!(refused >= 3, "a full disk never refused a write");
+    assert_eq!(readyz().await, 503);
+
+    std::fs::remove_file(&ballast).unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while readyz().await != 200 {
+        assert!(std::time::Instant::now() < deadline, "never ready again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, _) = create(1000).await;
+    assert_eq!(status, 201, "a write after recovery");
+    for id in &confirmed {
+        let status = http
+            .get(format!("{}/v1/sessions/{id}", served.base))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status.as_u16(), 200, "confirmed session {id}");
+    }
+    let logs = served.stderr.lock().unwrap().clone();
+    assert_eq!(logs.matches("stopped taking writes").count(), 1, "{logs}");
+    assert_eq!(logs.matches("takes writes again").count(), 1, "{logs}");
+    drop(served);
+}

@@ -10,7 +10,7 @@
 //! tracked so the actor can checkpoint exactly the new transcript entries and
 //! events before it executes any effect (§3, third invariant).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,11 +18,12 @@ use serde_json::{json, Value};
 
 use crate::delegation::{DelegateArgs, DELEGATE_TASK};
 use crate::error::SessionError;
+use crate::limits::Limits;
 use crate::model::decision::merge_override;
 use crate::model::{
     ApprovalPolicy, Budget, CallState, Decision, DecisionRecord, Event, EventKind, OnInterrupt,
-    ProposedCall, SessionHeader, SessionId, SessionStatus, StopReason, Submission, ToolCallId,
-    ToolCallRecord, TranscriptEntry, Usage,
+    ProposedCall, QueuedMessage, SessionHeader, SessionId, SessionStatus, StopReason, Submission,
+    ToolCallId, ToolCallRecord, TranscriptEntry, Usage,
 };
 use crate::provider::{ProviderError, ProviderEvent, ProviderRequest};
 use crate::store::{Checkpoint, StoredSession};
@@ -31,6 +32,9 @@ use crate::tool::{not_available, ToolRegistry};
 /// How many message ids a session remembers for idempotent retries. A retry
 /// older than this many later messages is accepted again.
 pub const RECENT_MESSAGE_IDS: usize = 256;
+
+/// The longest accepted `message_id`.
+pub const MAX_MESSAGE_ID_BYTES: usize = 256;
 
 /// FNV-1a: a stable 64-bit hash (std's hasher may change between releases,
 /// and these values are persisted).
@@ -198,6 +202,8 @@ pub struct Ctx<'a> {
     /// Entropy for the ids this transition mints (tool calls, children):
     /// the same seed, state and input mint the same ids.
     pub seed: u64,
+    /// Bounds of the queue of messages.
+    pub limits: Limits,
 }
 
 impl Ctx<'_> {
@@ -232,14 +238,23 @@ struct Partial {
     usage: Usage,
 }
 
-/// A session in memory: header, transcript, and what is not yet checkpointed.
+/// A session in memory: header, transcript, metadata, queued messages, and
+/// what is not yet checkpointed.
 #[derive(Debug, Clone)]
 pub struct Session {
-    /// The header (status, config, open calls, inbox, usage).
+    /// The header (status, config, open calls, usage, where the queue is).
     pub header: SessionHeader,
     /// The transcript.
     pub transcript: Vec<Arc<TranscriptEntry>>,
+    /// The caller's metadata (`null` if none); set at creation, never changed.
+    pub metadata: Value,
+    /// Messages accepted while a turn ran, oldest first; the first has
+    /// sequence number `header.queue.head`.
+    pub inbox: VecDeque<QueuedMessage>,
     persisted_entries: usize,
+    /// The queue rows as of the last checkpoint (`head..next`).
+    persisted_queue: (u64, u64),
+    metadata_persisted: bool,
     pending_events: Vec<Event>,
     dirty: bool,
     partial: Partial,
@@ -252,7 +267,11 @@ impl Session {
         let mut s = Self {
             header,
             transcript: Vec::new(),
+            metadata: Value::Null,
+            inbox: VecDeque::new(),
             persisted_entries: 0,
+            persisted_queue: (0, 0),
+            metadata_persisted: false,
             pending_events: Vec::new(),
             dirty: true,
             partial: Partial::default(),
@@ -261,15 +280,44 @@ impl Session {
         s
     }
 
-    /// A session read back from the store; nothing pending.
+    /// A brand-new session with the caller's metadata (written once, by its
+    /// first checkpoint).
+    pub fn with_metadata(mut self, metadata: Value) -> Self {
+        self.metadata = metadata;
+        self
+    }
+
+    /// A session read back from the store; nothing pending (unless it was
+    /// read from an older layout, which its next checkpoint rewrites).
     pub fn from_stored(stored: StoredSession) -> Self {
+        let queue = stored.header.queue;
+        let rewrite = stored.needs_rewrite;
         Self {
             persisted_entries: stored.transcript.len(),
+            persisted_queue: if rewrite {
+                (queue.head, queue.head)
+            } else {
+                (queue.head, queue.next)
+            },
+            metadata_persisted: !rewrite,
             header: stored.header,
             transcript: stored.transcript,
+            metadata: stored.metadata,
+            inbox: stored.inbox.into(),
             pending_events: Vec::new(),
-            dirty: false,
+            dirty: rewrite,
             partial: Partial::default(),
+        }
+    }
+
+    /// The session as a store would read it back (for the state API).
+    pub fn to_stored(&self) -> StoredSession {
+        StoredSession {
+            header: self.header.clone(),
+            transcript: self.transcript.clone(),
+            metadata: self.metadata.clone(),
+            inbox: self.inbox.iter().cloned().collect(),
+            needs_rewrite: false,
         }
     }
 
@@ -281,6 +329,17 @@ impl Session {
     /// The checkpoint of everything changed since the last one. Call
     /// [`Session::mark_persisted`] once it is durable.
     pub fn checkpoint(&self) -> Checkpoint {
+        let q = self.header.queue;
+        let (head, next) = self.persisted_queue;
+        // Rows queued since the last checkpoint and still queued (a message
+        // queued and taken between two checkpoints is never written).
+        let from = next.max(q.head);
+        let queued = (from..q.next)
+            .filter_map(|seq| {
+                let i = usize::try_from(seq - q.head).ok()?;
+                Some((seq, self.inbox.get(i)?.clone()))
+            })
+            .collect();
         Checkpoint {
             header: self.header.clone(),
             entries: self.transcript[self.persisted_entries..]
@@ -289,12 +348,18 @@ impl Session {
                 .map(|(i, e)| ((self.persisted_entries + i) as u64, e.clone()))
                 .collect(),
             events: self.pending_events.clone(),
+            metadata: (!self.metadata_persisted && !self.metadata.is_null())
+                .then(|| self.metadata.clone()),
+            queued,
+            dequeued: head..q.head.min(next),
         }
     }
 
     /// Marks the last checkpoint durable and hands back its events for publishing.
     pub fn mark_persisted(&mut self) -> Vec<Event> {
         self.persisted_entries = self.transcript.len();
+        self.persisted_queue = (self.header.queue.head, self.header.queue.next);
+        self.metadata_persisted = true;
         self.dirty = false;
         std::mem::take(&mut self.pending_events)
     }
@@ -415,7 +480,7 @@ impl Session {
                 }
                 // Every refusal comes before anything changes, the window of
                 // remembered ids included.
-                self.check_message(&text)?;
+                self.check_message(&text, message_id.as_deref(), ctx)?;
                 if let Some(id) = message_id {
                     self.remember_message(id, &text);
                 }
@@ -474,13 +539,90 @@ impl Session {
 
     // ---- inputs -------------------------------------------------------------
 
-    /// Whether a message can be accepted at all (nothing changes here).
-    fn check_message(&self, text: &str) -> Result<(), SessionError> {
+    /// Whether a message can be accepted at all (nothing changes here): not
+    /// to a terminal session, not empty, and within the queue's bounds when
+    /// it would wait behind a running turn.
+    fn check_message(
+        &self,
+        text: &str,
+        message_id: Option<&str>,
+        ctx: Ctx<'_>,
+    ) -> Result<(), SessionError> {
         self.refuse_if_terminal()?;
         if text.trim().is_empty() {
             return Err(SessionError::Invalid("message text is empty".into()));
         }
+        if let Some(id) = message_id {
+            if id.is_empty() || id.len() > MAX_MESSAGE_ID_BYTES {
+                return Err(SessionError::Invalid(format!(
+                    "message_id: must be 1 to {MAX_MESSAGE_ID_BYTES} bytes"
+                )));
+            }
+        }
+        let queues = !matches!(
+            self.header.status,
+            SessionStatus::Pending | SessionStatus::AwaitingInput
+        );
+        if queues {
+            let limits = ctx.limits;
+            let q = self.header.queue;
+            let len = text.len() as u64;
+            if len > limits.max_queued_bytes {
+                return Err(SessionError::TooLarge {
+                    what: "text".into(),
+                    size: len,
+                    limit: limits.max_queued_bytes,
+                });
+            }
+            if q.len() >= limits.max_queued_messages {
+                return Err(SessionError::QueueFull {
+                    id: self.header.id,
+                    detail: format!(
+                        "{} messages wait (max_queued_messages = {})",
+                        q.len(),
+                        limits.max_queued_messages
+                    ),
+                });
+            }
+            if q.bytes.saturating_add(len) > limits.max_queued_bytes {
+                return Err(SessionError::QueueFull {
+                    id: self.header.id,
+                    detail: format!(
+                        "{} bytes wait and this message has {len} (max_queued_bytes = {})",
+                        q.bytes, limits.max_queued_bytes
+                    ),
+                });
+            }
+        }
         Ok(())
+    }
+
+    fn enqueue(&mut self, message: QueuedMessage) {
+        let q = &mut self.header.queue;
+        q.next += 1;
+        q.bytes = q.bytes.saturating_add(message.text.len() as u64);
+        self.inbox.push_back(message);
+        self.dirty = true;
+    }
+
+    fn dequeue(&mut self) -> Option<QueuedMessage> {
+        let message = self.inbox.pop_front()?;
+        let q = &mut self.header.queue;
+        q.head += 1;
+        q.bytes = q.bytes.saturating_sub(message.text.len() as u64);
+        self.dirty = true;
+        Some(message)
+    }
+
+    fn clear_queue(&mut self) {
+        if self.inbox.is_empty() {
+            return;
+        }
+        self.inbox.clear();
+        let q = &mut self.header.queue;
+        q.head = q.next;
+        q.bytes = 0;
+        self.dirty = true;
     }
 
     /// Accepts a message [`Session::check_message`] passed.
@@ -508,7 +650,7 @@ impl Session {
                     },
                     ctx.now_ms,
                 );
-                self.header.inbox.push(crate::model::QueuedMessage {
+                self.enqueue(QueuedMessage {
                     text,
                     at_ms: ctx.now_ms,
                 });
@@ -794,7 +936,7 @@ impl Session {
             }
         }
         self.close_step(ctx);
-        self.header.inbox.clear();
+        self.clear_queue();
         let turn_running = matches!(
             self.header.status,
             SessionStatus::Running | SessionStatus::AwaitingApproval
@@ -825,7 +967,7 @@ impl Session {
             }
         }
         self.close_step(ctx);
-        self.header.inbox.clear();
+        self.clear_queue();
         self.emit(
             EventKind::Error {
                 message: reason.clone(),
@@ -1288,8 +1430,7 @@ impl Session {
             self.set_status(SessionStatus::Cancelled, ctx);
             return;
         }
-        if !self.header.inbox.is_empty() {
-            let next = self.header.inbox.remove(0);
+        if let Some(next) = self.dequeue() {
             self.push_entry(TranscriptEntry::User {
                 text: next.text,
                 at_ms: next.at_ms,
@@ -1313,7 +1454,12 @@ impl Session {
         let Some(id) = message_id else {
             return Ok(false);
         };
-        match self.header.recent_messages.iter().find(|m| m.id == id) {
+        let key = fnv1a(id);
+        let same = |m: &&crate::model::RecentMessage| match &m.id {
+            Some(legacy) => legacy == id,
+            None => m.id_hash == key,
+        };
+        match self.header.recent_messages.iter().find(same) {
             Some(m) if m.text_hash == fnv1a(text) => Ok(true),
             Some(_) => Err(SessionError::Conflict(format!(
                 "message_id '{id}' was already used for a different message"
@@ -1328,7 +1474,8 @@ impl Session {
             recent.remove(0);
         }
         recent.push(crate::model::RecentMessage {
-            id,
+            id_hash: fnv1a(&id),
+            id: None,
             text_hash: fnv1a(text),
         });
         self.dirty = true;
@@ -1589,6 +1736,7 @@ mod tests {
             tools,
             now_ms: NOW,
             seed,
+            limits: Limits::default(),
         }
     }
 
@@ -1760,7 +1908,8 @@ mod tests {
         let mut s = session();
         s.header.recent_messages = (0..RECENT_MESSAGE_IDS)
             .map(|i| RecentMessage {
-                id: format!("m{i}"),
+                id_hash: fnv1a(&format!("m{i}")),
+                id: None,
                 text_hash: fnv1a("x"),
             })
             .collect();
@@ -1785,6 +1934,79 @@ mod tests {
             assert!(!s.is_dirty(), "{name}");
             assert!(s.pending_events().is_empty(), "{name}");
         }
+    }
+
+    /// Queued messages are rows of their own: a checkpoint carries the ones
+    /// queued (or taken) since the previous one, never the whole queue.
+    #[test]
+    fn the_queue_is_checkpointed_as_what_changed_and_bounded() {
+        let tools = registry();
+        let mut s = session();
+        drive(&mut s, &tools, [vec![msg("hi")], calls(&["ask"])].concat()).unwrap();
+        assert_eq!(s.header.status, SessionStatus::AwaitingApproval);
+        s.apply(msg("first"), ctx(&tools, 1)).unwrap();
+        let cp = s.checkpoint();
+        assert_eq!(cp.queued.len(), 1);
+        assert_eq!(cp.queued[0].0, 0);
+        assert_eq!(cp.dequeued, 0..0);
+        assert_eq!(s.header.queue.len(), 1);
+        assert_eq!(s.header.queue.bytes, 5);
+        s.mark_persisted();
+        s.apply(msg("second"), ctx(&tools, 1)).unwrap();
+        let cp = s.checkpoint();
+        assert_eq!(
+            cp.queued
+                .iter()
+                .map(|(seq, m)| (*seq, m.text.as_str()))
+                .collect::<Vec<_>>(),
+            vec![(1, "second")],
+            "only the new row"
+        );
+        s.mark_persisted();
+        // Bounds: a message over the byte limit, then a full queue.
+        let limits = Limits {
+            max_queued_messages: 2,
+            max_queued_bytes: 16,
+            ..Limits::default()
+        };
+        let tight = |seed| Ctx {
+            limits,
+            ..ctx(&tools, seed)
+        };
+        let before = s.header.clone();
+        let err = s.apply(msg(&"x".repeat(17)), tight(2)).unwrap_err();
+        assert!(
+            matches!(err, SessionError::TooLarge { limit: 16, .. }),
+            "{err:?}"
+        );
+        let err = s.apply(msg("third"), tight(2)).unwrap_err();
+        assert!(matches!(err, SessionError::QueueFull { .. }), "{err:?}");
+        assert_eq!(s.header, before, "refusals change nothing");
+        // The turn ends: the oldest message starts the next turn and its row
+        // is deleted.
+        let approve = approve(&s);
+        drive(&mut s, &tools, vec![approve]).unwrap();
+        s.apply(
+            Input::ToolFinished {
+                call_id: s.header.open_calls[0].id.clone(),
+                attempt: 1,
+                result: Ok(json!(1)),
+            },
+            ctx(&tools, 3),
+        )
+        .unwrap();
+        s.mark_persisted();
+        s.apply(Input::StreamEnded(Ok(())), ctx(&tools, 4)).unwrap();
+        let cp = s.checkpoint();
+        assert_eq!(cp.dequeued, 0..1);
+        assert!(cp.queued.is_empty());
+        assert_eq!(s.inbox.len(), 1);
+        assert_eq!(s.header.queue.head, 1);
+        // A cancel empties the queue.
+        s.mark_persisted();
+        s.apply(Input::Cancel, ctx(&tools, 5)).unwrap();
+        assert!(s.header.queue.is_empty());
+        assert_eq!(s.checkpoint().dequeued, 1..2);
     }
 
     #[test]

@@ -19,9 +19,9 @@ pub use decision::{Decision, DecisionRecord, Submission};
 pub use event::{Event, EventKind, Notification};
 pub use overrides::SessionOverrides;
 pub use session::{
-    AgentConfig, ApprovalPolicy, Budget, ChildApproval, EffectiveConfig, ParentLink, QueuedMessage,
-    RecentMessage, SessionHeader, SessionId, SessionStatus, StopReason, DEFAULT_MAX_CHILDREN,
-    DEFAULT_MAX_DELEGATION_DEPTH, SCHEMA_VERSION,
+    AgentConfig, ApprovalPolicy, Budget, ChildApproval, EffectiveConfig, ParentLink, QueueIndex,
+    QueuedMessage, RecentMessage, SessionHeader, SessionId, SessionStatus, StopReason,
+    DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DELEGATION_DEPTH, SCHEMA_VERSION,
 };
 pub use transcript::{ProposedCall, TranscriptEntry};
 pub use usage::Usage;

@@ -211,9 +211,8 @@ impl Overseer {
         let mut header = SessionHeader::new(id, req.tenant, agent.name.clone(), config, now);
         header.created_by = req.created_by;
         header.title = req.title;
-        header.metadata = req.metadata;
         header.auto_complete = req.auto_complete;
-        let mut session = Session::new(header);
+        let mut session = Session::new(header).with_metadata(req.metadata);
         if let Some(text) = req.prompt {
             // The effects are recomputed by the actor's resume on start.
             session.apply(

@@ -203,6 +203,7 @@ impl Runtime {
             tools: &self.tools,
             now_ms: now_ms(),
             seed: rand_seed(),
+            limits: self.config.limits,
         }
     }
 

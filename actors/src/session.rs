@@ -27,7 +27,6 @@ use crate::messages::{crashed, SessionMsg, ToolCallMsg};
 use crate::model::{CallState, Notification, SessionId, ToolCallId};
 use crate::provider::{ProviderError, ProviderEvent, ProviderRequest};
 use crate::runtime::Runtime;
-use crate::store::StoredSession;
 use crate::supervision::Restarts;
 use crate::tool::ToolContext;
 use crate::tool_call::{ToolCallActor, ToolCallArgs};
@@ -214,10 +213,7 @@ impl Actor for SessionActor {
                 }
                 SessionMsg::Done(reply) => state.rpc(&myself, Input::Done, reply).await,
                 SessionMsg::Get(reply) => {
-                    let _ = reply.send(StoredSession {
-                        header: state.session.header.clone(),
-                        transcript: state.session.transcript.clone(),
-                    });
+                    let _ = reply.send(state.session.to_stored());
                     Ok(())
                 }
                 SessionMsg::ActivateChild(child, reply) => {

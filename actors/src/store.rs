@@ -12,7 +12,13 @@ pub use memory::MemStore;
 
 use std::sync::Arc;
 
-use crate::model::{Event, SessionHeader, SessionId, SessionStatus, TranscriptEntry};
+use std::ops::Range;
+
+use serde_json::Value;
+
+use crate::model::{
+    Event, QueuedMessage, SessionHeader, SessionId, SessionStatus, TranscriptEntry,
+};
 
 /// One atomic write: the header as it is now, plus what was appended since the
 /// previous checkpoint. Its size depends on what changed, not on history.
@@ -24,6 +30,15 @@ pub struct Checkpoint {
     pub entries: Vec<(u64, Arc<TranscriptEntry>)>,
     /// New events (seq ascending).
     pub events: Vec<Event>,
+    /// The caller's metadata, in the one checkpoint that writes it (the
+    /// first); `None` afterwards: it never changes.
+    pub metadata: Option<Value>,
+    /// Messages queued since the previous checkpoint, with their sequence
+    /// numbers (within the header's `queue.head..queue.next`).
+    pub queued: Vec<(u64, QueuedMessage)>,
+    /// Sequence numbers of queued messages taken off the queue since the
+    /// previous checkpoint: their rows are deleted.
+    pub dequeued: Range<u64>,
 }
 
 /// A session as read back from the store.
@@ -33,9 +48,17 @@ pub struct StoredSession {
     pub header: SessionHeader,
     /// The whole transcript in order.
     pub transcript: Vec<Arc<TranscriptEntry>>,
+    /// The caller's metadata (`null` when none was given).
+    pub metadata: Value,
+    /// The queued messages, oldest first (`header.queue.head..next`).
+    pub inbox: Vec<QueuedMessage>,
+    /// Read from an older layout that kept the metadata and the queue in the
+    /// header: the next checkpoint writes them in their own rows.
+    pub needs_rewrite: bool,
 }
 
-/// A lightweight row for listing and boot recovery, without the transcript.
+/// A lightweight row for listing and boot recovery: the header alone, without
+/// the transcript, the metadata or the queue.
 pub type SessionSummary = SessionHeader;
 
 /// Store failures.

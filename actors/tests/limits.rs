@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use overseer_actors::model::{SessionStatus, StopReason};
+use overseer_actors::store::CheckpointStore;
 use overseer_actors::{CreateSession, Limits, RuntimeConfig, SessionError};
 use serde_json::json;
 
@@ -144,4 +145,55 @@ async fn past_the_live_session_limit_work_is_refused_then_admitted_once_idle_ses
         h.ov.state(a).await.unwrap().header.status,
         SessionStatus::AwaitingInput
     );
+}
+
+/// A session waiting for an approval takes messages up to its queue's
+/// bound, refuses the next one clearly, and runs the queued ones in order
+/// once the turn moves on; a reload from the store sees the same queue.
+#[tokio::test]
+async fn the_queue_behind_a_running_turn_is_bounded_and_survives_a_reload() {
+    let limits = Limits {
+        max_queued_messages: 3,
+        ..Limits::default()
+    };
+    let steps = json!([
+        {"text": "Let me echo.", "tool_calls": [{"name": "echo", "arguments": {"text": "hi"}}]},
+        {"text": "Result: {{tool_result}}"},
+        {"text": "one"}, {"text": "two"}, {"text": "three"}
+    ]);
+    let h = harness_cfg(agent(&["echo"]), scripted(steps), limited(limits)).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    for i in 0..3 {
+        h.ov.send_message(id, format!("queued {i}")).await.unwrap();
+    }
+    let err = h.ov.send_message(id, "one too many").await.unwrap_err();
+    assert!(matches!(err, SessionError::QueueFull { .. }), "{err:?}");
+    assert!(err.to_string().contains("max_queued_messages = 3"), "{err}");
+    // The store holds the queue beside the header, not in it.
+    let stored = h.store.load(id).await.unwrap().unwrap();
+    let texts: Vec<&str> = stored.inbox.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(texts, ["queued 0", "queued 1", "queued 2"]);
+    assert_eq!(stored.header.queue.len(), 3);
+    let header_json = serde_json::to_string(&stored.header).unwrap();
+    assert!(!header_json.contains("queued 0"), "{header_json}");
+
+    let call = h.pending(id).await.remove(0);
+    h.approve(id, &call).await;
+    for _ in 0..4 {
+        assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    }
+    let users: Vec<String> = h
+        .transcript(id)
+        .await
+        .into_iter()
+        .filter_map(|e| match e {
+            overseer_actors::model::TranscriptEntry::User { text, .. } => Some(text),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(users, ["go", "queued 0", "queued 1", "queued 2"]);
+    let stored = h.store.load(id).await.unwrap().unwrap();
+    assert!(stored.inbox.is_empty());
+    assert!(stored.header.queue.is_empty());
 }

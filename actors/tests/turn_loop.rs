@@ -489,7 +489,7 @@ async fn messages_sent_while_running_start_the_next_turns_in_order() {
     until_status(&mut rx, SessionStatus::AwaitingApproval).await;
     h.ov.send_message(id, "two").await.unwrap();
     h.ov.send_message(id, "three").await.unwrap();
-    assert_eq!(h.ov.state(id).await.unwrap().header.inbox.len(), 2);
+    assert_eq!(h.ov.state(id).await.unwrap().inbox.len(), 2);
     let call = h.pending(id).await.remove(0);
     h.approve(id, &call).await;
     for _ in 0..3 {
@@ -506,7 +506,8 @@ async fn messages_sent_while_running_start_the_next_turns_in_order() {
     assert_eq!(texts, vec!["first: one", "second: two", "third: three"]);
     let s = h.ov.state(id).await.unwrap();
     assert_eq!(s.header.turn, 3);
-    assert!(s.header.inbox.is_empty());
+    assert!(s.inbox.is_empty());
+    assert!(s.header.queue.is_empty());
 }
 
 #[tokio::test]

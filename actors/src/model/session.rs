@@ -3,12 +3,16 @@
 //! beside it, entry by entry, so the header's size does not grow with history.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use super::{ToolCallRecord, Usage};
 
 /// The checkpoint format version this binary writes and the newest it reads.
-pub const SCHEMA_VERSION: u32 = 1;
+///
+/// 2: the queue of messages and the caller's metadata moved out of the
+/// header into rows of their own (written once, not at every checkpoint);
+/// remembered message ids are hashes. Version 1 snapshots are read and
+/// rewritten in the new layout by their next checkpoint.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Default of `max_delegation_depth` (§7): the deepest child is at this depth.
 pub const DEFAULT_MAX_DELEGATION_DEPTH: u32 = 3;
@@ -361,23 +365,57 @@ pub struct ParentLink {
     pub depth: u32,
 }
 
-/// A message id a session accepted, for idempotent retries.
+/// A message id a session accepted, for idempotent retries. Only hashes are
+/// kept, so a long id costs the header nothing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RecentMessage {
-    /// Client-chosen id.
-    pub id: String,
+    /// Hash of the client-chosen id.
+    #[serde(default)]
+    pub id_hash: u64,
+    /// The id itself, as version 1 snapshots stored it (never written now).
+    #[serde(default, skip_serializing)]
+    pub id: Option<String>,
     /// Hash of the text it came with (a reuse with other text is a conflict).
     pub text_hash: u64,
 }
 
-/// A user message waiting behind a running turn. Part of the header because it
-/// was acknowledged, so it must survive a crash.
+/// A user message waiting behind a running turn. Acknowledged, so it must
+/// survive a crash: each is a row of its own beside the header, written once
+/// when accepted and deleted when its turn starts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueuedMessage {
     /// The text.
     pub text: String,
     /// Accepted at, ms since the epoch.
     pub at_ms: i64,
+}
+
+/// Where a session's queued messages are: rows `head..next` (by sequence
+/// number), `bytes` of text in all.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueIndex {
+    /// Sequence number of the oldest queued message.
+    pub head: u64,
+    /// Sequence number the next queued message gets.
+    pub next: u64,
+    /// Bytes of text queued.
+    pub bytes: u64,
+}
+
+impl QueueIndex {
+    /// Messages queued.
+    pub fn len(&self) -> u64 {
+        self.next.saturating_sub(self.head)
+    }
+
+    /// Whether nothing is queued (and nothing ever was, for serialisation).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// The header of a session snapshot.
@@ -394,12 +432,9 @@ pub struct SessionHeader {
     pub created_by: Option<String>,
     /// Agent name.
     pub agent: String,
-    /// Optional title.
+    /// Optional title (bounded, see [`crate::Limits`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
-    /// Free-form caller metadata.
-    #[serde(default, skip_serializing_if = "Value::is_null")]
-    pub metadata: Value,
     /// Parent link for a child session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentLink>,
@@ -431,9 +466,9 @@ pub struct SessionHeader {
     /// Ids of recently accepted messages (bounded).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent_messages: Vec<RecentMessage>,
-    /// Messages accepted while a turn ran.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub inbox: Vec<QueuedMessage>,
+    /// Where the messages accepted while a turn ran are stored.
+    #[serde(default, skip_serializing_if = "QueueIndex::is_default")]
+    pub queue: QueueIndex,
     /// Tool calls of the open step, in proposal order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub open_calls: Vec<ToolCallRecord>,
@@ -464,7 +499,6 @@ impl SessionHeader {
             created_by: None,
             agent,
             title: None,
-            metadata: Value::Null,
             parent: None,
             root_id: id,
             status: SessionStatus::Pending,
@@ -478,7 +512,7 @@ impl SessionHeader {
             step: 0,
             last_stop_reason: None,
             recent_messages: Vec::new(),
-            inbox: Vec::new(),
+            queue: QueueIndex::default(),
             open_calls: Vec::new(),
             transcript_len: 0,
             last_event_seq: 0,

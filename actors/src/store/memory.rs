@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use serde_json::Value;
+
 use crate::model::{
-    Event, SessionHeader, SessionId, SessionStatus, TranscriptEntry, SCHEMA_VERSION,
+    Event, QueuedMessage, SessionHeader, SessionId, SessionStatus, TranscriptEntry, SCHEMA_VERSION,
 };
 
 use super::{Checkpoint, CheckpointStore, SessionSummary, StoreError, StoredSession};
@@ -16,6 +18,8 @@ struct Inner {
     headers: BTreeMap<SessionId, SessionHeader>,
     transcripts: BTreeMap<SessionId, Vec<Arc<TranscriptEntry>>>,
     events: BTreeMap<SessionId, Vec<Event>>,
+    metadata: BTreeMap<SessionId, Value>,
+    queues: BTreeMap<SessionId, BTreeMap<u64, QueuedMessage>>,
     checkpoints: u64,
 }
 
@@ -60,6 +64,14 @@ impl CheckpointStore for MemStore {
             }
         }
         inner.events.entry(id).or_default().extend(cp.events);
+        if let Some(metadata) = cp.metadata {
+            inner.metadata.insert(id, metadata);
+        }
+        let queue = inner.queues.entry(id).or_default();
+        queue.extend(cp.queued);
+        for seq in cp.dequeued {
+            queue.remove(&seq);
+        }
         inner.headers.insert(id, cp.header);
         inner.checkpoints += 1;
         Ok(())
@@ -72,7 +84,24 @@ impl CheckpointStore for MemStore {
         };
         check_version(&header)?;
         let transcript = inner.transcripts.get(&id).cloned().unwrap_or_default();
-        Ok(Some(StoredSession { header, transcript }))
+        let metadata = inner.metadata.get(&id).cloned().unwrap_or(Value::Null);
+        let queue = &header.queue;
+        let inbox = inner
+            .queues
+            .get(&id)
+            .map(|q| {
+                q.range(queue.head..queue.next)
+                    .map(|(_, m)| m.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Some(StoredSession {
+            header,
+            transcript,
+            metadata,
+            inbox,
+            needs_rewrite: false,
+        }))
     }
 
     async fn load_header(&self, id: SessionId) -> Result<Option<SessionHeader>, StoreError> {

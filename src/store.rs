@@ -272,9 +272,15 @@ impl Trees {
     }
 
     fn session(&self, id: &SessionId) -> Result<Option<StoredSession>, StoreError> {
-        let Some(header) = self.header(id)? else {
+        let Some(bytes) = self
+            .sessions
+            .get(id.as_bytes())
+            .map_err(|e| io(format_args!("reading session {id}"), e))?
+        else {
             return Ok(None);
         };
+        let mut header = codec::decode_header(id, &bytes)?;
+        let legacy = codec::legacy_parts(id, &header, &bytes)?;
         // Only the entries the header accounts for: entries are written before
         // the header that counts them (and never rewritten below it), so
         // reading the header first gives a consistent snapshot even while the
@@ -312,7 +318,66 @@ impl Trees {
                 ),
             ));
         }
-        Ok(Some(StoredSession { header, transcript }))
+        if let Some(legacy) = legacy {
+            // Schema 1: the queue and the metadata were in the header. They
+            // move to their own rows with the session's next checkpoint.
+            header.schema_version = overseer_actors::model::SCHEMA_VERSION;
+            header.queue = overseer_actors::model::QueueIndex {
+                head: 0,
+                next: legacy.inbox.len() as u64,
+                bytes: legacy.inbox.iter().map(|m| m.text.len() as u64).sum(),
+            };
+            return Ok(Some(StoredSession {
+                header,
+                transcript,
+                metadata: legacy.metadata,
+                inbox: legacy.inbox,
+                needs_rewrite: true,
+            }));
+        }
+        let metadata = match self
+            .metadata
+            .get(id.as_bytes())
+            .map_err(|e| io(format_args!("reading the metadata of session {id}"), e))?
+        {
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| corrupt(id, format!("unreadable metadata: {e}")))?,
+            None => serde_json::Value::Null,
+        };
+        // The queue rows the header covers, all of them present.
+        let q = header.queue;
+        let mut inbox = Vec::new();
+        if q.next > q.head {
+            let range = codec::seq_key(id, q.head)..codec::seq_key(id, q.next);
+            for item in self.queue.range(range) {
+                let (key, value) =
+                    item.map_err(|e| io(format_args!("reading the queue of session {id}"), e))?;
+                let expected = q.head + inbox.len() as u64;
+                if codec::seq_of(&key) != Some(expected) {
+                    return Err(corrupt(id, format!("queued message {expected} is missing")));
+                }
+                inbox.push(serde_json::from_slice(&value).map_err(|e| {
+                    corrupt(id, format!("unreadable queued message {expected}: {e}"))
+                })?);
+            }
+            if inbox.len() as u64 != q.len() {
+                return Err(corrupt(
+                    id,
+                    format!(
+                        "the header counts {} queued messages but {} are stored",
+                        q.len(),
+                        inbox.len()
+                    ),
+                ));
+            }
+        }
+        Ok(Some(StoredSession {
+            header,
+            transcript,
+            metadata,
+            inbox,
+            needs_rewrite: false,
+        }))
     }
 
     fn events_after(
@@ -525,8 +590,8 @@ mod tests {
     use std::path::PathBuf;
 
     use overseer_actors::model::{
-        AgentConfig, CallState, EventKind, ToolCallId, ToolCallRecord, TranscriptEntry, Usage,
-        SCHEMA_VERSION,
+        AgentConfig, CallState, EventKind, QueuedMessage, ToolCallId, ToolCallRecord,
+        TranscriptEntry, Usage, SCHEMA_VERSION,
     };
     use serde_json::json;
     use sha2::{Digest, Sha256};
@@ -542,6 +607,11 @@ mod tests {
         persisted: usize,
         events: Vec<Event>,
         pending: Vec<Event>,
+        metadata: serde_json::Value,
+        metadata_written: bool,
+        inbox: Vec<QueuedMessage>,
+        queued: Vec<(u64, QueuedMessage)>,
+        dequeued: std::ops::Range<u64>,
     }
 
     impl Sim {
@@ -568,13 +638,17 @@ mod tests {
             }))
             .unwrap();
             header.title = Some("t".into());
-            header.metadata = json!({"k": [1, 2]});
             let mut sim = Self {
                 header,
                 transcript: Vec::new(),
                 persisted: 0,
                 events: Vec::new(),
                 pending: Vec::new(),
+                metadata: json!({"k": [1, 2]}),
+                metadata_written: false,
+                inbox: Vec::new(),
+                queued: Vec::new(),
+                dequeued: 0..0,
             };
             sim.emit(EventKind::SessionCreated { agent: "a".into() });
             sim
@@ -611,6 +685,29 @@ mod tests {
             self.emit(EventKind::StatusChanged { status });
         }
 
+        fn enqueue(&mut self, text: &str) {
+            let m = QueuedMessage {
+                text: text.into(),
+                at_ms: 5,
+            };
+            let q = &mut self.header.queue;
+            self.queued.push((q.next, m.clone()));
+            q.next += 1;
+            q.bytes += text.len() as u64;
+            self.inbox.push(m);
+        }
+
+        fn dequeue(&mut self) {
+            let m = self.inbox.remove(0);
+            let q = &mut self.header.queue;
+            if self.dequeued.is_empty() {
+                self.dequeued = q.head..q.head;
+            }
+            self.dequeued.end = q.head + 1;
+            q.head += 1;
+            q.bytes -= m.text.len() as u64;
+        }
+
         fn checkpoint(&mut self) -> Checkpoint {
             let entries = self.transcript[self.persisted..]
                 .iter()
@@ -620,10 +717,15 @@ mod tests {
             self.persisted = self.transcript.len();
             let events = std::mem::take(&mut self.pending);
             self.events.extend(events.iter().cloned());
+            let metadata = (!self.metadata_written).then(|| self.metadata.clone());
+            self.metadata_written = true;
             Checkpoint {
                 header: self.header.clone(),
                 entries,
                 events,
+                metadata,
+                queued: std::mem::take(&mut self.queued),
+                dequeued: std::mem::replace(&mut self.dequeued, 0..0),
             }
         }
     }
@@ -652,6 +754,9 @@ mod tests {
         let got: Vec<&TranscriptEntry> = stored.transcript.iter().map(|e| &**e).collect();
         let want: Vec<&TranscriptEntry> = sim.transcript.iter().map(|e| &**e).collect();
         assert_eq!(got, want);
+        assert_eq!(stored.metadata, sim.metadata);
+        assert_eq!(stored.inbox, sim.inbox);
+        assert!(!stored.needs_rewrite);
     }
 
     /// Every file under `dir` with the sha256 of its content.
@@ -670,6 +775,88 @@ mod tests {
         let mut out = BTreeMap::new();
         walk(dir, &mut out);
         out
+    }
+
+    /// Queued messages are rows beside the header: each written once, read
+    /// back in order, deleted when taken; the metadata is written once and
+    /// never rewritten by later checkpoints.
+    #[tokio::test]
+    async fn queued_messages_and_metadata_live_beside_the_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut sim = Sim::new("acme");
+        sim.status(SessionStatus::AwaitingApproval);
+        sim.enqueue("first");
+        sim.enqueue("second");
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
+        // The header does not carry them.
+        let header = store.load_header(sim.id()).await.unwrap().unwrap();
+        let json = serde_json::to_string(&header).unwrap();
+        assert!(!json.contains("first") && !json.contains("[1,2]"), "{json}");
+
+        let cp = sim.checkpoint();
+        assert!(cp.metadata.is_none() && cp.queued.is_empty());
+        sim.dequeue();
+        sim.enqueue("third");
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        let reopened = {
+            drop(store);
+            open(dir.path())
+        };
+        let stored = reopened.load(sim.id()).await.unwrap().unwrap();
+        assert_same(&stored, &sim);
+        let texts: Vec<&str> = stored.inbox.iter().map(|m| m.text.as_str()).collect();
+        assert_eq!(texts, ["second", "third"]);
+        // The taken row is gone from the tree, not just hidden.
+        let rows = reopened
+            .current()
+            .trees
+            .queue
+            .scan_prefix(sim.id().as_bytes())
+            .count();
+        assert_eq!(rows, 2);
+    }
+
+    /// A version 1 header kept the queue and the metadata inside it: it is
+    /// read with them, flagged for rewriting, and the next checkpoint moves
+    /// them to their rows.
+    #[tokio::test]
+    async fn a_version_1_header_is_read_and_rewritten_in_the_new_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let sim = Sim::new("acme");
+        let id = sim.id();
+        let mut v1 = serde_json::to_value(&sim.header).unwrap();
+        v1["schema_version"] = json!(1);
+        v1["metadata"] = json!({"k": "v"});
+        v1["inbox"] = json!([{"text": "waiting", "at_ms": 3}]);
+        v1["recent_messages"] = json!([{"id": "m-1", "text_hash": 42}]);
+        store
+            .current()
+            .trees
+            .sessions
+            .insert(id.as_bytes(), serde_json::to_vec(&v1).unwrap())
+            .unwrap();
+        let stored = store.load(id).await.unwrap().unwrap();
+        assert!(stored.needs_rewrite);
+        assert_eq!(stored.metadata, json!({"k": "v"}));
+        assert_eq!(stored.inbox[0].text, "waiting");
+        assert_eq!(stored.header.queue.len(), 1);
+        assert_eq!(stored.header.schema_version, SCHEMA_VERSION);
+        assert_eq!(
+            stored.header.recent_messages[0].id.as_deref(),
+            Some("m-1"),
+            "a version 1 message id is still recognised"
+        );
+        // The machine writes everything that moved with its next checkpoint.
+        let session = overseer_actors::machine::Session::from_stored(stored);
+        assert!(session.is_dirty());
+        store.checkpoint(session.checkpoint()).await.unwrap();
+        let again = store.load(id).await.unwrap().unwrap();
+        assert!(!again.needs_rewrite);
+        assert_eq!(again.metadata, json!({"k": "v"}));
+        assert_eq!(again.inbox[0].text, "waiting");
     }
 
     #[tokio::test]

@@ -125,6 +125,9 @@ impl Sim {
             header: self.header.clone(),
             entries,
             events,
+            metadata: None,
+            queued: Vec::new(),
+            dequeued: 0..0,
         }
     }
 

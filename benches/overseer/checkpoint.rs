@@ -137,6 +137,9 @@ impl Synthetic {
             header: self.header.clone(),
             entries,
             events: vec![event],
+            metadata: None,
+            queued: Vec::new(),
+            dequeued: 0..0,
         }
     }
 }

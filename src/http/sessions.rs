@@ -38,17 +38,24 @@ const MAX_SCAN: usize = 2_000;
 /// Longest accepted `message_id`.
 const MAX_MESSAGE_ID: usize = 200;
 
-/// A session as the API shows it: its header fields, plus the transcript.
+/// A session as the API shows it: its header fields, its metadata and
+/// queued messages, plus the transcript. (A list row is the header alone.)
 #[derive(Serialize)]
 struct SessionView<'a> {
     #[serde(flatten)]
     header: &'a SessionHeader,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    metadata: &'a Value,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    inbox: &'a [overseer_actors::model::QueuedMessage],
     transcript: Vec<&'a TranscriptEntry>,
 }
 
 fn session_json(stored: &StoredSession) -> Value {
     to_json(&SessionView {
         header: &stored.header,
+        metadata: &stored.metadata,
+        inbox: &stored.inbox,
         transcript: stored.transcript.iter().map(|e| e.as_ref()).collect(),
     })
 }
@@ -221,7 +228,7 @@ fn same_create(stored: &StoredSession, p: &Principal, body: &CreateBody, metadat
     h.tenant == p.tenant
         && h.agent == body.agent
         && h.title == body.title
-        && &h.metadata == metadata
+        && &stored.metadata == metadata
         && h.auto_complete == body.auto_complete
         && prompt == body.prompt.as_deref()
 }

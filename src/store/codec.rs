@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use overseer_actors::model::{
-    SessionHeader, SessionId, SessionStatus, TranscriptEntry, SCHEMA_VERSION,
+    QueuedMessage, SessionHeader, SessionId, SessionStatus, TranscriptEntry, SCHEMA_VERSION,
 };
 use overseer_actors::store::{Checkpoint, StoreError};
 use serde::{Deserialize, Serialize};
@@ -152,6 +152,12 @@ pub(super) struct Prepared {
     pub(super) events: Vec<([u8; 24], IVec)>,
     /// `(sha256 hex, result JSON)` of tool results over [`BLOB_THRESHOLD`].
     pub(super) blobs: Vec<(String, IVec)>,
+    /// Newly queued messages.
+    pub(super) queued: Vec<([u8; 24], IVec)>,
+    /// Keys of queued messages taken off the queue.
+    pub(super) dequeued: Vec<[u8; 24]>,
+    /// The metadata, in the checkpoint that writes it.
+    pub(super) metadata: Option<IVec>,
 }
 
 impl Prepared {
@@ -169,6 +175,8 @@ impl Prepared {
                 .iter()
                 .map(|(k, v)| v.len() + k.len())
                 .sum::<usize>()
+            + self.queued.iter().map(|(_, v)| v.len() + 24).sum::<usize>()
+            + self.metadata.as_ref().map_or(0, |m| m.len())
     }
 }
 
@@ -202,6 +210,20 @@ pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
         // Keyed by the checkpoint's session, which owns the event by construction.
         events.push((seq_key(&id, event.seq), IVec::from(value)));
     }
+    let mut queued = Vec::with_capacity(cp.queued.len());
+    for (seq, message) in &cp.queued {
+        let value = serde_json::to_vec(message)
+            .map_err(|e| corrupt(id, format!("cannot encode queued message {seq}: {e}")))?;
+        queued.push((seq_key(&id, *seq), IVec::from(value)));
+    }
+    let metadata = match &cp.metadata {
+        Some(m) => {
+            Some(IVec::from(serde_json::to_vec(m).map_err(|e| {
+                corrupt(id, format!("cannot encode metadata: {e}"))
+            })?))
+        }
+        None => None,
+    };
     Ok(Prepared {
         id,
         schema_version: cp.header.schema_version,
@@ -212,7 +234,36 @@ pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
         entries,
         events,
         blobs,
+        queued,
+        dequeued: cp.dequeued.clone().map(|seq| seq_key(&id, seq)).collect(),
+        metadata,
     })
+}
+
+/// What a version 1 header kept that now lives beside it: the queued
+/// messages and the metadata.
+#[derive(Deserialize, Default)]
+pub(super) struct LegacyParts {
+    #[serde(default)]
+    pub(super) inbox: Vec<QueuedMessage>,
+    #[serde(default)]
+    pub(super) metadata: serde_json::Value,
+}
+
+/// The legacy parts of a header written by schema version 1 (`None` for a
+/// current header): the reader moves them out, and the session's next
+/// checkpoint writes them in their own rows.
+pub(super) fn legacy_parts(
+    id: &SessionId,
+    header: &SessionHeader,
+    bytes: &[u8],
+) -> Result<Option<LegacyParts>, StoreError> {
+    if header.schema_version >= 2 {
+        return Ok(None);
+    }
+    serde_json::from_slice(bytes)
+        .map(Some)
+        .map_err(|e| corrupt(id, format!("unreadable version 1 header: {e}")))
 }
 
 fn encode_entry(

@@ -669,11 +669,14 @@ struct Writes {
     blobs: Vec<Write>,
     transcript: Vec<Write>,
     events: Vec<Write>,
+    queue: Vec<Write>,
+    metadata: Vec<Write>,
     tenants_added: Vec<Write>,
     active_added: Vec<Write>,
     sessions: Vec<Write>,
     tenants_removed: Vec<Write>,
     active_removed: Vec<Write>,
+    queue_removed: Vec<Write>,
 }
 
 /// Applies a group and returns one outcome per checkpoint. A checkpoint over
@@ -755,6 +758,19 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                 }
                 for (k, v) in &p.events {
                     writes.events.push((k[..].into(), Some(v.clone())));
+                }
+                for (k, v) in &p.queued {
+                    writes.queue.push((k[..].into(), Some(v.clone())));
+                }
+                if let Some(m) = &p.metadata {
+                    writes
+                        .metadata
+                        .push((p.id.as_bytes()[..].into(), Some(m.clone())));
+                }
+                // Rows a header no longer covers go after it: until then the
+                // previous header still counts them.
+                for k in &p.dequeued {
+                    writes.queue_removed.push((k[..].into(), None));
                 }
                 // A later checkpoint of the session in this group, written
                 // later, replaces it.
@@ -867,21 +883,27 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         blobs,
         transcript,
         events,
+        queue,
+        metadata,
         tenants_added,
         active_added,
         sessions,
         tenants_removed,
         active_removed,
+        queue_removed,
     } = writes;
     let order = [
         (&trees.blobs, blobs, "blobs"),
         (&trees.transcript, transcript, "transcript"),
         (&trees.events, events, "events"),
+        (&trees.queue, queue, "queue"),
+        (&trees.metadata, metadata, "metadata"),
         (&trees.tenants, tenants_added, "tenants"),
         (&trees.active, active_added, "active"),
         (&trees.sessions, sessions, "sessions"),
         (&trees.tenants, tenants_removed, "tenants"),
         (&trees.active, active_removed, "active"),
+        (&trees.queue, queue_removed, "queue"),
     ];
     for (n, (tree, writes, name)) in order.into_iter().enumerate() {
         if writes.is_empty() {
@@ -911,8 +933,12 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
 /// before the commit record (the `sessions` writes, phase 5) would.
 #[cfg(test)]
 fn crashed_before(trees: &Trees, n: usize) -> bool {
-    n >= 5 && trees.drop_headers.load(Ordering::Relaxed)
+    n >= SESSIONS_WRITES && trees.drop_headers.load(Ordering::Relaxed)
 }
+
+/// Where the `sessions` writes (the commit records) are in [`write`]'s order.
+#[cfg(test)]
+const SESSIONS_WRITES: usize = 7;
 
 #[cfg(not(test))]
 fn crashed_before(_: &Trees, _: usize) -> bool {
@@ -991,6 +1017,8 @@ mod tests {
             sessions: open("sessions"),
             transcript: open("transcript"),
             events: open("events"),
+            queue: open("queue"),
+            metadata: open("metadata"),
             tenants: open("tenants"),
             active: open("active"),
             blobs: open("blobs"),
@@ -1011,6 +1039,9 @@ mod tests {
             entries: Vec::new(),
             events: Vec::new(),
             blobs: Vec::new(),
+            queued: Vec::new(),
+            dequeued: Vec::new(),
+            metadata: None,
         })
     }
 

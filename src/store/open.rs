@@ -38,6 +38,10 @@ pub(super) struct Trees {
     pub(super) sessions: Tree,
     pub(super) transcript: Tree,
     pub(super) events: Tree,
+    /// `id ‖ seq` → a queued message (schema 2).
+    pub(super) queue: Tree,
+    /// `id` → the session's metadata, written once (schema 2).
+    pub(super) metadata: Tree,
     pub(super) tenants: Tree,
     pub(super) active: Tree,
     pub(super) blobs: Tree,
@@ -231,6 +235,8 @@ pub(super) fn open(
             sessions: tree("sessions")?,
             transcript: tree("transcript")?,
             events: tree("events")?,
+            queue: tree("queue")?,
+            metadata: tree("metadata")?,
             tenants: tree("tenants")?,
             active: tree("active")?,
             blobs: tree("blobs")?,

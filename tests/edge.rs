@@ -187,7 +187,9 @@ async fn stalled_connections_at_the_cap_time_out_and_healthz_answers() -> TestRe
         c.write_all(b"GET /healthz HTTP/1.1\r\nHost: over").await?;
         stalled.push(c);
     }
-    let (status, v) = send(s.client.get(s.url("/healthz"))).await?;
+    let (status, v) = tokio::time::timeout(PATIENCE, send(s.client.get(s.url("/healthz"))))
+        .await
+        .context("/healthz never answered behind the stalled connections")??;
     assert_eq!((status, v["status"].as_str()), (200, Some("ok")));
     for mut c in stalled {
         let answer = read_to_close(&mut c).await?;

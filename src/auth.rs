@@ -13,9 +13,18 @@
 //! - The algorithm is pinned by the configuration, never taken from the token:
 //!   a token's own `alg` header only has to match it. This closes the classic
 //!   `alg: none` and HS/RS confusion attacks.
-//! - `exp` is required; a token without it is refused.
-//! - `tenant` and `sub` must be non-empty: every stored session is owned by a
-//!   tenant, and every decision is recorded with who made it.
+//! - `exp` is required; a token without it is refused. `exp` and `nbf` are
+//!   checked with a small leeway for clock skew ([`DEFAULT_LEEWAY_SECS`],
+//!   configurable), not the library's default minute.
+//! - `tenant` and `sub` must be non-empty and free of control characters:
+//!   every stored session is owned by a tenant, every decision is recorded
+//!   with who made it, and both end up in logs and terminals.
+//! - A refused token is answered with a stable reason ("invalid token:
+//!   expired", "invalid token: signature", …), never the JWT library's own
+//!   error text, which would tell a prober which library (and version) runs.
+//! - An HS256 secret must be at least 32 bytes with at least
+//!   [`MIN_SECRET_DISTINCT_BYTES`] distinct byte values: 32 spaces, or a
+//!   placeholder like `aaaa…`, is long but guessable.
 //! - Unknown scopes in a verified token are ignored (an identity provider may
 //!   issue scopes for other services); unknown scopes asked of [`mint`] are an
 //!   error, since a typo there would silently produce a useless token.
@@ -33,6 +42,20 @@ pub const SECRET_ENV: &str = "OVERSEER_JWT_SECRET";
 /// long as the hash output (32 bytes for SHA-256); a shorter one is
 /// brute-forceable offline from any token.
 pub const MIN_SECRET_BYTES: usize = 32;
+
+/// Fewest distinct byte values an HS256 secret must contain. Not a measure
+/// of entropy, a guard against placeholders and padding: random keys in
+/// hex, base64 or raw bytes clear it by far.
+pub const MIN_SECRET_DISTINCT_BYTES: usize = 8;
+
+/// Default leeway, in seconds, when checking `exp` and `nbf`: enough for
+/// ordinary clock skew between the token's issuer and this server, short
+/// enough that an expired token stops working at once in practice.
+pub const DEFAULT_LEEWAY_SECS: u64 = 5;
+
+/// Longest lifetime `overseer token` mints (a year and a day): a longer TTL
+/// is a typo, or an attempt at a token that never expires.
+pub const MAX_TTL_SECS: u64 = 366 * 24 * 3600;
 
 /// Tenant of every request when auth is off.
 pub const LOCAL_TENANT: &str = "local";
@@ -98,6 +121,9 @@ pub struct Claims {
     /// Issued at, seconds since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iat: Option<u64>,
+    /// Not before, seconds since the epoch: checked when present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<u64>,
 }
 
 /// An authenticated caller, as the API sees it.
@@ -151,12 +177,10 @@ pub enum AuthError {
     /// The header is present but not a bearer token.
     #[error("malformed Authorization header: expected 'Bearer <JWT>'")]
     MalformedHeader,
-    /// The token has expired.
-    #[error("the token has expired")]
-    Expired,
-    /// The token is not valid (bad signature, wrong algorithm, missing claim…).
+    /// The token is not valid: expired, not yet valid, bad signature, wrong
+    /// algorithm, malformed, missing or bad claims.
     #[error("invalid token: {0}")]
-    InvalidToken(String),
+    InvalidToken(TokenProblem),
     /// The token is valid but lacks a scope the request needs.
     #[error("the token lacks the '{0}' scope")]
     MissingScope(Scope),
@@ -169,9 +193,62 @@ pub enum AuthError {
     /// A required claim value is empty.
     #[error("the '{0}' claim must not be empty")]
     EmptyClaim(&'static str),
+    /// A claim value contains control characters (a newline, an escape…).
+    #[error("the '{0}' claim must not contain control characters")]
+    InvalidClaim(&'static str),
+    /// `mint` was asked for no scope at all.
+    #[error("at least one scope is required (known: sessions:read, sessions:write, approvals:write, admin)")]
+    NoScopes,
+    /// `mint` was asked for a lifetime out of range.
+    #[error("the TTL must be between 1 and {max} seconds, got {got}")]
+    InvalidTtl {
+        /// What was asked.
+        got: u64,
+        /// The longest allowed.
+        max: u64,
+    },
     /// The secret environment variable is unset.
     #[error("{SECRET_ENV} is not set")]
     SecretMissing,
+}
+
+/// Why a token was refused, as callers are told: stable words, no library
+/// text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenProblem {
+    /// `exp` is in the past (beyond the leeway).
+    Expired,
+    /// `nbf` is in the future (beyond the leeway).
+    NotYetValid,
+    /// The signature does not verify with the configured key.
+    Signature,
+    /// Signed with another algorithm than the pinned one.
+    Algorithm(Algorithm),
+    /// Not three base64url parts of JSON.
+    Malformed,
+    /// Required claims missing or of the wrong type.
+    Claims,
+    /// A required claim is empty.
+    EmptyClaim(&'static str),
+    /// A claim contains control characters.
+    ControlCharacters(&'static str),
+}
+
+impl std::fmt::Display for TokenProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Expired => f.write_str("expired"),
+            Self::NotYetValid => f.write_str("not yet valid"),
+            Self::Signature => f.write_str("signature"),
+            Self::Algorithm(a) => write!(f, "algorithm (expected {a:?})"),
+            Self::Malformed => f.write_str("malformed"),
+            Self::Claims => f.write_str(
+                "claims (sub, tenant and exp are required; exp and nbf are seconds since the epoch)",
+            ),
+            Self::EmptyClaim(c) => write!(f, "empty '{c}' claim"),
+            Self::ControlCharacters(c) => write!(f, "control characters in the '{c}' claim"),
+        }
+    }
 }
 
 /// How the API authenticates callers.
@@ -224,6 +301,19 @@ impl AuthConfig {
         Ok(Self::Jwt(Arc::new(JwtVerifier::new(Algorithm::ES256, key))))
     }
 
+    /// The same configuration checking `exp` and `nbf` with `leeway` for
+    /// clock skew (default [`DEFAULT_LEEWAY_SECS`]).
+    pub fn with_leeway(self, leeway: Duration) -> Self {
+        match self {
+            Self::None => Self::None,
+            Self::Jwt(v) => {
+                let mut v = Arc::unwrap_or_clone(v);
+                v.validation.leeway = leeway.as_secs();
+                Self::Jwt(Arc::new(v))
+            }
+        }
+    }
+
     /// Whether callers must present a token.
     pub fn is_enabled(&self) -> bool {
         matches!(self, Self::Jwt(_))
@@ -254,6 +344,8 @@ impl JwtVerifier {
     fn new(algorithm: Algorithm, key: DecodingKey) -> Self {
         // `Validation::new` pins the one algorithm and requires `exp`.
         let mut validation = Validation::new(algorithm);
+        validation.validate_nbf = true;
+        validation.leeway = DEFAULT_LEEWAY_SECS;
         // No audience is configured yet; without this, a token carrying any
         // `aud` (common from identity providers) would be refused.
         validation.validate_aud = false;
@@ -272,24 +364,36 @@ impl JwtVerifier {
     /// Verifies a token and returns the caller.
     pub fn verify(&self, token: &str) -> Result<Principal, AuthError> {
         use jsonwebtoken::errors::ErrorKind;
-        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(
-            |e| match e.kind() {
-                ErrorKind::ExpiredSignature => AuthError::Expired,
-                ErrorKind::InvalidAlgorithm => AuthError::InvalidToken(format!(
-                    "the token is not signed with {:?}",
-                    self.algorithm
-                )),
-                _ => AuthError::InvalidToken(e.to_string()),
-            },
-        )?;
+        let data =
+            jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(|e| {
+                let problem = match e.kind() {
+                    ErrorKind::ExpiredSignature => TokenProblem::Expired,
+                    ErrorKind::ImmatureSignature => TokenProblem::NotYetValid,
+                    ErrorKind::InvalidSignature => TokenProblem::Signature,
+                    ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
+                        TokenProblem::Algorithm(self.algorithm)
+                    }
+                    ErrorKind::MissingRequiredClaim(_) | ErrorKind::InvalidClaimFormat(_) => {
+                        TokenProblem::Claims
+                    }
+                    // A payload that decodes but is not our claims is a
+                    // claims problem; anything else is not a JWT at all.
+                    ErrorKind::Json(_) if token.split('.').count() == 3 => TokenProblem::Claims,
+                    _ => TokenProblem::Malformed,
+                };
+                tracing::debug!(error = %e, %problem, "token refused");
+                AuthError::InvalidToken(problem)
+            })?;
         let claims = data.claims;
-        if claims.tenant.is_empty() {
-            return Err(AuthError::InvalidToken(
-                "the 'tenant' claim is empty".into(),
-            ));
-        }
-        if claims.sub.is_empty() {
-            return Err(AuthError::InvalidToken("the 'sub' claim is empty".into()));
+        for (name, value) in [("tenant", &claims.tenant), ("sub", &claims.sub)] {
+            if value.is_empty() {
+                return Err(AuthError::InvalidToken(TokenProblem::EmptyClaim(name)));
+            }
+            if value.chars().any(is_unsafe_char) {
+                return Err(AuthError::InvalidToken(TokenProblem::ControlCharacters(
+                    name,
+                )));
+            }
         }
         let mut scopes: Vec<Scope> = claims
             .scopes
@@ -307,7 +411,17 @@ impl JwtVerifier {
     }
 }
 
+/// Whether `c` may not appear in a tenant or subject: control characters
+/// (newlines, escapes) and the bidirectional overrides that reorder how text
+/// is displayed.
+pub(crate) fn is_unsafe_char(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
 /// Mints an HS256 token (for `overseer token`): `iat` now, `exp` now + `ttl`.
+/// Refuses what would make a useless or dangerous token: no scope, an
+/// unknown scope, a TTL of 0 or over [`MAX_TTL_SECS`], an empty tenant or
+/// subject or one with control characters, a weak secret.
 pub fn mint(
     secret: &[u8],
     tenant: &str,
@@ -316,22 +430,35 @@ pub fn mint(
     ttl: Duration,
 ) -> Result<String, AuthError> {
     check_secret(secret)?;
-    if tenant.is_empty() {
-        return Err(AuthError::EmptyClaim("tenant"));
+    for (name, value) in [("tenant", tenant), ("sub", sub)] {
+        if value.is_empty() {
+            return Err(AuthError::EmptyClaim(name));
+        }
+        if value.chars().any(is_unsafe_char) {
+            return Err(AuthError::InvalidClaim(name));
+        }
     }
-    if sub.is_empty() {
-        return Err(AuthError::EmptyClaim("sub"));
+    if scopes.is_empty() {
+        return Err(AuthError::NoScopes);
     }
     if let Some(bad) = scopes.iter().find(|s| Scope::parse(s).is_none()) {
         return Err(AuthError::UnknownScope(bad.clone()));
+    }
+    let ttl = ttl.as_secs();
+    if ttl == 0 || ttl > MAX_TTL_SECS {
+        return Err(AuthError::InvalidTtl {
+            got: ttl,
+            max: MAX_TTL_SECS,
+        });
     }
     let now = jsonwebtoken::get_current_timestamp();
     let claims = Claims {
         sub: sub.to_owned(),
         tenant: tenant.to_owned(),
         scopes: scopes.to_vec(),
-        exp: now.saturating_add(ttl.as_secs()),
+        exp: now + ttl,
         iat: Some(now),
+        nbf: None,
     };
     let key = EncodingKey::from_secret(secret).map_err(|e| AuthError::InvalidKey(e.to_string()))?;
     jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &key)
@@ -343,6 +470,16 @@ fn check_secret(secret: &[u8]) -> Result<(), AuthError> {
         return Err(AuthError::InvalidKey(format!(
             "the HS256 secret must be at least {MIN_SECRET_BYTES} bytes (got {})",
             secret.len()
+        )));
+    }
+    let mut seen = [false; 256];
+    for b in secret {
+        seen[usize::from(*b)] = true;
+    }
+    let distinct = seen.iter().filter(|s| **s).count();
+    if distinct < MIN_SECRET_DISTINCT_BYTES {
+        return Err(AuthError::InvalidKey(format!(
+            "the HS256 secret has only {distinct} distinct byte value(s), at least {MIN_SECRET_DISTINCT_BYTES} are required: it looks like a placeholder, not a random key (generate one with: head -c 32 /dev/urandom | base64)"
         )));
     }
     Ok(())
@@ -407,10 +544,50 @@ mod tests {
             auth.authenticate(Some("Basic abc")),
             Err(AuthError::MalformedHeader)
         );
-        assert!(matches!(
+        assert_eq!(
             auth.authenticate(Some("Bearer not.a.jwt")),
-            Err(AuthError::InvalidToken(_))
+            Err(AuthError::InvalidToken(TokenProblem::Malformed))
+        );
+    }
+
+    #[test]
+    fn weak_secrets_and_bad_mint_requests_are_refused() {
+        let spaces = [b' '; 32];
+        let e = AuthConfig::hs256(&spaces).unwrap_err().to_string();
+        assert!(e.contains("distinct byte"), "{e}");
+        assert!(mint(
+            &[b'a'; 64],
+            "t",
+            "s",
+            &["admin".into()],
+            Duration::from_secs(1)
+        )
+        .is_err());
+        let ok = |tenant: &str, sub: &str, scopes: &[&str], ttl: u64| {
+            let scopes: Vec<String> = scopes.iter().map(|s| (*s).to_owned()).collect();
+            mint(SECRET, tenant, sub, &scopes, Duration::from_secs(ttl))
+        };
+        assert_eq!(ok("t", "s", &[], 60), Err(AuthError::NoScopes));
+        assert_eq!(
+            ok("t\nx", "s", &["admin"], 60),
+            Err(AuthError::InvalidClaim("tenant"))
+        );
+        assert_eq!(
+            ok("t", "s\u{1b}[2J", &["admin"], 60),
+            Err(AuthError::InvalidClaim("sub"))
+        );
+        assert_eq!(
+            ok("t", "s", &["admin"], u64::MAX),
+            Err(AuthError::InvalidTtl {
+                got: u64::MAX,
+                max: MAX_TTL_SECS
+            })
+        );
+        assert!(matches!(
+            ok("t", "s", &["admin"], 0),
+            Err(AuthError::InvalidTtl { got: 0, .. })
         ));
+        assert!(ok("t", "s", &["admin"], MAX_TTL_SECS).is_ok());
     }
 
     #[test]

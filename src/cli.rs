@@ -13,6 +13,7 @@
 mod client;
 mod serve;
 mod store;
+mod terminal;
 mod tools;
 
 use std::collections::HashMap;
@@ -242,10 +243,28 @@ pub enum CliError {
     /// `overseer store`.
     #[error(transparent)]
     StoreCommand(#[from] store::StoreCliError),
+    /// A command-line value (or the environment it names) was refused
+    /// before anything ran. The binary exits with status 2 for it.
+    #[error("{0}")]
+    Usage(String),
+    /// Writing the command's output to stdout failed (e.g. a closed pipe).
+    #[error("cannot write to stdout: {0}")]
+    Stdout(std::io::Error),
     /// `OVERSEER_FAULT` is malformed (only with the `fault-injection` feature).
     #[cfg(feature = "fault-injection")]
     #[error("fault injection: {0}")]
     Fault(String),
+}
+
+impl CliError {
+    /// The process exit status for this error: 2 for a refused command
+    /// line (as for the parser's own usage errors), 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Usage(_) => 2,
+            _ => 1,
+        }
+    }
 }
 
 /// Arms the fault planned in env `OVERSEER_FAULT` (`point:nth:panic|abort`),
@@ -1045,7 +1064,7 @@ async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
 async fn read_line(prompt: String) -> Option<String> {
     tokio::task::spawn_blocking(move || {
         let mut err = std::io::stderr().lock();
-        let _ = write!(err, "{prompt}");
+        let _ = write!(err, "{}", terminal::inline(&prompt));
         let _ = err.flush();
         drop(err);
         let mut line = String::new();
@@ -1074,9 +1093,11 @@ async fn watch_interrupts(tx: mpsc::UnboundedSender<()>) {
     }
 }
 
-/// Writes the agent's text to stdout. Write errors (a closed pipe) are
-/// ignored: the session goes on and its transcript is in the store.
+/// Writes the agent's text to stdout, control characters escaped (a
+/// model's text is not trusted with the terminal). Write errors (a closed
+/// pipe) are ignored: the session goes on and its transcript is in the store.
 fn out(text: &str) {
+    let text = terminal::multiline(text);
     let mut stdout = std::io::stdout().lock();
     let _ = stdout.write_all(text.as_bytes());
     let _ = stdout.flush();
@@ -1087,8 +1108,11 @@ fn out(text: &str) {
 /// stderr is unbuffered, so `writeln!` would issue one write per piece, and a
 /// process that dies meanwhile (a crash in another thread) would leave a torn
 /// line for whoever parses it (`decision acknowledged: …`).
+///
+/// Status lines carry stored text (tool names, results, error messages), so
+/// control characters in them are escaped.
 fn status(line: impl Display) {
-    let line = format!("{line}\n");
+    let line = format!("{}\n", terminal::inline(&line.to_string()));
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 

@@ -25,6 +25,7 @@ use overseer_actors::supervision::RestartPolicy;
 use overseer_actors::tool::ToolRegistry;
 use overseer_actors::RuntimeConfig;
 
+use crate::http::{HttpLimits, HttpOptions, MAX_COUNT_LIMIT};
 use crate::provider::{ProviderKind as RouteKind, RouteConfig};
 use crate::store::{Durability, StoreOptions, DEFAULT_CACHE_MB, MAX_CACHE_MB};
 use crate::tools::http_request::HttpRequestConfig;
@@ -140,6 +141,27 @@ pub struct HttpSection {
     /// Serve `/metrics` without a token (otherwise it needs `admin`).
     #[serde(default)]
     pub metrics_public: bool,
+    /// Clock-skew leeway when checking a token's `exp` and `nbf`, seconds.
+    #[serde(default = "default_jwt_leeway_secs")]
+    pub jwt_leeway_secs: u64,
+    /// Time for a request's head to arrive (also bounds idle keep-alive).
+    #[serde(default = "default_header_read_timeout_secs")]
+    pub header_read_timeout_secs: u64,
+    /// Time for a request's whole body to arrive.
+    #[serde(default = "default_request_body_timeout_secs")]
+    pub request_body_timeout_secs: u64,
+    /// A write the client does not read for this long closes the connection.
+    #[serde(default = "default_idle_timeout_secs")]
+    pub idle_timeout_secs: u64,
+    /// Most open connections.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Most requests handled at once; past it, 503 with `Retry-After`.
+    #[serde(default = "default_max_in_flight_requests")]
+    pub max_in_flight_requests: usize,
+    /// Time open connections get to finish after SIGTERM before being dropped.
+    #[serde(default = "default_shutdown_grace_secs")]
+    pub shutdown_grace_secs: u64,
 }
 
 impl Default for HttpSection {
@@ -150,12 +172,67 @@ impl Default for HttpSection {
             public_key_pem: None,
             cors_allow_origins: Vec::new(),
             metrics_public: false,
+            jwt_leeway_secs: default_jwt_leeway_secs(),
+            header_read_timeout_secs: default_header_read_timeout_secs(),
+            request_body_timeout_secs: default_request_body_timeout_secs(),
+            idle_timeout_secs: default_idle_timeout_secs(),
+            max_connections: default_max_connections(),
+            max_in_flight_requests: default_max_in_flight_requests(),
+            shutdown_grace_secs: default_shutdown_grace_secs(),
         }
     }
 }
 
+impl HttpSection {
+    /// The options of the HTTP edge this section describes.
+    pub fn options(&self) -> HttpOptions {
+        HttpOptions {
+            cors_allow_origins: self.cors_allow_origins.clone(),
+            metrics_public: self.metrics_public,
+            limits: HttpLimits {
+                header_read_timeout: Duration::from_secs(self.header_read_timeout_secs),
+                request_body_timeout: Duration::from_secs(self.request_body_timeout_secs),
+                idle_timeout: Duration::from_secs(self.idle_timeout_secs),
+                max_connections: self.max_connections,
+                max_in_flight_requests: self.max_in_flight_requests,
+                shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            },
+        }
+    }
+
+    /// The leeway for `exp` and `nbf`.
+    pub fn jwt_leeway(&self) -> Duration {
+        Duration::from_secs(self.jwt_leeway_secs)
+    }
+}
+
+/// Longest accepted `http.jwt_leeway_secs`: more than a few minutes of skew
+/// is a broken clock, and a large leeway quietly extends every token.
+pub const MAX_JWT_LEEWAY_SECS: u64 = 300;
+
 fn default_listen() -> String {
     "127.0.0.1:8080".to_owned()
+}
+fn default_jwt_leeway_secs() -> u64 {
+    crate::auth::DEFAULT_LEEWAY_SECS
+}
+fn default_header_read_timeout_secs() -> u64 {
+    HttpLimits::default().header_read_timeout.as_secs()
+}
+fn default_request_body_timeout_secs() -> u64 {
+    HttpLimits::default().request_body_timeout.as_secs()
+}
+fn default_idle_timeout_secs() -> u64 {
+    HttpLimits::default().idle_timeout.as_secs()
+}
+fn default_max_connections() -> usize {
+    HttpLimits::default().max_connections
+}
+fn default_max_in_flight_requests() -> usize {
+    HttpLimits::default().max_in_flight_requests
+}
+fn default_shutdown_grace_secs() -> u64 {
+    HttpLimits::default().shutdown_grace.as_secs()
 }
 
 /// `[store]`: the embedded sled database.
@@ -646,6 +723,41 @@ impl Config {
                 "required when http.auth is rs256 or es256",
             ));
         }
+        let http = &self.http;
+        if http.jwt_leeway_secs > MAX_JWT_LEEWAY_SECS {
+            out.push(Problem::new(
+                "http.jwt_leeway_secs",
+                format!("must be at most {MAX_JWT_LEEWAY_SECS}"),
+            ));
+        }
+        let http_secs = [
+            (
+                "http.header_read_timeout_secs",
+                http.header_read_timeout_secs,
+            ),
+            (
+                "http.request_body_timeout_secs",
+                http.request_body_timeout_secs,
+            ),
+            ("http.idle_timeout_secs", http.idle_timeout_secs),
+        ];
+        for (key, value) in http_secs {
+            if value == 0 {
+                out.push(Problem::new(key, "must be at least 1"));
+            }
+        }
+        let http_counts = [
+            ("http.max_connections", http.max_connections),
+            ("http.max_in_flight_requests", http.max_in_flight_requests),
+        ];
+        for (key, value) in http_counts {
+            if value == 0 || value > MAX_COUNT_LIMIT {
+                out.push(Problem::new(
+                    key,
+                    format!("must be between 1 and {MAX_COUNT_LIMIT}"),
+                ));
+            }
+        }
         if self.agents.is_empty() {
             out.push(Problem::new(
                 "agents",
@@ -1132,6 +1244,8 @@ mod tests {
         assert_eq!(file.runtime, bare.runtime);
         assert_eq!(file.provider, bare.provider);
         assert_eq!(file.store, bare.store);
+        assert_eq!(file.http, bare.http);
+        assert_eq!(file.scope_tokens, bare.scope_tokens);
         assert_eq!(file.store.durability, Durability::Fsync);
         let a = &bare.agents[0];
         for f in &file.agents {
@@ -1179,6 +1293,32 @@ mod tests {
         assert!(e.contains("runtime.call_timeout_secs: invalid type"), "{e}");
         assert!(e.contains("agents[0].name: required"), "{e}");
         assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn http_limits_are_checked_with_their_keys() {
+        let text = "[http]\njwt_leeway_secs = 3600\nheader_read_timeout_secs = 0\nmax_connections = 0\nmax_in_flight_requests = 100000\n[[agents]]\nname = \"a\"\n";
+        let e = load_text(text, no_env).unwrap_err().to_string();
+        assert!(
+            e.contains("http.jwt_leeway_secs: must be at most 300"),
+            "{e}"
+        );
+        assert!(
+            e.contains("http.header_read_timeout_secs: must be at least 1"),
+            "{e}"
+        );
+        assert!(
+            e.contains("http.max_connections: must be between 1 and 65535"),
+            "{e}"
+        );
+        assert!(
+            e.contains("http.max_in_flight_requests: must be between"),
+            "{e}"
+        );
+        let c = Config::builtin().unwrap();
+        let limits = c.http.options().limits;
+        assert_eq!(limits, HttpLimits::default());
+        assert_eq!(c.http.jwt_leeway(), Duration::from_secs(5));
     }
 
     #[test]

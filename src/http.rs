@@ -24,10 +24,19 @@
 //!
 //! `/readyz` is 200 only once recovery has finished *and* the store takes a
 //! write now ([`health_check`]), so a server whose disk fails is taken out
-//! of rotation rather than failing every request.
+//! of rotation rather than failing every request. Being unauthenticated, it
+//! answers a stable code and message; the store's own error goes to the log.
+//!
+//! Under the router, `conn` owns the connections (HTTP/1.1 only: timeouts,
+//! the connection cap, shutdown with a deadline, JSON bodies for the errors
+//! hyper answers itself) and `admission` what every request passes before
+//! routing (the in-flight cap, the URI limit, the body deadline). The limits
+//! are [`HttpLimits`].
 //!
 //! [`health_check`]: overseer_actors::store::CheckpointStore::health_check
 
+mod admission;
+mod conn;
 mod error;
 mod events;
 mod extract;
@@ -39,27 +48,40 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::{Json, Router};
 use overseer_actors::model::SessionId;
-use overseer_actors::Overseer;
+use overseer_actors::{Overseer, SessionError};
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
 pub use error::ApiError;
 
 use crate::auth::AuthConfig;
-use idempotency::{IdempotencyLog, DEFAULT_CAPACITY};
+use idempotency::{Digest32, IdempotencyLog, DEFAULT_CAPACITY};
 
 /// The body limit of §12: bodies over 1 MiB are refused with 413.
 pub const BODY_LIMIT_BYTES: usize = 1024 * 1024;
+
+/// Longest request target (path and query) accepted; longer is a 414.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// Largest request head (request line and headers) accepted; larger is a 431.
+pub const MAX_HEAD_BYTES: usize = 32 * 1024;
+
+/// Most header fields in a request; more is a 431.
+pub const MAX_HEADERS: usize = 100;
+
+/// Upper bound of `max_connections` and `max_in_flight_requests` (far above
+/// what one process serves; it keeps permit arithmetic in range).
+pub const MAX_COUNT_LIMIT: usize = 65_535;
 
 /// Tunables of the HTTP edge.
 #[derive(Debug, Clone, Default)]
@@ -72,11 +94,83 @@ pub struct HttpOptions {
     /// (for a scraper on a private network). Off by default: a scrape then
     /// needs a token with the `admin` scope.
     pub metrics_public: bool,
+    /// Timeouts and caps of connections and requests.
+    pub limits: HttpLimits,
+}
+
+/// How long the server waits for a client and how much it takes at once.
+/// Every wait on a client is bounded, and so is everything a client can make
+/// the server hold (connections, requests in flight, buffered bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// A request's head (request line and headers) must arrive within this,
+    /// or the connection is closed without an answer (there is no request to
+    /// answer). It also bounds how long an idle keep-alive connection waits
+    /// for its next request.
+    pub header_read_timeout: Duration,
+    /// A request's whole body must arrive within this, or the answer is a
+    /// 408 `request_timeout`.
+    pub request_body_timeout: Duration,
+    /// A response (or event stream) the client stops reading: once a write
+    /// has made no progress for this long, the connection is closed.
+    pub idle_timeout: Duration,
+    /// Most open connections. At the cap the server stops accepting: new
+    /// connections wait in the listen backlog until one closes (an idle or
+    /// stalled one closes within the timeouts above).
+    pub max_connections: usize,
+    /// Most requests being handled at once (an event stream counts until its
+    /// response has started; `/healthz` and `/metrics` never count). Past
+    /// it: 503 `overloaded` with `Retry-After`.
+    pub max_in_flight_requests: usize,
+    /// After a shutdown begins, open connections get this long to finish
+    /// their request; then they are dropped. Checkpoints are unaffected:
+    /// what a handler had acknowledged is already durable.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            request_body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 512,
+            max_in_flight_requests: 128,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+impl HttpLimits {
+    /// Checks the limits, naming the first invalid one.
+    pub fn validate(&self) -> Result<(), HttpError> {
+        let durations = [
+            ("header_read_timeout", self.header_read_timeout),
+            ("request_body_timeout", self.request_body_timeout),
+            ("idle_timeout", self.idle_timeout),
+        ];
+        for (name, value) in durations {
+            if value.is_zero() {
+                return Err(HttpError::InvalidLimit(name, "must be at least 1 s"));
+            }
+        }
+        let counts = [
+            ("max_connections", self.max_connections),
+            ("max_in_flight_requests", self.max_in_flight_requests),
+        ];
+        for (name, value) in counts {
+            if value == 0 || value > MAX_COUNT_LIMIT {
+                return Err(HttpError::InvalidLimit(name, "must be between 1 and 65535"));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl HttpOptions {
     /// Checks the options, naming the first invalid value.
     pub fn validate(&self) -> Result<(), HttpError> {
+        self.limits.validate()?;
         self.cors_layer().map(|_| ())
     }
 
@@ -121,6 +215,9 @@ pub enum HttpError {
     /// A CORS origin that is not an `http(s)://host[:port]` header value.
     #[error("invalid CORS origin '{0}': expected e.g. https://console.example.com or \"*\"")]
     InvalidOrigin(String),
+    /// A limit out of range.
+    #[error("invalid HTTP limit {0}: {1}")]
+    InvalidLimit(&'static str, &'static str),
 }
 
 impl From<HttpError> for std::io::Error {
@@ -150,8 +247,10 @@ struct Inner {
     options: HttpOptions,
     ready: AtomicBool,
     shutdown_tx: watch::Sender<bool>,
-    creates: IdempotencyLog<SessionId>,
-    messages: IdempotencyLog<(SessionId, String)>,
+    in_flight: Arc<Semaphore>,
+    creates: IdempotencyLog<SessionId, SessionError>,
+    /// Keyed by session and a digest of the `message_id`.
+    messages: IdempotencyLog<(SessionId, Digest32), SessionError>,
 }
 
 impl AppState {
@@ -166,6 +265,12 @@ impl AppState {
             inner: Arc::new(Inner {
                 overseer,
                 auth,
+                in_flight: Arc::new(Semaphore::new(
+                    options
+                        .limits
+                        .max_in_flight_requests
+                        .clamp(1, MAX_COUNT_LIMIT),
+                )),
                 options,
                 ready: AtomicBool::new(false),
                 shutdown_tx: watch::channel(false).0,
@@ -207,11 +312,19 @@ impl AppState {
         self.inner.shutdown_tx.subscribe()
     }
 
-    pub(crate) fn creates(&self) -> &IdempotencyLog<SessionId> {
+    pub(crate) fn limits(&self) -> &HttpLimits {
+        &self.inner.options.limits
+    }
+
+    pub(crate) fn in_flight(&self) -> &Arc<Semaphore> {
+        &self.inner.in_flight
+    }
+
+    pub(crate) fn creates(&self) -> &IdempotencyLog<SessionId, SessionError> {
         &self.inner.creates
     }
 
-    pub(crate) fn messages(&self) -> &IdempotencyLog<(SessionId, String)> {
+    pub(crate) fn messages(&self) -> &IdempotencyLog<(SessionId, Digest32), SessionError> {
         &self.inner.messages
     }
 }
@@ -245,6 +358,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            admission::admit,
+        ))
         .layer(TraceLayer::new_for_http())
         .with_state(state);
     match cors {
@@ -254,7 +371,8 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then stops
-/// accepting, ends open event streams and waits for in-flight requests.
+/// accepting, ends open event streams and gives open connections
+/// [`HttpLimits::shutdown_grace`] to finish before dropping them.
 ///
 /// `overseer` must already be recovered ([`Overseer::recover`]): the server
 /// reports ready at once. The caller still owns `overseer` and should call
@@ -269,7 +387,7 @@ pub async fn serve(
     serve_with(overseer, listener, auth, HttpOptions::default(), shutdown).await
 }
 
-/// [`serve`] with options (CORS).
+/// [`serve`] with options (CORS, limits).
 pub async fn serve_with(
     overseer: Overseer,
     listener: tokio::net::TcpListener,
@@ -280,24 +398,13 @@ pub async fn serve_with(
     let addr = listener.local_addr()?;
     check_listener(addr, &auth)?;
     options.validate()?;
+    let limits = options.limits.clone();
     let state = AppState::with_options(overseer, auth, options);
     state.set_ready(true);
     let app = router(state.clone());
     tracing::info!(%addr, "overseer API listening");
-    // Without TCP_NODELAY, Nagle's algorithm holds back the small writes of
-    // an event stream until the client's delayed ACK (~40 ms per event).
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down the API: no new connections, closing event streams");
-            state.begin_shutdown();
-        })
-        .await
+    conn::serve_connections(listener, app, &limits, &state, shutdown).await;
+    Ok(())
 }
 
 async fn healthz() -> Json<serde_json::Value> {
@@ -326,11 +433,13 @@ async fn readyz(State(state): State<AppState>) -> Response {
             STORE_CHECK_TIMEOUT.as_secs()
         ),
     };
+    // The route is unauthenticated: the store's own error (paths, OS error
+    // texts) is for the operator's log, not for whoever asks.
     tracing::warn!(error = %problem, "not ready: store check failed");
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "store_unavailable",
-        format!("the store is not writable: {problem}"),
+        "the store is not writable; see the server log",
     )
     .into_response()
 }

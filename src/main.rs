@@ -28,7 +28,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             overseer::cli::report(&error);
-            ExitCode::FAILURE
+            ExitCode::from(error.exit_code())
         }
     }
 }

@@ -475,11 +475,16 @@ async fn session_errors_map_to_one_status_and_code_each() -> Result {
     )
     .await?;
 
-    // A taken id with a different request.
-    let (status, _) = send(s.post("/v1/sessions", &t, &json!({"agent": "chat", "id": id}))).await?;
-    assert_eq!(status, 409);
+    // A used idempotency key with a different request.
+    let keyed = json!({"agent": "chat", "idempotency_key": "k-1"});
+    let (status, _) = send(s.post("/v1/sessions", &t, &keyed)).await?;
+    assert_eq!(status, 201);
     expect_error(
-        s.post("/v1/sessions", &t, &json!({"agent": "chat", "id": id})),
+        s.post(
+            "/v1/sessions",
+            &t,
+            &json!({"agent": "ops", "idempotency_key": "k-1"}),
+        ),
         409,
         "already_exists",
     )
@@ -750,7 +755,153 @@ async fn auth_none_is_the_local_tenant_and_refused_off_loopback() -> Result {
     overseer.stop().await
 }
 
+/// The `error.message` of a refused request to `/v1/sessions` with `token`.
+async fn refusal(s: &Server, token: &str) -> anyhow::Result<String> {
+    let v = expect_error(s.get("/v1/sessions", token), 401, "unauthorized").await?;
+    Ok(v["error"]["message"]
+        .as_str()
+        .context("message")?
+        .to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn time_claims_are_checked_with_a_short_configurable_leeway() -> Result {
+    let s = Server::start().await?;
+    let admin = |extra: Value| {
+        let mut c =
+            json!({"sub": "eve", "tenant": "acme", "scopes": ["admin"], "exp": now() + 3600});
+        if let (Some(c), Value::Object(extra)) = (c.as_object_mut(), extra) {
+            c.extend(extra);
+        }
+        sign(Algorithm::HS256, SECRET.as_bytes(), &c)
+    };
+    // Expired half a minute ago: well past the default 5 s leeway (the
+    // library's own default, 60 s, would have let it through).
+    let expired = admin(json!({"exp": now() - 30}));
+    assert_eq!(refusal(&s, &expired).await?, "invalid token: expired");
+    // Not valid for another hour.
+    let early = admin(json!({"nbf": now() + 3600}));
+    assert_eq!(refusal(&s, &early).await?, "invalid token: not yet valid");
+    // nbf in the past is fine.
+    let (status, v) = send(s.get("/v1/sessions", &admin(json!({"nbf": now() - 10})))).await?;
+    assert_eq!(status, 200, "{v}");
+    s.stop().await?;
+
+    // The leeway is configurable: with two minutes, the same token passes.
+    let lenient = common::hs256().with_leeway(Duration::from_secs(120));
+    let s = Server::start_with(lenient, HttpOptions::default()).await?;
+    let expired = admin(json!({"exp": now() - 30}));
+    let (status, v) = send(s.get("/v1/sessions", &expired)).await?;
+    assert_eq!(status, 200, "{v}");
+    s.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_tokens_are_explained_in_stable_words_without_library_text() -> Result {
+    let s = Server::start().await?;
+    let good = claims("acme", now() + 3600);
+    let cases: Vec<(String, &str)> = vec![
+        (
+            sign(
+                Algorithm::HS256,
+                b"another-secret-that-is-long-enough-0123456789",
+                &good,
+            ),
+            "invalid token: signature",
+        ),
+        (
+            sign(Algorithm::HS384, SECRET.as_bytes(), &good),
+            "invalid token: algorithm (expected HS256)",
+        ),
+        ("garbage".to_owned(), "invalid token: malformed"),
+        ("a.b.c".to_owned(), "invalid token: malformed"),
+        (
+            sign(
+                Algorithm::HS256,
+                SECRET.as_bytes(),
+                &json!({"sub": "eve", "tenant": "acme"}),
+            ),
+            "invalid token: claims (sub, tenant and exp are required; exp and nbf are seconds since the epoch)",
+        ),
+        (
+            sign(
+                Algorithm::HS256,
+                SECRET.as_bytes(),
+                &json!({"sub": "eve", "tenant": "acme", "exp": "tomorrow"}),
+            ),
+            "invalid token: claims (sub, tenant and exp are required; exp and nbf are seconds since the epoch)",
+        ),
+        (
+            sign(
+                Algorithm::HS256,
+                SECRET.as_bytes(),
+                &json!({"sub": "eve", "tenant": "", "exp": now() + 60}),
+            ),
+            "invalid token: empty 'tenant' claim",
+        ),
+        (
+            sign(
+                Algorithm::HS256,
+                SECRET.as_bytes(),
+                &json!({"sub": "eve", "tenant": "acme\nother", "exp": now() + 60}),
+            ),
+            "invalid token: control characters in the 'tenant' claim",
+        ),
+    ];
+    for (token, expected) in cases {
+        let message = refusal(&s, &token).await?;
+        assert_eq!(message, expected, "for {token}");
+        for internal in ["Error", "Json", "Base64", "Invalid", "Signature", "`"] {
+            assert!(!message.contains(internal), "library text: {message}");
+        }
+    }
+    s.stop().await
+}
+
 // ---- tenant isolation ----------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn another_tenants_idempotency_key_neither_collides_nor_reveals_it() -> Result {
+    let s = Server::start().await?;
+    let a = token("tenant-a", "alice", ALL);
+    let b = token("tenant-b", "bob", ALL);
+    let body = |key: &str| json!({"agent": "chat", "idempotency_key": key, "title": "t"});
+
+    let (status, mine) = send(s.post("/v1/sessions", &a, &body("shared-key"))).await?;
+    assert_eq!(status, 201, "{mine}");
+    // Tenant B with the same key: exactly what a key nobody used gives, a
+    // new session of B's own, not a 409 that would reveal A's.
+    let (status, theirs) = send(s.post("/v1/sessions", &b, &body("shared-key"))).await?;
+    assert_eq!(status, 201, "{theirs}");
+    let (fresh_status, fresh) = send(s.post("/v1/sessions", &b, &body("never-used"))).await?;
+    assert_eq!(fresh_status, 201, "{fresh}");
+    assert_ne!(theirs["id"], mine["id"]);
+    assert_eq!(theirs["tenant"], "tenant-b");
+    let shape = |v: &Value| {
+        let mut keys: Vec<String> = v
+            .as_object()
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default();
+        keys.sort();
+        keys
+    };
+    assert_eq!(shape(&theirs), shape(&fresh));
+    // Same tenant, same key: the same session again.
+    let (status, again) = send(s.post("/v1/sessions", &b, &body("shared-key"))).await?;
+    assert_eq!(status, 201);
+    assert_eq!(again["id"], theirs["id"]);
+    // And A's session stays A's.
+    let mine_id = mine["id"].as_str().context("id")?;
+    expect_error(
+        s.get(&format!("/v1/sessions/{mine_id}"), &b),
+        404,
+        "not_found",
+    )
+    .await?;
+    let (status, _) = send(s.get(&format!("/v1/sessions/{mine_id}"), &a)).await?;
+    assert_eq!(status, 200);
+    s.stop().await
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn another_tenants_session_is_404_everywhere_and_absent_from_lists() -> Result {
@@ -988,8 +1139,7 @@ async fn list_filters_and_paginates_by_cursor() -> Result {
 async fn retried_create_and_message_have_one_effect() -> Result {
     let s = Server::start().await?;
     let t = token("acme", "alice", ALL);
-    let id = uuid::Uuid::now_v7().to_string();
-    let body = json!({"agent": "chat", "id": id, "title": "once", "metadata": {"k": 1}});
+    let body = json!({"agent": "chat", "idempotency_key": "order-4711", "title": "once", "metadata": {"k": 1}});
 
     // Concurrent and sequential retries all answer 201 with the same session.
     let (r1, r2) = tokio::join!(
@@ -997,6 +1147,7 @@ async fn retried_create_and_message_have_one_effect() -> Result {
         send(s.post("/v1/sessions", &t, &body))
     );
     let r3 = send(s.post("/v1/sessions", &t, &body)).await?;
+    let id = r3.1["id"].as_str().context("id")?.to_owned();
     for (status, v) in [r1?, r2?, r3] {
         assert_eq!(status, 201, "{v}");
         assert_eq!(v["id"], id.as_str());
@@ -1004,23 +1155,46 @@ async fn retried_create_and_message_have_one_effect() -> Result {
     }
     let (_, list) = send(s.get("/v1/sessions", &t)).await?;
     assert_eq!(list["sessions"].as_array().map(Vec::len), Some(1));
-    // Same id, different request: conflict. Same id from another tenant: conflict.
+    // Same key, different request: conflict.
     expect_error(
-        s.post("/v1/sessions", &t, &json!({"agent": "ops", "id": id})),
+        s.post(
+            "/v1/sessions",
+            &t,
+            &json!({"agent": "ops", "idempotency_key": "order-4711"}),
+        ),
         409,
         "already_exists",
     )
     .await?;
-    expect_error(
-        s.post("/v1/sessions", &token("globex", "g", ALL), &body),
-        409,
-        "already_exists",
+    // The server chooses ids; a client-chosen one is refused with a pointer.
+    let v = expect_error(
+        s.post("/v1/sessions", &t, &json!({"agent": "chat", "id": id})),
+        400,
+        "invalid_body",
     )
     .await?;
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("idempotency_key"),
+        "{v}"
+    );
+    for bad in [json!(""), json!("x".repeat(201)), json!("a\u{1b}b")] {
+        expect_error(
+            s.post(
+                "/v1/sessions",
+                &t,
+                &json!({"agent": "chat", "idempotency_key": bad}),
+            ),
+            400,
+            "invalid_body",
+        )
+        .await?;
+    }
 
     // A prompt given at creation is part of the request.
-    let id2 = uuid::Uuid::now_v7().to_string();
-    let with_prompt = json!({"agent": "chat", "id": id2, "prompt": "hi"});
+    let with_prompt = json!({"agent": "chat", "idempotency_key": "k2", "prompt": "hi"});
     let (status, _) = send(s.post("/v1/sessions", &t, &with_prompt)).await?;
     assert_eq!(status, 201);
     let (status, _) = send(s.post("/v1/sessions", &t, &with_prompt)).await?;
@@ -1029,7 +1203,7 @@ async fn retried_create_and_message_have_one_effect() -> Result {
         s.post(
             "/v1/sessions",
             &t,
-            &json!({"agent": "chat", "id": id2, "prompt": "bye"}),
+            &json!({"agent": "chat", "idempotency_key": "k2", "prompt": "bye"}),
         ),
         409,
         "already_exists",
@@ -1068,6 +1242,52 @@ async fn retried_create_and_message_have_one_effect() -> Result {
     assert_eq!(accepted, [json!("hello"), json!("again")]);
     let (_, state) = send(s.get(&format!("/v1/sessions/{id}"), &t)).await?;
     assert_eq!(state["turn"], 2);
+    s.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_id_whose_message_failed_is_free_again() -> Result {
+    let s = Server::start().await?;
+    let t = token("acme", "alice", ALL);
+    let id = s.create(&t, "chat", None).await?;
+    let path = format!("/v1/sessions/{id}/messages");
+    // Refused (blank text): the id is not taken by the refusal...
+    expect_error(
+        s.post(&path, &t, &json!({"text": "   ", "message_id": "m-1"})),
+        400,
+        "invalid_request",
+    )
+    .await?;
+    // ...so the corrected message goes through under it.
+    let (status, v) =
+        send(s.post(&path, &t, &json!({"text": "hello", "message_id": "m-1"}))).await?;
+    assert_eq!(status, 202, "{v}");
+
+    // Many large messages refused by a cancelled session (each with a fresh
+    // id) are all refused as such, and none is remembered: reusing one id
+    // with another text is refused for the session's state again, not as a
+    // reused id.
+    let (status, _) = send(s.post(&format!("/v1/sessions/{id}/cancel"), &t, &json!({}))).await?;
+    assert_eq!(status, 200);
+    let big = "x".repeat(900 * 1024);
+    for i in 0..20 {
+        expect_error(
+            s.post(
+                &path,
+                &t,
+                &json!({"text": big, "message_id": format!("big-{i}")}),
+            ),
+            409,
+            "session_terminal",
+        )
+        .await?;
+    }
+    expect_error(
+        s.post(&path, &t, &json!({"text": "other", "message_id": "big-3"})),
+        409,
+        "session_terminal",
+    )
+    .await?;
     s.stop().await
 }
 

@@ -499,10 +499,9 @@ async fn readyz_is_503_when_the_store_cannot_write() -> Result {
         },
     ));
     let v = expect_error(reqwest::Client::new().get(&url), 503, "store_unavailable").await?;
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("No space left on device")),
+    // The route is unauthenticated: the store's error goes to the log only.
+    assert_eq!(
+        v["error"]["message"], "the store is not writable; see the server log",
         "{v}"
     );
     let _ = stop.send(());

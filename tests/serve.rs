@@ -22,9 +22,15 @@ struct Served {
 /// Starts `overseer serve` on a free loopback port and waits for its
 /// "listening on" line.
 fn serve(data: &Path) -> Served {
+    serve_with(data, &[])
+}
+
+/// [`serve`] with extra arguments (e.g. `--config FILE`).
+fn serve_with(data: &Path, extra: &[&std::ffi::OsStr]) -> Served {
     let mut child = Command::new(BIN)
         .args(["serve", "--listen", "127.0.0.1:0", "--data"])
         .arg(data)
+        .args(extra)
         .env("OVERSEER_JWT_SECRET", SECRET)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -189,4 +195,87 @@ fn serve_refuses_auth_none_off_loopback_and_a_missing_secret() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("OVERSEER_JWT_SECRET"), "{err}");
+}
+
+/// Waits for the process to exit, at most `PATIENCE`, polling its status.
+fn wait_bounded(child: &mut Child) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("overseer serve did not exit within {PATIENCE:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The longest any wait here may take; it only turns a hang into a failure.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_stalled_connection_open_still_exits_and_keeps_the_approval() {
+    let dir = tempfile::tempdir().unwrap();
+    // The checked-in configuration, with a short shutdown grace and a header
+    // timeout far longer than the test, so only the grace can end the stall.
+    let config =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("config/overseer.toml"))
+            .unwrap();
+    assert!(config.contains("shutdown_grace_secs = 10\n"));
+    let config = config
+        .replace("shutdown_grace_secs = 10\n", "shutdown_grace_secs = 1\n")
+        .replace(
+            "header_read_timeout_secs = 10\n",
+            "header_read_timeout_secs = 3600\n",
+        );
+    let config_path = dir.path().join("overseer.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let data = dir.path().join("data");
+    let config_arg = [std::ffi::OsStr::new("--config"), config_path.as_os_str()];
+    let served = serve_with(&data, &config_arg);
+    let token = token();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let created: Value = reqwest::Client::new()
+        .post(format!("{}/v1/sessions", served.url))
+        .bearer_auth(&token)
+        .json(&json!({"agent": "assistant", "prompt": "What time is it?"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    until_status(&served.url, &token, &id, "awaiting_approval");
+
+    // A client that never finishes its request.
+    let mut stalled =
+        std::net::TcpStream::connect(served.url.trim_start_matches("http://")).unwrap();
+    std::io::Write::write_all(&mut stalled, b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    // A finished request on another connection proves the stalled one was
+    // accepted before it (connections are accepted in order).
+    until_status(&served.url, &token, &id, "awaiting_approval");
+
+    let mut served = served;
+    let pid = served.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = wait_bounded(&mut served.child);
+    assert!(
+        status.success(),
+        "graceful shutdown exits 0, got {status:?}"
+    );
+    drop(stalled);
+
+    // The approval asked before the shutdown is still pending after it.
+    let served = serve_with(&data, &config_arg);
+    let (ok, out, err) = client(&served.url, &token, &["approve", &id]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("approved call_"), "{out}");
+    sigterm(served);
 }

@@ -4,11 +4,12 @@
 //! Owns turning commands into requests and answers into lines on stdout. It
 //! deliberately holds no session logic: every rule (scopes, tenants,
 //! validation of decisions) is the server's, and its error messages are
-//! printed as they come.
+//! printed as they come, with control characters escaped like every other
+//! stored text (`super::terminal`).
 
 use serde_json::{json, Map, Value};
 
-use super::CliError;
+use super::{terminal, CliError};
 
 /// `overseer sessions` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -86,7 +87,7 @@ pub fn sessions(args: SessionsArgs) -> Result<(), CliError> {
         .enable_all()
         .build()
         .map_err(CliError::Runtime)?;
-    rt.block_on(run(args)).map_err(CliError::from)
+    rt.block_on(run(args))
 }
 
 struct Client {
@@ -131,7 +132,12 @@ impl Client {
     }
 }
 
-async fn run(args: SessionsArgs) -> Result<(), ClientError> {
+/// Prints one line of output (see [`terminal::print_line`]).
+fn print(line: &str) -> Result<(), CliError> {
+    terminal::print_line(line).map_err(CliError::Stdout)
+}
+
+async fn run(args: SessionsArgs) -> Result<(), CliError> {
     let client = Client {
         http: reqwest::Client::new(),
         base: args.url.clone(),
@@ -160,13 +166,18 @@ async fn run(args: SessionsArgs) -> Result<(), ClientError> {
                 };
                 let page = client.call(reqwest::Method::GET, &path, None).await?;
                 for s in page["sessions"].as_array().into_iter().flatten() {
-                    println!(
+                    // Each cell escaped on its own: a tab or newline in a
+                    // title must not shift the columns or forge a row.
+                    let cell = |key: &str, missing: &'static str| {
+                        terminal::inline(s[key].as_str().unwrap_or(missing)).into_owned()
+                    };
+                    print(&format!(
                         "{}\t{}\t{}\t{}",
-                        s["id"].as_str().unwrap_or("?"),
-                        s["status"].as_str().unwrap_or("?"),
-                        s["agent"].as_str().unwrap_or("?"),
-                        s["title"].as_str().unwrap_or("")
-                    );
+                        cell("id", "?"),
+                        cell("status", "?"),
+                        cell("agent", "?"),
+                        cell("title", "")
+                    ))?;
                 }
                 match page["next_cursor"].as_str() {
                     Some(c) => cursor = Some(c.to_owned()),
@@ -178,7 +189,7 @@ async fn run(args: SessionsArgs) -> Result<(), ClientError> {
             let s = client
                 .call(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
                 .await?;
-            println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+            print(&terminal::json(&s))?;
         }
         SessionsCommand::Approve { id, calls, deny } => {
             let pending = client
@@ -200,7 +211,7 @@ async fn run(args: SessionsArgs) -> Result<(), ClientError> {
                 chosen = calls;
             }
             if chosen.is_empty() {
-                return Err(ClientError::NothingPending(id));
+                return Err(ClientError::NothingPending(id).into());
             }
             let decision = match &deny {
                 Some(message) => json!({"decision": "deny", "message": message}),
@@ -219,7 +230,7 @@ async fn run(args: SessionsArgs) -> Result<(), ClientError> {
                 .await?;
             let verb = if deny.is_some() { "denied" } else { "approved" };
             for c in chosen {
-                println!("{verb} {c}");
+                print(&format!("{verb} {}", terminal::inline(&c)))?;
             }
         }
         SessionsCommand::Cancel { id } => {
@@ -230,7 +241,7 @@ async fn run(args: SessionsArgs) -> Result<(), ClientError> {
                     None,
                 )
                 .await?;
-            println!("cancelled {id}");
+            print(&format!("cancelled {}", terminal::inline(&id)))?;
         }
     }
     Ok(())

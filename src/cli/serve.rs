@@ -3,8 +3,14 @@
 //!
 //! Owns process-level concerns of the service: reading the auth key, binding
 //! the listener, recovering before serving, and the graceful shutdown on
-//! SIGTERM/SIGINT (stop accepting, finish in-flight requests and checkpoints,
-//! stop the actors, flush sled, exit 0). The API itself is `crate::http`.
+//! SIGTERM/SIGINT (stop accepting, give open connections
+//! `http.shutdown_grace_secs` to finish and drop the rest, stop the actors,
+//! flush sled, exit 0). The API itself is `crate::http`.
+//!
+//! `token` validates everything before minting (a token with no scope, one
+//! that never expires, a tenant with a newline, a guessable secret are all
+//! refused with exit status 2 and one line naming the flag), and reports a
+//! closed stdout instead of panicking.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -17,7 +23,7 @@ use crate::http::{self, HttpOptions};
 use crate::service;
 use crate::tools::builtin_registry;
 
-use super::CliError;
+use super::{terminal, CliError};
 
 /// `overseer serve` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -42,10 +48,11 @@ pub struct TokenArgs {
     /// Subject (who): recorded as `approved_by` on decisions.
     #[arg(long)]
     pub sub: String,
-    /// Comma-separated scopes: sessions:read, sessions:write, approvals:write, admin.
+    /// Comma-separated scopes (at least one): sessions:read, sessions:write,
+    /// approvals:write, admin.
     #[arg(long, value_delimiter = ',', required = true)]
     pub scopes: Vec<String>,
-    /// Lifetime in seconds.
+    /// Lifetime in seconds (1 to 31622400, a year and a day).
     #[arg(long, default_value_t = 3600)]
     pub ttl: u64,
 }
@@ -100,13 +107,10 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
             .parse()
             .map_err(|_| ServeError::Listen(config.http.listen.clone()))?,
     };
-    let auth = auth_config(&config)?;
+    let auth = auth_config(&config)?.with_leeway(config.http.jwt_leeway());
     // Refuse `auth = "none"` off loopback before anything is opened.
     http::check_listener(addr, &auth).map_err(ServeError::from)?;
-    let http_options = HttpOptions {
-        cors_allow_origins: config.http.cors_allow_origins.clone(),
-        metrics_public: config.http.metrics_public,
-    };
+    let http_options: HttpOptions = config.http.options();
     http_options.validate().map_err(ServeError::from)?;
     let provider = service::build_providers(&config)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -212,8 +216,12 @@ async fn shutdown_signal() {
 
 /// Prints a token minted from `OVERSEER_JWT_SECRET`, and nothing else, on stdout.
 pub fn token(args: TokenArgs) -> Result<(), CliError> {
-    let secret = std::env::var(auth::SECRET_ENV)
-        .map_err(|_| ServeError::Auth(auth::AuthError::SecretMissing))?;
+    let secret = std::env::var(auth::SECRET_ENV).map_err(|_| {
+        CliError::Usage(format!(
+            "{}: not set; export the server's HS256 secret to mint a token for it",
+            auth::SECRET_ENV
+        ))
+    })?;
     let scopes: Vec<String> = args
         .scopes
         .iter()
@@ -227,7 +235,16 @@ pub fn token(args: TokenArgs) -> Result<(), CliError> {
         &scopes,
         Duration::from_secs(args.ttl),
     )
-    .map_err(ServeError::from)?;
-    println!("{token}");
-    Ok(())
+    .map_err(|e| {
+        use auth::AuthError as E;
+        let flag = match &e {
+            E::EmptyClaim("tenant") | E::InvalidClaim("tenant") => "--tenant",
+            E::EmptyClaim(_) | E::InvalidClaim(_) => "--sub",
+            E::NoScopes | E::UnknownScope(_) => "--scopes",
+            E::InvalidTtl { .. } => "--ttl",
+            _ => auth::SECRET_ENV,
+        };
+        CliError::Usage(format!("{flag}: {e}"))
+    })?;
+    terminal::print_line(&token).map_err(CliError::Stdout)
 }

@@ -10,7 +10,7 @@ use crate::config::{Config, LoadOptions, Overrides};
 use crate::service;
 use crate::tools::builtin_registry;
 
-use super::CliError;
+use super::{terminal, CliError};
 
 /// `overseer tools` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -58,14 +58,18 @@ pub fn list(args: ToolsArgs) -> Result<(), CliError> {
                 "Delegate a task to a subagent (agents with subagents)".to_owned(),
             ),
         };
-        println!(
-            "{name}\t{approval}\t{timeout}\tagents: {}\t{description}",
+        // Names and descriptions may come from an MCP server: escaped.
+        let line = format!(
+            "{}\t{approval}\t{timeout}\tagents: {}\t{}",
+            terminal::inline(name),
             if users.is_empty() {
                 "-".to_owned()
             } else {
-                users.join(",")
-            }
+                terminal::inline(&users.join(",")).into_owned()
+            },
+            terminal::inline(&description)
         );
+        terminal::print_line(&line).map_err(CliError::Stdout)?;
     }
     Ok(())
 }

@@ -14,9 +14,13 @@
 //! are the statuses HTTP defines for a specific problem: 401 (no or bad
 //! token), 403 (missing scope), 404 (unknown session, or another tenant's:
 //! never 403, so existence does not leak), 409 (the request conflicts with
-//! the session's state: terminal, busy, already decided, id taken), 413 (body
-//! over the limit), 415 (body without `Content-Type: application/json`), 503
-//! (session unavailable or server not ready) and 500 (storage failure).
+//! the session's state: terminal, busy, already decided, key reused), 408
+//! (body not received in time), 413 (body over the limit), 414 (request
+//! target too long), 415 (body without `Content-Type: application/json`),
+//! 431 (request head too large), 503 (session unavailable, server not ready
+//! or over its in-flight limit; always with `Retry-After`) and 500 (storage
+//! failure). Messages of 5xx answers are stable sentences: the underlying
+//! error (an I/O error, a path) is logged, never sent.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -159,8 +163,15 @@ impl From<SessionError> for ApiError {
             SessionError::AlreadyExists(_) => Self::conflict("already_exists", message),
             SessionError::Conflict(_) => Self::conflict("conflict", message),
             SessionError::Invalid(_) => Self::bad_request("invalid_request", message),
-            SessionError::Unavailable { .. } => {
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+            SessionError::Unavailable { id, reason } => {
+                // The reason can be a storage error's text (a failed
+                // checkpoint): for the operator's log, not for the caller.
+                tracing::warn!(session_id = %id, %reason, "session unavailable");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    format!("session {id} is temporarily unavailable; retry shortly"),
+                )
             }
             SessionError::QueueFull { .. } => {
                 Self::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message)
@@ -198,16 +209,18 @@ impl From<AuthError> for ApiError {
             AuthError::MissingScope(_) => {
                 Self::new(StatusCode::FORBIDDEN, "forbidden", e.to_string())
             }
-            AuthError::MissingToken
-            | AuthError::MalformedHeader
-            | AuthError::Expired
-            | AuthError::InvalidToken(_)
-            | AuthError::EmptyClaim(_) => {
+            AuthError::MissingToken | AuthError::MalformedHeader | AuthError::InvalidToken(_) => {
                 Self::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string())
             }
             // Configuration problems should never reach a request; if one
             // does, it is the server's fault, not the caller's.
-            AuthError::InvalidKey(_) | AuthError::UnknownScope(_) | AuthError::SecretMissing => {
+            AuthError::InvalidKey(_)
+            | AuthError::EmptyClaim(_)
+            | AuthError::InvalidClaim(_)
+            | AuthError::UnknownScope(_)
+            | AuthError::NoScopes
+            | AuthError::InvalidTtl { .. }
+            | AuthError::SecretMissing => {
                 tracing::error!(error = %e, "auth misconfiguration while serving a request");
                 Self::new(
                     StatusCode::INTERNAL_SERVER_ERROR,

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use super::extract::{ApiJson, ApiQuery, Approve, Authorized, Read, SessionPath, Write};
-use super::idempotency::Outcome;
+use super::idempotency::{digest, Outcome};
 use super::{ApiError, AppState};
 use crate::auth::Principal;
 
@@ -35,8 +35,8 @@ const MAX_PAGE: usize = 200;
 /// page may come back short (even empty) with a `next_cursor`: the client
 /// keeps paging, and no single request scans a whole tenant.
 const MAX_SCAN: usize = 2_000;
-/// Longest accepted `message_id`.
-const MAX_MESSAGE_ID: usize = 200;
+/// Longest accepted `message_id` or `idempotency_key`.
+const MAX_CLIENT_KEY: usize = 200;
 
 /// A session as the API shows it: its header fields, its metadata and
 /// queued messages, plus the transcript. (A list row is the header alone.)
@@ -104,8 +104,12 @@ pub(super) struct CreateBody {
     title: Option<String>,
     #[serde(default)]
     metadata: Option<Map<String, Value>>,
+    /// Makes the create idempotent (1 to 200 bytes, no control characters).
     #[serde(default)]
-    id: Option<SessionId>,
+    idempotency_key: Option<String>,
+    /// Refused with a pointer to `idempotency_key`: the server chooses ids.
+    #[serde(default)]
+    id: Option<Value>,
     #[serde(default)]
     auto_complete: bool,
     /// Appended to the agent's instructions, on a new line.
@@ -128,15 +132,30 @@ pub(super) struct CreateBody {
     budget: Option<overseer_actors::model::Budget>,
 }
 
-/// `POST /v1/sessions` → 201 with the session. With a client-chosen `id` the
-/// request is idempotent: the same request again answers 201 with the same
-/// session and has no second effect; a different request (or another
-/// tenant) with a taken id is a 409.
+/// `POST /v1/sessions` → 201 with the session. With an `idempotency_key`
+/// the request is idempotent: the same request again answers 201 with the
+/// same session and has no second effect; a different request under the same
+/// key is a 409. The session's id is derived from the caller's tenant and the
+/// key ([`keyed_session_id`]), so two tenants using the same key get two
+/// sessions, and no key of one tenant can reach, or reveal, another's.
 pub(super) async fn create(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,
     ApiJson(body): ApiJson<CreateBody>,
 ) -> Result<Response, ApiError> {
+    if body.id.is_some() {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            "id: session ids are chosen by the server; send idempotency_key to make the create idempotent",
+        ));
+    }
+    let keyed_id = match &body.idempotency_key {
+        None => None,
+        Some(key) => {
+            check_client_key("idempotency_key", key)?;
+            Some(keyed_session_id(&principal.tenant, key))
+        }
+    };
     let metadata = body
         .metadata
         .clone()
@@ -175,19 +194,20 @@ pub(super) async fn create(
         prompt: body.prompt.clone(),
         title: body.title.clone(),
         metadata: metadata.clone(),
-        id: body.id,
+        id: keyed_id,
         auto_complete: body.auto_complete,
         overrides,
     };
     let overseer = state.overseer();
-    let id = match body.id {
+    let id = match keyed_id {
         None => overseer.create_session(request).await?,
         Some(id) => {
             // Concurrent retries wait for the first attempt instead of racing
-            // it into the store.
+            // it into the store. The store is the durable record: a retry
+            // finds the session there and is compared with it below.
             let run = state
                 .creates()
-                .run(id, "", || async move {
+                .run(id, b"", || async move {
                     match overseer.create_session(request).await {
                         Ok(_) | Err(SessionError::AlreadyExists(_)) => Ok(()),
                         Err(e) => Err(e),
@@ -202,10 +222,10 @@ pub(super) async fn create(
         }
     };
     let stored = overseer.state(id).await?;
-    if body.id.is_some() && !same_create(&stored, &principal, &body, &metadata) {
+    if keyed_id.is_some() && !same_create(&stored, &principal, &body, &metadata) {
         return Err(ApiError::conflict(
             "already_exists",
-            format!("session {id} already exists and was created by a different request"),
+            "idempotency_key was already used for a different request",
         ));
     }
     let mut response = (StatusCode::CREATED, Json(session_json(&stored))).into_response();
@@ -213,6 +233,42 @@ pub(super) async fn create(
         response.headers_mut().insert(header::LOCATION, location);
     }
     Ok(response)
+}
+
+/// The id of the session a tenant's `idempotency_key` names: a name-based
+/// UUID (version 8, from SHA-256, as RFC 9562 suggests for name-based ids
+/// with a modern hash) of the tenant and the key. The same tenant and key
+/// always give the same id; different tenants never share one, so a create
+/// cannot collide with, or detect, another tenant's session. (Server-chosen
+/// ids are version 7, so they never meet a derived one either.)
+pub(crate) fn keyed_session_id(tenant: &str, key: &str) -> SessionId {
+    let d = digest(&[
+        b"overseer session idempotency key v1",
+        tenant.as_bytes(),
+        key.as_bytes(),
+    ]);
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&d[..16]);
+    SessionId(uuid::Builder::from_custom_bytes(bytes).into_uuid())
+}
+
+/// Checks a client-chosen key (`idempotency_key`, `message_id`): 1 to
+/// [`MAX_CLIENT_KEY`] bytes and no control characters, so that it can be
+/// logged and echoed safely.
+fn check_client_key(field: &str, key: &str) -> Result<(), ApiError> {
+    if key.is_empty() || key.len() > MAX_CLIENT_KEY {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            format!("{field}: must be 1 to {MAX_CLIENT_KEY} bytes"),
+        ));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            format!("{field}: must not contain control characters"),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether a stored session is what `body` would have created, so a retry
@@ -348,16 +404,12 @@ pub(super) async fn message(
     match &body.message_id {
         None => overseer.send_message(id, body.text).await?,
         Some(mid) => {
-            if mid.is_empty() || mid.len() > MAX_MESSAGE_ID {
-                return Err(ApiError::bad_request(
-                    "invalid_body",
-                    format!("message_id: must be 1 to {MAX_MESSAGE_ID} bytes"),
-                ));
-            }
+            check_client_key("message_id", mid)?;
             let text = body.text.clone();
+            let key = (id, digest(&[mid.as_bytes()]));
             let run = state
                 .messages()
-                .run((id, mid.clone()), &body.text, || {
+                .run(key, body.text.as_bytes(), || {
                     // Recorded by the session too, so a retry after a
                     // restart is still recognised.
                     overseer.send_message_with_id(id, text, Some(mid.clone()))

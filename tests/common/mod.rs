@@ -20,6 +20,7 @@ use overseer::http::{self, HttpOptions};
 use overseer::store::{Durability, SledStore};
 use overseer_actors::model::AgentConfig;
 use overseer_actors::scripted::{Scenario, ScriptedProvider};
+use overseer_actors::store::CheckpointStore;
 use overseer_actors::tool::{Tool, ToolContext, ToolError, ToolRegistry, ToolSpec};
 use overseer_actors::{Overseer, RuntimeConfig};
 use serde_json::{json, Value};
@@ -168,14 +169,25 @@ impl Server {
         auth: AuthConfig,
         options: HttpOptions,
     ) -> anyhow::Result<Self> {
+        let store = SledStore::open(dir.path(), Durability::Os)?;
+        Self::start_on_store(dir, Arc::new(store), auth, options).await
+    }
+
+    /// Starts a service on any store (e.g. one that fails on demand);
+    /// `dir` is kept for the server's lifetime.
+    pub async fn start_on_store(
+        dir: tempfile::TempDir,
+        store: Arc<dyn CheckpointStore>,
+        auth: AuthConfig,
+        options: HttpOptions,
+    ) -> anyhow::Result<Self> {
         // reqwest is built without a default TLS provider; plain HTTP still
         // builds a TLS config, so install one (once per process).
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-        let store = SledStore::open(dir.path(), Durability::Os)?;
         let tools = ToolRegistry::new(vec![Arc::new(WriteRecord::new()) as Arc<dyn Tool>])?;
         let overseer = Overseer::start(
             agents(),
-            Arc::new(store),
+            store,
             Arc::new(ScriptedProvider::new(scenario())),
             tools,
             RuntimeConfig::default(),

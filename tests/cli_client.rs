@@ -1,0 +1,222 @@
+//! `overseer token` and `overseer sessions` as processes: refused token
+//! requests (exit status 2, one line naming the flag), a closed stdout, and
+//! stored text with control characters shown escaped, never raw, against a
+//! real server on loopback.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+
+use common::{send, token, Server, ALL};
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_overseer");
+
+/// A secret that passes every check.
+const GOOD_SECRET: &str = "token-test-secret-0123456789abcdefghijkl";
+
+fn token_cmd(secret: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("token")
+        .args(args)
+        .env("OVERSEER_JWT_SECRET", secret)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// Asserts a refusal: exit status 2, nothing on stdout, one `error:` line on
+/// stderr that contains `needle`.
+fn assert_refused(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(out.stdout.is_empty(), "no token may be printed");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(stderr.contains(needle), "expected '{needle}' in: {stderr}");
+}
+
+#[test]
+fn token_refuses_what_would_make_a_useless_or_dangerous_token() {
+    let base = ["--tenant", "acme", "--sub", "alice", "--scopes", "admin"];
+    let ok = token_cmd(GOOD_SECRET, &base);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+
+    // No scope at all.
+    let out = token_cmd(
+        GOOD_SECRET,
+        &["--tenant", "acme", "--sub", "alice", "--scopes", ""],
+    );
+    assert_refused(&out, "--scopes: at least one scope is required");
+    let out = token_cmd(
+        GOOD_SECRET,
+        &["--tenant", "acme", "--sub", "alice", "--scopes", " , "],
+    );
+    assert_refused(&out, "--scopes");
+    // A lifetime that would overflow (and so never expire), and zero.
+    let mut args = base.to_vec();
+    args.extend(["--ttl", "18446744073709551615"]);
+    assert_refused(
+        &token_cmd(GOOD_SECRET, &args),
+        "--ttl: the TTL must be between 1 and",
+    );
+    let mut args = base.to_vec();
+    args.extend(["--ttl", "0"]);
+    assert_refused(&token_cmd(GOOD_SECRET, &args), "--ttl");
+    // Control characters in the claims.
+    let out = token_cmd(
+        GOOD_SECRET,
+        &["--tenant", "acme\nx", "--sub", "alice", "--scopes", "admin"],
+    );
+    assert_refused(
+        &out,
+        "--tenant: the 'tenant' claim must not contain control characters",
+    );
+    let out = token_cmd(
+        GOOD_SECRET,
+        &[
+            "--tenant",
+            "acme",
+            "--sub",
+            "al\u{1b}[2Jice",
+            "--scopes",
+            "admin",
+        ],
+    );
+    assert_refused(&out, "--sub");
+    let out = token_cmd(
+        GOOD_SECRET,
+        &["--tenant", "", "--sub", "alice", "--scopes", "admin"],
+    );
+    assert_refused(&out, "--tenant");
+    // A long but guessable secret, and a short one.
+    assert_refused(&token_cmd(&" ".repeat(32), &base), "distinct byte");
+    assert_refused(&token_cmd(&"a".repeat(64), &base), "distinct byte");
+    assert_refused(&token_cmd("short", &base), "at least 32 bytes");
+    // No secret.
+    let out = Command::new(BIN)
+        .arg("token")
+        .args(base)
+        .env_remove("OVERSEER_JWT_SECRET")
+        .output()
+        .unwrap();
+    assert_refused(&out, "OVERSEER_JWT_SECRET");
+}
+
+#[test]
+fn token_into_a_closed_pipe_is_an_error_not_a_panic() {
+    // The read end is closed before the process starts, so its write fails
+    // for certain (EPIPE; Rust ignores SIGPIPE).
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(BIN)
+        .args([
+            "token", "--tenant", "acme", "--sub", "alice", "--scopes", "admin",
+        ])
+        .env("OVERSEER_JWT_SECRET", GOOD_SECRET)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
+    assert!(
+        stderr.starts_with("error: cannot write to stdout"),
+        "{stderr}"
+    );
+}
+
+/// Runs `overseer sessions --url URL ARGS…` with `token`.
+fn sessions(url: &str, token: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("sessions")
+        .args(["--url", url])
+        .args(args)
+        .env("OVERSEER_TOKEN", token)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// Whether `bytes` hold a character no terminal should receive raw.
+fn has_raw_controls(text: &str) -> bool {
+    text.chars().any(|c| {
+        (c.is_control() && c != '\n' && c != '\t')
+            || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stored_text_with_control_characters_reaches_the_terminal_escaped() -> anyhow::Result<()> {
+    let s = Server::start().await?;
+    let t = token("acme", "alice", ALL);
+    let title = "evil\u{1b}[2J\u{1b}]0;pwned\u{7}\u{9b}31m\u{202e}txt.exe\ttab\nline";
+    let (status, created) = send(s.post(
+        "/v1/sessions",
+        &t,
+        &json!({"agent": "chat", "title": title, "prompt": "say \u{1b}[31mred"}),
+    ))
+    .await?;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+
+    // list: one line per session, every cell escaped.
+    let out = sessions(&s.base, &t, &["list"]);
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !has_raw_controls(&stdout),
+        "raw control characters: {stdout:?}"
+    );
+    assert_eq!(stdout.lines().count(), 1, "{stdout:?}");
+    let cells: Vec<&str> = stdout.trim_end_matches('\n').split('\t').collect();
+    assert_eq!(
+        cells.len(),
+        4,
+        "a tab in the title must not add a column: {cells:?}"
+    );
+    assert_eq!(
+        cells[3],
+        "evil\\u{1b}[2J\\u{1b}]0;pwned\\u{7}\\u{9b}31m\\u{202e}txt.exe\\ttab\\nline"
+    );
+
+    // show: JSON, still parseable, with the title intact once decoded.
+    let out = sessions(&s.base, &t, &["show", &id]);
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !has_raw_controls(&stdout),
+        "raw control characters: {stdout:?}"
+    );
+    let shown: Value = serde_json::from_str(&stdout)?;
+    assert_eq!(shown["title"], title);
+    assert_eq!(shown["transcript"][0]["text"], "say \u{1b}[31mred");
+
+    // An error echoed from the server (it quotes the bad id back).
+    let out = sessions(&s.base, &t, &["show", "\u{1b}[2Jnot-an-id"]);
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(!out.status.success());
+    assert!(
+        !has_raw_controls(&stderr),
+        "raw control characters: {stderr:?}"
+    );
+    assert!(stderr.contains("\\u{1b}[2Jnot-an-id"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
+    s.stop().await
+}

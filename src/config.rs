@@ -50,6 +50,9 @@ pub struct Config {
     /// `[runtime]`.
     #[serde(default)]
     pub runtime: RuntimeSection,
+    /// `[limits]`: what one caller can make a session or the node hold.
+    #[serde(default)]
+    pub limits: LimitsSection,
     /// `[provider]`.
     #[serde(default)]
     pub provider: ProviderSection,
@@ -301,6 +304,71 @@ impl Default for RuntimeSection {
             call_timeout_secs: default_call_timeout_secs(),
         }
     }
+}
+
+/// `[limits]`: size and admission limits (see `overseer_actors::Limits`,
+/// whose defaults these are).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Live session actors past which new sessions and activations by API
+    /// requests get 503.
+    #[serde(default = "default_max_live_sessions")]
+    pub max_live_sessions: usize,
+    /// Messages one session may hold queued behind its running turn.
+    #[serde(default = "default_max_queued_messages")]
+    pub max_queued_messages: u64,
+    /// Bytes of text one session may hold queued.
+    #[serde(default = "default_max_queued_bytes")]
+    pub max_queued_bytes: u64,
+    /// Bytes of a session title.
+    #[serde(default = "default_max_title_bytes")]
+    pub max_title_bytes: u64,
+    /// Bytes of a session's metadata (JSON).
+    #[serde(default = "default_max_metadata_bytes")]
+    pub max_metadata_bytes: u64,
+}
+
+impl Default for LimitsSection {
+    fn default() -> Self {
+        let l = overseer_actors::Limits::default();
+        Self {
+            max_live_sessions: l.max_live_sessions,
+            max_queued_messages: l.max_queued_messages,
+            max_queued_bytes: l.max_queued_bytes,
+            max_title_bytes: l.max_title_bytes,
+            max_metadata_bytes: l.max_metadata_bytes,
+        }
+    }
+}
+
+impl LimitsSection {
+    /// The limits as the runtime takes them.
+    pub fn to_limits(&self) -> overseer_actors::Limits {
+        overseer_actors::Limits {
+            max_live_sessions: self.max_live_sessions,
+            max_queued_messages: self.max_queued_messages,
+            max_queued_bytes: self.max_queued_bytes,
+            max_title_bytes: self.max_title_bytes,
+            max_metadata_bytes: self.max_metadata_bytes,
+        }
+    }
+}
+
+fn default_max_live_sessions() -> usize {
+    overseer_actors::Limits::default().max_live_sessions
+}
+fn default_max_queued_messages() -> u64 {
+    overseer_actors::Limits::default().max_queued_messages
+}
+fn default_max_queued_bytes() -> u64 {
+    overseer_actors::Limits::default().max_queued_bytes
+}
+fn default_max_title_bytes() -> u64 {
+    overseer_actors::Limits::default().max_title_bytes
+}
+fn default_max_metadata_bytes() -> u64 {
+    overseer_actors::Limits::default().max_metadata_bytes
 }
 
 /// `[provider]`: which LLM serves the agents (§11).
@@ -683,6 +751,19 @@ impl Config {
                 out.push(Problem::new(key, "must be at least 1"));
             }
         }
+        let l = &self.limits;
+        let limits = [
+            ("limits.max_live_sessions", l.max_live_sessions as u64),
+            ("limits.max_queued_messages", l.max_queued_messages),
+            ("limits.max_queued_bytes", l.max_queued_bytes),
+            ("limits.max_title_bytes", l.max_title_bytes),
+            ("limits.max_metadata_bytes", l.max_metadata_bytes),
+        ];
+        for (key, value) in limits {
+            if value == 0 {
+                out.push(Problem::new(key, "must be at least 1"));
+            }
+        }
         if self.provider.kind == ProviderKind::Scripted
             && self.provider.scenario.as_os_str().is_empty()
         {
@@ -972,7 +1053,7 @@ impl Config {
             },
             call_timeout: Duration::from_secs(self.runtime.call_timeout_secs),
             idle_hibernate: self.idle_hibernate(),
-            limits: overseer_actors::Limits::default(),
+            limits: self.limits.to_limits(),
         }
     }
 
@@ -1293,6 +1374,29 @@ mod tests {
         assert!(e.contains("runtime.call_timeout_secs: invalid type"), "{e}");
         assert!(e.contains("agents[0].name: required"), "{e}");
         assert!(!e.contains('\n'));
+    }
+
+    #[test]
+    fn session_limits_are_read_and_checked_with_their_keys() {
+        let text =
+            "[limits]\nmax_queued_messages = 0\nmax_title_bytes = 0\n[[agents]]\nname = \"a\"\n";
+        let e = load_text(text, no_env).unwrap_err().to_string();
+        assert!(
+            e.contains("limits.max_queued_messages: must be at least 1"),
+            "{e}"
+        );
+        assert!(
+            e.contains("limits.max_title_bytes: must be at least 1"),
+            "{e}"
+        );
+        let text = "[limits]\nmax_live_sessions = 7\n[[agents]]\nname = \"a\"\n";
+        let c = load_text(text, no_env).unwrap();
+        let limits = c.runtime_config().limits;
+        assert_eq!(limits.max_live_sessions, 7);
+        assert_eq!(
+            limits.max_queued_bytes,
+            overseer_actors::Limits::default().max_queued_bytes
+        );
     }
 
     #[test]

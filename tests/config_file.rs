@@ -10,8 +10,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use overseer::config::{
-    AgentSection, Config, HttpSection, ProviderSection, RuntimeSection, ScopeTokenSection,
-    StoreSection, ENV_OVERRIDES,
+    AgentSection, Config, HttpSection, LimitsSection, ProviderSection, RuntimeSection,
+    ScopeTokenSection, StoreSection, ENV_OVERRIDES,
 };
 use overseer::provider::RouteConfig;
 use overseer::tools::http_request::HttpRequestConfig;
@@ -60,6 +60,7 @@ fn every_key_of_every_section_is_in_the_file() {
     let sections: Vec<(&str, Vec<String>)> = vec![
         ("store", keys_of::<StoreSection>()),
         ("runtime", keys_of::<RuntimeSection>()),
+        ("limits", keys_of::<LimitsSection>()),
         ("provider", keys_of::<ProviderSection>()),
         ("models", keys_of::<RouteConfig>()),
         ("http", keys_of::<HttpSection>()),

@@ -181,6 +181,31 @@ impl Server {
         auth: AuthConfig,
         options: HttpOptions,
     ) -> anyhow::Result<Self> {
+        Self::start_configured(dir, store, auth, options, RuntimeConfig::default()).await
+    }
+
+    /// Starts a service with HS256 auth and these runtime tunables.
+    pub async fn start_with_runtime(config: RuntimeConfig) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let store = SledStore::open(dir.path(), Durability::Os)?;
+        Self::start_configured(
+            dir,
+            Arc::new(store),
+            hs256(),
+            HttpOptions::default(),
+            config,
+        )
+        .await
+    }
+
+    /// The most general start: any store, auth, options and runtime tunables.
+    pub async fn start_configured(
+        dir: tempfile::TempDir,
+        store: Arc<dyn CheckpointStore>,
+        auth: AuthConfig,
+        options: HttpOptions,
+        config: RuntimeConfig,
+    ) -> anyhow::Result<Self> {
         // reqwest is built without a default TLS provider; plain HTTP still
         // builds a TLS config, so install one (once per process).
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -190,7 +215,7 @@ impl Server {
             store,
             Arc::new(ScriptedProvider::new(scenario())),
             tools,
-            RuntimeConfig::default(),
+            config,
         )
         .await?;
         overseer.recover().await?;

@@ -37,7 +37,8 @@ pub enum ServiceError {
         source: ProviderConfigError,
     },
     /// The data directory could not be opened.
-    #[error("cannot open the data directory {dir}: {source}")]
+    /// (The store's own errors at open already name the directory.)
+    #[error("{}", store_open_message(dir, source))]
     Store {
         /// The directory.
         dir: String,
@@ -53,6 +54,13 @@ pub enum ServiceError {
     /// The scope-token key is unusable.
     #[error("scope_tokens: {0}")]
     ScopeTokens(String),
+}
+
+fn store_open_message(dir: &str, source: &StoreError) -> String {
+    match source {
+        StoreError::Io(text) if text.contains(dir) => text.clone(),
+        other => format!("cannot open the data directory {dir}: {other}"),
+    }
 }
 
 /// The tools of a configuration, with the MCP connections they use (keep it
@@ -162,6 +170,19 @@ pub async fn start(
     tools: ToolRegistry,
     provider: Arc<dyn Provider>,
 ) -> Result<(Overseer, SledStore), ServiceError> {
+    let (overseer, store) = open(config, tools, provider).await?;
+    overseer.recover().await?;
+    Ok((overseer, store))
+}
+
+/// Opens the store and starts the runtime, recovering nothing yet: for a
+/// caller that must subscribe to a session before recovery can touch it
+/// (`overseer run --resume`).
+pub async fn open(
+    config: &Config,
+    tools: ToolRegistry,
+    provider: Arc<dyn Provider>,
+) -> Result<(Overseer, SledStore), ServiceError> {
     let dir = config.store.data_dir.clone();
     let options = config.store.options();
     // Opening sled reads and replays its log: blocking work.
@@ -183,6 +204,5 @@ pub async fn start(
         config.runtime_config(),
     )
     .await?;
-    overseer.recover().await?;
     Ok((overseer, store))
 }

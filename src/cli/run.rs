@@ -1,0 +1,871 @@
+//! `overseer run`: one session in-process, on the embedded store, with the
+//! agent's text streamed to stdout, progress on stderr, and approvals asked
+//! on the terminal (or decided by `--approve`). `--resume` continues a session
+//! a previous process left.
+//!
+//! Its runtime is built by `service`, exactly as `serve` builds its own; this
+//! module owns only following one session's events and deciding its calls.
+
+use std::collections::HashMap;
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio::sync::{broadcast, mpsc};
+
+use overseer_actors::model::{
+    CallState, Decision, Event, EventKind, Notification, SessionHeader, SessionId, SessionStatus,
+    StopReason, Submission, ToolCallId, Usage,
+};
+use overseer_actors::provider::Provider;
+use overseer_actors::tool::ToolRegistry;
+use overseer_actors::{CreateSession, Overseer, SessionError};
+
+use super::{status, terminal, ApproveMode, CliError, RunArgs, CLI_TENANT, DENY_MESSAGE};
+use crate::config::{Config, LoadOptions, Overrides};
+use crate::tools::builtin_registry;
+
+/// Longest excerpt of a tool result or arguments on a status line.
+const EXCERPT_CHARS: usize = 200;
+
+/// How often a run reads its session's events from the store, besides the
+/// live stream (see `Follower::follow`).
+const STORE_POLL: Duration = Duration::from_secs(1);
+
+/// What a run works on.
+enum Target {
+    /// A new session of `agent`, started with `prompt`.
+    New { agent: String, prompt: String },
+    /// A stored session, continued.
+    Resume(SessionId),
+}
+
+/// `overseer run`. Everything that can be refused without side effects
+/// (config, agent, terminal, scenario, a data directory that does not exist
+/// for `--resume`) is checked before the store is opened, so a refused run
+/// leaves no trace on disk.
+pub fn run(args: RunArgs) -> Result<(), CliError> {
+    let target = match args.resume {
+        Some(id) => Target::Resume(id),
+        None => {
+            let prompt = args.prompt.join(" ");
+            if prompt.trim().is_empty() {
+                return Err(CliError::EmptyPrompt);
+            }
+            Target::New {
+                agent: args.agent.clone(),
+                prompt,
+            }
+        }
+    };
+    let tools = builtin_registry()?;
+    let options = LoadOptions {
+        path: args.config.clone(),
+        overrides: Overrides {
+            data_dir: args.data.clone(),
+            durability: None,
+            scenario: args.scenario.clone(),
+        },
+    };
+    let mut config = Config::load(&options, &tools)?;
+    config.apply_provider_flags(
+        args.provider.as_deref(),
+        args.base_url.clone(),
+        args.model.clone(),
+        args.api_key_env.clone(),
+    );
+    match &target {
+        Target::New { agent, .. } if config.agent(agent).is_none() => {
+            return Err(CliError::UnknownAgent {
+                name: agent.clone(),
+                available: config.agent_names().join(", "),
+            });
+        }
+        // Opening the store would create the directory: a mistyped --data
+        // must not leave an empty database behind.
+        Target::Resume(id) if !config.store.data_dir.exists() => {
+            return Err(CliError::NoSuchSession {
+                id: *id,
+                dir: config.store.data_dir.clone(),
+            });
+        }
+        _ => {}
+    }
+    if args.approve == ApproveMode::Ask && !std::io::stdin().is_terminal() {
+        return Err(CliError::NotATerminal);
+    }
+    let provider: Arc<dyn Provider> = crate::service::build_providers(&config)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::Runtime)?;
+    let result = rt.block_on(run_session(config, tools, provider, target, args.approve));
+    // A terminal read may still wait for a line nobody will type (the turn
+    // ended while a prompt was open): do not wait for it.
+    rt.shutdown_timeout(Duration::from_millis(100));
+    result
+}
+
+async fn run_session(
+    config: Config,
+    tools: ToolRegistry,
+    provider: Arc<dyn Provider>,
+    target: Target,
+    mode: ApproveMode,
+) -> Result<(), CliError> {
+    let data_dir = config.store.data_dir.clone();
+    // The built-ins validated the config; the full set adds http tools,
+    // http_request and the tools of MCP servers (connected here, kept alive
+    // for the run).
+    let _ = &tools;
+    let all_tools = crate::service::build_tools(&config).await?;
+    // The same runtime as `serve`'s; recovery is `drive`'s, after it has
+    // subscribed to its session.
+    let (overseer, _store) =
+        crate::service::open(&config, all_tools.registry.clone(), provider).await?;
+    let outcome = drive(&overseer, target, mode, data_dir).await;
+    // Shut down whatever happened, so the store is flushed.
+    let shutdown = overseer.shutdown().await;
+    outcome?;
+    shutdown?;
+    Ok(())
+}
+
+/// Creates (or takes over) the session, follows it to the end of its turn,
+/// completes it.
+async fn drive(
+    overseer: &Overseer,
+    target: Target,
+    mode: ApproveMode,
+    dir: PathBuf,
+) -> Result<(), CliError> {
+    let (id, mut rx, resumed) = match target {
+        Target::New { agent, prompt } => {
+            // Sessions interrupted mid-turn by an earlier process resume
+            // here; they are not ours to follow, but leaving them dormant
+            // would orphan them.
+            let recovered = overseer.recover().await?;
+            if recovered > 0 {
+                status(format_args!(
+                    "recovered {recovered} interrupted session(s) from the store"
+                ));
+            }
+            let id = SessionId::generate();
+            // Subscribe before the session exists so not one event is missed.
+            let rx = overseer.subscribe(id);
+            overseer
+                .create_session(CreateSession {
+                    agent,
+                    tenant: CLI_TENANT.into(),
+                    prompt: Some(prompt),
+                    id: Some(id),
+                    ..CreateSession::default()
+                })
+                .await?;
+            status(format_args!("session: {id}"));
+            (id, rx, None)
+        }
+        Target::Resume(id) => {
+            // Subscribe before anything activates the session, and read its
+            // state while it still lives only on disk: every event after
+            // that snapshot then arrives on `rx`, none before it.
+            let rx = overseer.subscribe(id);
+            let stored = overseer
+                .runtime()
+                .store
+                .load_header(id)
+                .await
+                .map_err(SessionError::from)?
+                .ok_or(CliError::NoSuchSession { id, dir })?;
+            status(format_args!("session: {id}"));
+            status(format_args!("resuming: {}", where_it_stands(&stored)));
+            match stored.status {
+                SessionStatus::Running | SessionStatus::AwaitingApproval => {}
+                SessionStatus::Pending => return Err(CliError::NothingToResume(id)),
+                SessionStatus::AwaitingInput => {
+                    // The turn ended but the process that ran it stopped
+                    // before completing the session: finish as it would have.
+                    overseer.done(id).await?;
+                    return exit_status(stored.last_stop_reason, stored.error);
+                }
+                SessionStatus::Completed | SessionStatus::Failed | SessionStatus::Cancelled => {
+                    return ended(&stored);
+                }
+            }
+            let recovered = overseer.recover().await?;
+            if recovered > 1 {
+                status(format_args!(
+                    "recovered {} other interrupted session(s) from the store",
+                    recovered - 1
+                ));
+            }
+            // `recover` activated it (it is mid-turn); make sure, since a
+            // running session that nothing activates would never go on.
+            overseer.runtime().activate(id).await?;
+            (id, rx, Some(stored))
+        }
+    };
+
+    let (pending_tx, pending_rx) = mpsc::unbounded_channel();
+    let decider = tokio::spawn(decide_calls(overseer.clone(), id, mode, pending_rx));
+    let (interrupt_tx, mut interrupt_rx) = mpsc::unbounded_channel();
+    let interrupts = tokio::spawn(watch_interrupts(interrupt_tx));
+
+    // Subagents' approvals surface at the root (§7) but are announced on the
+    // children's own event streams: watch the tree for them.
+    let children = tokio::spawn(watch_children(
+        overseer.clone(),
+        id,
+        overseer.subscribe(id),
+        pending_tx.clone(),
+    ));
+    let mut follower = Follower::new(pending_tx);
+    if let Some(stored) = &resumed {
+        follower.take_over(stored);
+    }
+    let end = follower
+        .follow(overseer, id, &mut rx, &mut interrupt_rx)
+        .await;
+    decider.abort();
+    interrupts.abort();
+    children.abort();
+    let end = end?;
+
+    // The CLI sends no follow-up, so complete the session rather than leave it
+    // awaiting input forever (a cancelled one is already terminal).
+    let state = overseer.state(id).await?;
+    if !state.header.status.is_terminal() {
+        overseer.done(id).await?;
+    }
+    exit_status(Some(end.reason), end.detail)
+}
+
+/// The exit status of a run whose turn ended with `reason`.
+fn exit_status(reason: Option<StopReason>, detail: Option<String>) -> Result<(), CliError> {
+    match reason {
+        Some(StopReason::EndTurn) | None => Ok(()),
+        Some(reason) => Err(CliError::TurnEnded { reason, detail }),
+    }
+}
+
+/// The outcome of resuming a session that is already terminal: success only
+/// for a completed session whose last turn ended normally.
+fn ended(header: &SessionHeader) -> Result<(), CliError> {
+    ended_with(
+        header.id,
+        header.status,
+        header.last_stop_reason,
+        header.error.clone(),
+    )
+}
+
+fn ended_with(
+    id: SessionId,
+    status: SessionStatus,
+    reason: Option<StopReason>,
+    detail: Option<String>,
+) -> Result<(), CliError> {
+    if status == SessionStatus::Completed && matches!(reason, Some(StopReason::EndTurn) | None) {
+        return Ok(());
+    }
+    Err(CliError::AlreadyEnded {
+        id,
+        status,
+        reason,
+        detail,
+    })
+}
+
+/// One line on where a stored session stands, for `--resume`.
+fn where_it_stands(h: &SessionHeader) -> String {
+    let at = format!("turn {}, step {}", h.turn, h.step);
+    let count = |state: CallState| h.open_calls.iter().filter(|c| c.state == state).count();
+    match h.status {
+        SessionStatus::Running if h.open_calls.is_empty() => {
+            format!("running ({at}): the model call in flight is issued again")
+        }
+        SessionStatus::Running => format!(
+            "running ({at}): {} tool call(s) were running, {} wait to run",
+            count(CallState::Running),
+            count(CallState::Approved)
+        ),
+        SessionStatus::AwaitingApproval => format!(
+            "awaiting_approval ({at}): {} call(s) wait for a decision, {} were running",
+            count(CallState::AwaitingApproval),
+            count(CallState::Running)
+        ),
+        status => match h.last_stop_reason {
+            Some(reason) => format!("{status}: its last turn ended with {reason}"),
+            None => format!("{status}"),
+        },
+    }
+}
+
+/// How a turn ended.
+struct TurnEnd {
+    reason: StopReason,
+    detail: Option<String>,
+}
+
+/// A call waiting for a decision, as announced by its event.
+struct PendingCall {
+    id: ToolCallId,
+    name: String,
+    arguments: Value,
+    outcome_unknown: bool,
+}
+
+/// Follows one session's notifications: text to stdout, progress to stderr,
+/// approval requests to the decider.
+struct Follower {
+    pending: mpsc::UnboundedSender<PendingCall>,
+    names: HashMap<ToolCallId, String>,
+    last_seq: u64,
+    last_error: Option<String>,
+    /// Text of the current step already written to stdout.
+    printed: String,
+    /// Deltas may have been lost (lagged): print the step's stored text.
+    resync: bool,
+}
+
+impl Follower {
+    fn new(pending: mpsc::UnboundedSender<PendingCall>) -> Self {
+        Self {
+            pending,
+            names: HashMap::new(),
+            last_seq: 0,
+            last_error: None,
+            printed: String::new(),
+            resync: false,
+        }
+    }
+
+    /// Starts from a stored snapshot instead of a new session: events up to
+    /// its last one are already reflected in it, and its pending approvals
+    /// will announce themselves no more, so they go to the decider now.
+    fn take_over(&mut self, header: &SessionHeader) {
+        self.last_seq = header.last_event_seq;
+        for call in &header.open_calls {
+            self.names.insert(call.id.clone(), call.name.clone());
+            if call.state == CallState::AwaitingApproval {
+                let note = if call.outcome_unknown {
+                    " [outcome unknown: it was running when the process stopped]"
+                } else {
+                    ""
+                };
+                status(format_args!(
+                    "approval pending: {} {} ({}){note}",
+                    call.name,
+                    excerpt(call.run_arguments()),
+                    call.id
+                ));
+                let _ = self.pending.send(PendingCall {
+                    id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.run_arguments().clone(),
+                    outcome_unknown: call.outcome_unknown,
+                });
+            }
+        }
+    }
+
+    async fn follow(
+        &mut self,
+        overseer: &Overseer,
+        id: SessionId,
+        rx: &mut broadcast::Receiver<Notification>,
+        interrupts: &mut mpsc::UnboundedReceiver<()>,
+    ) -> Result<TurnEnd, CliError> {
+        let mut interrupted = false;
+        // A session actor that fails right after a checkpoint is restarted
+        // from it without that checkpoint's events ever being published, so
+        // the live stream can miss a step's last events and then fall silent
+        // (e.g. the approval request the run is waiting for). The store has
+        // them: read it now and then, so a run never waits forever for news
+        // that was recorded.
+        let mut poll = tokio::time::interval(STORE_POLL);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        poll.reset();
+        loop {
+            tokio::select! {
+                n = rx.recv() => match n {
+                    Ok(Notification::TextDelta { text, .. }) => self.text(&text),
+                    Ok(Notification::Event(event)) => {
+                        if event.seq > self.last_seq + 1 {
+                            // A gap: events were checkpointed but never
+                            // published (their actor died in between). The
+                            // store has them, and this one, in order.
+                            if let Some(end) = self.catch_up(overseer, id).await? {
+                                return Ok(end);
+                            }
+                        }
+                        if let Some(end) = self.event(event) {
+                            return Ok(end);
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        // The live buffer overflowed: the store has every
+                        // event; only text deltas are gone (see `resync`).
+                        self.resync = true;
+                        if let Some(end) = self.catch_up(overseer, id).await? {
+                            return Ok(end);
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return Err(CliError::StreamClosed),
+                },
+                _ = poll.tick() => {
+                    if let Some(end) = self.catch_up(overseer, id).await? {
+                        return Ok(end);
+                    }
+                }
+                Some(()) = interrupts.recv(), if !interrupted => {
+                    interrupted = true;
+                    self.end_line();
+                    status("interrupted: cancelling the session (Ctrl-C again quits at once)");
+                    if let Err(e) = overseer.cancel(id).await {
+                        status(format_args!("could not cancel the session: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Handles the stored events after the last one seen.
+    async fn catch_up(
+        &mut self,
+        overseer: &Overseer,
+        id: SessionId,
+    ) -> Result<Option<TurnEnd>, CliError> {
+        let missed = overseer.events_after(id, self.last_seq, usize::MAX).await?;
+        for event in missed {
+            if let Some(end) = self.event(event) {
+                return Ok(Some(end));
+            }
+        }
+        Ok(None)
+    }
+
+    fn text(&mut self, text: &str) {
+        self.printed.push_str(text);
+        out(text);
+    }
+
+    /// Handles one durable event; returns how the turn ended, at its end.
+    fn event(&mut self, event: Event) -> Option<TurnEnd> {
+        // Events replayed after a lag may repeat live ones.
+        if event.seq <= self.last_seq {
+            return None;
+        }
+        self.last_seq = event.seq;
+        match event.kind {
+            EventKind::AssistantMessage { text, .. } => {
+                if self.resync {
+                    let rest = text.strip_prefix(self.printed.as_str()).unwrap_or(&text);
+                    out(rest);
+                    self.printed.push_str(rest);
+                    self.resync = false;
+                }
+                self.end_line();
+            }
+            EventKind::ToolCallProposed {
+                call_id,
+                name,
+                arguments,
+            } => {
+                status(format_args!(
+                    "tool proposed: {name} {} ({call_id})",
+                    excerpt(&arguments)
+                ));
+                self.names.insert(call_id, name);
+            }
+            EventKind::ApprovalRequested {
+                call_id,
+                name,
+                arguments,
+                outcome_unknown,
+            } => {
+                let note = if outcome_unknown {
+                    " [outcome unknown: it was running when the process stopped]"
+                } else {
+                    ""
+                };
+                status(format_args!(
+                    "approval requested: {name} {} ({call_id}){note}",
+                    excerpt(&arguments)
+                ));
+                let _ = self.pending.send(PendingCall {
+                    id: call_id,
+                    name,
+                    arguments,
+                    outcome_unknown,
+                });
+            }
+            EventKind::DecisionRecorded { call_id, record } => {
+                let by = record.by.as_deref().unwrap_or("unknown");
+                let line = match &record.decision {
+                    Decision::Approve { .. } => match &record.args_diff {
+                        Some(diff) => format!("approved by {by} with edits {}", excerpt(diff)),
+                        None => format!("approved by {by}"),
+                    },
+                    Decision::Deny { message } => format!(
+                        "denied by {by}: {}",
+                        message.as_deref().unwrap_or("(no reason)")
+                    ),
+                };
+                status(format_args!("decision: {line} ({call_id})"));
+            }
+            EventKind::ToolCallStarted { call_id, attempt } if attempt > 1 => {
+                status(format_args!(
+                    "tool re-dispatched: {} attempt {attempt} ({call_id})",
+                    self.name(&call_id)
+                ));
+            }
+            EventKind::ToolCallFinished {
+                call_id,
+                state,
+                result,
+            } => {
+                let label = match state {
+                    CallState::Completed => "tool done",
+                    _ => "tool ended",
+                };
+                let shown = match &result {
+                    Value::String(s) => s.clone(),
+                    other => excerpt(other),
+                };
+                status(format_args!(
+                    "{label}: {} {} ({call_id}): {shown}",
+                    self.name(&call_id),
+                    call_state_name(state),
+                ));
+            }
+            EventKind::Error { message } => {
+                self.end_line();
+                status(format_args!("session error: {message}"));
+                self.last_error = Some(message);
+            }
+            EventKind::TurnEnded {
+                stop_reason, usage, ..
+            } => {
+                self.end_line();
+                status(format_args!(
+                    "turn ended: {stop_reason} ({})",
+                    usage_line(&usage)
+                ));
+                return Some(TurnEnd {
+                    reason: stop_reason,
+                    detail: self.last_error.take(),
+                });
+            }
+            EventKind::StatusChanged { status: s } if s.is_terminal() => {
+                // A session can fail (restart limit) outside a turn: no
+                // TurnEnded comes then.
+                self.end_line();
+                return Some(TurnEnd {
+                    reason: StopReason::Error,
+                    detail: Some(
+                        self.last_error
+                            .take()
+                            .unwrap_or_else(|| format!("the session is {s}")),
+                    ),
+                });
+            }
+            _ => {}
+        }
+        None
+    }
+
+    fn name(&self, id: &ToolCallId) -> &str {
+        self.names.get(id).map_or("tool", String::as_str)
+    }
+
+    /// Ends the agent's line on stdout so stderr lines do not run into it.
+    fn end_line(&mut self) {
+        if !self.printed.is_empty() && !self.printed.ends_with('\n') {
+            out("\n");
+        }
+        self.printed.clear();
+    }
+}
+
+/// Sends the decider every pending approval of a descendant of `root` (its
+/// own calls are announced by its events), each once. Looks whenever the
+/// root starts waiting, which it does while a propagating child waits.
+async fn watch_children(
+    overseer: Overseer,
+    root: SessionId,
+    mut rx: tokio::sync::broadcast::Receiver<Notification>,
+    pending: mpsc::UnboundedSender<PendingCall>,
+) {
+    let mut seen = std::collections::HashSet::new();
+    loop {
+        let look = match rx.recv().await {
+            Ok(Notification::Event(e)) => matches!(
+                e.kind,
+                EventKind::StatusChanged {
+                    status: SessionStatus::AwaitingApproval
+                }
+            ),
+            Ok(_) => false,
+            // Missed events: look anyway.
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        if !look {
+            continue;
+        }
+        // The child's request may land a moment after the root's status
+        // changed; a second look catches it without polling forever.
+        for _ in 0..2 {
+            let Ok(list) = overseer.pending_approvals(root).await else {
+                break;
+            };
+            for p in list.into_iter().filter(|p| p.session_id != root) {
+                if seen.insert(p.call.id.clone()) {
+                    status(format_args!(
+                        "approval requested by subagent session {}: {} {} ({})",
+                        p.session_id,
+                        p.call.name,
+                        excerpt(&p.call.arguments),
+                        p.call.id
+                    ));
+                    let _ = pending.send(PendingCall {
+                        id: p.call.id.clone(),
+                        name: p.call.name.clone(),
+                        arguments: p.call.arguments.clone(),
+                        outcome_unknown: p.call.outcome_unknown,
+                    });
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// Settles approval requests one at a time, in the order they were asked.
+async fn decide_calls(
+    overseer: Overseer,
+    id: SessionId,
+    mode: ApproveMode,
+    mut pending: mpsc::UnboundedReceiver<PendingCall>,
+) {
+    let by = std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .map_or_else(|_| "cli".to_owned(), |u| format!("cli:{u}"));
+    while let Some(call) = pending.recv().await {
+        // Failures are reported by `submit`; the session's events tell the rest.
+        match mode {
+            ApproveMode::Auto => {
+                let _ = submit(&overseer, id, &call, Decision::approve(), &by).await;
+            }
+            ApproveMode::Deny => {
+                let _ = submit(&overseer, id, &call, Decision::deny(DENY_MESSAGE), &by).await;
+            }
+            ApproveMode::Ask => ask(&overseer, id, &call, &by).await,
+        }
+    }
+}
+
+async fn submit(
+    overseer: &Overseer,
+    id: SessionId,
+    call: &PendingCall,
+    decision: Decision,
+    by: &str,
+) -> Result<(), SessionError> {
+    let verb = match &decision {
+        Decision::Approve { .. } => "approve",
+        Decision::Deny { .. } => "deny",
+    };
+    let mut submission = Submission::one(call.id.clone(), decision);
+    submission.approved_by = Some(by.to_owned());
+    let result = overseer.submit(id, submission).await;
+    if result.is_ok() {
+        // Printed only once `submit` returned: the decision is checkpointed.
+        // A stable line that tools (and the crash tests) may parse.
+        status(format_args!("decision acknowledged: {} {verb}", call.id));
+    }
+    if let Err(e) = &result {
+        if !matches!(e, SessionError::InvalidOverride { .. }) {
+            // Decided elsewhere (timeout, cancel): the events tell the rest.
+            status(format_args!(
+                "could not submit the decision for {}: {e}",
+                call.id
+            ));
+        }
+    }
+    result
+}
+
+/// Asks on the terminal until the decision is accepted.
+async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
+    loop {
+        let note = if call.outcome_unknown {
+            " (it was running when the process stopped; approving runs it again)"
+        } else {
+            ""
+        };
+        let question = format!(
+            "approve {} {} ({}){note}? [y]es/[n]o/[e]dit: ",
+            call.name,
+            excerpt(&call.arguments),
+            call.id
+        );
+        let Some(answer) = read_line(question).await else {
+            // End of input: nobody is left to ask.
+            let _ = submit(
+                overseer,
+                id,
+                call,
+                Decision::deny("no answer (end of input)"),
+                by,
+            )
+            .await;
+            return;
+        };
+        let decision = match answer.trim().to_ascii_lowercase().as_str() {
+            "y" | "yes" => Decision::approve(),
+            "n" | "no" => {
+                let reason = read_line("reason (optional): ".to_owned())
+                    .await
+                    .map(|r| r.trim().to_owned())
+                    .filter(|r| !r.is_empty())
+                    .unwrap_or_else(|| "denied at the terminal".to_owned());
+                Decision::deny(reason)
+            }
+            "e" | "edit" => {
+                let Some(text) =
+                    read_line("arguments to replace, as a JSON object: ".to_owned()).await
+                else {
+                    continue;
+                };
+                match serde_json::from_str::<Map<String, Value>>(text.trim()) {
+                    Ok(override_args) => Decision::Approve {
+                        override_args: Some(override_args),
+                    },
+                    Err(e) => {
+                        status(format_args!("not a JSON object: {e}"));
+                        continue;
+                    }
+                }
+            }
+            _ => {
+                status("answer y, n or e");
+                continue;
+            }
+        };
+        match submit(overseer, id, call, decision, by).await {
+            Err(e @ SessionError::InvalidOverride { .. }) => status(format_args!("error: {e}")),
+            _ => return,
+        }
+    }
+}
+
+/// Prints `prompt` on stderr and reads one line from stdin on a blocking
+/// thread (never on an async worker). `None` at end of input.
+async fn read_line(prompt: String) -> Option<String> {
+    tokio::task::spawn_blocking(move || {
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "{}", terminal::inline(&prompt));
+        let _ = err.flush();
+        drop(err);
+        let mut line = String::new();
+        match std::io::stdin().lock().read_line(&mut line) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => Some(line),
+        }
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// Forwards Ctrl-C: the first cancels the session gracefully; a second one
+/// exits at once (checkpoints are already durable, so nothing is lost).
+async fn watch_interrupts(tx: mpsc::UnboundedSender<()>) {
+    let mut seen = 0;
+    while tokio::signal::ctrl_c().await.is_ok() {
+        seen += 1;
+        if seen > 1 {
+            std::process::exit(130);
+        }
+        if tx.send(()).is_err() {
+            return;
+        }
+    }
+}
+
+/// Writes the agent's text to stdout, control characters escaped (a
+/// model's text is not trusted with the terminal). Write errors (a closed
+/// pipe) are ignored: the session goes on and its transcript is in the store.
+fn out(text: &str) {
+    let text = terminal::multiline(text);
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.flush();
+}
+
+fn excerpt(value: &Value) -> String {
+    let text = value.to_string();
+    if text.chars().count() <= EXCERPT_CHARS {
+        return text;
+    }
+    let cut: String = text.chars().take(EXCERPT_CHARS).collect();
+    format!("{cut}…")
+}
+
+fn call_state_name(state: CallState) -> &'static str {
+    match state {
+        CallState::Proposed => "proposed",
+        CallState::AwaitingApproval => "awaiting_approval",
+        CallState::Approved => "approved",
+        CallState::Denied => "denied",
+        CallState::Running => "running",
+        CallState::Completed => "completed",
+        CallState::Failed => "failed",
+        CallState::Cancelled => "cancelled",
+    }
+}
+
+fn usage_line(u: &Usage) -> String {
+    format!(
+        "{} provider request(s), {} input + {} output tokens, {} tool call(s)",
+        u.provider_requests, u.input_tokens, u.output_tokens, u.tool_calls
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_terminal_session_exits_per_its_last_stop_reason() {
+        let id = SessionId::generate();
+        let ended = |status, reason| ended_with(id, status, Some(reason), None);
+        assert!(ended(SessionStatus::Completed, StopReason::EndTurn).is_ok());
+        let e = ended(SessionStatus::Completed, StopReason::MaxSteps).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("session {id} is completed; its last turn ended with max_steps")
+        );
+        let e = ended(SessionStatus::Cancelled, StopReason::Cancelled).unwrap_err();
+        assert!(e
+            .to_string()
+            .ends_with("is cancelled; its last turn ended with cancelled"));
+        let e = ended_with(
+            id,
+            SessionStatus::Failed,
+            Some(StopReason::EndTurn),
+            Some("restart limit exceeded: boom".into()),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().ends_with(
+                "is failed; its last turn ended with end_turn: restart limit exceeded: boom"
+            ),
+            "{e}"
+        );
+    }
+}

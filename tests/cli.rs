@@ -419,10 +419,15 @@ fn leave_session(data: &Path, agent: &str, until: SessionStatus) -> String {
             .expect("create");
         tokio::time::timeout(std::time::Duration::from_secs(30), async {
             loop {
-                if let Ok(Notification::Event(e)) = rx.recv().await {
-                    if matches!(e.kind, EventKind::StatusChanged { status } if status == until) {
-                        return;
+                match rx.recv().await {
+                    Ok(Notification::Event(e)) => {
+                        if matches!(e.kind, EventKind::StatusChanged { status } if status == until)
+                        {
+                            return;
+                        }
                     }
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(e) => panic!("event stream ended: {e}"),
                 }
             }
         })

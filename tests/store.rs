@@ -835,15 +835,17 @@ fn serve_on(data: &Path, config: &Path) -> Served {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let listening = watchdog(child.id(), std::time::Duration::from_secs(60));
     let base = loop {
         let line = lines
             .next()
-            .expect("serve exited before listening")
+            .expect("serve exited (or was killed after 60 s) before listening")
             .unwrap();
         if let Some(addr) = line.strip_prefix("listening on ") {
             break format!("http://{addr}");
         }
     };
+    listening.store(true, std::sync::atomic::Ordering::Relaxed);
     let stderr = Arc::new(Mutex::new(String::new()));
     let kept = stderr.clone();
     std::thread::spawn(move || {
@@ -951,4 +953,29 @@ async fn a_server_on_a_full_tmpfs_recovers_when_space_returns() {
     assert_eq!(logs.matches("stopped taking writes").count(), 1, "{logs}");
     assert_eq!(logs.matches("takes writes again").count(), 1, "{logs}");
     drop(served);
+}
+
+/// Kills process `pid` if `done` is not set within `patience`: a child that
+/// neither prints what a test waits for nor exits would otherwise hang the
+/// blocking read of its output for ever. Killing it closes that output, and
+/// the read fails with a message.
+fn watchdog(
+    pid: u32,
+    patience: std::time::Duration,
+) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + patience;
+        while std::time::Instant::now() < deadline {
+            if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        if !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        }
+    });
+    done
 }

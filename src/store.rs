@@ -71,12 +71,17 @@ pub use open::OpenError;
 
 use codec::corrupt;
 use gate::Gate;
-use group_commit::{Command, GroupCommit, Shared};
+use group_commit::{Command, GroupCommit, Reply, Shared};
 use open::{Purpose, Trees};
 
 /// The layout version of the trees above (not the snapshot `schema_version`,
 /// which versions the JSON inside them).
 const FORMAT_VERSION: u32 = 1;
+
+/// Most commands (checkpoints, flushes) queued for or being written by the
+/// writer at once; further callers wait for a slot. Well above what group
+/// commit takes per group, so it only bites when the disk cannot keep up.
+const MAX_PENDING_COMMANDS: usize = 4096;
 const FORMAT_KEY: &[u8] = b"format_version";
 
 /// The default of [`StoreOptions::cache_mb`] (`[store] cache_mb`).
@@ -132,6 +137,14 @@ pub struct SledStore {
 
 struct Inner {
     shared: Arc<Shared>,
+    /// Slots of the bounded queue of commands to the writer: a caller waits
+    /// here (asynchronously) when the writer is this far behind, so a burst
+    /// of checkpoints back-pressures the session actors instead of growing
+    /// an unbounded queue in memory.
+    slots: Arc<tokio::sync::Semaphore>,
+    /// Fewest free slots seen after taking one (tests: was the bound hit?).
+    #[cfg(test)]
+    least_free: std::sync::atomic::AtomicUsize,
     // Dropping it joins the writer and flusher threads, which hold database
     // handles of their own: once the last `SledStore` is dropped, the
     // directory is closed (and its lock released), so it can be reopened at
@@ -185,7 +198,13 @@ impl SledStore {
         });
         let commit = GroupCommit::start(shared.clone(), generation, opened.commit_seq)?;
         Ok(Self {
-            inner: Arc::new(Inner { shared, commit }),
+            inner: Arc::new(Inner {
+                shared,
+                commit,
+                slots: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_COMMANDS)),
+                #[cfg(test)]
+                least_free: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            }),
         })
     }
 
@@ -240,11 +259,23 @@ impl SledStore {
     /// Sends a command to the writer and waits for its outcome.
     async fn send(
         &self,
-        make: impl FnOnce(oneshot::Sender<Result<(), StoreError>>) -> Command,
+        make: impl FnOnce(Reply) -> Command,
         what: String,
     ) -> Result<(), StoreError> {
+        let slot = self
+            .inner
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::Io("the store is closed".into()))?;
+        #[cfg(test)]
+        self.inner.least_free.fetch_min(
+            self.inner.slots.available_permits(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let (tx, rx) = oneshot::channel();
-        self.inner.commit.submit(make(tx))?;
+        self.inner.commit.submit(make(Reply::new(tx, Some(slot))))?;
         // If this future is dropped after the submit, the command still
         // completes; only its outcome goes unobserved.
         rx.await.map_err(|_| {
@@ -775,6 +806,40 @@ mod tests {
         let mut out = BTreeMap::new();
         walk(dir, &mut out);
         out
+    }
+
+    /// The queue of commands to the writer is bounded: with room for 4,
+    /// 200 concurrent checkpoints wait for slots (asynchronously) and all
+    /// complete, none lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_writer_queue_is_bounded_and_back_pressures() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        store.inner.slots.forget_permits(MAX_PENDING_COMMANDS - 4);
+        let sims: Vec<Sim> = (0..200).map(|_| Sim::new("acme")).collect();
+        let writes = sims.iter().cloned().map(|mut sim| {
+            let store = store.clone();
+            tokio::spawn(async move { store.checkpoint(sim.checkpoint()).await })
+        });
+        for w in futures::future::join_all(writes).await {
+            w.unwrap().unwrap();
+        }
+        assert_eq!(
+            store
+                .inner
+                .least_free
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "the bound was reached"
+        );
+        assert_eq!(
+            store.inner.slots.available_permits(),
+            4,
+            "every slot returned"
+        );
+        for sim in &sims {
+            assert!(store.load(sim.id()).await.unwrap().is_some());
+        }
     }
 
     /// Queued messages are rows beside the header: each written once, read

@@ -74,7 +74,31 @@ const SPACE_PROBE_BYTES: usize = 1024 * 1024;
 pub(super) const HEALTH_KEY: &[u8] = b"health_check";
 
 /// Where a caller waits for its outcome.
-pub(super) type Reply = tokio::sync::oneshot::Sender<Result<(), StoreError>>;
+pub(super) struct Reply {
+    tx: tokio::sync::oneshot::Sender<Result<(), StoreError>>,
+    /// The caller's slot in the bounded queue of commands: held until the
+    /// outcome is sent, so commands queued or being written never exceed the
+    /// bound (see `SledStore`'s `MAX_PENDING_COMMANDS`).
+    _slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Reply {
+    /// A reply to `tx`, releasing `slot` once sent (or dropped).
+    pub(super) fn new(
+        tx: tokio::sync::oneshot::Sender<Result<(), StoreError>>,
+        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Self {
+        Self { tx, _slot: slot }
+    }
+
+    /// Sends the outcome; `Err` gives it back when the caller is gone.
+    pub(super) fn send(
+        self,
+        outcome: Result<(), StoreError>,
+    ) -> Result<(), Result<(), StoreError>> {
+        self.tx.send(outcome)
+    }
+}
 
 /// What async tasks send to the writer.
 pub(super) enum Command {

@@ -99,6 +99,23 @@ impl EventHub {
         }
     }
 
+    /// Whether anyone in this process listens to a session now (cluster
+    /// mode relays events another node checkpointed only to those, §15).
+    pub fn is_watched(&self, id: SessionId) -> bool {
+        self.channels
+            .get(&id)
+            .is_some_and(|c| c.tx.receiver_count() > 0)
+    }
+
+    /// The sessions someone in this process listens to now.
+    pub fn watched(&self) -> Vec<SessionId> {
+        self.channels
+            .iter()
+            .filter(|c| c.tx.receiver_count() > 0)
+            .map(|c| *c.key())
+            .collect()
+    }
+
     /// The last event sequence published to a session's current
     /// subscribers, if it has any and something was published to them.
     pub fn last_published(&self, id: SessionId) -> Option<u64> {

@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod model;
 pub mod orchestrator;
 pub mod overseer;
+pub mod ownership;
 pub mod provider;
 pub mod runtime;
 pub mod scripted;

@@ -71,6 +71,20 @@ pub const SESSION_RESTARTS_TOTAL: &str = "overseer_session_restarts_total";
 pub const SESSION_HIBERNATIONS_TOTAL: &str = "overseer_session_hibernations_total";
 /// Counter: sessions activated from disk.
 pub const SESSION_ACTIVATIONS_TOTAL: &str = "overseer_session_activations_total";
+/// Gauge: session trees this node holds the lease of (cluster mode, §15).
+pub const CLUSTER_SESSIONS_OWNED: &str = "overseer_cluster_sessions_owned";
+/// Counter: leases of session trees this node took, by `reason`
+/// (`create`, `activate`, `failover`).
+pub const CLUSTER_CLAIMS_TOTAL: &str = "overseer_cluster_claims_total";
+/// Counter: checkpoints refused because this node no longer owned the
+/// session (its epoch was stale or its own lease had run out).
+pub const CLUSTER_FENCED_WRITES_TOTAL: &str = "overseer_cluster_fenced_writes_total";
+/// Counter: API requests this node sent to the session's owner, by
+/// `outcome` (`ok`, `unreachable`).
+pub const CLUSTER_FORWARDED_REQUESTS_TOTAL: &str = "overseer_cluster_forwarded_requests_total";
+/// Histogram: from a dead owner's last heartbeat to this node's activation
+/// of a session it took over.
+pub const CLUSTER_FAILOVER_SECONDS: &str = "overseer_cluster_failover_seconds";
 
 /// Describes every metric to the installed recorder and registers those
 /// without labels at zero, so a scrape shows them before anything happened.
@@ -151,6 +165,31 @@ pub fn describe() {
         SESSION_ACTIVATIONS_TOTAL,
         Unit::Count,
         "Sessions activated from disk (after hibernation or a restart)."
+    );
+    describe_gauge!(
+        CLUSTER_SESSIONS_OWNED,
+        Unit::Count,
+        "Session trees this node holds the lease of (cluster mode)."
+    );
+    describe_counter!(
+        CLUSTER_CLAIMS_TOTAL,
+        Unit::Count,
+        "Leases of session trees this node took, by reason (create, activate, failover)."
+    );
+    describe_counter!(
+        CLUSTER_FENCED_WRITES_TOTAL,
+        Unit::Count,
+        "Checkpoints refused because this node no longer owned the session."
+    );
+    describe_counter!(
+        CLUSTER_FORWARDED_REQUESTS_TOTAL,
+        Unit::Count,
+        "API requests sent to the session's owner node, by outcome (ok, unreachable)."
+    );
+    describe_histogram!(
+        CLUSTER_FAILOVER_SECONDS,
+        Unit::Seconds,
+        "Time from a dead owner's last heartbeat to this node's activation of a session it took over."
     );
     gauge!(RUNNING_TOOL_CALLS).increment(0.0);
     gauge!(PENDING_APPROVALS).increment(0.0);

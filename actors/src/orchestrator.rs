@@ -105,6 +105,12 @@ impl Actor for OrchestratorActor {
                 let Some(id) = state.forget(cell.get_id()) else {
                     return Ok(());
                 };
+                if crate::ownership::lost_ownership(&err) {
+                    // Another node owns the tree now (§15): it resumes it.
+                    tracing::info!(session_id = %id, "session moved to another node: {err}");
+                    state.restarts.forget(&id);
+                    return Ok(());
+                }
                 tracing::warn!(session_id = %id, "session actor failed: {err}");
                 state.on_failure(&myself, id, err.to_string()).await;
             }
@@ -185,7 +191,25 @@ impl OrchestratorState {
             return; // already activated by a request in the meantime
         }
         let loaded = match self.runtime.store.load(id).await {
-            Ok(Some(stored)) => stored,
+            Ok(Some(stored)) if stored.header.status.is_terminal() => stored,
+            Ok(Some(stored)) => match self.runtime.claimed(id, stored).await {
+                Ok(stored) => stored,
+                Err(e @ (SessionError::Terminal { .. } | SessionError::NotFound(_))) => {
+                    tracing::info!(session_id = %id, "not restarting: {e}");
+                    self.restarts.forget(&id);
+                    return;
+                }
+                Err(SessionError::Store(e)) if e.is_not_owner() => {
+                    // Another node owns the tree now (§15): it resumes it.
+                    tracing::info!(session_id = %id, "not restarting: {e}");
+                    self.restarts.forget(&id);
+                    return;
+                }
+                Err(e) => {
+                    Box::pin(self.on_failure(myself, id, format!("reload failed: {e}"))).await;
+                    return;
+                }
+            },
             Ok(None) => {
                 self.restarts.forget(&id);
                 return;

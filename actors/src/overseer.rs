@@ -223,6 +223,8 @@ impl Overseer {
                 self.runtime.ctx(),
             )?;
         }
+        // A new tree's lease, in a store shared by several nodes (§15).
+        self.runtime.store.claim(id).await?;
         crate::metrics::checkpoint(self.runtime.store.as_ref(), session.checkpoint()).await?;
         let events = session.mark_persisted();
         for e in events {

@@ -28,7 +28,7 @@ use crate::machine::{Ctx, Input, Session};
 use crate::messages::{OrchestratorMsg, SessionMsg};
 use crate::model::{now_ms, AgentConfig, Notification, SessionId, ToolCallId};
 use crate::provider::Provider;
-use crate::store::CheckpointStore;
+use crate::store::{CheckpointStore, StoredSession};
 use crate::supervision::{Decision, RestartPolicy, Restarts};
 use crate::timers::ApprovalTimers;
 use crate::tool::ToolRegistry;
@@ -273,7 +273,10 @@ impl Runtime {
         }
         let (actor, spawned) = match stored.header.parent.as_ref().map(|p| p.session_id) {
             Some(parent) => self.activate_child(id, parent).await?,
-            None => self.spawn_root(Session::from_stored(stored)).await?,
+            None => {
+                let stored = self.claimed(id, stored).await?;
+                self.spawn_root(Session::from_stored(stored)).await?
+            }
         };
         // Racing requests each load the session; only the one whose load
         // became the actor counts.
@@ -282,6 +285,32 @@ impl Runtime {
             metrics::counter!(crate::metrics::SESSION_ACTIVATIONS_TOTAL).increment(1);
         }
         Ok(actor)
+    }
+
+    /// A root about to be activated here, under this node's lease of its
+    /// tree (§15; a no-op for a store only this process writes): a lease
+    /// taken just now means `stored` may predate the previous owner's last
+    /// checkpoint, so the session is read again.
+    pub(crate) async fn claimed(
+        &self,
+        id: SessionId,
+        stored: StoredSession,
+    ) -> Result<StoredSession, SessionError> {
+        if !self.store.claim(id).await? {
+            return Ok(stored);
+        }
+        let stored = self
+            .store
+            .load(id)
+            .await?
+            .ok_or(SessionError::NotFound(id))?;
+        if stored.header.status.is_terminal() {
+            return Err(SessionError::Terminal {
+                id,
+                status: stored.header.status,
+            });
+        }
+        Ok(stored)
     }
 
     /// Activates a child through its parent's actor (activating the parent,

@@ -321,6 +321,14 @@ impl Actor for SessionActor {
         let result = async {
             match event {
                 SupervisionEvent::ActorFailed(cell, err) => {
+                    if let Some(e) = crate::ownership::not_owner(&err) {
+                        // The tree lives on another node now (§15): this
+                        // actor goes too, and is not restarted.
+                        if let Some(child) = state.children.remove(&cell.get_id()) {
+                            state.forget_child_actor(&child);
+                        }
+                        return Err(Box::new(e) as ActorProcessingErr);
+                    }
                     if let Some(child) = state.children.remove(&cell.get_id()) {
                         state.forget_child_actor(&child);
                         state
@@ -407,10 +415,14 @@ impl SessionState {
             Err(fatal) => {
                 // The checkpoint failed: tell the caller nothing was accepted,
                 // then fail so the supervisor restarts us from the last
-                // durable state.
-                let _ = reply.send(Err(SessionError::Unavailable {
-                    id: self.session.header.id,
-                    reason: fatal.to_string(),
+                // durable state (or, if another node owns the session now,
+                // lets it go: the caller is told so, to go to the owner).
+                let _ = reply.send(Err(match crate::ownership::not_owner(&fatal) {
+                    Some(e) => SessionError::Store(e),
+                    None => SessionError::Unavailable {
+                        id: self.session.header.id,
+                        reason: fatal.to_string(),
+                    },
                 }));
                 Err(fatal)
             }

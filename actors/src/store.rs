@@ -85,6 +85,30 @@ pub enum StoreError {
         /// Newest version this binary reads.
         supported: u32,
     },
+    /// A database shared over the network (§15) cannot be reached now (it
+    /// is restarting, or the network is down). Retried by the store for a
+    /// while first; the write may or may not have landed, so the caller
+    /// treats it like a timeout: retry, or look at the session's state.
+    #[error("the database is unreachable: {0}")]
+    Unavailable(String),
+    /// Cluster mode (§15): this node does not own the session's tree (another
+    /// live node holds its lease, or this node lost it). Nothing was written;
+    /// the request belongs on the owner.
+    #[error("session {session} is not owned by this node: {reason}")]
+    NotOwner {
+        /// The session the write or claim was for.
+        session: SessionId,
+        /// Who owns it, or how this node lost it.
+        reason: String,
+    },
+}
+
+impl StoreError {
+    /// Whether this is [`StoreError::NotOwner`]: the session's tree belongs
+    /// to another node, so this node must neither retry nor restart it.
+    pub fn is_not_owner(&self) -> bool {
+        matches!(self, Self::NotOwner { .. })
+    }
 }
 
 /// Durable storage of sessions and their event logs.
@@ -133,5 +157,19 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// nothing that can fail (in memory) keep the default, `Ok`.
     async fn health_check(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// Makes sure this process may write the tree rooted at `root`, before
+    /// an actor of it starts here (activation, restart, creation). A store
+    /// shared by several nodes (§15) takes the tree's lease here, with a new
+    /// fencing epoch that every later checkpoint of the tree is conditional
+    /// on, and answers `true` when it took it just now: what was read before
+    /// may be stale, so the caller reads the session again. It fails with
+    /// [`StoreError::NotOwner`] while another live node holds the lease.
+    /// A store only this process writes (sled, memory) keeps the default:
+    /// always its own, never re-read.
+    async fn claim(&self, root: SessionId) -> Result<bool, StoreError> {
+        let _ = root;
+        Ok(false)
     }
 }

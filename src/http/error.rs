@@ -25,6 +25,7 @@
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use overseer_actors::store::StoreError;
 use overseer_actors::SessionError;
 use serde_json::{json, Value};
 
@@ -184,6 +185,25 @@ impl From<SessionError> for ApiError {
                 retry_after_secs, ..
             } => Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message)
                 .with_details(json!({"retry_after_secs": retry_after_secs})),
+            SessionError::Store(StoreError::NotOwner { session, reason }) => {
+                // Cluster mode: the session moved to another node while this
+                // one served the request; nothing was written. The router
+                // sends the request to the new owner (`crate::cluster`).
+                tracing::info!(session_id = %session, %reason, "session owned elsewhere");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    NOT_OWNER,
+                    format!("session {session} is moving to another node; retry shortly"),
+                )
+            }
+            SessionError::Store(StoreError::Unavailable(reason)) => {
+                tracing::warn!(%reason, "database unreachable while serving a request");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "the database is unreachable; retry shortly",
+                )
+            }
             SessionError::Store(store) => {
                 // The details are for operators, not for callers.
                 tracing::error!(error = %store, "storage failure while serving a request");
@@ -197,8 +217,12 @@ impl From<SessionError> for ApiError {
     }
 }
 
-impl From<overseer_actors::store::StoreError> for ApiError {
-    fn from(e: overseer_actors::store::StoreError) -> Self {
+/// The code of the 503 a node answers when a session it was serving turned
+/// out to be owned by another node (cluster mode).
+pub const NOT_OWNER: &str = "not_owner";
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
         SessionError::Store(e).into()
     }
 }

@@ -54,6 +54,7 @@ mod durable;
 mod gate;
 mod group_commit;
 mod open;
+pub mod postgres;
 mod sidecar;
 
 use std::path::Path;

@@ -266,7 +266,7 @@ pub(super) fn legacy_parts(
         .map_err(|e| corrupt(id, format!("unreadable version 1 header: {e}")))
 }
 
-fn encode_entry(
+pub(super) fn encode_entry(
     id: &SessionId,
     entry: &TranscriptEntry,
     blobs: &mut Vec<(String, IVec)>,

@@ -8,6 +8,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub mod npm;
+pub mod pg;
 
 use std::pin::Pin;
 use std::sync::Arc;

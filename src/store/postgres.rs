@@ -1,0 +1,1241 @@
+//! The PostgreSQL checkpoint store of cluster mode (§15): [`PgStore`], the
+//! same [`CheckpointStore`] contract as the sled store, shared by every node
+//! of a cluster.
+//!
+//! It owns the SQL: the schema and its embedded migrations (`schema`), one
+//! statement per checkpoint and one transaction per group of checkpoints
+//! (`writer`: group commit), the reads, and the rows of cluster membership
+//! and ownership (`nodes`, `leases`) with the conditional updates that move
+//! them. The guarantees of §9 carry over:
+//!
+//! - **One atomic write per checkpoint, of what changed only**: the header
+//!   row (the commit record), the new transcript entries, events and queued
+//!   messages, the dequeued range, the metadata once, in one statement
+//!   (data-modifying CTEs); checkpoints arriving together share one
+//!   transaction, so one commit (one WAL flush) confirms them all.
+//! - **Fencing** (§15): every checkpoint statement writes only if the tree's
+//!   lease row still names this node with the epoch this node claimed
+//!   (`FOR SHARE`, so a concurrent claim waits for it or makes it write
+//!   nothing). A write that finds another epoch lands nothing, and the
+//!   caller gets [`StoreError::NotOwner`]. Before that, a node whose own
+//!   lease (its heartbeat) ran out by its own clock refuses to write at all.
+//! - Blobs over 64 KiB, content-addressed, shared; `schema_version` refused
+//!   when newer (per header, and for the whole database at open); the effect
+//!   journal lives in the header's open calls, as with sled.
+//! - `durability = "os"` maps to `synchronous_commit = off`.
+//!
+//! Transient failures (the database restarting, a dropped connection) are
+//! retried for a while, writes included: a checkpoint statement is
+//! idempotent (upserts of the same rows, a delete of the same range), so
+//! re-running one whose commit went unconfirmed changes nothing. Past the
+//! retry budget the error is [`StoreError::Unavailable`].
+//!
+//! It deliberately owns no cluster behaviour (heartbeat cadence, failover,
+//! routing): `crate::cluster` drives it through the methods here.
+
+mod schema;
+mod writer;
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+use overseer_actors::model::{Event, QueuedMessage, SessionHeader, SessionId, SessionStatus};
+use overseer_actors::store::{
+    Checkpoint, CheckpointStore, SessionSummary, StoreError, StoredSession,
+};
+use sled::IVec;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::NoTls;
+use uuid::Uuid;
+
+use super::codec::{self, corrupt};
+use super::Durability;
+use writer::Writer;
+
+/// The environment variable holding the database URL (§15).
+pub const DATABASE_URL_ENV: &str = "OVERSEER_DATABASE_URL";
+
+/// The channel on which checkpoints announce new events to other nodes.
+pub const EVENTS_CHANNEL: &str = "overseer_events";
+
+/// Default of [`PgOptions::pool_size`] (`[store] pool_size`).
+pub const DEFAULT_POOL_SIZE: usize = 16;
+
+/// How long a read is retried across transient failures.
+const READ_RETRY: Duration = Duration::from_secs(5);
+
+/// How a [`PgStore`] is opened.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// `fsync`: a checkpoint is confirmed once its commit is flushed
+    /// (`synchronous_commit = on`); `os`: once committed (`off`).
+    pub durability: Durability,
+    /// Most connections this node opens.
+    pub pool_size: usize,
+    /// A node whose heartbeat is older than this is dead (`[cluster]
+    /// lease_secs`); this node stops writing earlier than that, by its own
+    /// clock.
+    pub lease: Duration,
+    /// How long a checkpoint is retried across transient failures before
+    /// it fails as [`StoreError::Unavailable`].
+    pub write_retry: Duration,
+    /// How long opening waits for the database.
+    pub connect_timeout: Duration,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Fsync,
+            pool_size: DEFAULT_POOL_SIZE,
+            lease: Duration::from_secs(10),
+            write_retry: Duration::from_secs(20),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why the store could not be opened. Messages name the database as
+/// `host:port/dbname`, never the password.
+#[derive(Debug, thiserror::Error)]
+pub enum PgOpenError {
+    /// Not a PostgreSQL connection string.
+    #[error("{DATABASE_URL_ENV} is not a PostgreSQL connection string (expected postgres://user:password@host:port/dbname): {0}")]
+    InvalidUrl(String),
+    /// The database did not answer.
+    #[error("cannot connect to PostgreSQL at {target} (from {DATABASE_URL_ENV}): {reason}")]
+    Unreachable {
+        /// `host:port/dbname`.
+        target: String,
+        /// Why.
+        reason: String,
+    },
+    /// Migrated by a newer binary.
+    #[error("the database's schema is version {found}, but this binary knows at most version {supported}; upgrade overseer to use it (the database was left untouched)")]
+    SchemaTooNew {
+        /// The version found.
+        found: i32,
+        /// The newest this binary knows.
+        supported: i32,
+    },
+    /// A migration failed.
+    #[error("cannot migrate the database schema: {0}")]
+    Migration(String),
+}
+
+/// Who owns a session's tree, as the database says now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// No such session.
+    NoSession,
+    /// This node.
+    Here,
+    /// Nobody, or a node whose heartbeat is older than the lease: whoever
+    /// activates it takes it.
+    Claimable,
+    /// Another live node.
+    Node {
+        /// Its id.
+        id: Uuid,
+        /// Its advertised URL.
+        url: String,
+    },
+}
+
+/// One node as `overseer cluster status` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct NodeStatus {
+    /// Node id.
+    pub id: Uuid,
+    /// Advertised URL.
+    pub url: String,
+    /// Whether its heartbeat is within the lease.
+    pub alive: bool,
+    /// Seconds since its last heartbeat.
+    pub heartbeat_age_secs: f64,
+    /// Non-terminal root sessions whose lease it holds.
+    pub sessions_owned: i64,
+}
+
+/// A root whose owner is gone, found by [`PgStore::claimable_roots`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Orphan {
+    /// The root session.
+    pub root: SessionId,
+    /// Seconds since its dead owner's last heartbeat (`None`: never owned,
+    /// or the owner's row is gone).
+    pub dead_for_secs: Option<f64>,
+}
+
+/// A lease this node holds: the epoch its checkpoints are conditional on.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    epoch: i64,
+    since: Instant,
+}
+
+/// This node's own view of its membership lease: until when, by its own
+/// monotonic clock, it may act on the leases it holds.
+struct NodeClock {
+    base: Instant,
+    /// Milliseconds after `base`; 0 = not valid (never joined, or lapsed).
+    valid_until_ms: AtomicU64,
+}
+
+impl NodeClock {
+    fn new() -> Self {
+        Self {
+            base: Instant::now(),
+            valid_until_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn valid(&self) -> bool {
+        let now = self.base.elapsed().as_millis() as u64;
+        now < self.valid_until_ms.load(Ordering::Acquire)
+    }
+
+    fn extend_to(&self, until: Instant) {
+        let ms = until.saturating_duration_since(self.base).as_millis() as u64;
+        self.valid_until_ms.store(ms, Ordering::Release);
+    }
+
+    fn expire(&self) {
+        self.valid_until_ms.store(0, Ordering::Release);
+    }
+}
+
+/// The PostgreSQL store. Cloning is cheap and shares the pool.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    config: tokio_postgres::Config,
+    target: String,
+    node: Uuid,
+    options: PgOptions,
+    leases: DashMap<SessionId, Lease>,
+    clock: NodeClock,
+    writer: Writer,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("database", &self.inner.target)
+            .field("node", &self.inner.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `host:port/dbname` of a connection config, for messages.
+fn describe_target(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().unwrap_or("(default database)");
+    format!("{host}:{port}/{db}")
+}
+
+/// Whether a database error is worth retrying: the connection, not the
+/// statement, failed.
+fn transient(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(code) = e.code() {
+        return code.code().starts_with("08")
+            || [
+                SqlState::ADMIN_SHUTDOWN,
+                SqlState::CRASH_SHUTDOWN,
+                SqlState::CANNOT_CONNECT_NOW,
+                SqlState::T_R_SERIALIZATION_FAILURE,
+                SqlState::T_R_DEADLOCK_DETECTED,
+                SqlState::TOO_MANY_CONNECTIONS,
+            ]
+            .contains(code);
+    }
+    std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+}
+
+/// A database error as a store error.
+pub(crate) fn map_pg(e: tokio_postgres::Error) -> StoreError {
+    if transient(&e) {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Io(format!("database error: {e}"))
+    }
+}
+
+fn map_pool(e: PoolError) -> StoreError {
+    match e {
+        PoolError::Backend(e) => map_pg(e),
+        other => StoreError::Unavailable(format!("no database connection: {other}")),
+    }
+}
+
+fn is_retryable(e: &StoreError) -> bool {
+    matches!(e, StoreError::Unavailable(_))
+}
+
+/// Retries `f` across transient failures for up to `budget`.
+async fn retrying<T, F, Fut>(budget: Duration, mut f: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let deadline = Instant::now() + budget;
+    let mut pause = Duration::from_millis(25);
+    loop {
+        match f().await {
+            Err(e) if is_retryable(&e) && Instant::now() + pause < deadline => {
+                tracing::debug!(error = %e, "database unavailable; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn session_id(id: Uuid) -> SessionId {
+    SessionId(id)
+}
+
+/// `i64` for a `u64` count or sequence (sequences never come near 2^63).
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl PgStore {
+    /// Connects to the database at `url`, applies the migrations this binary
+    /// knows (refusing a database migrated by a newer one) and starts the
+    /// writers. The node gets a fresh id; it owns nothing and may write
+    /// nothing until [`PgStore::heartbeat`] has succeeded.
+    pub async fn open(url: &str, options: PgOptions) -> Result<Self, PgOpenError> {
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| PgOpenError::InvalidUrl(e.to_string()))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(options.connect_timeout);
+        }
+        config.application_name("overseer");
+        if options.durability == Durability::Os {
+            config.options("-c synchronous_commit=off");
+        }
+        let target = describe_target(&config);
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(2))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(options.connect_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .build()
+            .map_err(|e| PgOpenError::Migration(e.to_string()))?;
+        // One connection now, so that a wrong URL or a database that is down
+        // is a start-up error, not a failed request later.
+        match pool.get().await {
+            Ok(_) => {}
+            Err(e) => {
+                let reason = match e {
+                    PoolError::Backend(e) => e.to_string(),
+                    PoolError::Timeout(_) => {
+                        format!("no answer within {} s", options.connect_timeout.as_secs())
+                    }
+                    other => other.to_string(),
+                };
+                return Err(PgOpenError::Unreachable { target, reason });
+            }
+        }
+        schema::migrate(&pool).await?;
+        let writers = (options.pool_size / 2).clamp(1, 4);
+        let writer = Writer::start(pool.clone(), writers, options.write_retry);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                target,
+                node: Uuid::new_v4(),
+                options,
+                leases: DashMap::new(),
+                clock: NodeClock::new(),
+                writer,
+            }),
+        })
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> Uuid {
+        self.inner.node
+    }
+
+    /// `host:port/dbname`.
+    pub fn target(&self) -> &str {
+        &self.inner.target
+    }
+
+    /// The connection settings (for a connection of its own, e.g. `LISTEN`).
+    pub fn connection_config(&self) -> tokio_postgres::Config {
+        self.inner.config.clone()
+    }
+
+    /// Transactions the writers committed so far: each confirms a group of
+    /// checkpoints (group commit), so under load far fewer than checkpoints.
+    pub fn commits(&self) -> u64 {
+        self.inner.writer.commits()
+    }
+
+    /// The membership lease (`lease_secs`).
+    pub fn lease(&self) -> Duration {
+        self.inner.options.lease
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.inner.pool.get().await.map_err(map_pool)
+    }
+
+    // ---- membership ----------------------------------------------------------
+
+    /// Records this node's heartbeat (joining with `url` on the first). On
+    /// success this node may act on its leases until `lease` minus a margin
+    /// after the heartbeat *started*, by its own clock: it stops before any
+    /// other node can see it as dead.
+    pub async fn heartbeat(&self, url: &str, timeout: Duration) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let work = async {
+            let client = self.client().await?;
+            client
+                .execute(
+                    "INSERT INTO nodes (id, url) VALUES ($1, $2)
+                     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), url = EXCLUDED.url",
+                    &[&self.inner.node, &url],
+                )
+                .await
+                .map_err(map_pg)
+        };
+        match tokio::time::timeout(timeout, work).await {
+            Ok(Ok(_)) => {
+                let lease = self.inner.options.lease;
+                let margin = (lease / 5).max(Duration::from_millis(500)).min(lease / 2);
+                self.inner.clock.extend_to(started + lease - margin);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "the heartbeat took more than {} ms",
+                timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Whether this node may act on its leases now (its last heartbeat is
+    /// recent enough by its own clock).
+    pub fn lease_valid(&self) -> bool {
+        self.inner.clock.valid()
+    }
+
+    /// Forgets every lease this node held, and stops writing until the next
+    /// heartbeat: a node whose lease lapsed (paused, partitioned, slow)
+    /// must assume other nodes took its sessions.
+    pub fn drop_leases(&self) {
+        self.inner.clock.expire();
+        self.inner.leases.clear();
+        self.publish_owned();
+    }
+
+    /// Forgets leases of roots `keep` does not want, held longer than
+    /// `older_than` (a hibernated tree is claimed again when next
+    /// activated); keeps the map to the trees in use.
+    pub fn sweep_leases(&self, older_than: Duration, keep: impl Fn(SessionId) -> bool) {
+        self.inner
+            .leases
+            .retain(|root, l| keep(*root) || l.since.elapsed() < older_than);
+        self.publish_owned();
+    }
+
+    /// Trees this node holds the lease of (in memory).
+    pub fn leases_held(&self) -> usize {
+        self.inner.leases.len()
+    }
+
+    fn publish_owned(&self) {
+        metrics::gauge!(overseer_actors::metrics::CLUSTER_SESSIONS_OWNED)
+            .set(self.inner.leases.len() as f64);
+    }
+
+    /// Leaves the cluster at a graceful shutdown: gives up every lease (the
+    /// other nodes take the active sessions at once, without waiting for the
+    /// lease to run out) and removes this node's row.
+    pub async fn leave(&self) -> Result<(), StoreError> {
+        self.drop_leases();
+        let client = self.client().await?;
+        client
+            .execute(
+                "UPDATE leases SET node_id = NULL WHERE node_id = $1",
+                &[&self.inner.node],
+            )
+            .await
+            .map_err(map_pg)?;
+        client
+            .execute("DELETE FROM nodes WHERE id = $1", &[&self.inner.node])
+            .await
+            .map_err(map_pg)?;
+        Ok(())
+    }
+
+    /// Removes rows of nodes dead for longer than `after` that own nothing.
+    pub async fn prune_nodes(&self, after: Duration) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "DELETE FROM nodes n WHERE n.heartbeat_at < now() - make_interval(secs => $1)
+                   AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.node_id = n.id)",
+                &[&after.as_secs_f64()],
+            )
+            .await
+            .map_err(map_pg)
+    }
+
+    /// The key of node-to-node credentials, shared through the database.
+    pub async fn node_secret(&self) -> Result<String, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT value FROM overseer_meta WHERE key = 'node_secret'",
+                &[],
+            )
+            .await
+            .map_err(map_pg)?;
+        Ok(row.get(0))
+    }
+
+    /// Every node with its liveness and the active sessions it owns.
+    pub async fn nodes(&self) -> Result<Vec<NodeStatus>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT n.id, n.url,
+                        n.heartbeat_at > now() - make_interval(secs => $1),
+                        EXTRACT(EPOCH FROM now() - n.heartbeat_at)::float8,
+                        (SELECT count(*) FROM leases l JOIN sessions s ON s.id = l.root_id
+                          WHERE l.node_id = n.id
+                            AND s.status NOT IN ('completed', 'failed', 'cancelled'))
+                 FROM nodes n ORDER BY n.started_at, n.id",
+                &[&self.inner.options.lease.as_secs_f64()],
+            )
+            .await
+            .map_err(map_pg)?;
+        Ok(rows
+            .iter()
+            .map(|r| NodeStatus {
+                id: r.get(0),
+                url: r.get(1),
+                alive: r.get(2),
+                heartbeat_age_secs: r.get(3),
+                sessions_owned: r.get(4),
+            })
+            .collect())
+    }
+
+    // ---- ownership -------------------------------------------------------------
+
+    /// Who owns the tree of session `id`.
+    pub async fn owner(&self, id: SessionId) -> Result<Owner, StoreError> {
+        let row = retrying(READ_RETRY, || async {
+            let client = self.client().await?;
+            client
+                .query_opt(
+                    "SELECT l.node_id, n.url,
+                            COALESCE(n.heartbeat_at > now() - make_interval(secs => $2), false)
+                     FROM sessions s
+                     LEFT JOIN leases l ON l.root_id = s.root_id
+                     LEFT JOIN nodes n ON n.id = l.node_id
+                     WHERE s.id = $1",
+                    &[&id.0, &self.inner.options.lease.as_secs_f64()],
+                )
+                .await
+                .map_err(map_pg)
+        })
+        .await?;
+        let Some(row) = row else {
+            return Ok(Owner::NoSession);
+        };
+        let node: Option<Uuid> = row.get(0);
+        let url: Option<String> = row.get(1);
+        let alive: bool = row.get(2);
+        Ok(match (node, url) {
+            (Some(n), _) if n == self.inner.node => Owner::Here,
+            (Some(n), Some(url)) if alive => Owner::Node { id: n, url },
+            _ => Owner::Claimable,
+        })
+    }
+
+    /// Active roots (running or awaiting approval) whose owner is dead or
+    /// that nobody owns, at most `limit`: what failover takes.
+    pub async fn claimable_roots(&self, limit: usize) -> Result<Vec<Orphan>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT s.id,
+                        CASE WHEN n.id IS NULL THEN NULL
+                             ELSE EXTRACT(EPOCH FROM now() - n.heartbeat_at)::float8 END
+                 FROM sessions s
+                 LEFT JOIN leases l ON l.root_id = s.id
+                 LEFT JOIN nodes n ON n.id = l.node_id
+                 WHERE s.status IN ('running', 'awaiting_approval')
+                   AND s.parent_id IS NULL
+                   AND (l.node_id IS NULL OR n.id IS NULL
+                        OR (n.id <> $1 AND n.heartbeat_at <= now() - make_interval(secs => $2)))
+                 LIMIT $3",
+                &[
+                    &self.inner.node,
+                    &self.inner.options.lease.as_secs_f64(),
+                    &signed(limit as u64),
+                ],
+            )
+            .await
+            .map_err(map_pg)?;
+        Ok(rows
+            .iter()
+            .map(|r| Orphan {
+                root: session_id(r.get(0)),
+                dead_for_secs: r.get(1),
+            })
+            .collect())
+    }
+
+    /// Active roots whose lease names this node but that it holds no lease
+    /// for in memory (after it dropped its leases): it takes them again.
+    pub async fn own_unheld_roots(&self, limit: usize) -> Result<Vec<SessionId>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT s.id FROM leases l JOIN sessions s ON s.id = l.root_id
+                 WHERE l.node_id = $1 AND s.status IN ('running', 'awaiting_approval')",
+                &[&self.inner.node],
+            )
+            .await
+            .map_err(map_pg)?;
+        Ok(rows
+            .iter()
+            .map(|r| session_id(r.get(0)))
+            .filter(|id| !self.inner.leases.contains_key(id))
+            .take(limit)
+            .collect())
+    }
+
+    /// Takes the leases of `roots` whose owner is still gone (another node
+    /// may have been faster), in one statement. Returns the roots taken.
+    pub async fn claim_many(&self, roots: &[SessionId]) -> Result<Vec<SessionId>, StoreError> {
+        if !self.lease_valid() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = roots.iter().map(|r| r.0).collect();
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "INSERT INTO leases AS l (root_id, node_id, epoch)
+                 SELECT unnest($1::uuid[]), $2, 1
+                 ON CONFLICT (root_id) DO UPDATE
+                   SET node_id = EXCLUDED.node_id, epoch = l.epoch + 1, claimed_at = now()
+                   WHERE l.node_id IS NULL OR l.node_id = $2 OR NOT EXISTS (
+                     SELECT 1 FROM nodes n WHERE n.id = l.node_id
+                       AND n.heartbeat_at > now() - make_interval(secs => $3))
+                 RETURNING root_id, epoch",
+                &[
+                    &ids,
+                    &self.inner.node,
+                    &self.inner.options.lease.as_secs_f64(),
+                ],
+            )
+            .await
+            .map_err(map_pg)?;
+        let mut taken = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let root = session_id(r.get(0));
+            self.hold(root, r.get(1));
+            taken.push(root);
+        }
+        metrics::counter!(overseer_actors::metrics::CLUSTER_CLAIMS_TOTAL, "reason" => "failover")
+            .increment(taken.len() as u64);
+        Ok(taken)
+    }
+
+    fn hold(&self, root: SessionId, epoch: i64) {
+        self.inner.leases.insert(
+            root,
+            Lease {
+                epoch,
+                since: Instant::now(),
+            },
+        );
+        self.publish_owned();
+    }
+
+    /// The epoch a checkpoint of `root`'s tree is written under, or why it
+    /// may not be written.
+    fn fence(&self, root: SessionId, session: SessionId) -> Result<i64, StoreError> {
+        if !self.inner.clock.valid() {
+            metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL).increment(1);
+            return Err(StoreError::NotOwner {
+                session,
+                reason: "this node's lease has run out (no recent heartbeat)".into(),
+            });
+        }
+        match self.inner.leases.get(&root) {
+            Some(l) => Ok(l.epoch),
+            None => {
+                metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL)
+                    .increment(1);
+                Err(StoreError::NotOwner {
+                    session,
+                    reason: "this node holds no lease on its tree".into(),
+                })
+            }
+        }
+    }
+
+    /// A checkpoint found another epoch: the tree is another node's now.
+    fn lost(&self, root: SessionId, epoch: i64) {
+        self.inner.leases.remove_if(&root, |_, l| l.epoch == epoch);
+        self.publish_owned();
+        metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL).increment(1);
+    }
+
+    // ---- store copy --------------------------------------------------------------
+
+    /// Writes one session read from another store, with all its events, as
+    /// it is, unless a session with its id is already here (then nothing is
+    /// written and `false` is returned): `overseer store copy`. No lease is
+    /// taken: an active session is claimed by the first node that looks.
+    pub async fn import(
+        &self,
+        stored: &StoredSession,
+        events: &[Event],
+    ) -> Result<bool, StoreError> {
+        let checkpoint = Checkpoint {
+            header: stored.header.clone(),
+            entries: stored
+                .transcript
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (i as u64, e.clone()))
+                .collect(),
+            events: events.to_vec(),
+            metadata: (!stored.metadata.is_null()).then(|| stored.metadata.clone()),
+            queued: (stored.header.queue.head..)
+                .zip(stored.inbox.iter().cloned())
+                .collect(),
+            dequeued: 0..0,
+        };
+        let prepared = prepare(&checkpoint, None)?;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(map_pg)?;
+        let inserted = tx
+            .execute(
+                "INSERT INTO sessions (id, root_id, parent_id, tenant, status, schema_version,
+                                       last_event_seq, transcript_len, header, metadata)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                 ON CONFLICT (id) DO NOTHING",
+                &[
+                    &prepared.id,
+                    &prepared.root,
+                    &prepared.parent,
+                    &prepared.tenant,
+                    &prepared.status,
+                    &prepared.schema_version,
+                    &prepared.last_event_seq,
+                    &prepared.transcript_len,
+                    &prepared.header,
+                    &prepared.metadata,
+                ],
+            )
+            .await
+            .map_err(map_pg)?;
+        if inserted == 0 {
+            return Ok(false);
+        }
+        tx.execute(
+            "INSERT INTO blobs (hash, data) SELECT * FROM unnest($1::text[], $2::text[])
+             ON CONFLICT (hash) DO NOTHING",
+            &[&prepared.blob_hashes, &prepared.blob_data],
+        )
+        .await
+        .map_err(map_pg)?;
+        tx.execute(
+            "INSERT INTO transcript (session_id, idx, entry, result_blob)
+             SELECT $1, * FROM unnest($2::bigint[], $3::text[], $4::text[])",
+            &[
+                &prepared.id,
+                &prepared.entry_idx,
+                &prepared.entries,
+                &prepared.entry_blobs,
+            ],
+        )
+        .await
+        .map_err(map_pg)?;
+        tx.execute(
+            "INSERT INTO events (session_id, seq, event)
+             SELECT $1, * FROM unnest($2::bigint[], $3::text[])",
+            &[&prepared.id, &prepared.event_seqs, &prepared.events],
+        )
+        .await
+        .map_err(map_pg)?;
+        tx.execute(
+            "INSERT INTO queue (session_id, seq, message)
+             SELECT $1, * FROM unnest($2::bigint[], $3::text[])",
+            &[&prepared.id, &prepared.queue_seqs, &prepared.queued],
+        )
+        .await
+        .map_err(map_pg)?;
+        tx.commit().await.map_err(map_pg)?;
+        Ok(true)
+    }
+
+    // ---- reads -----------------------------------------------------------------------
+
+    async fn read_session(&self, id: SessionId) -> Result<Option<StoredSession>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(
+                "SELECT s.header, s.metadata,
+                        ARRAY(SELECT t.idx FROM transcript t
+                              WHERE t.session_id = s.id AND t.idx < s.transcript_len
+                              ORDER BY t.idx),
+                        ARRAY(SELECT t.entry FROM transcript t
+                              WHERE t.session_id = s.id AND t.idx < s.transcript_len
+                              ORDER BY t.idx),
+                        ARRAY(SELECT b.data FROM transcript t
+                              LEFT JOIN blobs b ON b.hash = t.result_blob
+                              WHERE t.session_id = s.id AND t.idx < s.transcript_len
+                              ORDER BY t.idx),
+                        ARRAY(SELECT q.seq FROM queue q WHERE q.session_id = s.id ORDER BY q.seq),
+                        ARRAY(SELECT q.message FROM queue q WHERE q.session_id = s.id ORDER BY q.seq)
+                 FROM sessions s WHERE s.id = $1",
+            )
+            .await
+            .map_err(map_pg)?;
+        let Some(row) = client
+            .query_opt(&statement, &[&id.0])
+            .await
+            .map_err(map_pg)?
+        else {
+            return Ok(None);
+        };
+        let header_text: String = row.get(0);
+        let header = codec::decode_header(&id, header_text.as_bytes())?;
+        let metadata: Option<String> = row.get(1);
+        let metadata = match metadata {
+            Some(m) => serde_json::from_str(&m)
+                .map_err(|e| corrupt(id, format!("unreadable metadata: {e}")))?,
+            None => serde_json::Value::Null,
+        };
+        let idx: Vec<i64> = row.get(2);
+        let entries: Vec<String> = row.get(3);
+        let blobs: Vec<Option<String>> = row.get(4);
+        let len = header.transcript_len;
+        if idx.len() as u64 != len {
+            return Err(corrupt(
+                id,
+                format!(
+                    "the header counts {len} transcript entries but {} are stored",
+                    idx.len()
+                ),
+            ));
+        }
+        let mut transcript = Vec::with_capacity(entries.len());
+        for (i, ((n, entry), blob)) in idx.iter().zip(&entries).zip(blobs).enumerate() {
+            if *n != i as i64 {
+                return Err(corrupt(id, format!("transcript entry {i} is missing")));
+            }
+            transcript.push(codec::decode_entry(
+                &id,
+                i as u64,
+                entry.as_bytes(),
+                |_| Ok(blob.map(|b| IVec::from(b.as_bytes()))),
+            )?);
+        }
+        let seqs: Vec<i64> = row.get(5);
+        let messages: Vec<String> = row.get(6);
+        let q = header.queue;
+        let mut inbox: Vec<QueuedMessage> = Vec::new();
+        for (seq, message) in seqs.iter().zip(&messages) {
+            let seq = u64::try_from(*seq).unwrap_or(u64::MAX);
+            if seq < q.head || seq >= q.next {
+                continue; // taken off the queue (or never committed)
+            }
+            let expected = q.head + inbox.len() as u64;
+            if seq != expected {
+                return Err(corrupt(id, format!("queued message {expected} is missing")));
+            }
+            inbox.push(
+                serde_json::from_str(message)
+                    .map_err(|e| corrupt(id, format!("unreadable queued message {seq}: {e}")))?,
+            );
+        }
+        if inbox.len() as u64 != q.len() {
+            return Err(corrupt(
+                id,
+                format!(
+                    "the header counts {} queued messages but {} are stored",
+                    q.len(),
+                    inbox.len()
+                ),
+            ));
+        }
+        Ok(Some(StoredSession {
+            header,
+            transcript,
+            metadata,
+            inbox,
+            needs_rewrite: false,
+        }))
+    }
+
+    async fn read_header(&self, id: SessionId) -> Result<Option<SessionHeader>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt("SELECT header FROM sessions WHERE id = $1", &[&id.0])
+            .await
+            .map_err(map_pg)?;
+        row.map(|r| {
+            let text: String = r.get(0);
+            codec::decode_header(&id, text.as_bytes())
+        })
+        .transpose()
+    }
+
+    fn headers(rows: &[tokio_postgres::Row]) -> Result<Vec<SessionSummary>, StoreError> {
+        rows.iter()
+            .map(|r| {
+                let id = session_id(r.get(0));
+                let text: String = r.get(1);
+                codec::decode_header(&id, text.as_bytes())
+            })
+            .collect()
+    }
+}
+
+/// One checkpoint, encoded into the parameters of its statement.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    id: Uuid,
+    root: Uuid,
+    parent: Option<Uuid>,
+    tenant: String,
+    status: String,
+    schema_version: i32,
+    last_event_seq: i64,
+    transcript_len: i64,
+    header: String,
+    metadata: Option<String>,
+    entry_idx: Vec<i64>,
+    entries: Vec<String>,
+    entry_blobs: Vec<Option<String>>,
+    blob_hashes: Vec<String>,
+    blob_data: Vec<String>,
+    event_seqs: Vec<i64>,
+    events: Vec<String>,
+    queue_seqs: Vec<i64>,
+    queued: Vec<String>,
+    dequeue_from: i64,
+    dequeue_to: i64,
+    /// The epoch the write is conditional on (`None` only for imports).
+    epoch: Option<i64>,
+    /// The node writing (set by the writer).
+    node: Option<Uuid>,
+    /// First and last new event, to announce them.
+    new_events: Option<(u64, u64)>,
+}
+
+fn utf8(id: &SessionId, bytes: Vec<u8>) -> Result<String, StoreError> {
+    String::from_utf8(bytes).map_err(|e| corrupt(id, format!("encoded JSON is not UTF-8: {e}")))
+}
+
+/// Encodes a checkpoint (pure: no I/O). Only what is new is encoded.
+fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, StoreError> {
+    let h = &cp.header;
+    let id = h.id;
+    let header =
+        serde_json::to_string(h).map_err(|e| corrupt(id, format!("cannot encode header: {e}")))?;
+    let mut sled_blobs = Vec::new();
+    let mut entry_idx = Vec::with_capacity(cp.entries.len());
+    let mut entries = Vec::with_capacity(cp.entries.len());
+    let mut entry_blobs = Vec::with_capacity(cp.entries.len());
+    for (idx, entry) in &cp.entries {
+        let before = sled_blobs.len();
+        let value = codec::encode_entry(&id, entry, &mut sled_blobs)?;
+        entry_idx.push(signed(*idx));
+        entries.push(utf8(&id, value)?);
+        entry_blobs.push(if sled_blobs.len() > before {
+            sled_blobs
+                .last()
+                .map(|(hash, _): &(String, IVec)| hash.clone())
+        } else {
+            None
+        });
+    }
+    let mut blob_hashes = Vec::with_capacity(sled_blobs.len());
+    let mut blob_data = Vec::with_capacity(sled_blobs.len());
+    for (hash, data) in sled_blobs {
+        if blob_hashes.contains(&hash) {
+            continue;
+        }
+        blob_hashes.push(hash);
+        blob_data.push(utf8(&id, data.to_vec())?);
+    }
+    let mut event_seqs = Vec::with_capacity(cp.events.len());
+    let mut events = Vec::with_capacity(cp.events.len());
+    for e in &cp.events {
+        event_seqs.push(signed(e.seq));
+        events.push(
+            serde_json::to_string(e)
+                .map_err(|err| corrupt(id, format!("cannot encode event {}: {err}", e.seq)))?,
+        );
+    }
+    let mut queue_seqs = Vec::with_capacity(cp.queued.len());
+    let mut queued = Vec::with_capacity(cp.queued.len());
+    for (seq, m) in &cp.queued {
+        queue_seqs.push(signed(*seq));
+        queued.push(
+            serde_json::to_string(m)
+                .map_err(|e| corrupt(id, format!("cannot encode queued message {seq}: {e}")))?,
+        );
+    }
+    let metadata = cp
+        .metadata
+        .as_ref()
+        .map(|m| {
+            serde_json::to_string(m)
+                .map_err(|e| corrupt(id, format!("cannot encode metadata: {e}")))
+        })
+        .transpose()?;
+    let new_events = match (cp.events.first(), cp.events.last()) {
+        (Some(a), Some(b)) => Some((a.seq, b.seq)),
+        _ => None,
+    };
+    Ok(Prepared {
+        id: id.0,
+        root: h.root_id.0,
+        parent: h.parent.as_ref().map(|p| p.session_id.0),
+        tenant: h.tenant.clone(),
+        status: h.status.as_str().to_owned(),
+        schema_version: i32::try_from(h.schema_version).unwrap_or(i32::MAX),
+        last_event_seq: signed(h.last_event_seq),
+        transcript_len: signed(h.transcript_len),
+        header,
+        metadata,
+        entry_idx,
+        entries,
+        entry_blobs,
+        blob_hashes,
+        blob_data,
+        event_seqs,
+        events,
+        queue_seqs,
+        queued,
+        dequeue_from: signed(cp.dequeued.start),
+        dequeue_to: signed(cp.dequeued.end),
+        epoch,
+        node: None,
+        new_events,
+    })
+}
+
+#[async_trait::async_trait]
+impl CheckpointStore for PgStore {
+    async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
+        let id = checkpoint.header.id;
+        let root = checkpoint.header.root_id;
+        let epoch = self.fence(root, id)?;
+        let prepared = if codec::may_be_large(&checkpoint) {
+            tokio::task::spawn_blocking(move || prepare(&checkpoint, Some(epoch)))
+                .await
+                .map_err(|e| StoreError::Io(format!("encoding the checkpoint of {id}: {e}")))??
+        } else {
+            prepare(&checkpoint, Some(epoch))?
+        };
+        match self.inner.writer.submit(prepared, self.inner.node).await? {
+            true => Ok(()),
+            false => {
+                self.lost(root, epoch);
+                Err(StoreError::NotOwner {
+                    session: id,
+                    reason: "another node took over its tree (a newer lease epoch)".into(),
+                })
+            }
+        }
+    }
+
+    async fn load(&self, id: SessionId) -> Result<Option<StoredSession>, StoreError> {
+        retrying(READ_RETRY, || self.read_session(id)).await
+    }
+
+    async fn load_header(&self, id: SessionId) -> Result<Option<SessionHeader>, StoreError> {
+        retrying(READ_RETRY, || self.read_header(id)).await
+    }
+
+    async fn events_after(
+        &self,
+        id: SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = retrying(READ_RETRY, || async {
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(
+                    "SELECT e.event FROM events e
+                     WHERE e.session_id = $1 AND e.seq > $2
+                       AND e.seq <= (SELECT s.last_event_seq FROM sessions s WHERE s.id = $1)
+                     ORDER BY e.seq LIMIT $3",
+                )
+                .await
+                .map_err(map_pg)?;
+            client
+                .query(&statement, &[&id.0, &signed(after), &signed(limit as u64)])
+                .await
+                .map_err(map_pg)
+        })
+        .await?;
+        rows.iter()
+            .map(|r| {
+                let text: &str = r.get(0);
+                serde_json::from_str(text)
+                    .map_err(|e| corrupt(id, format!("unreadable event: {e}")))
+            })
+            .collect()
+    }
+
+    async fn list_by_status(
+        &self,
+        statuses: &[SessionStatus],
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        let names: Vec<String> = statuses.iter().map(|s| s.as_str().to_owned()).collect();
+        let rows = retrying(READ_RETRY, || async {
+            let client = self.client().await?;
+            if names.is_empty() {
+                client
+                    .query("SELECT id, header FROM sessions ORDER BY id", &[])
+                    .await
+            } else {
+                client
+                    .query(
+                        "SELECT id, header FROM sessions WHERE status = ANY($1) ORDER BY id",
+                        &[&names],
+                    )
+                    .await
+            }
+            .map_err(map_pg)
+        })
+        .await?;
+        Self::headers(&rows)
+    }
+
+    async fn list_tenant(
+        &self,
+        tenant: &str,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        let after = after.map(|a| a.0);
+        let rows = retrying(READ_RETRY, || async {
+            let client = self.client().await?;
+            client
+                .query(
+                    "SELECT id, header FROM sessions
+                     WHERE tenant = $1 AND ($2::uuid IS NULL OR id > $2)
+                     ORDER BY id LIMIT $3",
+                    &[&tenant, &after, &signed(limit as u64)],
+                )
+                .await
+                .map_err(map_pg)
+        })
+        .await?;
+        Self::headers(&rows)
+    }
+
+    /// Every checkpoint is committed before it is confirmed: nothing to do.
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// A round trip to the database, within the lease.
+    async fn health_check(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client.execute("SELECT 1", &[]).await.map_err(map_pg)?;
+        Ok(())
+    }
+
+    async fn claim(&self, root: SessionId) -> Result<bool, StoreError> {
+        if !self.inner.clock.valid() {
+            return Err(StoreError::NotOwner {
+                session: root,
+                reason: "this node's lease has run out (no recent heartbeat)".into(),
+            });
+        }
+        if self.inner.leases.contains_key(&root) {
+            return Ok(false);
+        }
+        let lease = self.inner.options.lease.as_secs_f64();
+        let row = retrying(READ_RETRY, || async {
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(
+                    "INSERT INTO leases AS l (root_id, node_id, epoch) VALUES ($1, $2, 1)
+                     ON CONFLICT (root_id) DO UPDATE
+                       SET node_id = EXCLUDED.node_id, epoch = l.epoch + 1, claimed_at = now()
+                       WHERE l.node_id IS NULL OR l.node_id = $2 OR NOT EXISTS (
+                         SELECT 1 FROM nodes n WHERE n.id = l.node_id
+                           AND n.heartbeat_at > now() - make_interval(secs => $3))
+                     RETURNING epoch, (xmax = 0)",
+                )
+                .await
+                .map_err(map_pg)?;
+            client
+                .query_opt(&statement, &[&root.0, &self.inner.node, &lease])
+                .await
+                .map_err(map_pg)
+        })
+        .await?;
+        match row {
+            Some(r) => {
+                let epoch: i64 = r.get(0);
+                let created: bool = r.get(1);
+                self.hold(root, epoch);
+                let reason = if created { "create" } else { "activate" };
+                metrics::counter!(overseer_actors::metrics::CLUSTER_CLAIMS_TOTAL, "reason" => reason)
+                    .increment(1);
+                Ok(true)
+            }
+            None => {
+                let owner = match self.owner(root).await? {
+                    Owner::Node { url, .. } => format!("node {url} holds its lease"),
+                    _ => "another node took its lease just now".into(),
+                };
+                Err(StoreError::NotOwner {
+                    session: root,
+                    reason: owner,
+                })
+            }
+        }
+    }
+}

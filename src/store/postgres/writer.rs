@@ -1,0 +1,288 @@
+//! Group commit for the PostgreSQL store: checkpoints submitted together are
+//! written in one transaction, one statement each (pipelined, so a group
+//! costs about two round trips and one commit whatever its size), and each
+//! caller learns whether its own checkpoint landed or was fenced.
+//!
+//! A few writer tasks share one bounded queue; each takes whatever is queued
+//! (up to a group's limit) when it is free, so groups grow exactly when the
+//! database is the bottleneck. New events are announced with one
+//! `pg_notify` per group, inside the transaction, so other nodes hear of them
+//! only once they are committed. A group that fails for a reason other than
+//! the connection is retried one checkpoint per transaction, so one bad
+//! checkpoint fails alone; one that fails on the connection is retried whole
+//! until the retry budget runs out (see the parent module on idempotence).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use deadpool_postgres::Pool;
+use overseer_actors::store::StoreError;
+use tokio::sync::{mpsc, oneshot, Mutex, Semaphore};
+use uuid::Uuid;
+
+use super::{map_pg, map_pool, Prepared, EVENTS_CHANNEL};
+
+/// Most checkpoints in one transaction.
+const MAX_GROUP: usize = 256;
+/// Most checkpoints queued or being written at once; further callers wait.
+const MAX_PENDING: usize = 4096;
+/// Largest `pg_notify` payload we send (PostgreSQL's limit is 8000 bytes).
+const NOTIFY_CHUNK: usize = 7_000;
+
+/// The statement of one checkpoint: everything is written only if the
+/// tree's lease still has this node and this epoch (`fence`); it answers
+/// how many header rows it wrote (1, or 0 when fenced).
+const CHECKPOINT_SQL: &str = "
+WITH fence AS (
+    SELECT 1 AS ok FROM leases WHERE root_id = $2 AND node_id = $3 AND epoch = $4 FOR SHARE
+), s AS (
+    INSERT INTO sessions AS x (id, root_id, parent_id, tenant, status, schema_version,
+                               last_event_seq, transcript_len, header, metadata, updated_at)
+    SELECT $1, $2, $5, $6, $7, $8, $9, $10, $11, $12, now() FROM fence
+    ON CONFLICT (id) DO UPDATE SET
+        status = EXCLUDED.status, schema_version = EXCLUDED.schema_version,
+        last_event_seq = EXCLUDED.last_event_seq, transcript_len = EXCLUDED.transcript_len,
+        header = EXCLUDED.header, metadata = COALESCE(EXCLUDED.metadata, x.metadata),
+        updated_at = now()
+    RETURNING 1
+), t AS (
+    INSERT INTO transcript (session_id, idx, entry, result_blob)
+    SELECT $1, u.idx, u.entry, u.blob
+    FROM fence, unnest($13::bigint[], $14::text[], $15::text[]) AS u(idx, entry, blob)
+    ON CONFLICT (session_id, idx) DO UPDATE
+        SET entry = EXCLUDED.entry, result_blob = EXCLUDED.result_blob
+), b AS (
+    INSERT INTO blobs (hash, data)
+    SELECT u.hash, u.data FROM fence, unnest($16::text[], $17::text[]) AS u(hash, data)
+    ON CONFLICT (hash) DO NOTHING
+), e AS (
+    INSERT INTO events (session_id, seq, event)
+    SELECT $1, u.seq, u.event FROM fence, unnest($18::bigint[], $19::text[]) AS u(seq, event)
+    ON CONFLICT (session_id, seq) DO UPDATE SET event = EXCLUDED.event
+), q AS (
+    INSERT INTO queue (session_id, seq, message)
+    SELECT $1, u.seq, u.message
+    FROM fence, unnest($20::bigint[], $21::text[]) AS u(seq, message)
+    WHERE NOT (u.seq >= $22 AND u.seq < $23)
+    ON CONFLICT (session_id, seq) DO UPDATE SET message = EXCLUDED.message
+), d AS (
+    DELETE FROM queue
+    WHERE session_id = $1 AND seq >= $22 AND seq < $23 AND EXISTS (SELECT 1 FROM fence)
+)
+SELECT count(*) FROM s";
+
+struct Job {
+    prepared: Prepared,
+    reply: oneshot::Sender<Result<bool, StoreError>>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// The writers' queue.
+pub(super) struct Writer {
+    tx: mpsc::UnboundedSender<Job>,
+    slots: Arc<Semaphore>,
+    commits: Arc<AtomicU64>,
+}
+
+impl Writer {
+    /// Starts `writers` tasks writing through `pool`.
+    pub(super) fn start(pool: Pool, writers: usize, retry: Duration) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let rx = Arc::new(Mutex::new(rx));
+        let commits = Arc::new(AtomicU64::new(0));
+        for _ in 0..writers {
+            tokio::spawn(run(pool.clone(), rx.clone(), retry, commits.clone()));
+        }
+        Self {
+            tx,
+            slots: Arc::new(Semaphore::new(MAX_PENDING)),
+            commits,
+        }
+    }
+
+    /// Transactions committed so far (each holds one group of checkpoints).
+    pub(super) fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Writes one checkpoint with its group; `true` when it landed, `false`
+    /// when the lease's epoch had moved on (nothing of it was written).
+    pub(super) async fn submit(
+        &self,
+        mut prepared: Prepared,
+        node: Uuid,
+    ) -> Result<bool, StoreError> {
+        prepared.node = Some(node);
+        let slot = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::Io("the store is closed".into()))?;
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Job {
+                prepared,
+                reply,
+                _slot: slot,
+            })
+            .map_err(|_| StoreError::Io("the store writer stopped".into()))?;
+        rx.await
+            .map_err(|_| StoreError::Io("the store writer stopped before confirming".into()))?
+    }
+}
+
+async fn run(
+    pool: Pool,
+    rx: Arc<Mutex<mpsc::UnboundedReceiver<Job>>>,
+    retry: Duration,
+    commits: Arc<AtomicU64>,
+) {
+    loop {
+        let mut group = Vec::new();
+        {
+            let mut rx = rx.lock().await;
+            match rx.recv().await {
+                Some(job) => group.push(job),
+                None => return,
+            }
+            while group.len() < MAX_GROUP {
+                match rx.try_recv() {
+                    Ok(job) => group.push(job),
+                    Err(_) => break,
+                }
+            }
+        }
+        let outcomes = write_group(&pool, &group, retry, &commits).await;
+        for (job, outcome) in group.into_iter().zip(outcomes) {
+            let _ = job.reply.send(outcome);
+        }
+    }
+}
+
+/// Writes a group, retrying across transient failures; one outcome per job.
+async fn write_group(
+    pool: &Pool,
+    group: &[Job],
+    retry: Duration,
+    commits: &AtomicU64,
+) -> Vec<Result<bool, StoreError>> {
+    let jobs: Vec<&Prepared> = group.iter().map(|j| &j.prepared).collect();
+    match with_retry(retry, || transaction(pool, &jobs, commits)).await {
+        Ok(landed) => landed.into_iter().map(Ok).collect(),
+        Err(e) if jobs.len() > 1 && !matches!(e, StoreError::Unavailable(_)) => {
+            // One checkpoint the database refused spoils the transaction:
+            // write each alone, so only it fails.
+            let mut out = Vec::with_capacity(jobs.len());
+            for job in &jobs {
+                let one = [*job];
+                out.push(
+                    with_retry(retry, || transaction(pool, &one, commits))
+                        .await
+                        .map(|v| v.first().copied().unwrap_or(false)),
+                );
+            }
+            out
+        }
+        Err(e) => jobs.iter().map(|_| Err(e.clone())).collect(),
+    }
+}
+
+async fn with_retry<T, F, Fut>(budget: Duration, f: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let started = Instant::now();
+    let result = super::retrying(budget, f).await;
+    if let Err(StoreError::Unavailable(e)) = &result {
+        tracing::warn!(
+            waited_ms = started.elapsed().as_millis() as u64,
+            "giving up on a group of checkpoints: {e}"
+        );
+    }
+    result
+}
+
+/// One transaction: every checkpoint of the group, then the announcement of
+/// their events, then the commit. Returns, per checkpoint, whether it landed.
+async fn transaction(
+    pool: &Pool,
+    jobs: &[&Prepared],
+    commits: &AtomicU64,
+) -> Result<Vec<bool>, StoreError> {
+    let mut client = pool.get().await.map_err(map_pool)?;
+    let statement = client
+        .prepare_cached(CHECKPOINT_SQL)
+        .await
+        .map_err(map_pg)?;
+    let tx = client.transaction().await.map_err(map_pg)?;
+    // Polled together, so the statements are pipelined on the connection.
+    let results = futures::future::join_all(jobs.iter().map(|p| {
+        let params = p.params();
+        let tx = &tx;
+        let statement = &statement;
+        async move { tx.query_one(statement, &params).await }
+    }))
+    .await;
+    let mut landed = Vec::with_capacity(jobs.len());
+    for r in results {
+        let count: i64 = r.map_err(map_pg)?.get(0);
+        landed.push(count > 0);
+    }
+    let mut payload = String::new();
+    let mut notifies = Vec::new();
+    for (p, ok) in jobs.iter().zip(&landed) {
+        if let (true, Some((first, last))) = (*ok, p.new_events) {
+            if payload.len() > NOTIFY_CHUNK {
+                notifies.push(std::mem::take(&mut payload));
+            }
+            if !payload.is_empty() {
+                payload.push(',');
+            }
+            payload.push_str(&format!("{} {first} {last}", p.id));
+        }
+    }
+    if !payload.is_empty() {
+        notifies.push(payload);
+    }
+    for chunk in &notifies {
+        tx.execute("SELECT pg_notify($1, $2)", &[&EVENTS_CHANNEL, chunk])
+            .await
+            .map_err(map_pg)?;
+    }
+    tx.commit().await.map_err(map_pg)?;
+    commits.fetch_add(1, Ordering::Relaxed);
+    Ok(landed)
+}
+
+impl Prepared {
+    fn params(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+        vec![
+            &self.id,
+            &self.root,
+            &self.node,
+            &self.epoch,
+            &self.parent,
+            &self.tenant,
+            &self.status,
+            &self.schema_version,
+            &self.last_event_seq,
+            &self.transcript_len,
+            &self.header,
+            &self.metadata,
+            &self.entry_idx,
+            &self.entries,
+            &self.entry_blobs,
+            &self.blob_hashes,
+            &self.blob_data,
+            &self.event_seqs,
+            &self.events,
+            &self.queue_seqs,
+            &self.queued,
+            &self.dequeue_from,
+            &self.dequeue_to,
+        ]
+    }
+}

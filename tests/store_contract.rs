@@ -1,0 +1,674 @@
+//! The contract of the `CheckpointStore` port, run against both stores: the
+//! embedded sled store (a temp directory) and the PostgreSQL store of cluster
+//! mode (a database of a throwaway server, see `common::pg`). Each contract
+//! is one function; `contract!` turns it into a `sled` and a `postgres` test.
+//!
+//! Covered: checkpoint and reload (header, transcript, metadata, queued
+//! messages), only new rows per checkpoint, events after a sequence (paged,
+//! bounded by the header), the effect journal in the header's open calls,
+//! large results in content-addressed blobs, refusal of a newer schema,
+//! tenant listing and the recovery listing. PostgreSQL-only behaviour
+//! (fencing, migrations, start-up errors, group commit) follows.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use overseer::store::postgres::{Owner, PgOpenError, PgOptions, PgStore};
+use overseer::store::{Durability, SledStore};
+use overseer_actors::model::{
+    AgentConfig, CallState, Event, EventKind, QueuedMessage, SessionHeader, SessionId,
+    SessionStatus, ToolCallId, ToolCallRecord, TranscriptEntry, Usage, SCHEMA_VERSION,
+};
+use overseer_actors::store::{Checkpoint, CheckpointStore, StoreError, StoredSession};
+use serde_json::json;
+
+use common::pg::{shared, PgServer};
+
+// ---------------------------------------------------------------------------
+// A session as the runtime writes it
+
+#[derive(Clone)]
+struct Sim {
+    header: SessionHeader,
+    transcript: Vec<Arc<TranscriptEntry>>,
+    persisted: usize,
+    events: Vec<Event>,
+    pending: Vec<Event>,
+    metadata: serde_json::Value,
+    metadata_written: bool,
+    inbox: Vec<QueuedMessage>,
+    queued: Vec<(u64, QueuedMessage)>,
+    dequeued: std::ops::Range<u64>,
+}
+
+impl Sim {
+    fn new(tenant: &str) -> Self {
+        let id = SessionId::generate();
+        let header: SessionHeader = serde_json::from_value(json!({
+            "schema_version": SCHEMA_VERSION,
+            "id": id,
+            "tenant": tenant,
+            "agent": "a",
+            "root_id": id,
+            "status": "pending",
+            "created_at_ms": 1,
+            "updated_at_ms": 1,
+            "config": AgentConfig::new("a", &["current_time"]).effective(),
+            "usage": Usage::default(),
+            "turn": 0,
+            "step": 0,
+            "transcript_len": 0,
+            "last_event_seq": 0,
+        }))
+        .unwrap();
+        let mut sim = Self {
+            header,
+            transcript: Vec::new(),
+            persisted: 0,
+            events: Vec::new(),
+            pending: Vec::new(),
+            metadata: json!({"k": [1, 2], "note": "ünïcode ✓"}),
+            metadata_written: false,
+            inbox: Vec::new(),
+            queued: Vec::new(),
+            dequeued: 0..0,
+        };
+        sim.emit(EventKind::SessionCreated { agent: "a".into() });
+        sim
+    }
+
+    fn id(&self) -> SessionId {
+        self.header.id
+    }
+
+    fn push(&mut self, entry: TranscriptEntry) {
+        self.transcript.push(Arc::new(entry));
+        self.header.transcript_len = self.transcript.len() as u64;
+    }
+
+    fn user(&mut self, text: &str) {
+        self.push(TranscriptEntry::User {
+            text: text.into(),
+            at_ms: 7,
+        });
+    }
+
+    fn emit(&mut self, kind: EventKind) {
+        self.header.last_event_seq += 1;
+        self.pending.push(Event {
+            session_id: self.header.id,
+            seq: self.header.last_event_seq,
+            at_ms: 9,
+            kind,
+        });
+    }
+
+    fn status(&mut self, status: SessionStatus) {
+        self.header.status = status;
+        self.emit(EventKind::StatusChanged { status });
+    }
+
+    fn enqueue(&mut self, text: &str) {
+        let m = QueuedMessage {
+            text: text.into(),
+            at_ms: 5,
+        };
+        let q = &mut self.header.queue;
+        self.queued.push((q.next, m.clone()));
+        q.next += 1;
+        q.bytes += text.len() as u64;
+        self.inbox.push(m);
+    }
+
+    fn dequeue(&mut self) {
+        let m = self.inbox.remove(0);
+        let q = &mut self.header.queue;
+        if self.dequeued.is_empty() {
+            self.dequeued = q.head..q.head;
+        }
+        self.dequeued.end = q.head + 1;
+        q.head += 1;
+        q.bytes -= m.text.len() as u64;
+    }
+
+    fn checkpoint(&mut self) -> Checkpoint {
+        let entries = self.transcript[self.persisted..]
+            .iter()
+            .enumerate()
+            .map(|(i, e)| ((self.persisted + i) as u64, e.clone()))
+            .collect();
+        self.persisted = self.transcript.len();
+        let events = std::mem::take(&mut self.pending);
+        self.events.extend(events.iter().cloned());
+        let metadata = (!self.metadata_written).then(|| self.metadata.clone());
+        self.metadata_written = true;
+        Checkpoint {
+            header: self.header.clone(),
+            entries,
+            events,
+            metadata,
+            queued: std::mem::take(&mut self.queued),
+            dequeued: std::mem::replace(&mut self.dequeued, 0..0),
+        }
+    }
+
+    /// Claims the session's tree (a no-op for sled) and writes what is new.
+    async fn write(&mut self, store: &dyn CheckpointStore) {
+        store.claim(self.header.root_id).await.unwrap();
+        store.checkpoint(self.checkpoint()).await.unwrap();
+    }
+}
+
+fn tool_result(result: serde_json::Value) -> TranscriptEntry {
+    let mut call = ToolCallRecord::proposed(
+        ToolCallId::generate(),
+        "http_request".into(),
+        json!({"url": "https://example.com"}),
+        3,
+    );
+    call.finish(CallState::Completed, result, 4);
+    TranscriptEntry::ToolResult { call }
+}
+
+fn big_result() -> serde_json::Value {
+    json!({"status": 200, "body": "x".repeat(100 * 1024), "n": [1.5, -2, null]})
+}
+
+fn assert_same(stored: &StoredSession, sim: &Sim) {
+    assert_eq!(stored.header, sim.header);
+    let got: Vec<&TranscriptEntry> = stored.transcript.iter().map(|e| &**e).collect();
+    let want: Vec<&TranscriptEntry> = sim.transcript.iter().map(|e| &**e).collect();
+    assert_eq!(got, want);
+    assert_eq!(stored.metadata, sim.metadata);
+    assert_eq!(stored.inbox, sim.inbox);
+}
+
+// ---------------------------------------------------------------------------
+// The two backends
+
+async fn sled_store() -> (Arc<dyn CheckpointStore>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    (Arc::new(store), dir)
+}
+
+/// A PostgreSQL store on a fresh database, joined (heartbeat) so that it
+/// may claim and write.
+async fn pg_store() -> (Arc<dyn CheckpointStore>, PgStore) {
+    let url = shared().database().await.unwrap();
+    let store = PgStore::open(&url, PgOptions::default()).await.unwrap();
+    store
+        .heartbeat("http://127.0.0.1:1", Duration::from_secs(10))
+        .await
+        .unwrap();
+    (Arc::new(store.clone()), store)
+}
+
+macro_rules! contract {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sled() {
+                let (store, _dir) = super::sled_store().await;
+                super::$name(store.as_ref()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let (store, _pg) = super::pg_store().await;
+                super::$name(store.as_ref()).await;
+            }
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------
+// The contract
+
+contract!(checkpoint_and_reload);
+async fn checkpoint_and_reload(store: &dyn CheckpointStore) {
+    let mut sim = Sim::new("acme");
+    sim.user("hello");
+    sim.status(SessionStatus::Running);
+    sim.push(TranscriptEntry::Assistant {
+        text: "calling".into(),
+        tool_calls: Vec::new(),
+        at_ms: 8,
+    });
+    sim.write(store).await;
+    assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
+    assert_eq!(
+        store.load_header(sim.id()).await.unwrap(),
+        Some(sim.header.clone())
+    );
+
+    // A second checkpoint carries only what is new, and the whole reads back.
+    sim.push(tool_result(json!({"time": "now"})));
+    sim.status(SessionStatus::AwaitingInput);
+    let cp = sim.checkpoint();
+    assert_eq!(cp.entries.len(), 1, "only the new entry");
+    assert!(cp.metadata.is_none(), "metadata is written once");
+    store.checkpoint(cp).await.unwrap();
+    assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
+
+    let unknown = SessionId::generate();
+    assert!(store.load(unknown).await.unwrap().is_none());
+    assert!(store.load_header(unknown).await.unwrap().is_none());
+    assert!(store.events_after(unknown, 0, 10).await.unwrap().is_empty());
+}
+
+contract!(events_after_a_sequence);
+async fn events_after_a_sequence(store: &dyn CheckpointStore) {
+    let mut sim = Sim::new("acme");
+    let mut other = Sim::new("acme");
+    for turn in 1..=24 {
+        sim.emit(EventKind::TurnStarted { turn });
+        other.emit(EventKind::TurnStarted { turn });
+    }
+    sim.write(store).await;
+    other.write(store).await;
+    assert_eq!(sim.events.len(), 25);
+    let mut seen = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.events_after(sim.id(), after, 10).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 10);
+        after = page.last().unwrap().seq;
+        seen.extend(page);
+    }
+    assert_eq!(seen, sim.events);
+    let page = store.events_after(sim.id(), 10, 10).await.unwrap();
+    assert_eq!(
+        page.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (11..=20).collect::<Vec<_>>()
+    );
+    assert!(store
+        .events_after(sim.id(), 25, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .events_after(sim.id(), u64::MAX, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store.events_after(sim.id(), 0, 0).await.unwrap().is_empty());
+    assert_eq!(
+        store.events_after(sim.id(), 0, usize::MAX).await.unwrap(),
+        sim.events
+    );
+}
+
+contract!(the_effect_journal_lives_in_the_header);
+async fn the_effect_journal_lives_in_the_header(store: &dyn CheckpointStore) {
+    // A dispatched call with no outcome yet (intent durable), and one whose
+    // outcome is recorded but not yet in the transcript: exactly what boot
+    // recovery sorts (§9).
+    let mut sim = Sim::new("acme");
+    sim.status(SessionStatus::Running);
+    let mut running = ToolCallRecord::proposed(
+        ToolCallId::generate(),
+        "ledger_append".into(),
+        json!({"entry": "x"}),
+        3,
+    );
+    running.state = CallState::Running;
+    running.attempt = 1;
+    running.idempotency_key = Some("key-1".into());
+    let mut done =
+        ToolCallRecord::proposed(ToolCallId::generate(), "current_time".into(), json!({}), 3);
+    done.finish(CallState::Completed, json!({"time": "t"}), 5);
+    sim.header.open_calls = vec![running, done];
+    sim.write(store).await;
+    let stored = store.load(sim.id()).await.unwrap().unwrap();
+    assert_eq!(stored.header.open_calls, sim.header.open_calls);
+    assert_eq!(
+        store
+            .list_by_status(&[SessionStatus::Running, SessionStatus::AwaitingApproval])
+            .await
+            .unwrap(),
+        vec![sim.header.clone()],
+        "boot recovery finds it"
+    );
+}
+
+contract!(large_results_go_to_blobs);
+async fn large_results_go_to_blobs(store: &dyn CheckpointStore) {
+    let mut a = Sim::new("acme");
+    let mut b = Sim::new("acme");
+    a.user("fetch it");
+    a.push(tool_result(big_result()));
+    a.push(tool_result(json!({"small": true})));
+    b.push(tool_result(big_result()));
+    b.push(tool_result(big_result()));
+    a.write(store).await;
+    b.write(store).await;
+    assert_same(&store.load(a.id()).await.unwrap().unwrap(), &a);
+    assert_same(&store.load(b.id()).await.unwrap().unwrap(), &b);
+}
+
+contract!(a_newer_schema_is_refused);
+async fn a_newer_schema_is_refused(store: &dyn CheckpointStore) {
+    let mut sim = Sim::new("acme");
+    sim.status(SessionStatus::Running);
+    sim.header.schema_version = SCHEMA_VERSION + 1;
+    sim.write(store).await;
+    let refused = |e: StoreError| match e {
+        StoreError::SchemaTooNew {
+            session,
+            found,
+            supported,
+        } => {
+            assert_eq!(session, sim.id());
+            assert_eq!(found, SCHEMA_VERSION + 1);
+            assert_eq!(supported, SCHEMA_VERSION);
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    };
+    refused(store.load(sim.id()).await.unwrap_err());
+    refused(store.load_header(sim.id()).await.unwrap_err());
+    // Boot recovery must not skip it silently.
+    refused(
+        store
+            .list_by_status(&[SessionStatus::Running])
+            .await
+            .unwrap_err(),
+    );
+    let message = store.load(sim.id()).await.unwrap_err().to_string();
+    assert!(message.contains("upgrade overseer"), "{message}");
+}
+
+contract!(queued_messages_and_metadata);
+async fn queued_messages_and_metadata(store: &dyn CheckpointStore) {
+    let mut sim = Sim::new("acme");
+    sim.status(SessionStatus::Running);
+    sim.enqueue("first");
+    sim.enqueue("second");
+    sim.write(store).await;
+    assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
+    let header = store.load_header(sim.id()).await.unwrap().unwrap();
+    let json = serde_json::to_string(&header).unwrap();
+    assert!(
+        !json.contains("first") && !json.contains("ünïcode"),
+        "{json}"
+    );
+    sim.dequeue();
+    sim.enqueue("third");
+    sim.write(store).await;
+    let stored = store.load(sim.id()).await.unwrap().unwrap();
+    assert_same(&stored, &sim);
+    let texts: Vec<&str> = stored.inbox.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(texts, ["second", "third"]);
+    // Queued and taken in the same checkpoint.
+    sim.enqueue("fourth");
+    sim.dequeue();
+    sim.dequeue();
+    sim.dequeue();
+    sim.write(store).await;
+    let stored = store.load(sim.id()).await.unwrap().unwrap();
+    assert!(stored.inbox.is_empty(), "{:?}", stored.inbox);
+    assert_same(&stored, &sim);
+}
+
+contract!(tenants_are_listed_apart_and_paged);
+async fn tenants_are_listed_apart_and_paged(store: &dyn CheckpointStore) {
+    let mut want = Vec::new();
+    for tenant in ["acme", "acme", "acm", "acme2", "acme", "acme", "acme"] {
+        let mut sim = Sim::new(tenant);
+        sim.write(store).await;
+        if tenant == "acme" {
+            want.push(sim.header.clone());
+        }
+    }
+    want.sort_by_key(|h| h.id);
+    let mut got = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = store.list_tenant("acme", cursor, 2).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 2);
+        cursor = page.last().map(|h| h.id);
+        got.extend(page);
+    }
+    assert_eq!(got, want);
+    assert_eq!(store.list_tenant("acm", None, 10).await.unwrap().len(), 1);
+    assert!(store
+        .list_tenant("other", None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+contract!(recovery_lists_only_active_sessions);
+async fn recovery_lists_only_active_sessions(store: &dyn CheckpointStore) {
+    let mut active = Vec::new();
+    for status in [
+        SessionStatus::Running,
+        SessionStatus::AwaitingInput,
+        SessionStatus::AwaitingApproval,
+        SessionStatus::Completed,
+    ] {
+        let mut sim = Sim::new("acme");
+        sim.status(status);
+        sim.write(store).await;
+        if matches!(
+            status,
+            SessionStatus::Running | SessionStatus::AwaitingApproval
+        ) {
+            active.push(sim.header.clone());
+        }
+    }
+    let mut got = store
+        .list_by_status(&[SessionStatus::Running, SessionStatus::AwaitingApproval])
+        .await
+        .unwrap();
+    got.sort_by_key(|h| h.id);
+    active.sort_by_key(|h| h.id);
+    assert_eq!(got, active);
+    assert_eq!(store.list_by_status(&[]).await.unwrap().len(), 4);
+}
+
+// ---------------------------------------------------------------------------
+// PostgreSQL only
+
+async fn open_pg(url: &str, lease: Duration) -> PgStore {
+    let store = PgStore::open(
+        url,
+        PgOptions {
+            lease,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    store
+        .heartbeat(&format!("http://node-{}", store.node_id()), lease)
+        .await
+        .unwrap();
+    store
+}
+
+/// Two nodes on one database: while the owner lives the other may not claim
+/// its tree; once the owner's heartbeat is older than the lease the other
+/// takes it with a new epoch, and the old owner — even with a fresh
+/// heartbeat, as after a pause — lands no write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_its_lease_lands_no_write() {
+    let url = shared().database().await.unwrap();
+    let lease = Duration::from_secs(2);
+    let a = open_pg(&url, lease).await;
+    let b = open_pg(&url, lease).await;
+    let mut sim = Sim::new("acme");
+    sim.status(SessionStatus::AwaitingApproval);
+    sim.write(&a).await;
+    assert_eq!(a.owner(sim.id()).await.unwrap(), Owner::Here);
+    match b.claim(sim.id()).await {
+        Err(StoreError::NotOwner { reason, .. }) => {
+            assert!(reason.contains(&a.node_id().to_string()), "{reason}")
+        }
+        other => panic!("expected NotOwner, got {other:?}"),
+    }
+    // B sees A as the owner; A stops heartbeating (paused).
+    assert!(
+        matches!(b.owner(sim.id()).await.unwrap(), Owner::Node { id, .. } if id == a.node_id())
+    );
+    let taken = wait_for(Duration::from_secs(30), || async {
+        b.heartbeat("http://b", lease).await.unwrap();
+        b.claim(sim.id()).await.ok()
+    })
+    .await;
+    assert!(
+        taken,
+        "B claims the tree once A's heartbeat is older than the lease"
+    );
+    let mut later = sim.clone();
+    later.status(SessionStatus::Running);
+    b.checkpoint(later.checkpoint()).await.unwrap();
+
+    // A comes back: a fresh heartbeat, but the epoch it holds is old.
+    a.heartbeat("http://a", lease).await.unwrap();
+    sim.status(SessionStatus::Cancelled);
+    let err = a.checkpoint(sim.checkpoint()).await.unwrap_err();
+    assert!(err.is_not_owner(), "{err:?}");
+    let stored = b.load(sim.id()).await.unwrap().unwrap();
+    assert_eq!(stored.header, later.header, "A's write did not land");
+    // And A now knows: it no longer claims to hold the tree.
+    assert_eq!(a.leases_held(), 0);
+    assert!(
+        matches!(a.owner(sim.id()).await.unwrap(), Owner::Node { id, .. } if id == b.node_id())
+    );
+}
+
+/// A node whose own lease ran out (no heartbeat) refuses to write at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_past_its_own_lease_refuses_to_write() {
+    let url = shared().database().await.unwrap();
+    let store = open_pg(&url, Duration::from_secs(10)).await;
+    let mut sim = Sim::new("acme");
+    sim.write(&store).await;
+    store.drop_leases();
+    let err = store.checkpoint(sim.checkpoint()).await.unwrap_err();
+    assert!(err.is_not_owner(), "{err:?}");
+    assert!(store.claim(sim.id()).await.unwrap_err().is_not_owner());
+}
+
+async fn wait_for<F, Fut, T>(patience: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    while tokio::time::Instant::now() < deadline {
+        if f().await.is_some() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_migrated_by_a_newer_binary_is_refused_and_left_untouched() {
+    let url = shared().database().await.unwrap();
+    drop(PgStore::open(&url, PgOptions::default()).await.unwrap());
+    PgServer::execute(
+        &url,
+        "INSERT INTO overseer_migrations (version) VALUES (999)",
+    )
+    .await
+    .unwrap();
+    let err = PgStore::open(&url, PgOptions::default()).await.unwrap_err();
+    assert!(
+        matches!(err, PgOpenError::SchemaTooNew { found: 999, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("upgrade overseer"), "{err}");
+    let versions = PgServer::scalar(&url, "SELECT count(*) FROM overseer_migrations")
+        .await
+        .unwrap();
+    assert_eq!(versions, 2, "nothing applied on top");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_are_applied_once_by_nodes_starting_together() {
+    let url = shared().database().await.unwrap();
+    let opens = (0..4).map(|_| PgStore::open(&url, PgOptions::default()));
+    for store in futures::future::join_all(opens).await {
+        store.unwrap();
+    }
+    let versions = PgServer::scalar(&url, "SELECT count(*) FROM overseer_migrations")
+        .await
+        .unwrap();
+    assert_eq!(versions, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_url_or_an_unreachable_database_is_a_clear_error() {
+    let err = PgStore::open("mysql://nope", PgOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, PgOpenError::InvalidUrl(_)), "{err:?}");
+    assert!(err.to_string().contains("OVERSEER_DATABASE_URL"), "{err}");
+
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://u:secret-pw@127.0.0.1:{port}/db");
+    let err = PgStore::open(
+        &url,
+        PgOptions {
+            connect_timeout: Duration::from_secs(2),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, PgOpenError::Unreachable { .. }), "{err:?}");
+    assert!(
+        message.contains(&format!("127.0.0.1:{port}/db")),
+        "{message}"
+    );
+    assert!(!message.contains("secret-pw"), "{message}");
+}
+
+/// Checkpoints arriving together share transactions (group commit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_checkpoints_share_transactions() {
+    let url = shared().database().await.unwrap();
+    let store = open_pg(&url, Duration::from_secs(10)).await;
+    let mut sims: Vec<Sim> = (0..300).map(|_| Sim::new("acme")).collect();
+    for sim in &sims {
+        store.claim(sim.id()).await.unwrap();
+    }
+    let before = store.commits();
+    let writes = sims.iter_mut().map(|sim| {
+        let cp = sim.checkpoint();
+        let store = store.clone();
+        tokio::spawn(async move { store.checkpoint(cp).await })
+    });
+    for w in futures::future::join_all(writes).await {
+        w.unwrap().unwrap();
+    }
+    let after = store.commits();
+    for sim in &sims {
+        assert_same(&store.load(sim.id()).await.unwrap().unwrap(), sim);
+    }
+    assert!(
+        after - before < 300,
+        "{} transactions for 300 checkpoints",
+        after - before
+    );
+}

@@ -47,6 +47,9 @@ pub struct Config {
     /// `[store]`.
     #[serde(default)]
     pub store: StoreSection,
+    /// `[cluster]`: membership and failover when `store.kind = "postgres"`.
+    #[serde(default)]
+    pub cluster: ClusterSection,
     /// `[runtime]`.
     #[serde(default)]
     pub runtime: RuntimeSection,
@@ -200,6 +203,7 @@ impl HttpSection {
                 max_in_flight_requests: self.max_in_flight_requests,
                 shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             },
+            cluster: None,
         }
     }
 
@@ -238,10 +242,28 @@ fn default_shutdown_grace_secs() -> u64 {
     HttpLimits::default().shutdown_grace.as_secs()
 }
 
-/// `[store]`: the embedded sled database.
+/// Which checkpoint store a node uses (§9, §15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    /// The embedded sled database in `data_dir` (one node).
+    #[default]
+    Sled,
+    /// PostgreSQL at `OVERSEER_DATABASE_URL`, shared by the nodes of a
+    /// cluster.
+    Postgres,
+}
+
+/// `[store]`: the embedded sled database, or PostgreSQL in cluster mode.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreSection {
+    /// `sled` (the default) or `postgres`.
+    #[serde(default)]
+    pub kind: StoreKind,
+    /// Most connections a node opens to PostgreSQL.
+    #[serde(default = "default_pool_size")]
+    pub pool_size: usize,
     /// Database directory.
     #[serde(default = "default_data_dir")]
     pub data_dir: PathBuf,
@@ -256,6 +278,8 @@ pub struct StoreSection {
 impl Default for StoreSection {
     fn default() -> Self {
         Self {
+            kind: StoreKind::default(),
+            pool_size: default_pool_size(),
             data_dir: default_data_dir(),
             durability: Durability::default(),
             cache_mb: default_cache_mb(),
@@ -275,6 +299,56 @@ impl StoreSection {
 
 fn default_cache_mb() -> u64 {
     DEFAULT_CACHE_MB
+}
+
+fn default_pool_size() -> usize {
+    crate::store::postgres::DEFAULT_POOL_SIZE
+}
+
+/// Largest `store.pool_size`.
+pub const MAX_POOL_SIZE: usize = 1_000;
+
+/// `[cluster]`: membership, ownership and failover of cluster mode (§15).
+/// Read only when `store.kind = "postgres"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    /// Seconds between two heartbeats of a node.
+    #[serde(default = "default_heartbeat_secs")]
+    pub heartbeat_secs: u64,
+    /// A node whose heartbeat is older than this many seconds is dead, and
+    /// its sessions are taken over.
+    #[serde(default = "default_lease_secs")]
+    pub lease_secs: u64,
+    /// The URL other nodes reach this one's API at; empty: `http://` and
+    /// the address it listens on (which must then not be 0.0.0.0).
+    #[serde(default)]
+    pub advertise_url: String,
+    /// Sessions one node activates at once when it takes over a dead
+    /// node's sessions.
+    #[serde(default = "default_failover_concurrency")]
+    pub failover_concurrency: usize,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        Self {
+            heartbeat_secs: default_heartbeat_secs(),
+            lease_secs: default_lease_secs(),
+            advertise_url: String::new(),
+            failover_concurrency: default_failover_concurrency(),
+        }
+    }
+}
+
+fn default_heartbeat_secs() -> u64 {
+    2
+}
+fn default_lease_secs() -> u64 {
+    10
+}
+fn default_failover_concurrency() -> usize {
+    32
 }
 
 /// `[runtime]`: supervision and timing (§10).
@@ -644,6 +718,7 @@ pub struct LoadOptions {
 /// The environment variables that override scalar keys, with those keys.
 /// An empty variable counts as unset, as container runtimes often set them so.
 pub const ENV_OVERRIDES: &[(&str, &str)] = &[
+    ("OVERSEER_STORE_KIND", "store.kind"),
     ("OVERSEER_DATA_DIR", "store.data_dir"),
     ("OVERSEER_DURABILITY", "store.durability"),
     ("OVERSEER_STORE_CACHE_MB", "store.cache_mb"),
@@ -736,6 +811,45 @@ impl Config {
                 format!(
                     "must be between 1 and {MAX_CACHE_MB} (MiB), found {}",
                     self.store.cache_mb
+                ),
+            ));
+        }
+        if self.store.pool_size < 2 || self.store.pool_size > MAX_POOL_SIZE {
+            out.push(Problem::new(
+                "store.pool_size",
+                format!(
+                    "must be between 2 and {MAX_POOL_SIZE}, found {}",
+                    self.store.pool_size
+                ),
+            ));
+        }
+        let c = &self.cluster;
+        if c.heartbeat_secs == 0 {
+            out.push(Problem::new("cluster.heartbeat_secs", "must be at least 1"));
+        }
+        if c.lease_secs < 2 * c.heartbeat_secs.max(1) + 1 {
+            out.push(Problem::new(
+                "cluster.lease_secs",
+                format!(
+                    "must be more than twice cluster.heartbeat_secs ({}), so that one late heartbeat does not make a live node dead; found {}",
+                    c.heartbeat_secs, c.lease_secs
+                ),
+            ));
+        }
+        if c.failover_concurrency == 0 {
+            out.push(Problem::new(
+                "cluster.failover_concurrency",
+                "must be at least 1",
+            ));
+        }
+        if !c.advertise_url.is_empty()
+            && !(c.advertise_url.starts_with("http://") || c.advertise_url.starts_with("https://"))
+        {
+            out.push(Problem::new(
+                "cluster.advertise_url",
+                format!(
+                    "'{}' is not an http(s) URL like http://10.0.0.5:8080",
+                    c.advertise_url
                 ),
             ));
         }
@@ -912,6 +1026,13 @@ impl Config {
         if let Some(path) = get("OVERSEER_SCENARIO") {
             self.provider.scenario = PathBuf::from(path);
         }
+        env_value(
+            &get,
+            "OVERSEER_STORE_KIND",
+            false,
+            &mut self.store.kind,
+            &mut problems,
+        );
         env_value(
             &get,
             "OVERSEER_DURABILITY",
@@ -1140,6 +1261,9 @@ fn explain(table: &Table, whole: &toml::de::Error) -> Vec<Problem> {
             ("store", Value::Table(t)) => {
                 problems.extend(bad_keys::<StoreSection>(t, &Table::new(), "store"))
             }
+            ("cluster", Value::Table(t)) => {
+                problems.extend(bad_keys::<ClusterSection>(t, &Table::new(), "cluster"))
+            }
             ("runtime", Value::Table(t)) => {
                 problems.extend(bad_keys::<RuntimeSection>(t, &Table::new(), "runtime"))
             }
@@ -1354,7 +1478,7 @@ mod tests {
         assert!(parse_err("bogus = 1\n").contains("bogus: unknown key"));
         let e = parse_err("[store]\nbogus = 1\n");
         assert!(
-            e.contains("store.bogus: unknown key, expected one of data_dir, durability, cache_mb"),
+            e.contains("store.bogus: unknown key, expected one of kind, pool_size, data_dir, durability, cache_mb"),
             "{e}"
         );
         let e = parse_err("[[agents]]\nname = \"a\"\ncolour = \"red\"\n");
@@ -1537,6 +1661,67 @@ mod tests {
         let e = load_text(MINIMAL, env).unwrap_err().to_string();
         assert!(
             e.contains("OVERSEER_STORE_CACHE_MB (store.cache_mb): expected an integer"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn store_kind_and_cluster_keys_are_validated() {
+        let c = load_text(MINIMAL, no_env).unwrap();
+        assert_eq!(c.store.kind, StoreKind::Sled);
+        assert_eq!(c.cluster, ClusterSection::default());
+        let c = load_text(
+            &format!("[store]\nkind = \"postgres\"\npool_size = 8\n[cluster]\nheartbeat_secs = 1\nlease_secs = 3\nadvertise_url = \"http://10.0.0.5:8080\"\n{MINIMAL}"),
+            no_env,
+        )
+        .unwrap();
+        assert_eq!(c.store.kind, StoreKind::Postgres);
+        assert_eq!(c.store.pool_size, 8);
+        assert_eq!(c.cluster.lease_secs, 3);
+        let e = parse_err("[store]\nkind = \"mysql\"\n");
+        assert!(
+            e.contains("store.kind: unknown variant 'mysql', expected sled|postgres"),
+            "{e}"
+        );
+        let e = parse_err("[cluster]\nbogus = 1\n");
+        assert!(e.contains("cluster.bogus: unknown key"), "{e}");
+        let e = load_text(
+            &format!("[cluster]\nheartbeat_secs = 5\nlease_secs = 10\nfailover_concurrency = 0\nadvertise_url = \"10.0.0.5:80\"\n[store]\npool_size = 1\n{MINIMAL}"),
+            no_env,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("cluster.lease_secs: must be more than twice cluster.heartbeat_secs (5)"),
+            "{e}"
+        );
+        assert!(
+            e.contains("cluster.failover_concurrency: must be at least 1"),
+            "{e}"
+        );
+        assert!(
+            e.contains("cluster.advertise_url: '10.0.0.5:80' is not an http(s) URL"),
+            "{e}"
+        );
+        assert!(
+            e.contains("store.pool_size: must be between 2 and 1000, found 1"),
+            "{e}"
+        );
+        let env = |var: &str| match var {
+            "OVERSEER_STORE_KIND" => Some(OsString::from("postgres")),
+            _ => None,
+        };
+        assert_eq!(
+            load_text(MINIMAL, env).unwrap().store.kind,
+            StoreKind::Postgres
+        );
+        let env = |var: &str| match var {
+            "OVERSEER_STORE_KIND" => Some(OsString::from("pg")),
+            _ => None,
+        };
+        let e = load_text(MINIMAL, env).unwrap_err().to_string();
+        assert!(
+            e.contains("OVERSEER_STORE_KIND (store.kind): unknown variant 'pg'"),
             "{e}"
         );
     }

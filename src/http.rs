@@ -62,7 +62,7 @@ use tokio::sync::{watch, Semaphore};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
-pub use error::ApiError;
+pub use error::{ApiError, NotOwnerResponse};
 
 use crate::auth::AuthConfig;
 use idempotency::{Digest32, IdempotencyLog, DEFAULT_CAPACITY};
@@ -96,6 +96,9 @@ pub struct HttpOptions {
     pub metrics_public: bool,
     /// Timeouts and caps of connections and requests.
     pub limits: HttpLimits,
+    /// Cluster mode (§15): requests about a session go to the node that
+    /// owns it. `None` on a single node.
+    pub cluster: Option<crate::cluster::Routing>,
 }
 
 /// How long the server waits for a client and how much it takes at once.
@@ -357,7 +360,16 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sessions/{id}/events", get(events::stream))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES));
+    // Inside admission (in-flight cap, body read), before the handlers.
+    let router = match state.inner.options.cluster.clone() {
+        Some(routing) => router.layer(axum::middleware::from_fn_with_state(
+            routing,
+            crate::cluster::route,
+        )),
+        None => router,
+    };
+    let router = router
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             admission::admit,

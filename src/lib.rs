@@ -11,6 +11,7 @@
 
 pub mod auth;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod http;
 pub mod metrics;

@@ -19,6 +19,7 @@ use overseer_actors::tool::Tool;
 use crate::config::Config;
 use crate::provider::{build_provider, ProviderConfigError};
 use crate::scope_token::ScopeTokens;
+use crate::store::postgres::{PgOptions, PgStore, DATABASE_URL_ENV};
 use crate::store::SledStore;
 use crate::tools::builtin_tools;
 use crate::tools::http_request::HttpRequestTool;
@@ -45,6 +46,15 @@ pub enum ServiceError {
         /// Why.
         source: StoreError,
     },
+    /// `store.kind = "postgres"` without a database URL.
+    #[error("store.kind = \"postgres\" needs the database URL in {var} (e.g. postgres://overseer:PASSWORD@db.internal:5432/overseer)")]
+    NoDatabaseUrl {
+        /// The variable.
+        var: &'static str,
+    },
+    /// The PostgreSQL store could not be opened.
+    #[error(transparent)]
+    Postgres(#[from] crate::store::postgres::PgOpenError),
     /// The runtime refused to start or to recover.
     #[error(transparent)]
     Session(#[from] SessionError),
@@ -205,4 +215,23 @@ pub async fn open(
     )
     .await?;
     Ok((overseer, store))
+}
+
+/// Opens the PostgreSQL store of cluster mode (`store.kind = "postgres"`)
+/// at the URL in [`DATABASE_URL_ENV`]: a missing or malformed URL, or a
+/// database that does not answer, is a start-up error naming what is wrong.
+pub async fn open_postgres(config: &Config) -> Result<PgStore, ServiceError> {
+    let url = std::env::var(DATABASE_URL_ENV)
+        .ok()
+        .filter(|u| !u.is_empty())
+        .ok_or(ServiceError::NoDatabaseUrl {
+            var: DATABASE_URL_ENV,
+        })?;
+    let options = PgOptions {
+        durability: config.store.durability,
+        pool_size: config.store.pool_size,
+        lease: std::time::Duration::from_secs(config.cluster.lease_secs),
+        ..PgOptions::default()
+    };
+    Ok(PgStore::open(&url, options).await?)
 }

@@ -10,8 +10,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use overseer::config::{
-    AgentSection, Config, HttpSection, LimitsSection, ProviderSection, RuntimeSection,
-    ScopeTokenSection, StoreSection, ENV_OVERRIDES,
+    AgentSection, ClusterSection, Config, HttpSection, LimitsSection, ProviderSection,
+    RuntimeSection, ScopeTokenSection, StoreSection, ENV_OVERRIDES,
 };
 use overseer::provider::RouteConfig;
 use overseer::tools::http_request::HttpRequestConfig;
@@ -59,6 +59,7 @@ fn begins_a_line(key: &str) -> bool {
 fn every_key_of_every_section_is_in_the_file() {
     let sections: Vec<(&str, Vec<String>)> = vec![
         ("store", keys_of::<StoreSection>()),
+        ("cluster", keys_of::<ClusterSection>()),
         ("runtime", keys_of::<RuntimeSection>()),
         ("limits", keys_of::<LimitsSection>()),
         ("provider", keys_of::<ProviderSection>()),
@@ -114,10 +115,11 @@ fn tables_the_file_sets_show_every_key_with_a_value() {
     // file shows the values in effect; keys without a default (an optional
     // path) may be commented out instead.
     let file: toml::Table = toml::from_str(FILE).unwrap();
-    for section in ["store", "runtime", "http", "scope_tokens"] {
+    for section in ["store", "cluster", "runtime", "http", "scope_tokens"] {
         let table = file[section].as_table().unwrap();
         let keys = match section {
             "store" => keys_of::<StoreSection>(),
+            "cluster" => keys_of::<ClusterSection>(),
             "runtime" => keys_of::<RuntimeSection>(),
             "http" => keys_of::<HttpSection>(),
             _ => keys_of::<ScopeTokenSection>(),

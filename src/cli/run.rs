@@ -76,6 +76,11 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         args.model.clone(),
         args.api_key_env.clone(),
     );
+    if config.store.kind == crate::config::StoreKind::Postgres {
+        return Err(CliError::Usage(
+            "overseer run works on the embedded sled store; store.kind = \"postgres\" (cluster mode) is for overseer serve".into(),
+        ));
+    }
     match &target {
         Target::New { agent, .. } if config.agent(agent).is_none() => {
             return Err(CliError::UnknownAgent {

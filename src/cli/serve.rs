@@ -18,7 +18,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::auth::{self, AuthConfig};
-use crate::config::{AuthMode, Config, LoadOptions, Overrides};
+use crate::cluster::{Cluster, ClusterOptions};
+use crate::config::{AuthMode, Config, LoadOptions, Overrides, StoreKind};
 use crate::http::{self, HttpOptions};
 use crate::service;
 use crate::tools::builtin_registry;
@@ -85,6 +86,12 @@ pub enum ServeError {
     /// The configured address is not an address.
     #[error("http.listen: '{0}' is not an address like 127.0.0.1:8080")]
     Listen(String),
+    /// Cluster mode on an address other nodes cannot be told about.
+    #[error("cluster.advertise_url: not set, and the listener {0} is not an address other nodes can reach; set it to this node's URL, e.g. http://10.0.0.5:8080")]
+    Advertise(SocketAddr),
+    /// Joining the cluster failed.
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
 }
 
 /// Runs the service until SIGTERM or SIGINT.
@@ -110,7 +117,7 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
     let auth = auth_config(&config)?.with_leeway(config.http.jwt_leeway());
     // Refuse `auth = "none"` off loopback before anything is opened.
     http::check_listener(addr, &auth).map_err(ServeError::from)?;
-    let http_options: HttpOptions = config.http.options();
+    let mut http_options: HttpOptions = config.http.options();
     http_options.validate().map_err(ServeError::from)?;
     let provider = service::build_providers(&config)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -125,18 +132,50 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         // http_request, MCP servers connected here).
         let all_tools = service::build_tools(&config).await?;
         let _ = &tools;
-        let (overseer, _store) =
-            service::start(&config, all_tools.registry.clone(), provider).await?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Io {
-                addr: addr.to_string(),
-                source,
-            })?;
-        let bound = listener.local_addr().map_err(|source| ServeError::Io {
-            addr: addr.to_string(),
-            source,
-        })?;
+        let (overseer, cluster, listener, bound) = match config.store.kind {
+            StoreKind::Sled => {
+                let (overseer, _store) =
+                    service::start(&config, all_tools.registry.clone(), provider).await?;
+                let (listener, bound) = bind(addr).await?;
+                (overseer, None, listener, bound)
+            }
+            StoreKind::Postgres => {
+                let store = service::open_postgres(&config).await?;
+                let overseer = overseer_actors::Overseer::start(
+                    config.agent_configs(),
+                    std::sync::Arc::new(store.clone()),
+                    provider,
+                    all_tools.registry.clone(),
+                    config.runtime_config(),
+                )
+                .await
+                .map_err(crate::service::ServiceError::from)?;
+                let (listener, bound) = bind(addr).await?;
+                let advertise_url = if config.cluster.advertise_url.is_empty() {
+                    if bound.ip().is_unspecified() {
+                        return Err(ServeError::Advertise(bound).into());
+                    }
+                    format!("http://{bound}")
+                } else {
+                    config.cluster.advertise_url.clone()
+                };
+                // Joining takes over what nobody owns before anything is served.
+                let cluster = Cluster::join(
+                    store,
+                    overseer.clone(),
+                    ClusterOptions {
+                        advertise_url,
+                        heartbeat: Duration::from_secs(config.cluster.heartbeat_secs),
+                        failover_concurrency: config.cluster.failover_concurrency,
+                        forward_timeout: Duration::from_secs(config.runtime.call_timeout_secs + 5),
+                    },
+                )
+                .await
+                .map_err(ServeError::from)?;
+                http_options.cluster = Some(cluster.routing());
+                (overseer, Some(cluster), listener, bound)
+            }
+        };
         // Scripts and tests read the bound address (the port may be 0).
         // Not eprintln!: a closed stderr must not panic a running service.
         let _ = writeln!(std::io::stderr(), "listening on {bound}");
@@ -156,14 +195,37 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
             std::io::stderr(),
             "shutting down: stopping sessions and flushing the store"
         );
+        if let Some(cluster) = &cluster {
+            cluster.stop_tasks();
+        }
         overseer
             .shutdown()
             .await
             .map_err(crate::service::ServiceError::from)?;
+        if let Some(cluster) = cluster {
+            // The other nodes take this node's active sessions at once.
+            if let Err(e) = cluster.leave().await {
+                tracing::warn!(error = %e, "could not give up this node's leases; they run out on their own");
+            }
+        }
         Ok::<(), CliError>(())
     })?;
     rt.shutdown_timeout(Duration::from_secs(5));
     Ok(())
+}
+
+async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), ServeError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Io {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(|source| ServeError::Io {
+        addr: addr.to_string(),
+        source,
+    })?;
+    Ok((listener, bound))
 }
 
 fn auth_config(config: &Config) -> Result<AuthConfig, ServeError> {

@@ -221,6 +221,11 @@ impl From<SessionError> for ApiError {
 /// out to be owned by another node (cluster mode).
 pub const NOT_OWNER: &str = "not_owner";
 
+/// Marks (in its extensions) a response that is the `not_owner` 503, so the
+/// cluster router can send the request on to the new owner.
+#[derive(Debug, Clone, Copy)]
+pub struct NotOwnerResponse;
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         SessionError::Store(e).into()
@@ -263,6 +268,9 @@ impl IntoResponse for ApiError {
             obj.insert("details".into(), details);
         }
         let mut response = (self.status, axum::Json(json!({ "error": error }))).into_response();
+        if self.code == NOT_OWNER {
+            response.extensions_mut().insert(NotOwnerResponse);
+        }
         match self.status {
             StatusCode::UNAUTHORIZED => {
                 response

@@ -11,6 +11,7 @@
 //! client commands belong next to the HTTP edge.
 
 mod client;
+mod cluster;
 mod run;
 mod serve;
 mod store;
@@ -64,8 +65,12 @@ pub enum Command {
     /// List every configured tool (built-ins, http tools, MCP servers' tools)
     /// with its approval default and the agents that have it.
     Tools(tools::ToolsArgs),
-    /// Offline maintenance of a store directory (`store check DIR`).
+    /// Offline maintenance of a store directory (`store check DIR`), and
+    /// copying one into PostgreSQL (`store copy --from DIR --to postgres`).
     Store(store::StoreArgs),
+    /// Cluster mode: the nodes sharing OVERSEER_DATABASE_URL
+    /// (`cluster status`).
+    Cluster(cluster::ClusterArgs),
 }
 
 /// Arguments of `overseer run`.
@@ -266,6 +271,7 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
         Command::Token(args) => serve::token(args),
         Command::Tools(args) => tools::list(args),
         Command::Store(args) => Ok(store::run(args)?),
+        Command::Cluster(args) => cluster::run(args),
     }
 }
 

@@ -50,6 +50,7 @@
 
 mod check;
 mod codec;
+pub mod copy;
 mod durable;
 mod gate;
 mod group_commit;

@@ -63,10 +63,7 @@ pub fn run(args: ClusterArgs) -> Result<(), CliError> {
         )
         .await
         .map_err(crate::service::ServiceError::from)?;
-        store
-            .nodes()
-            .await
-            .map_err(|e| CliError::Session(e.into()))
+        store.nodes().await.map_err(|e| CliError::Session(e.into()))
     })?;
     let text = if json {
         format!(

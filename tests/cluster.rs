@@ -1,0 +1,605 @@
+//! Cluster mode (§15, issue 13) end to end: `overseer serve` processes over
+//! one PostgreSQL database (a throwaway server, see `common::pg`), driven
+//! over HTTP like any client, checked from outside (the ledger file of the
+//! non-idempotent `ledger_append` tool counts how often each call really
+//! ran; the database says who owns what).
+//!
+//! - three nodes, 300 sessions created round-robin, approvals sent to random
+//!   nodes: all finish, every tool ran exactly once, and event streams opened
+//!   on a node that does not own the session see every event;
+//! - `kill -9` of a node holding 100 parked sessions: the survivors take
+//!   them over (the test prints how long it took) and finish them on
+//!   approvals sent to them; no acknowledged decision is lost;
+//! - a node stopped (SIGSTOP) past its lease, taken over, then continued:
+//!   none of its writes lands, it drops its actors, each call ran once;
+//! - the database restarted under load: the nodes reconnect, requests in
+//!   flight succeed or get 503, nothing acknowledged is lost;
+//! - `overseer store copy` from a sled directory with finished, parked and
+//!   delegating sessions: the copies are equal, the parked ones finish on the
+//!   cluster, and a second copy copies nothing.
+//!
+//! The heavy tests take turns (`SERIAL`): nodes starved of CPU by another
+//! test's nodes would miss heartbeats on a two-core machine.
+
+#![cfg(feature = "fault-injection")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use overseer::store::postgres::{PgOptions, PgStore};
+use overseer::store::{Durability, SledStore};
+use overseer_actors::store::CheckpointStore;
+use serde_json::Value;
+
+use common::cluster::{approve, create, get, pending, wait_status, Node, Settings, World};
+use common::pg::{shared, PgServer};
+use common::{Sse, PATIENCE};
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Sessions owned, per node id, as the database says.
+async fn owners(world: &World, ids: &[String]) -> anyhow::Result<Vec<(String, i64)>> {
+    let (client, conn) = tokio_postgres::connect(&world.database, tokio_postgres::NoTls).await?;
+    let task = tokio::spawn(conn);
+    let ids: Vec<uuid::Uuid> = ids.iter().map(|i| i.parse().unwrap()).collect();
+    let rows = client
+        .query(
+            "SELECT COALESCE(l.node_id::text, '-'), count(*) FROM unnest($1::uuid[]) AS s(id)
+             LEFT JOIN leases l ON l.root_id = s.id GROUP BY 1 ORDER BY 1",
+            &[&ids],
+        )
+        .await?;
+    drop(client);
+    let _ = task.await;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Node id (as text) of a running node, from the database (by its URL).
+async fn node_id(world: &World, node: &Node) -> anyhow::Result<String> {
+    let (client, conn) = tokio_postgres::connect(&world.database, tokio_postgres::NoTls).await?;
+    let task = tokio::spawn(conn);
+    let row = client
+        .query_one("SELECT id::text FROM nodes WHERE url = $1", &[&node.url])
+        .await?;
+    drop(client);
+    let _ = task.await;
+    Ok(row.get(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_nodes_finish_300_sessions_with_every_tool_run_once() {
+    let _turn = SERIAL.lock().await;
+    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    let nodes: Vec<Node> = (0..3).map(|_| world.node().unwrap()).collect();
+    const N: usize = 300;
+    let started = Instant::now();
+    let results = futures::stream::iter(0..N)
+        .map(|i| {
+            let world = &world;
+            let nodes = &nodes;
+            async move {
+                let owner = &nodes[i % 3];
+                let id = create(world, owner, i).await?;
+                // Watched on a node that does not own it, from the start.
+                let watcher = &nodes[(i + 1) % 3];
+                let events = tokio::spawn({
+                    let url = watcher.url.clone();
+                    let client = world.client.clone();
+                    let token = world.token();
+                    let id = id.clone();
+                    async move {
+                        let req = client
+                            .get(format!("{url}/v1/sessions/{id}/events"))
+                            .bearer_auth(token);
+                        let mut sse = Sse::from_request(req).await?;
+                        let msgs = sse.until_type("turn_ended").await?;
+                        anyhow::Ok(common::ids(&msgs))
+                    }
+                });
+                let calls = pending(world, &nodes[(i + 2) % 3], &id).await?;
+                // To a random node.
+                let to = &nodes[(i * 7 + i / 3) % 3];
+                let (status, v) = approve(world, to, &id, &calls).await?;
+                anyhow::ensure!(status == 200, "approval answered {status}: {v}");
+                let seen = events.await??;
+                let session = wait_status(world, owner, &id, "awaiting_input").await?;
+                anyhow::Ok((id, seen, session))
+            }
+        })
+        .buffer_unordered(48)
+        .collect::<Vec<_>>()
+        .await;
+    eprintln!("300 sessions through 3 nodes in {:.1?}", started.elapsed());
+    let mut ids = Vec::new();
+    for r in results {
+        let (id, seen, session) = r.unwrap();
+        let last = session["last_event_seq"].as_u64().unwrap();
+        // Every event up to the turn's end, in order, none twice: the
+        // stream was on a node that never owned the session.
+        let want: Vec<u64> = (1..=seen.last().copied().unwrap_or(0)).collect();
+        assert_eq!(seen, want, "events of {id} seen on a non-owner");
+        assert!(last >= *seen.last().unwrap(), "{id}: {session}");
+        ids.push(id);
+    }
+    let ledger = world.ledger();
+    assert_eq!(ledger.len(), N, "one entry per session: {ledger:?}");
+    assert!(
+        ledger.values().all(|&n| n == 1),
+        "every tool ran exactly once: {:?}",
+        ledger.iter().filter(|(_, n)| **n != 1).collect::<Vec<_>>()
+    );
+    // The sessions stayed on the nodes that created them.
+    let owned = owners(&world, &ids).await.unwrap();
+    assert_eq!(owned.len(), 3, "{owned:?}");
+    assert!(owned.iter().all(|(_, n)| *n == 100), "{owned:?}");
+    // Approvals sent to non-owners went to the owner.
+    let mut forwarded = 0.0;
+    for n in &nodes {
+        forwarded += n
+            .metric(&world, "overseer_cluster_forwarded_requests_total")
+            .await
+            .unwrap();
+    }
+    assert!(forwarded > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_node_s_parked_sessions_finish_on_the_survivors() {
+    let _turn = SERIAL.lock().await;
+    let settings = Settings::default();
+    let world = World::new(shared().database().await.unwrap(), &settings).unwrap();
+    let mut doomed = world.node().unwrap();
+    let survivors = [world.node().unwrap(), world.node().unwrap()];
+    const N: usize = 100;
+    let ids: Vec<String> = futures::stream::iter(0..N)
+        .map(|i| {
+            let world = &world;
+            let doomed = &doomed;
+            async move {
+                let id = create(world, doomed, i).await?;
+                let calls = pending(world, doomed, &id).await?;
+                anyhow::Ok((id, calls))
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .map(|(id, _)| id)
+        .collect();
+    let doomed_id = node_id(&world, &doomed).await.unwrap();
+    assert_eq!(
+        owners(&world, &ids).await.unwrap(),
+        vec![(doomed_id.clone(), N as i64)]
+    );
+
+    doomed.kill9();
+    let killed = Instant::now();
+    let survivor_ids = [
+        node_id(&world, &survivors[0]).await.unwrap(),
+        node_id(&world, &survivors[1]).await.unwrap(),
+    ];
+    let taken_over = loop {
+        let owned = owners(&world, &ids).await.unwrap();
+        let by_survivors: i64 = owned
+            .iter()
+            .filter(|(n, _)| survivor_ids.contains(n))
+            .map(|(_, c)| c)
+            .sum();
+        if by_survivors == N as i64 {
+            break killed.elapsed();
+        }
+        assert!(killed.elapsed() < PATIENCE, "not taken over: {owned:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!(
+        "takeover of {N} parked sessions after kill -9: {taken_over:.2?} (lease_secs = {})",
+        settings.lease_secs
+    );
+
+    // Approvals to the survivors, at random; each acknowledged decision must
+    // be in the session.
+    let acked = futures::stream::iter(ids.iter().enumerate())
+        .map(|(i, id)| {
+            let world = &world;
+            let survivors = &survivors;
+            async move {
+                let to = &survivors[i % 2];
+                let calls = pending(world, to, id).await?;
+                let (status, v) = approve(world, to, id, &calls).await?;
+                anyhow::ensure!(status == 200, "approval of {id} answered {status}: {v}");
+                anyhow::Ok((id.clone(), calls))
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    for r in acked {
+        let (id, calls) = r.unwrap();
+        let s = wait_status(&world, &survivors[0], &id, "awaiting_input")
+            .await
+            .unwrap();
+        let transcript = s["transcript"].to_string();
+        for c in &calls {
+            assert!(
+                transcript.contains(c.as_str()),
+                "decision for {c} lost: {s}"
+            );
+        }
+    }
+    let ledger = world.ledger();
+    assert_eq!(ledger.len(), N);
+    assert!(ledger.values().all(|&n| n == 1), "{ledger:?}");
+    let mut claims = 0.0;
+    for s in &survivors {
+        claims += s
+            .metric(&world, "overseer_cluster_claims_total")
+            .await
+            .unwrap();
+    }
+    assert!(claims >= N as f64, "{claims}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_paused_past_its_lease_lands_no_write_and_drops_its_actors() {
+    let _turn = SERIAL.lock().await;
+    let settings = Settings {
+        // Past the takeover and the approvals, before the node is continued.
+        approval_timeout_secs: 14,
+        ..Settings::default()
+    };
+    let world = World::new(shared().database().await.unwrap(), &settings).unwrap();
+    let paused = world.node().unwrap();
+    let survivor = world.node().unwrap();
+    const N: usize = 20;
+    let mut ids = Vec::new();
+    for i in 0..N {
+        let id = create(&world, &paused, i).await.unwrap();
+        pending(&world, &paused, &id).await.unwrap();
+        ids.push(id);
+    }
+    let created = Instant::now();
+    let live_before = paused
+        .metric(&world, "overseer_live_sessions")
+        .await
+        .unwrap();
+    assert_eq!(live_before, N as f64);
+    paused.sigstop();
+    let survivor_id = node_id(&world, &survivor).await.unwrap();
+    loop {
+        let owned = owners(&world, &ids).await.unwrap();
+        if owned == vec![(survivor_id.clone(), N as i64)] {
+            break;
+        }
+        assert!(created.elapsed() < PATIENCE, "not taken over: {owned:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for id in &ids {
+        let calls = pending(&world, &survivor, id).await.unwrap();
+        let (status, v) = approve(&world, &survivor, id, &calls).await.unwrap();
+        assert_eq!(status, 200, "{v}");
+    }
+    let mut finished = Vec::new();
+    for id in &ids {
+        finished.push(
+            wait_status(&world, &survivor, id, "awaiting_input")
+                .await
+                .unwrap(),
+        );
+    }
+    // Continue the paused node only once its approval timers are overdue:
+    // waking up, it has every reason to write (deny the calls it still
+    // thinks are waiting), and must not.
+    let overdue = Duration::from_secs(settings.approval_timeout_secs + 1);
+    if let Some(rest) = overdue.checked_sub(created.elapsed()) {
+        tokio::time::sleep(rest).await;
+    }
+    paused.sigcont();
+    // It drops its actors.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let live = paused.metric(&world, "overseer_live_sessions").await;
+        if matches!(live, Ok(v) if v == 0.0) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the paused node kept its actors: {live:?}\n{}",
+            paused.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Give any write it might still attempt time to be refused, then check
+    // nothing of it landed: every session is exactly as the survivor left it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (id, before) in ids.iter().zip(&finished) {
+        let now = get(&world, &survivor, &format!("/v1/sessions/{id}"))
+            .await
+            .unwrap();
+        assert_eq!(
+            now["last_event_seq"], before["last_event_seq"],
+            "{id}: {now}"
+        );
+        assert_eq!(now["status"], "awaiting_input");
+        assert!(
+            !now.to_string().contains("No approval decision received"),
+            "{now}"
+        );
+    }
+    let ledger = world.ledger();
+    assert_eq!(ledger.len(), N);
+    assert!(ledger.values().all(|&n| n == 1), "{ledger:?}");
+    assert!(
+        paused.log().contains("dropping every session"),
+        "{}",
+        paused.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_restart_under_load_loses_nothing_acknowledged() {
+    let _turn = SERIAL.lock().await;
+    // Its own server: this test restarts it.
+    let server = PgServer::start().unwrap();
+    let world = World::new(server.database().await.unwrap(), &Settings::default()).unwrap();
+    let nodes = [world.node().unwrap(), world.node().unwrap()];
+    const N: usize = 60;
+    let load = futures::stream::iter(0..N)
+        .map(|i| {
+            let world = &world;
+            let nodes = &nodes;
+            async move {
+                // Stagger, so that the restart falls in the middle.
+                tokio::time::sleep(Duration::from_millis(50 * i as u64)).await;
+                let node = &nodes[i % 2];
+                let mut answers = Vec::new();
+                let id = loop {
+                    match create(world, node, i).await {
+                        Ok(id) => break id,
+                        Err(e) => {
+                            let text = e.to_string();
+                            anyhow::ensure!(
+                                text.contains("answered 503") || text.contains("error sending"),
+                                "create: {text}"
+                            );
+                            answers.push(503);
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                    }
+                };
+                let calls = pending(world, &nodes[(i + 1) % 2], &id).await?;
+                let (status, v) = approve(world, &nodes[(i + 1) % 2], &id, &calls).await?;
+                anyhow::ensure!(status == 200, "approval answered {status}: {v}");
+                anyhow::Ok(id)
+            }
+        })
+        .buffer_unordered(N);
+    let restart = async {
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        server.pg_stop().unwrap();
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        server.pg_start().unwrap();
+    };
+    let (ids, ()) = tokio::join!(load.collect::<Vec<_>>(), restart);
+    let ids: Vec<String> = ids.into_iter().map(|r| r.unwrap()).collect();
+    for id in &ids {
+        let s = wait_status(&world, &nodes[0], id, "awaiting_input")
+            .await
+            .unwrap();
+        assert!(s["transcript"].to_string().contains("Recorded"), "{s}");
+    }
+    let ledger = world.ledger();
+    assert_eq!(ledger.len(), N, "{ledger:?}");
+    assert!(ledger.values().all(|&n| n == 1), "{ledger:?}");
+    for n in &nodes {
+        let ready = world
+            .client
+            .get(format!("{}/readyz", n.url))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(ready, 200, "{}", n.log());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn store_copy_moves_every_session_and_the_parked_ones_finish_on_the_cluster() {
+    let _turn = SERIAL.lock().await;
+    let database = shared().database().await.unwrap();
+    // A single node on sled: one finished, parked and delegating sessions.
+    let sled_world = World::new(
+        database.clone(),
+        &Settings {
+            store: "sled",
+            ..Settings::default()
+        },
+    )
+    .unwrap();
+    let data = sled_world.dir.path().join("data");
+    let mut single = sled_world.node().unwrap();
+    let finished = create(&sled_world, &single, 1).await.unwrap();
+    let calls = pending(&sled_world, &single, &finished).await.unwrap();
+    approve(&sled_world, &single, &finished, &calls)
+        .await
+        .unwrap();
+    wait_status(&sled_world, &single, &finished, "awaiting_input")
+        .await
+        .unwrap();
+    let mut parked = Vec::new();
+    for n in 2..5 {
+        let id = create(&sled_world, &single, n).await.unwrap();
+        pending(&sled_world, &single, &id).await.unwrap();
+        parked.push(id);
+    }
+    let (status, v) = common::send(
+        sled_world
+            .client
+            .post(format!("{}/v1/sessions", single.url))
+            .bearer_auth(sled_world.token())
+            .json(&serde_json::json!({"agent": "lead", "prompt": "record 9"})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 201, "{v}");
+    let delegating = v["id"].as_str().unwrap().to_owned();
+    pending(&sled_world, &single, &delegating).await.unwrap();
+    assert!(single.terminate().unwrap().success());
+
+    let copy = || {
+        std::process::Command::new(common::cluster::BIN)
+            .args(["store", "copy", "--from"])
+            .arg(&data)
+            .args(["--to", "postgres"])
+            .env("OVERSEER_DATABASE_URL", &database)
+            .output()
+            .unwrap()
+    };
+    let out = copy();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The child of the delegating session is a session too.
+    assert!(stdout.contains("copied 6 session(s)"), "{stdout}");
+    let again = copy();
+    let stdout = String::from_utf8_lossy(&again.stdout);
+    assert!(again.status.success());
+    assert!(
+        stdout.contains("copied 0 session(s) with 0 event(s)") && stdout.contains("6 already"),
+        "{stdout}"
+    );
+
+    // The copies are equal, events included.
+    {
+        let sled = SledStore::open(&data, Durability::Os).unwrap();
+        let pg = PgStore::open(&database, PgOptions::default())
+            .await
+            .unwrap();
+        let all = sled.list_by_status(&[]).await.unwrap();
+        assert_eq!(all.len(), 6);
+        for h in all {
+            let a = sled.load(h.id).await.unwrap().unwrap();
+            let b = pg.load(h.id).await.unwrap().unwrap();
+            assert_eq!(a.header, b.header);
+            assert_eq!(a.transcript, b.transcript);
+            assert_eq!(a.metadata, b.metadata);
+            assert_eq!(a.inbox, b.inbox);
+            assert_eq!(
+                sled.events_after(h.id, 0, usize::MAX).await.unwrap(),
+                pg.events_after(h.id, 0, usize::MAX).await.unwrap()
+            );
+        }
+    }
+
+    // The parked ones (and the delegation) finish on a cluster.
+    let world = World::new(database, &Settings::default()).unwrap();
+    std::fs::copy(&sled_world.ledger, &world.ledger).unwrap();
+    let nodes = [world.node().unwrap(), world.node().unwrap()];
+    for (i, id) in parked.iter().chain([&delegating]).enumerate() {
+        let node = &nodes[i % 2];
+        let calls = pending(&world, node, id).await.unwrap();
+        let (status, v) = approve(&world, node, id, &calls).await.unwrap();
+        assert_eq!(status, 200, "{v}");
+    }
+    for id in &parked {
+        wait_status(&world, &nodes[1], id, "awaiting_input")
+            .await
+            .unwrap();
+    }
+    let lead = wait_status(&world, &nodes[0], &delegating, "awaiting_input")
+        .await
+        .unwrap();
+    assert!(lead["transcript"].to_string().contains("lead: "), "{lead}");
+    let ledger = world.ledger();
+    let want: BTreeSet<String> = ["n1", "n2", "n3", "n4", "n9"].map(String::from).into();
+    assert_eq!(
+        ledger.keys().cloned().collect::<BTreeSet<_>>(),
+        want,
+        "{ledger:?}"
+    );
+    assert!(ledger.values().all(|&n| n == 1), "{ledger:?}");
+}
+
+/// `overseer cluster status` lists the nodes, alive or dead, with what
+/// they own; and a node given a database that does not answer refuses to
+/// start, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_status_lists_nodes_and_a_bad_database_url_is_a_start_up_error() {
+    let _turn = SERIAL.lock().await;
+    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    let a = world.node().unwrap();
+    let mut b = world.node().unwrap();
+    let id = create(&world, &a, 5).await.unwrap();
+    pending(&world, &a, &id).await.unwrap();
+    b.kill9();
+    let status = |json: bool| {
+        let mut cmd = std::process::Command::new(common::cluster::BIN);
+        cmd.args(["cluster", "status", "--lease-secs", "4"]);
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.env("OVERSEER_DATABASE_URL", &world.database)
+            .output()
+            .unwrap()
+    };
+    let deadline = Instant::now() + PATIENCE;
+    let nodes = loop {
+        let out = status(true);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let nodes = v["nodes"].as_array().unwrap().clone();
+        if nodes.iter().any(|n| n["alive"] == false) {
+            break nodes;
+        }
+        assert!(Instant::now() < deadline, "{v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(nodes.len(), 2);
+    let alive = nodes.iter().find(|n| n["alive"] == true).unwrap();
+    assert_eq!(alive["url"], a.url.as_str());
+    assert_eq!(alive["sessions_owned"], 1);
+    let table = String::from_utf8(status(false).stdout).unwrap();
+    assert!(
+        table.contains("alive") && table.contains("dead") && table.contains(&a.url),
+        "{table}"
+    );
+
+    // Start-up errors name what is wrong.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for (url, expect) in [
+        ("", "OVERSEER_DATABASE_URL"),
+        ("mysql://x", "not a PostgreSQL connection string"),
+        (
+            &*format!("postgres://u:pw@127.0.0.1:{port}/db"),
+            &*format!("cannot connect to PostgreSQL at 127.0.0.1:{port}/db"),
+        ),
+    ] {
+        let out = std::process::Command::new(common::cluster::BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&world.config)
+            .env("OVERSEER_JWT_SECRET", common::SECRET)
+            .env("OVERSEER_DATABASE_URL", url)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains(expect), "{url}: {stderr}");
+        assert!(!stderr.contains(":pw@"), "{stderr}");
+    }
+}

@@ -1,0 +1,360 @@
+//! A cluster of `overseer serve` processes over one PostgreSQL database for
+//! the black-box tests of cluster mode: the real binary (built with the
+//! `fault-injection` feature, for the non-idempotent `ledger_append` tool
+//! whose ledger file counts, from outside, how often each call really ran),
+//! a throwaway database (`super::pg`), HTTP over loopback.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use serde_json::{json, Value};
+
+use super::{send, PATIENCE, SECRET};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_overseer");
+
+/// The scripted agents: `clerk` records one ledger entry (approval needed)
+/// and answers; `lead` delegates that to a `clerk` child.
+pub const SCENARIO: &str = r#"{
+  "name": "cluster",
+  "agents": {
+    "clerk": [
+      {"text": "Recording {{user_number}}.",
+       "tool_calls": [{"name": "ledger_append", "arguments": {"entry": "n{{user_number}}"}}]},
+      {"text": "Recorded: {{tool_result}}"}
+    ],
+    "lead": [
+      {"tool_calls": [{"name": "delegate_task", "arguments": {"agent": "clerk", "goal": "record {{user_number}}"}}]},
+      {"text": "lead: {{tool_result}}"}
+    ]
+  }
+}"#;
+
+/// Everything the nodes of one test share.
+pub struct World {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub ledger: PathBuf,
+    pub database: String,
+    pub client: reqwest::Client,
+}
+
+/// Tunables of a test cluster.
+pub struct Settings {
+    pub heartbeat_secs: u64,
+    pub lease_secs: u64,
+    pub approval_timeout_secs: u64,
+    pub store: &'static str,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            heartbeat_secs: 1,
+            lease_secs: 4,
+            approval_timeout_secs: 3_600,
+            store: "postgres",
+        }
+    }
+}
+
+impl World {
+    pub fn new(database: String, settings: &Settings) -> anyhow::Result<Self> {
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let dir = tempfile::tempdir()?;
+        let scenario = dir.path().join("scenario.json");
+        std::fs::write(&scenario, SCENARIO)?;
+        let config = dir.path().join("overseer.toml");
+        let data = dir.path().join("data");
+        std::fs::write(
+            &config,
+            format!(
+                "[store]\nkind = \"{store}\"\ndata_dir = {data:?}\ndurability = \"fsync\"\npool_size = 8\n\n\
+                 [cluster]\nheartbeat_secs = {hb}\nlease_secs = {lease}\n\n\
+                 [provider]\nkind = \"scripted\"\nscenario = {scenario:?}\n\n\
+                 [[agents]]\nname = \"clerk\"\ntools = [\"ledger_append\"]\napproval = \"per_tool\"\n\
+                 approval_timeout_secs = {timeout}\n\n\
+                 [[agents]]\nname = \"lead\"\ntools = []\nsubagents = [\"clerk\"]\n\
+                 approval_timeout_secs = {timeout}\n",
+                store = settings.store,
+                data = data.display().to_string(),
+                hb = settings.heartbeat_secs,
+                lease = settings.lease_secs,
+                scenario = scenario.display().to_string(),
+                timeout = settings.approval_timeout_secs,
+            ),
+        )?;
+        let ledger = dir.path().join("ledger");
+        Ok(Self {
+            dir,
+            config,
+            ledger,
+            database,
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()?,
+        })
+    }
+
+    /// Starts one node and waits until it listens.
+    pub fn node(&self) -> anyhow::Result<Node> {
+        Node::start(self)
+    }
+
+    /// Ledger lines: entry → how many times it was appended.
+    pub fn ledger(&self) -> BTreeMap<String, usize> {
+        let text = std::fs::read_to_string(&self.ledger).unwrap_or_default();
+        let mut out = BTreeMap::new();
+        for line in text.lines() {
+            let entry = line.split(' ').nth(1).unwrap_or("").to_owned();
+            *out.entry(entry).or_insert(0) += 1;
+        }
+        out
+    }
+
+    pub fn token(&self) -> String {
+        super::token("acme", "alice", super::ALL)
+    }
+}
+
+/// One `overseer serve` process.
+pub struct Node {
+    pub child: Child,
+    pub url: String,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Node {
+    fn start(world: &World) -> anyhow::Result<Self> {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&world.config)
+            .env("OVERSEER_JWT_SECRET", SECRET)
+            .env("OVERSEER_DATABASE_URL", &world.database)
+            .env("OVERSEER_TEST_LEDGER", &world.ledger)
+            .env("RUST_LOG", "warn,overseer::cluster=info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stderr = child.stderr.take().context("stderr")?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(addr) = line.strip_prefix("listening on ") {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(format!("http://{addr}"));
+                    }
+                }
+                if let Ok(mut l) = sink.lock() {
+                    l.push(line);
+                }
+            }
+        });
+        let url = match rx.recv_timeout(PATIENCE) {
+            Ok(url) => url,
+            Err(_) => {
+                let _ = child.kill();
+                let log = log.lock().map(|l| l.join("\n")).unwrap_or_default();
+                bail!("the node did not start listening:\n{log}");
+            }
+        };
+        Ok(Self { child, url, log })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, sig: &str) {
+        let _ = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status();
+    }
+
+    /// `kill -9`.
+    pub fn kill9(&mut self) {
+        self.signal("-KILL");
+        let _ = self.child.wait();
+    }
+
+    pub fn sigstop(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn sigcont(&self) {
+        self.signal("-CONT");
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub fn terminate(&mut self) -> anyhow::Result<std::process::ExitStatus> {
+        self.signal("-TERM");
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("the node did not stop within {PATIENCE:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().map(|l| l.join("\n")).unwrap_or_default()
+    }
+
+    /// A metric's value summed over its label sets, from `/metrics`.
+    pub async fn metric(&self, world: &World, name: &str) -> anyhow::Result<f64> {
+        let admin = super::token("acme", "ops", &["admin"]);
+        let text = world
+            .client
+            .get(format!("{}/metrics", self.url))
+            .bearer_auth(admin)
+            .send()
+            .await?
+            .text()
+            .await?;
+        Ok(text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // A stopped process must be continued to die of SIGKILL promptly.
+        self.signal("-CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Creates a `clerk` session recording `n` on `node`; returns its id.
+pub async fn create(world: &World, node: &Node, n: usize) -> anyhow::Result<String> {
+    let (status, v) = send(
+        world
+            .client
+            .post(format!("{}/v1/sessions", node.url))
+            .bearer_auth(world.token())
+            .json(&json!({"agent": "clerk", "prompt": format!("record {n}")})),
+    )
+    .await?;
+    if status != 201 {
+        bail!("create answered {status}: {v}");
+    }
+    v["id"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| anyhow!("no id in {v}"))
+}
+
+/// `GET` on `node`, retrying 503 answers until `PATIENCE`.
+pub async fn get(world: &World, node: &Node, path: &str) -> anyhow::Result<Value> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let (status, v) = send(
+            world
+                .client
+                .get(format!("{}{path}", node.url))
+                .bearer_auth(world.token()),
+        )
+        .await?;
+        match status {
+            200 => return Ok(v),
+            503 if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            _ => bail!("GET {path} answered {status}: {v}"),
+        }
+    }
+}
+
+/// Waits until session `id` has a pending approval (asking `node`); returns
+/// the call ids.
+pub async fn pending(world: &World, node: &Node, id: &str) -> anyhow::Result<Vec<String>> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let v = get(world, node, &format!("/v1/sessions/{id}/approvals")).await?;
+        let calls: Vec<String> = v["pending"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|p| p["call_id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !calls.is_empty() {
+            return Ok(calls);
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("session {id} never had a pending approval: {v}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Approves `calls` of `id` on `node`, retrying while the answer is a 503
+/// (the owner unreachable or the session moving); returns the status of the
+/// answer that was not a 503.
+pub async fn approve(
+    world: &World,
+    node: &Node,
+    id: &str,
+    calls: &[String],
+) -> anyhow::Result<(u16, Value)> {
+    let decisions: serde_json::Map<String, Value> = calls
+        .iter()
+        .map(|c| (c.clone(), json!({"decision": "approve"})))
+        .collect();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let sent = send(
+            world
+                .client
+                .post(format!("{}/v1/sessions/{id}/approvals", node.url))
+                .bearer_auth(world.token())
+                .json(&json!({ "decisions": decisions })),
+        )
+        .await;
+        match sent {
+            Ok((503, _)) | Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Waits until session `id` (asked on `node`) has `status`; returns it.
+pub async fn wait_status(
+    world: &World,
+    node: &Node,
+    id: &str,
+    status: &str,
+) -> anyhow::Result<Value> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let v = get(world, node, &format!("/v1/sessions/{id}")).await?;
+        if v["status"] == status {
+            return Ok(v);
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("session {id} never reached {status}: {v}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

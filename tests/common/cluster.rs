@@ -79,7 +79,7 @@ impl World {
                  [provider]\nkind = \"scripted\"\nscenario = {scenario:?}\n\n\
                  [[agents]]\nname = \"clerk\"\ntools = [\"ledger_append\"]\napproval = \"per_tool\"\n\
                  approval_timeout_secs = {timeout}\n\n\
-                 [[agents]]\nname = \"lead\"\ntools = []\nsubagents = [\"clerk\"]\n\
+                 [[agents]]\nname = \"lead\"\ntools = [\"ledger_append\"]\nsubagents = [\"clerk\"]\n\
                  approval_timeout_secs = {timeout}\n",
                 store = settings.store,
                 data = data.display().to_string(),
@@ -178,6 +178,7 @@ impl Node {
     fn signal(&self, sig: &str) {
         let _ = Command::new("kill")
             .args([sig, &self.pid().to_string()])
+            .stderr(Stdio::null())
             .status();
     }
 

@@ -46,6 +46,10 @@ impl Overseer {
         let Ok(orchestrator) = rt.orchestrator() else {
             return 0;
         };
+        // Every session with an actor now, roots and children alike (the
+        // orchestrator forgets the roots as they stop; nobody forgets the
+        // children, whose parents are killed with them).
+        let ids: Vec<SessionId> = rt.live.iter().map(|e| *e.key()).collect();
         let roots = orchestrator.get_cell().get_children();
         for root in &roots {
             root.kill();
@@ -55,9 +59,6 @@ impl Overseer {
                 tracing::warn!("a killed session actor did not stop in time");
             }
         }
-        // Children were killed with their roots, without their parents
-        // hearing of it: nobody else removes them from the registry.
-        let ids: Vec<SessionId> = rt.live.iter().map(|e| *e.key()).collect();
         for id in &ids {
             if let Some((_, actor)) = rt.live.remove(id) {
                 actor.kill();

@@ -636,6 +636,10 @@ impl CheckpointStore for Probe {
     async fn flush(&self) -> Result<(), StoreError> {
         self.inner.flush().await
     }
+
+    async fn claim(&self, root: SessionId) -> Result<bool, StoreError> {
+        self.inner.claim(root).await
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -224,6 +224,8 @@ struct Inner {
     leases: DashMap<SessionId, Lease>,
     clock: NodeClock,
     writer: Writer,
+    /// Request-response exchanges with the database this store waited on.
+    round_trips: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -364,7 +366,13 @@ impl PgStore {
         }
         schema::migrate(&pool).await?;
         let writers = (options.pool_size / 2).clamp(1, 4);
-        let writer = Writer::start(pool.clone(), writers, options.write_retry);
+        let round_trips = Arc::new(AtomicU64::new(0));
+        let writer = Writer::start(
+            pool.clone(),
+            writers,
+            options.write_retry,
+            round_trips.clone(),
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
@@ -375,6 +383,7 @@ impl PgStore {
                 leases: DashMap::new(),
                 clock: NodeClock::new(),
                 writer,
+                round_trips,
             }),
         })
     }
@@ -398,6 +407,17 @@ impl PgStore {
     /// checkpoints (group commit), so under load far fewer than checkpoints.
     pub fn commits(&self) -> u64 {
         self.inner.writer.commits()
+    }
+
+    /// Request-response exchanges with the database so far (a pipelined
+    /// group of statements counts once): what the benchmarks report per
+    /// session.
+    pub fn round_trips(&self) -> u64 {
+        self.inner.round_trips.load(Ordering::Relaxed)
+    }
+
+    fn trip(&self) {
+        self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The membership lease (`lease_secs`).
@@ -558,6 +578,7 @@ impl PgStore {
     pub async fn owner(&self, id: SessionId) -> Result<Owner, StoreError> {
         let row = retrying(READ_RETRY, || async {
             let client = self.client().await?;
+            self.trip();
             client
                 .query_opt(
                     "SELECT l.node_id, n.url,
@@ -830,6 +851,7 @@ impl PgStore {
             )
             .await
             .map_err(map_pg)?;
+        self.trip();
         let Some(row) = client
             .query_opt(&statement, &[&id.0])
             .await
@@ -909,6 +931,7 @@ impl PgStore {
 
     async fn read_header(&self, id: SessionId) -> Result<Option<SessionHeader>, StoreError> {
         let client = self.client().await?;
+        self.trip();
         let row = client
             .query_opt("SELECT header FROM sessions WHERE id = $1", &[&id.0])
             .await
@@ -1110,6 +1133,7 @@ impl CheckpointStore for PgStore {
                 )
                 .await
                 .map_err(map_pg)?;
+            self.trip();
             client
                 .query(&statement, &[&id.0, &signed(after), &signed(limit as u64)])
                 .await
@@ -1210,6 +1234,7 @@ impl CheckpointStore for PgStore {
                 )
                 .await
                 .map_err(map_pg)?;
+            self.trip();
             client
                 .query_opt(&statement, &[&root.0, &self.inner.node, &lease])
                 .await

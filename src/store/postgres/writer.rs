@@ -72,6 +72,13 @@ WITH fence AS (
 )
 SELECT count(*) FROM s";
 
+/// What the writers count.
+#[derive(Clone)]
+struct Counters {
+    commits: Arc<AtomicU64>,
+    round_trips: Arc<AtomicU64>,
+}
+
 struct Job {
     prepared: Prepared,
     reply: oneshot::Sender<Result<bool, StoreError>>,
@@ -87,12 +94,21 @@ pub(super) struct Writer {
 
 impl Writer {
     /// Starts `writers` tasks writing through `pool`.
-    pub(super) fn start(pool: Pool, writers: usize, retry: Duration) -> Self {
+    pub(super) fn start(
+        pool: Pool,
+        writers: usize,
+        retry: Duration,
+        round_trips: Arc<AtomicU64>,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let rx = Arc::new(Mutex::new(rx));
         let commits = Arc::new(AtomicU64::new(0));
         for _ in 0..writers {
-            tokio::spawn(run(pool.clone(), rx.clone(), retry, commits.clone()));
+            let counters = Counters {
+                commits: commits.clone(),
+                round_trips: round_trips.clone(),
+            };
+            tokio::spawn(run(pool.clone(), rx.clone(), retry, counters));
         }
         Self {
             tx,
@@ -137,7 +153,7 @@ async fn run(
     pool: Pool,
     rx: Arc<Mutex<mpsc::UnboundedReceiver<Job>>>,
     retry: Duration,
-    commits: Arc<AtomicU64>,
+    counters: Counters,
 ) {
     loop {
         let mut group = Vec::new();
@@ -154,7 +170,7 @@ async fn run(
                 }
             }
         }
-        let outcomes = write_group(&pool, &group, retry, &commits).await;
+        let outcomes = write_group(&pool, &group, retry, &counters).await;
         for (job, outcome) in group.into_iter().zip(outcomes) {
             let _ = job.reply.send(outcome);
         }
@@ -166,10 +182,10 @@ async fn write_group(
     pool: &Pool,
     group: &[Job],
     retry: Duration,
-    commits: &AtomicU64,
+    counters: &Counters,
 ) -> Vec<Result<bool, StoreError>> {
     let jobs: Vec<&Prepared> = group.iter().map(|j| &j.prepared).collect();
-    match with_retry(retry, || transaction(pool, &jobs, commits)).await {
+    match with_retry(retry, || transaction(pool, &jobs, counters)).await {
         Ok(landed) => landed.into_iter().map(Ok).collect(),
         Err(e) if jobs.len() > 1 && !matches!(e, StoreError::Unavailable(_)) => {
             // One checkpoint the database refused spoils the transaction:
@@ -178,7 +194,7 @@ async fn write_group(
             for job in &jobs {
                 let one = [*job];
                 out.push(
-                    with_retry(retry, || transaction(pool, &one, commits))
+                    with_retry(retry, || transaction(pool, &one, counters))
                         .await
                         .map(|v| v.first().copied().unwrap_or(false)),
                 );
@@ -210,7 +226,7 @@ where
 async fn transaction(
     pool: &Pool,
     jobs: &[&Prepared],
-    commits: &AtomicU64,
+    counters: &Counters,
 ) -> Result<Vec<bool>, StoreError> {
     let mut client = pool.get().await.map_err(map_pool)?;
     let statement = client
@@ -253,7 +269,11 @@ async fn transaction(
             .map_err(map_pg)?;
     }
     tx.commit().await.map_err(map_pg)?;
-    commits.fetch_add(1, Ordering::Relaxed);
+    counters.commits.fetch_add(1, Ordering::Relaxed);
+    // BEGIN, the pipelined statements, each announcement, COMMIT.
+    counters
+        .round_trips
+        .fetch_add(3 + notifies.len() as u64, Ordering::Relaxed);
     Ok(landed)
 }
 

@@ -23,6 +23,8 @@
 mod approve;
 #[path = "overseer/checkpoint.rs"]
 mod checkpoint;
+#[path = "overseer/cluster.rs"]
+mod cluster;
 #[path = "overseer/common.rs"]
 mod common;
 #[path = "overseer/http.rs"]
@@ -31,6 +33,10 @@ mod http;
 mod idle;
 #[path = "overseer/recovery.rs"]
 mod recovery;
+// The throwaway PostgreSQL server of the tests, for the cluster workloads.
+#[allow(dead_code)]
+#[path = "../tests/common/pg.rs"]
+mod pg;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -50,7 +56,9 @@ usage: cargo bench --bench overseer -- [options]
                         idle sessions, 2000 checkpoint rounds
   --out FILE            also write the rows as JSON to FILE
   --workload NAME       only this workload (repeatable): approve, round-trip, idle, http,
-                        checkpoint, recovery, scaling (= approve + idle)
+                        checkpoint, recovery, scaling (= approve + idle); cluster mode
+                        (not in the default run; needs Debian's postgresql): pg-approve,
+                        pg-http, failover, cluster (= all three)
   --concurrency C       sessions in flight at once (default 1000)
   --rounds R            checkpoints measured per history length (default 500)
   --dir DIR             where the temp sled directories go (default: the temp dir)";
@@ -69,6 +77,9 @@ enum Workload {
     Checkpoint,
     Recovery,
     Http,
+    PgApprove,
+    PgHttp,
+    Failover,
 }
 
 impl Workload {
@@ -81,6 +92,10 @@ impl Workload {
             "recovery" | "4" => vec![Self::Recovery],
             "http" | "over-http" | "6" => vec![Self::Http],
             "scaling" | "5" => vec![Self::Approve, Self::Idle],
+            "pg-approve" => vec![Self::PgApprove],
+            "pg-http" => vec![Self::PgHttp],
+            "failover" => vec![Self::Failover],
+            "cluster" => vec![Self::PgApprove, Self::PgHttp, Self::Failover],
             "all" => vec![
                 Self::Approve,
                 Self::RoundTrip,
@@ -251,6 +266,19 @@ fn plan(args: &Args) -> Vec<Case> {
         "http",
         args.durability.unwrap_or(Mode::Fsync),
         http_n,
+    );
+    // Cluster mode: fsync (as deployed), on request only.
+    let cluster_mode = args.durability.unwrap_or(Mode::Fsync);
+    for &n in &sizes {
+        add(Workload::PgApprove, "pg-approve", cluster_mode, n);
+    }
+    add(Workload::PgHttp, "pg-http-1", cluster_mode, http_n);
+    add(Workload::PgHttp, "pg-http-3", cluster_mode, http_n);
+    add(
+        Workload::Failover,
+        "failover",
+        cluster_mode,
+        args.sessions.unwrap_or(1_000),
     );
     cases
 }
@@ -443,6 +471,10 @@ fn run_case(case: &str, args: &Args) -> Res<ExitCode> {
             "checkpoint" => checkpoint::run(mode, rounds, &base).await,
             "recovery" => recovery::run(mode, n, limit, &base, &mut failures).await,
             "http" => http::run(mode, n, &base, &mut failures).await,
+            "pg-approve" => cluster::approve(mode, n, limit, &base, &mut failures).await,
+            "pg-http-1" => cluster::http(mode, n, 1, &base, &mut failures).await,
+            "pg-http-3" => cluster::http(mode, n, 3, &base, &mut failures).await,
+            "failover" => cluster::failover(mode, n, &base, &mut failures).await,
             "park-for-recovery" => recovery::park_and_wait(mode, n, limit, &base)
                 .await
                 .map(|()| Vec::new()),

@@ -293,6 +293,14 @@ pub struct RuntimeSection {
     /// How long an API call waits for a session actor, seconds.
     #[serde(default = "default_call_timeout_secs")]
     pub call_timeout_secs: u64,
+    /// Share of a model's context window, percent, past which a session
+    /// compacts its older transcript.
+    #[serde(default = "default_compaction_threshold_pct")]
+    pub compaction_threshold_pct: u8,
+}
+
+fn default_compaction_threshold_pct() -> u8 {
+    overseer_actors::machine::DEFAULT_COMPACTION_THRESHOLD_PCT
 }
 
 impl Default for RuntimeSection {
@@ -302,6 +310,7 @@ impl Default for RuntimeSection {
             restart_window_secs: default_restart_window_secs(),
             idle_hibernate_secs: default_idle_hibernate_secs(),
             call_timeout_secs: default_call_timeout_secs(),
+            compaction_threshold_pct: default_compaction_threshold_pct(),
         }
     }
 }
@@ -496,6 +505,15 @@ pub struct AgentSection {
     /// Spending limits: `{ max_tokens, max_tool_calls, max_steps, max_wall_clock_secs }`.
     #[serde(default)]
     pub budget: Budget,
+    /// JSON Schema the final answer of each turn must match.
+    #[serde(default)]
+    pub output_schema: Option<serde_json::Value>,
+    /// Complete a session idle in awaiting_input this long.
+    #[serde(default)]
+    pub input_timeout_secs: Option<u64>,
+    /// Per-tool approval rules overriding the tools' defaults.
+    #[serde(default)]
+    pub tool_approvals: std::collections::BTreeMap<String, bool>,
 }
 
 fn default_max_delegation_depth() -> u32 {
@@ -523,6 +541,9 @@ impl AgentSection {
             max_delegation_depth: self.max_delegation_depth,
             max_children: self.max_children,
             budget: self.budget,
+            output_schema: self.output_schema.clone(),
+            input_timeout_secs: self.input_timeout_secs,
+            tool_approvals: self.tool_approvals.clone(),
         }
     }
 }
@@ -750,6 +771,15 @@ impl Config {
             if value == 0 {
                 out.push(Problem::new(key, "must be at least 1"));
             }
+        }
+        if !(10..=99).contains(&self.runtime.compaction_threshold_pct) {
+            out.push(Problem::new(
+                "runtime.compaction_threshold_pct",
+                format!(
+                    "must be between 10 and 99 (percent), found {}",
+                    self.runtime.compaction_threshold_pct
+                ),
+            ));
         }
         let l = &self.limits;
         let limits = [
@@ -1054,6 +1084,7 @@ impl Config {
             call_timeout: Duration::from_secs(self.runtime.call_timeout_secs),
             idle_hibernate: self.idle_hibernate(),
             limits: self.limits.to_limits(),
+            compaction_threshold_pct: self.runtime.compaction_threshold_pct,
         }
     }
 

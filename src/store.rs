@@ -935,6 +935,7 @@ mod tests {
             text: "calling".into(),
             tool_calls: Vec::new(),
             at_ms: 8,
+            finish_reason: None,
         });
         store.checkpoint(sim.checkpoint()).await.unwrap();
 

@@ -484,6 +484,8 @@ fn request(transcript: Vec<TranscriptEntry>, tools: Vec<ToolDefinition>) -> Prov
         instructions: "You are terse.".into(),
         transcript: transcript.into_iter().map(Arc::new).collect(),
         tools,
+        output_schema: None,
+        purpose: Default::default(),
     }
 }
 
@@ -859,6 +861,7 @@ fn tool_transcript() -> Vec<TranscriptEntry> {
                 },
             ],
             at_ms: 0,
+            finish_reason: None,
         },
         TranscriptEntry::ToolResult { call: ok },
         TranscriptEntry::ToolResult { call: failed },

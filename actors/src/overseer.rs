@@ -414,6 +414,23 @@ impl Overseer {
         self.runtime.route(id, SessionMsg::Done).await
     }
 
+    /// Stops the current turn (stream, tools, pending approvals, the
+    /// subtree) and keeps the session: it awaits input, and the next message
+    /// continues the conversation. A session with no turn running is left
+    /// as it is.
+    pub async fn interrupt(&self, id: SessionId) -> Result<(), SessionError> {
+        self.runtime.route(id, SessionMsg::Interrupt).await
+    }
+
+    /// Serves the session's next turns with the model route `model` (the
+    /// caller checks the route exists); only between turns.
+    pub async fn set_model(&self, id: SessionId, model: &str) -> Result<(), SessionError> {
+        let model = model.to_owned();
+        self.runtime
+            .route(id, move |reply| SessionMsg::SetModel(model.clone(), reply))
+            .await
+    }
+
     /// The session's current state (from its actor when live, else from disk).
     pub async fn state(&self, id: SessionId) -> Result<StoredSession, SessionError> {
         let live = self.runtime.live.get(&id).map(|r| r.clone());

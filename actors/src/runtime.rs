@@ -45,6 +45,9 @@ pub struct RuntimeConfig {
     pub idle_hibernate: Option<Duration>,
     /// Size and admission limits.
     pub limits: Limits,
+    /// Share of a model's context window, in percent, past which a session
+    /// compacts its older transcript before the next step.
+    pub compaction_threshold_pct: u8,
 }
 
 impl Default for RuntimeConfig {
@@ -54,6 +57,7 @@ impl Default for RuntimeConfig {
             call_timeout: Duration::from_secs(30),
             idle_hibernate: Some(Duration::from_secs(300)),
             limits: Limits::default(),
+            compaction_threshold_pct: crate::machine::DEFAULT_COMPACTION_THRESHOLD_PCT,
         }
     }
 }
@@ -197,13 +201,24 @@ impl Runtime {
         }
     }
 
-    /// The context of a transition happening now.
-    pub(crate) fn ctx(&self) -> Ctx<'_> {
+    /// The context of a transition happening now, for a session whose
+    /// model route is `model`.
+    pub(crate) fn ctx_for(&self, model: &str) -> Ctx<'_> {
         Ctx {
             tools: &self.tools,
             now_ms: now_ms(),
             seed: rand_seed(),
             limits: self.config.limits,
+            context_window: self.provider.context_window(model),
+            compaction_threshold_pct: self.config.compaction_threshold_pct,
+        }
+    }
+
+    /// [`Runtime::ctx_for`] where no step starts (no window needed).
+    pub(crate) fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            context_window: None,
+            ..self.ctx_for("")
         }
     }
 

@@ -212,6 +212,14 @@ impl Actor for SessionActor {
                     state.transition(&myself, Input::Cancel).await.map(|_| ())
                 }
                 SessionMsg::Done(reply) => state.rpc(&myself, Input::Done, reply).await,
+                SessionMsg::Interrupt(reply) => state.rpc(&myself, Input::Interrupt, reply).await,
+                SessionMsg::SetModel(model, reply) => {
+                    state.rpc(&myself, Input::SetModel { model }, reply).await
+                }
+                SessionMsg::ExpireInput(idle_since_ms) => state
+                    .transition(&myself, Input::ExpireInput { idle_since_ms })
+                    .await
+                    .map(|_| ()),
                 SessionMsg::Get(reply) => {
                     let _ = reply.send(state.session.to_stored());
                     Ok(())
@@ -425,7 +433,8 @@ impl SessionState {
         input: Input,
     ) -> Result<Result<(), SessionError>, ActorProcessingErr> {
         let before = self.session.header.status;
-        let effects = match self.session.apply(input, self.runtime.ctx()) {
+        let ctx = self.runtime.ctx_for(&self.session.header.config.model);
+        let effects = match self.session.apply(input, ctx) {
             Ok(fx) => fx,
             Err(e) => return Ok(Err(e)),
         };

@@ -134,4 +134,25 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn health_check(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    /// Headers of every session, ascending by id, after `after`, at most
+    /// `limit`: a bounded walk over the whole store (retention, expiry).
+    async fn scan(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        let _ = (after, limit);
+        Err(StoreError::Io("this store cannot be scanned".into()))
+    }
+
+    /// Deletes a terminal session whole: header, transcript, events, queue,
+    /// metadata, index entries, and the blobs no other session references.
+    /// The header goes first, so a purge cut short leaves invisible rows,
+    /// never a session with holes. Purging a session that is not terminal is
+    /// refused.
+    async fn purge(&self, id: SessionId) -> Result<(), StoreError> {
+        let _ = id;
+        Err(StoreError::Io("this store cannot purge sessions".into()))
+    }
 }

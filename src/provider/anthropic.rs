@@ -146,6 +146,11 @@ fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> Mes
                     is_error: call.state == CallState::Failed,
                 }],
             ),
+            // A summary of the compacted older transcript reads as context
+            // the user gives.
+            TranscriptEntry::Compaction { summary, .. } => ("user", text_block(summary)),
+            // A note for people; the model is simply served by the new route.
+            TranscriptEntry::ModelChanged { .. } => continue,
         };
         // The API rejects empty messages and wants roles to alternate: the
         // results of one step become one user message, and a user message

@@ -143,6 +143,11 @@ fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> Cha
     for entry in &request.transcript {
         messages.push(match entry.as_ref() {
             TranscriptEntry::User { text, .. } => Message::User { content: text },
+            // A summary of the compacted older transcript reads as context
+            // the user gives.
+            TranscriptEntry::Compaction { summary, .. } => Message::User { content: summary },
+            // A note for people; the model is simply served by the new route.
+            TranscriptEntry::ModelChanged { .. } => continue,
             TranscriptEntry::Assistant {
                 text, tool_calls, ..
             } => Message::Assistant {

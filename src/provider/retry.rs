@@ -240,6 +240,8 @@ mod tests {
             instructions: String::new(),
             transcript: Vec::new(),
             tools: Vec::new(),
+            output_schema: None,
+            purpose: Default::default(),
         }
     }
 

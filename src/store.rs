@@ -501,6 +501,29 @@ impl Trees {
         Ok(out)
     }
 
+    /// Headers in id order after `after`, at most `limit`.
+    fn scan(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        let start = match after {
+            Some(id) => std::ops::Bound::Excluded(id.as_bytes().to_vec()),
+            None => std::ops::Bound::Unbounded,
+        };
+        let mut out = Vec::new();
+        for item in self
+            .sessions
+            .range::<Vec<u8>, _>((start, std::ops::Bound::Unbounded))
+            .take(limit)
+        {
+            let (key, bytes) = item.map_err(|e| io("scanning sessions", e))?;
+            let id = codec::id_from(&key).ok_or_else(|| corrupt("sessions", "malformed key"))?;
+            out.push(codec::decode_header(&id, &bytes)?);
+        }
+        Ok(out)
+    }
+
     fn tenant(
         &self,
         tenant: &str,
@@ -597,6 +620,14 @@ impl CheckpointStore for SledStore {
         let tenant = tenant.to_owned();
         self.read(move |trees| trees.tenant(&tenant, after, limit))
             .await
+    }
+
+    async fn scan(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        self.read(move |trees| trees.scan(after, limit)).await
     }
 
     async fn flush(&self) -> Result<(), StoreError> {

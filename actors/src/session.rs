@@ -76,6 +76,8 @@ pub struct SessionState {
 
 impl Drop for SessionState {
     fn drop(&mut self) {
+        self.runtime
+            .tenant_live_changed(&self.session.header.tenant, false);
         // A stream task is not an actor: nothing else would stop it.
         if let Some(h) = self.stream.take() {
             h.abort();
@@ -96,6 +98,7 @@ impl Actor for SessionActor {
         let h = &args.session.header;
         let span = tracing::info_span!("session", session_id = %h.id, root_session_id = %h.root_id, agent = %h.agent);
         let gauges = crate::metrics::SessionGauges::start(&args.session);
+        args.runtime.tenant_live_changed(&h.tenant, true);
         Ok(SessionState {
             session: args.session,
             runtime: args.runtime,

@@ -167,6 +167,41 @@ impl CheckpointStore for MemStore {
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    async fn scan(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .headers
+            .values()
+            .filter(|h| after.is_none_or(|a| h.id > a))
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn purge(&self, id: SessionId) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        match inner.headers.get(&id) {
+            None => return Ok(()),
+            Some(h) if !h.status.is_terminal() => {
+                return Err(StoreError::Io(format!(
+                    "session {id} is {} and cannot be purged",
+                    h.status
+                )))
+            }
+            Some(_) => {}
+        }
+        inner.headers.remove(&id);
+        inner.transcripts.remove(&id);
+        inner.events.remove(&id);
+        inner.metadata.remove(&id);
+        inner.queues.remove(&id);
+        Ok(())
+    }
 }
 
 fn check_version(h: &SessionHeader) -> Result<(), StoreError> {

@@ -1,19 +1,21 @@
 //! Workload 7, finished sessions (issue 12): resident memory while sessions
 //! come and go. N sessions run workload 1's life (task, approval, tool,
-//! answer, completed), at most `limit` at a time, in ten rounds; RSS is read
-//! before the first round and after each. Nothing is live at the end, so
-//! whatever RSS gained and kept is what finished sessions leave behind.
+//! answer, completed) in batches of at most 10,000 (all parked, then all
+//! approved, `limit` requests in flight), so that no more sessions are live
+//! at once whatever N; RSS is read before the first batch and after each
+//! tenth of N. Nothing is live at the end, so whatever RSS gained and kept
+//! is what finished sessions leave behind.
 //!
 //! What to look at: the RSS after half the sessions and after all of them.
 //! A process that releases what a finished session held stays flat between
-//! the two (allocators keep freed pages, so the first rounds may still raise
+//! the two (allocators keep freed pages, so the first batches may still raise
 //! it up to a plateau: sled's page cache filling to `[store] cache_mb`, the
 //! runtime's high-water marks). The growth per session over the second half
 //! is the leak, if any.
 //!
 //! The harness's own per-session memory is kept out: the tool's execution
-//! counter is checked and emptied after each round (keys repeat across
-//! rounds), and the probe holds a session only until its milestone is
+//! counter is checked and emptied after each batch (keys repeat across
+//! batches), and the probe holds a session only until its milestone is
 //! claimed (its leftover count is reported).
 //!
 //! A second case writes the same checkpoints straight to the store, with no
@@ -44,8 +46,32 @@ pub const STORE_NAME: &str = "finished-sessions, store only";
 /// (thread stacks, pools, tables sized at first use) are not charged to N.
 const WARM_UP: usize = 2_000;
 
-/// Rounds N is run in; RSS is read after each.
-const ROUNDS: usize = 10;
+/// RSS is read after each tenth of N.
+const SAMPLES: usize = 10;
+
+/// Sessions run at once at most (all parked, then all approved), whatever
+/// N: the live high-water mark is the same for every N, so a larger N shows
+/// only what finished sessions leave behind.
+const BATCH: usize = 10_000;
+
+/// How many sessions to run before each RSS sample: `n` in batches of at
+/// most [`BATCH`], a sample after each tenth.
+fn plan(n: usize) -> Vec<Vec<usize>> {
+    let mut done = 0;
+    (1..=SAMPLES)
+        .map(|i| {
+            let target = n * i / SAMPLES;
+            let mut batches = Vec::new();
+            while done < target {
+                let keys = BATCH.min(target - done);
+                batches.push(keys);
+                done += keys;
+            }
+            batches
+        })
+        .filter(|b| !b.is_empty())
+        .collect()
+}
 
 /// Runs workload 7 at `n` sessions.
 pub async fn run(
@@ -76,20 +102,20 @@ pub async fn run(
     failures.extend(round(WARM_UP.min(n)).await?);
     settle().await;
     let before = rss_bytes()?;
-    let per_round = n.div_ceil(ROUNDS);
     let mut done = 0;
-    let mut after = Vec::with_capacity(ROUNDS);
+    let mut after = Vec::with_capacity(SAMPLES);
     let t = Instant::now();
-    while done < n {
-        let keys = per_round.min(n - done);
-        let bad = round(keys).await?;
-        if let Some(first) = bad.first() {
-            failures.push(format!(
-                "{NAME}: {} tool call(s) not run exactly once, e.g. {first}",
-                bad.len()
-            ));
+    for batches in plan(n) {
+        for keys in batches {
+            let bad = round(keys).await?;
+            if let Some(first) = bad.first() {
+                failures.push(format!(
+                    "{NAME}: {} tool call(s) not run exactly once, e.g. {first}",
+                    bad.len()
+                ));
+            }
+            done += keys;
         }
-        done += keys;
         settle().await;
         let rss = rss_bytes()?;
         eprintln!(
@@ -141,13 +167,13 @@ pub async fn store_only(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<
     round(0, WARM_UP.min(n)).await?;
     settle().await;
     let before = rss_bytes()?;
-    let per_round = n.div_ceil(ROUNDS);
-    let (mut done, mut after) = (0, Vec::with_capacity(ROUNDS));
+    let (mut done, mut after) = (0, Vec::with_capacity(SAMPLES));
     let t = Instant::now();
-    while done < n {
-        let keys = per_round.min(n - done);
-        round(WARM_UP + done, keys).await?;
-        done += keys;
+    for batches in plan(n) {
+        for keys in batches {
+            round(WARM_UP + done, keys).await?;
+            done += keys;
+        }
         settle().await;
         let rss = rss_bytes()?;
         eprintln!("  {done} written: RSS {} MiB", rss >> 20);

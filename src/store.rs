@@ -110,7 +110,8 @@ pub struct StoreOptions {
     pub durability: Durability,
     /// The most memory, in MiB, sled's page cache may hold (sled's own
     /// default is 1 GiB). Reads of sessions not in it go to the disk (and
-    /// the OS's page cache). Between 1 and [`MAX_CACHE_MB`].
+    /// the OS's page cache). Between 1 and [`MAX_CACHE_MB`]; a value outside
+    /// is clamped (the configuration rejects it with its key).
     pub cache_mb: u64,
 }
 

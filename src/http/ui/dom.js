@@ -74,7 +74,7 @@ export function formatDuration(ms) {
   const m = Math.floor(s / 60);
   if (m < 60) return `${m} min`;
   const hours = Math.floor(m / 60);
-  if (hours < 48) return `${hours} h ${m % 60} min`;
+  if (hours < 48) return m % 60 ? `${hours} h ${m % 60} min` : `${hours} h`;
   return `${Math.floor(hours / 24)} d`;
 }
 

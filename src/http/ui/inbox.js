@@ -364,7 +364,7 @@ export function renderInbox(main, ctx) {
 
   const toolbar = h('div', { class: 'toolbar', role: 'toolbar', 'aria-label': 'Decide selected approvals' },
     count, selectAll, bulkApprove,
-    h('div', { class: 'grow' }, h('label', { for: bulkReasonId }, 'Reason for denying selected'), bulkReason),
+    h('div', { class: 'grow' }, h('label', { for: bulkReasonId }, 'Denial reason'), bulkReason),
     bulkDeny, helpButton);
 
   main.append(h('h1', {}, 'Pending approvals'), toolbar, help, status, more, empty, list);

@@ -5,14 +5,15 @@
 // send a message, cancel, done.
 
 import { api, ApiError, EventStream } from './api.js';
-import { h, clear, announce, pretty, formatTime, shortId, nextId, isSessionId } from './dom.js';
+import { h, append, clear, announce, pretty, formatTime, shortId, nextId, isSessionId } from './dom.js';
 import { approvalCard } from './inbox.js';
 
 const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
 
 function usageText(u) {
   if (!u) return '';
-  return `${u.input_tokens + u.output_tokens} tokens (${u.input_tokens} in, ${u.output_tokens} out) · ${u.provider_requests} requests · ${u.tool_calls} tool calls`;
+  const n = (count, what) => `${count} ${what}${count === 1 ? '' : 's'}`;
+  return `${n(u.input_tokens + u.output_tokens, 'token')} (${u.input_tokens} in, ${u.output_tokens} out) · ${n(u.provider_requests, 'request')} · ${n(u.tool_calls, 'tool call')}`;
 }
 
 function decisionView(record) {
@@ -91,8 +92,8 @@ export function renderSession(main, id, ctx) {
   const pendingSection = h('section', { 'aria-labelledby': 'pending-title', hidden: true },
     h('h2', { id: 'pending-title' }, 'Waiting for your decision'), pendingList);
   const tree = h('div', { class: 'tree-box' });
-  const cancelButton = h('button', { type: 'button', class: 'deny' }, 'Cancel session');
-  const doneButton = h('button', { type: 'button' }, 'Mark done');
+  const cancelButton = h('button', { type: 'button', class: 'deny', id: 'cancel-session' }, 'Cancel session');
+  const doneButton = h('button', { type: 'button', id: 'done-session' }, 'Mark done');
   const messageId = nextId('message');
   const message = h('textarea', { id: messageId, class: 'prose', rows: '3' });
   const sendButton = h('button', { type: 'submit', class: 'primary' }, 'Send');
@@ -141,13 +142,13 @@ export function renderSession(main, id, ctx) {
     header = s;
     document.title = `${s.title || `Session ${shortId(s.id)}`} · overseer approvals`;
     title.textContent = s.title || `Session ${shortId(s.id)}`;
-    clear(meta).append(
+    append(clear(meta), [
       h('span', {}, `Agent: ${s.agent}`),
       h('span', {}, `Created ${formatTime(s.created_at_ms)}`),
       s.parent && isSessionId(s.parent.session_id)
         ? h('span', {}, 'Delegated by ', h('a', { href: `#/s/${s.parent.session_id}` }, `session ${shortId(s.parent.session_id)}`))
         : null,
-      s.error ? h('span', { class: 'error' }, s.error) : null);
+      s.error ? h('span', { class: 'error' }, s.error) : null]);
     setStatus(s.status, s.last_stop_reason);
     usage.textContent = usageText(s.usage);
     clear(transcript);

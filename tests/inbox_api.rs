@@ -160,7 +160,11 @@ async fn approvals_are_tenant_wide_newest_first_paginated_and_carry_the_path() -
     assert_eq!(first["session_path"], json!([pending[2].0]));
     let requested = first["requested_at_ms"].as_i64().unwrap();
     let deadline = first["approval_deadline_ms"].as_i64().unwrap();
-    assert_eq!(deadline - requested, 86_400_000, "deadline = request + timeout");
+    assert_eq!(
+        deadline - requested,
+        86_400_000,
+        "deadline = request + timeout"
+    );
     let times: Vec<i64> = items
         .iter()
         .map(|i| i["requested_at_ms"].as_i64().unwrap())
@@ -172,7 +176,10 @@ async fn approvals_are_tenant_wide_newest_first_paginated_and_carry_the_path() -
     let cursor = page1["next_cursor"].as_str().context("a next cursor")?;
     let page2 = approvals(&s, &alice, &format!("?limit=2&cursor={cursor}")).await?;
     assert!(page2["next_cursor"].is_null(), "{page2}");
-    let paged: Vec<String> = call_ids(&page1).into_iter().chain(call_ids(&page2)).collect();
+    let paged: Vec<String> = call_ids(&page1)
+        .into_iter()
+        .chain(call_ids(&page2))
+        .collect();
     assert_eq!(paged, call_ids(&all));
 
     // Deciding one (here: at the session that owns it) takes it off the list.
@@ -194,8 +201,18 @@ async fn approvals_are_tenant_wide_newest_first_paginated_and_carry_the_path() -
 
     // Refusals.
     expect_error(s.get("/v1/approvals?limit=0", &alice), 400, "invalid_query").await?;
-    expect_error(s.get("/v1/approvals?limit=201", &alice), 400, "invalid_query").await?;
-    let bad = expect_error(s.get("/v1/approvals?cursor=zzz", &alice), 400, "invalid_query").await?;
+    expect_error(
+        s.get("/v1/approvals?limit=201", &alice),
+        400,
+        "invalid_query",
+    )
+    .await?;
+    let bad = expect_error(
+        s.get("/v1/approvals?cursor=zzz", &alice),
+        400,
+        "invalid_query",
+    )
+    .await?;
     assert!(bad["error"]["message"].as_str().unwrap().contains("cursor"));
     expect_error(s.get("/v1/approvals?page=2", &alice), 400, "invalid_query").await?;
     expect_error(s.client.get(s.url("/v1/approvals")), 401, "unauthorized").await?;
@@ -223,9 +240,7 @@ async fn the_tenant_stream_resets_then_streams_live_and_resumes_by_id() -> Resul
 
     // A new approval arrives with its whole card.
     let (sid, cid) = s.create_pending(&alice).await?;
-    let msgs = acme
-        .until(|m| m.event == "approval_requested")
-        .await?;
+    let msgs = acme.until(|m| m.event == "approval_requested").await?;
     assert!(msgs.iter().all(|m| m.data["session_id"] == json!(sid)));
     let asked = msgs.last().unwrap();
     assert_eq!(asked.data["call_id"], json!(cid));
@@ -235,7 +250,9 @@ async fn the_tenant_stream_resets_then_streams_live_and_resumes_by_id() -> Resul
     assert_eq!(card["arguments"], json!({"key": 42}));
     assert_eq!(card["session_path"], json!([sid]));
     // Summaries carry no texts: the user's prompt is not in the stream.
-    assert!(msgs.iter().all(|m| !m.data.to_string().contains("please write record")));
+    assert!(msgs
+        .iter()
+        .all(|m| !m.data.to_string().contains("please write record")));
     let resume_from = asked.id.clone().context("an id")?;
 
     // Decide it; the stream says so.
@@ -297,7 +314,8 @@ async fn a_cancelled_or_timed_out_approval_is_announced_on_the_tenant_stream() -
     acme.next().await?;
     let (sid, _) = s.create_pending(&alice).await?;
     acme.until(|m| m.event == "approval_requested").await?;
-    let (status, _) = send(s.post(&format!("/v1/sessions/{sid}/cancel"), &alice, &json!({}))).await?;
+    let (status, _) =
+        send(s.post(&format!("/v1/sessions/{sid}/cancel"), &alice, &json!({}))).await?;
     assert_eq!(status, 200);
     // The inbox removes a session's cards when it stops waiting.
     let msgs = acme
@@ -342,10 +360,20 @@ async fn the_page_and_the_api_carry_the_security_headers() -> Result {
         .send()
         .await?;
     assert_eq!(again.status(), 304);
-    for file in ["app.js", "api.js", "auth.js", "dom.js", "inbox.js", "session.js", "create.js"] {
+    for file in [
+        "app.js",
+        "api.js",
+        "auth.js",
+        "dom.js",
+        "inbox.js",
+        "session.js",
+        "create.js",
+    ] {
         let r = s.client.get(s.url(&format!("/ui/{file}"))).send().await?;
         assert_eq!(r.status(), 200, "{file}");
-        assert!(r.headers()["content-type"].to_str()?.starts_with("text/javascript"));
+        assert!(r.headers()["content-type"]
+            .to_str()?
+            .starts_with("text/javascript"));
         assert_eq!(r.headers()["x-content-type-options"], "nosniff");
     }
     expect_error(s.client.get(s.url("/ui/secret.js")), 404, "not_found").await?;

@@ -20,8 +20,6 @@ mod served;
 #[path = "ui/webdriver.rs"]
 mod webdriver;
 
-
-
 use anyhow::Context;
 use reqwest::Method;
 use serde_json::json;
@@ -37,7 +35,10 @@ fn lit(s: &str) -> String {
 
 /// The condition "a card for `call` is shown".
 fn card_shown(call: &str) -> String {
-    format!("document.querySelector('.cards .card[data-call=' + {} + ']')", lit(&format!("\"{call}\"")))
+    format!(
+        "document.querySelector('.cards .card[data-call=' + {} + ']')",
+        lit(&format!("\"{call}\""))
+    )
 }
 
 fn card_gone(call: &str) -> String {
@@ -46,13 +47,17 @@ fn card_gone(call: &str) -> String {
 
 /// The condition "the main area's text contains `text`".
 fn shows(text: &str) -> String {
-    format!("document.getElementById('main').innerText.includes({})", lit(text))
+    format!(
+        "document.getElementById('main').innerText.includes({})",
+        lit(text)
+    )
 }
 
 /// Signs in by pasting `token` into the form.
 async fn paste_sign_in(b: &Browser, s: &Served, token: &str) -> Result {
     b.goto(&s.page("")).await?;
-    b.wait("the sign-in form", "document.getElementById('token')").await?;
+    b.wait("the sign-in form", "document.getElementById('token')")
+        .await?;
     b.fill("#token", token).await?;
     b.click("#sign-in").await?;
     b.wait(
@@ -84,23 +89,36 @@ async fn sign_in_then_an_edit_refused_at_the_field_then_fixed_shows_the_result()
     // The link signs in; the token moves to sessionStorage and leaves the
     // address bar; nothing goes to localStorage.
     b.goto(&link).await?;
-    b.wait("signed in as alice", "document.getElementById('whoami').textContent === 'alice @ acme'")
-        .await?;
+    b.wait(
+        "signed in as alice",
+        "document.getElementById('whoami').textContent === 'alice @ acme'",
+    )
+    .await?;
     let url = b.url().await?;
-    assert!(!url.contains("token"), "the token is still in the address bar: {url}");
+    assert!(
+        !url.contains("token"),
+        "the token is still in the address bar: {url}"
+    );
     let stored = b
         .js("return [sessionStorage.getItem('overseer.token'), localStorage.length, history.length]", json!([]))
         .await?;
     assert_eq!(stored[0], json!(token));
     assert_eq!(stored[1], json!(0), "nothing in localStorage");
-    b.wait("the empty inbox", &shows("No pending approvals")).await?;
+    b.wait("the empty inbox", &shows("No pending approvals"))
+        .await?;
 
     // A session created elsewhere (the API) shows up without a reload.
     let id = s
-        .create(&token, "ops", "please write record 42", Some("Quarterly ledger"))
+        .create(
+            &token,
+            "ops",
+            "please write record 42",
+            Some("Quarterly ledger"),
+        )
         .await?;
     let call = s.pending_call(&token, &id).await?;
-    b.wait("the new approval's card", &card_shown(&call)).await?;
+    b.wait("the new approval's card", &card_shown(&call))
+        .await?;
     let card = format!(".card[data-call=\"{call}\"]");
     let text = b.text(&card).await?;
     for want in [
@@ -119,18 +137,29 @@ async fn sign_in_then_an_edit_refused_at_the_field_then_fixed_shows_the_result()
 
     // Edit the arguments with a value the tool's schema refuses: the
     // server's message is shown at the field, which is marked invalid.
-    b.click(&format!("{card} button[aria-label^='Edit arguments']")).await?;
-    b.fill(&format!("{card} textarea.args-editor"), r#"{"key": "forty-two"}"#)
+    b.click(&format!("{card} button[aria-label^='Edit arguments']"))
         .await?;
-    b.click(&format!("{card} form.edit button[type=submit]")).await?;
+    b.fill(
+        &format!("{card} textarea.args-editor"),
+        r#"{"key": "forty-two"}"#,
+    )
+    .await?;
+    b.click(&format!("{card} form.edit button[type=submit]"))
+        .await?;
     b.wait(
         "the validation message at the field",
-        &format!("document.querySelector({}).textContent.length > 0", lit(&format!("{card} .field-error"))),
+        &format!(
+            "document.querySelector({}).textContent.length > 0",
+            lit(&format!("{card} .field-error"))
+        ),
     )
     .await?;
     let error = b.text(&format!("{card} .field-error")).await?;
     assert!(error.contains("schema validation failed"), "{error}");
-    assert!(error.contains("forty-two") || error.contains("integer"), "{error}");
+    assert!(
+        error.contains("forty-two") || error.contains("integer"),
+        "{error}"
+    );
     let field = b
         .js(
             "const t = document.querySelector(arguments[0] + ' textarea.args-editor'); \
@@ -139,36 +168,56 @@ async fn sign_in_then_an_edit_refused_at_the_field_then_fixed_shows_the_result()
             json!([card]),
         )
         .await?;
-    assert_eq!(field, json!(["true", true, true]), "invalid, described by the message, focused");
+    assert_eq!(
+        field,
+        json!(["true", true, true]),
+        "invalid, described by the message, focused"
+    );
     assert!(s.tool_calls().is_empty(), "nothing ran");
     b.screenshot("edit-error").await?;
 
     // Fixed, it is approved; the card goes away.
     b.fill(&format!("{card} textarea.args-editor"), r#"{"key": 43}"#)
         .await?;
-    b.click(&format!("{card} form.edit button[type=submit]")).await?;
-    b.wait("the decided card to go", &card_gone(&call)).await?;
-    b.wait("the inbox count at zero", "document.getElementById('inbox-count').textContent === '0'")
+    b.click(&format!("{card} form.edit button[type=submit]"))
         .await?;
+    b.wait("the decided card to go", &card_gone(&call)).await?;
+    b.wait(
+        "the inbox count at zero",
+        "document.getElementById('inbox-count').textContent === '0'",
+    )
+    .await?;
 
     // The session view shows the result, the final answer and the decision
     // with who and the argument diff.
     b.goto(&s.page(&format!("#/s/{id}"))).await?;
-    b.wait("the final answer", &shows("Result: {\"written\":43}")).await?;
-    b.wait("the call completed", "document.querySelector('.call[data-state=completed]')").await?;
+    b.wait("the final answer", &shows("Result: {\"written\":43}"))
+        .await?;
+    b.wait(
+        "the call completed",
+        "document.querySelector('.call[data-state=completed]')",
+    )
+    .await?;
     let main = b.text("main").await?;
     assert!(main.contains("Approved by alice"), "{main}");
     assert!(main.contains("key: 42 → 43"), "{main}");
     assert!(main.contains("please write record 42"), "{main}");
     assert!(main.contains("Quarterly ledger"), "{main}");
-    assert_eq!(s.tool_calls(), vec![("write_record".to_owned(), json!({"key": 43}))]);
+    assert_eq!(
+        s.tool_calls(),
+        vec![("write_record".to_owned(), json!({"key": 43}))]
+    );
     b.screenshot("session").await?;
 
     // At 375 px wide nothing needs horizontal scrolling.
     b.set_size(375, 812).await?;
-    assert!(!overflows(&b).await?, "the session view overflows at 375 px");
+    assert!(
+        !overflows(&b).await?,
+        "the session view overflows at 375 px"
+    );
     b.goto(&s.page("#/inbox")).await?;
-    b.wait("the inbox", "document.querySelector('.toolbar')").await?;
+    b.wait("the inbox", "document.querySelector('.toolbar')")
+        .await?;
     assert!(!overflows(&b).await?, "the inbox overflows at 375 px");
     b.screenshot("inbox-375px").await?;
 
@@ -197,9 +246,14 @@ async fn a_denial_typed_at_the_keyboard_reaches_the_model_then_a_message_and_don
         .await?;
     assert_eq!(focused, json!(call), "j focuses the card");
     b.keys(&["d"]).await?;
-    b.wait("the reason field focused", "document.activeElement.classList.contains('reason')")
+    b.wait(
+        "the reason field focused",
+        "document.activeElement.classList.contains('reason')",
+    )
+    .await?;
+    let reason = b
+        .find(&format!(".card[data-call=\"{call}\"] input.reason"))
         .await?;
-    let reason = b.find(&format!(".card[data-call=\"{call}\"] input.reason")).await?;
     b.type_into(&reason, &format!("not on a Friday{}", webdriver::ENTER))
         .await?;
     b.wait("the denied card to go", &card_gone(&call)).await?;
@@ -207,23 +261,43 @@ async fn a_denial_typed_at_the_keyboard_reaches_the_model_then_a_message_and_don
 
     // The model's next text quotes the reason; the decision says who.
     b.goto(&s.page(&format!("#/s/{id}"))).await?;
-    b.wait("the model quoting the reason", &shows("Result: Tool denied by user: not on a Friday"))
-        .await?;
-    b.wait("the call denied", "document.querySelector('.call[data-state=denied]')").await?;
+    b.wait(
+        "the model quoting the reason",
+        &shows("Result: Tool denied by user: not on a Friday"),
+    )
+    .await?;
+    b.wait(
+        "the call denied",
+        "document.querySelector('.call[data-state=denied]')",
+    )
+    .await?;
     let main = b.text("main").await?;
     assert!(main.contains("Denied by bob"), "{main}");
 
     // Send a follow-up message, then mark the session done.
     b.fill(".message-form textarea", "thanks").await?;
     b.click(".message-form button[type=submit]").await?;
-    b.wait("the reply to the message", &shows("Anything else?")).await?;
-    b.wait("awaiting input again", "document.querySelector('.status.awaiting_input')").await?;
+    b.wait("the reply to the message", &shows("Anything else?"))
+        .await?;
+    b.wait(
+        "awaiting input again",
+        "document.querySelector('.status.awaiting_input')",
+    )
+    .await?;
     b.click("#done-session").await?;
-    b.wait("the session completed", "document.querySelector('.status.completed')").await?;
+    b.wait(
+        "the session completed",
+        "document.querySelector('.status.completed')",
+    )
+    .await?;
     let disabled = b
         .js("return [...document.querySelectorAll('.message-form button, #cancel-session, #done-session')].every(x => x.disabled)", json!([]))
         .await?;
-    assert_eq!(disabled, json!(true), "a finished session offers no actions");
+    assert_eq!(
+        disabled,
+        json!(true),
+        "a finished session offers no actions"
+    );
     let state = s
         .api(Method::GET, &format!("/v1/sessions/{id}"), &bob, None)
         .await?;
@@ -237,18 +311,28 @@ async fn a_childs_approval_shows_its_path_and_is_decided_from_the_inbox() -> Res
     let link = s.link("acme", "carol")?;
     let b = Browser::take().await?;
     b.goto(&link).await?;
-    b.wait("signed in", "document.getElementById('whoami').textContent === 'carol @ acme'")
-        .await?;
+    b.wait(
+        "signed in",
+        "document.getElementById('whoami').textContent === 'carol @ acme'",
+    )
+    .await?;
 
     // New session: agent picker, title and prompt.
     b.click("#nav-new").await?;
-    b.wait("the agent list", "document.querySelector('select option[value=lead]')").await?;
+    b.wait(
+        "the agent list",
+        "document.querySelector('select option[value=lead]')",
+    )
+    .await?;
     b.click("select option[value=lead]").await?;
-    b.wait("the agent described", &shows("Delegates to: ops")).await?;
-    b.fill("form.create input[type=text]", "Launch plan").await?;
+    b.wait("the agent described", &shows("Delegates to: ops"))
+        .await?;
+    b.fill("form.create input[type=text]", "Launch plan")
+        .await?;
     b.fill("form.create textarea", "Plan the launch").await?;
     b.click("form.create button[type=submit]").await?;
-    b.wait("the new session's view", "location.hash.startsWith('#/s/')").await?;
+    b.wait("the new session's view", "location.hash.startsWith('#/s/')")
+        .await?;
     let id = b
         .js("return location.hash.slice(4)", json!([]))
         .await?
@@ -258,16 +342,30 @@ async fn a_childs_approval_shows_its_path_and_is_decided_from_the_inbox() -> Res
 
     // The child's approval surfaces in the session view and in the inbox,
     // with the path of sessions that leads to it.
-    b.wait("the child's approval in the session view", &shows("Subagent path: lead › ops"))
-        .await?;
+    b.wait(
+        "the child's approval in the session view",
+        &shows("Subagent path: lead › ops"),
+    )
+    .await?;
     b.click("#nav-inbox").await?;
-    b.wait("the child's card", "document.querySelector('.cards .card')").await?;
+    b.wait("the child's card", "document.querySelector('.cards .card')")
+        .await?;
     let card = b.text(".cards .card").await?;
-    for want in ["Subagent path: lead › ops", "asked by ops", "Launch plan", "\"key\": 5"] {
+    for want in [
+        "Subagent path: lead › ops",
+        "asked by ops",
+        "Launch plan",
+        "\"key\": 5",
+    ] {
         assert!(card.contains(want), "the card lacks {want:?}:\n{card}");
     }
     let approvals = s
-        .api(Method::GET, "/v1/approvals", &s.token("acme", "carol"), None)
+        .api(
+            Method::GET,
+            "/v1/approvals",
+            &s.token("acme", "carol"),
+            None,
+        )
         .await?;
     let item = &approvals["approvals"][0];
     assert_eq!(item["root_session_id"], json!(id));
@@ -275,10 +373,12 @@ async fn a_childs_approval_shows_its_path_and_is_decided_from_the_inbox() -> Res
 
     // Decided from the inbox; the tree finishes.
     b.click(".cards .card button.approve").await?;
-    b.wait("the card to go", "!document.querySelector('.cards .card')").await?;
+    b.wait("the card to go", "!document.querySelector('.cards .card')")
+        .await?;
     b.goto(&s.page(&format!("#/s/{id}"))).await?;
     // The child's final text, inside the delegate_task result.
-    b.wait("the lead's final answer", &shows(r#"lead: {"#)).await?;
+    b.wait("the lead's final answer", &shows(r#"lead: {"#))
+        .await?;
     let main = b.text("main").await?;
     assert!(main.contains(r#"Result: {\"written\":5}"#), "{main}");
     b.wait(
@@ -290,7 +390,10 @@ async fn a_childs_approval_shows_its_path_and_is_decided_from_the_inbox() -> Res
     assert!(tree.contains("lead"), "{tree}");
     assert!(tree.contains("ops"), "{tree}");
     assert!(tree.contains("tokens"), "usage per node: {tree}");
-    assert_eq!(s.tool_calls(), vec![("write_record".to_owned(), json!({"key": 5}))]);
+    assert_eq!(
+        s.tool_calls(),
+        vec![("write_record".to_owned(), json!({"key": 5}))]
+    );
     Ok(())
 }
 
@@ -318,7 +421,12 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
     let mut sessions = Vec::new();
     for n in 1..=4 {
         let id = s
-            .create(&alice, "ops", &format!("write record {n}"), Some(&format!("job {n}")))
+            .create(
+                &alice,
+                "ops",
+                &format!("write record {n}"),
+                Some(&format!("job {n}")),
+            )
             .await?;
         let call = s.pending_call(&alice, &id).await?;
         sessions.push((id, call));
@@ -337,8 +445,15 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
     // Decided in one window.
     let (s1, c1) = &sessions[0];
     b.switch_to(&a).await?;
-    b.click(&format!(".card[data-call=\"{c1}\"] button.approve")).await?;
-    wait_in(&b, &w2, "the card decided in the other window to go", &card_gone(c1)).await?;
+    b.click(&format!(".card[data-call=\"{c1}\"] button.approve"))
+        .await?;
+    wait_in(
+        &b,
+        &w2,
+        "the card decided in the other window to go",
+        &card_gone(c1),
+    )
+    .await?;
 
     // Decided through the API.
     let (s2, c2) = &sessions[1];
@@ -350,7 +465,13 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
     )
     .await?;
     for w in [&a, &w2] {
-        wait_in(&b, w, "the card decided through the API to go", &card_gone(c2)).await?;
+        wait_in(
+            &b,
+            w,
+            "the card decided through the API to go",
+            &card_gone(c2),
+        )
+        .await?;
     }
 
     // Decided with the CLI.
@@ -359,7 +480,11 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
         .args(["sessions", "--url", &s.url, "approve", s3])
         .env("OVERSEER_TOKEN", &alice)
         .output()?;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for w in [&a, &w2] {
         wait_in(&b, w, "the card decided with the CLI to go", &card_gone(c3)).await?;
     }
@@ -373,22 +498,40 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
     let (s4, c4) = &sessions[3];
     b.switch_to(&a).await?;
     b.goto(&s.page(&format!("#/s/{s4}"))).await?;
-    b.wait("the session view", "document.querySelector('.status.awaiting_approval')").await?;
+    b.wait(
+        "the session view",
+        "document.querySelector('.status.awaiting_approval')",
+    )
+    .await?;
     b.click("#cancel-session").await?;
-    b.wait("the confirmation", &shows("Confirm: cancel")).await?;
+    b.wait("the confirmation", &shows("Confirm: cancel"))
+        .await?;
     b.click("#cancel-session").await?;
-    b.wait("the session cancelled", "document.querySelector('.status.cancelled')").await?;
-    wait_in(&b, &w2, "the cancelled session's card to go", &card_gone(c4)).await?;
+    b.wait(
+        "the session cancelled",
+        "document.querySelector('.status.cancelled')",
+    )
+    .await?;
+    wait_in(
+        &b,
+        &w2,
+        "the cancelled session's card to go",
+        &card_gone(c4),
+    )
+    .await?;
 
     // Several at once, by keyboard, in the second window.
     let mut batch = Vec::new();
     for n in 5..=6 {
-        let id = s.create(&alice, "ops", &format!("write record {n}"), None).await?;
+        let id = s
+            .create(&alice, "ops", &format!("write record {n}"), None)
+            .await?;
         batch.push(s.pending_call(&alice, &id).await?);
     }
     let both = format!("{} && {}", card_shown(&batch[0]), card_shown(&batch[1]));
     wait_in(&b, &w2, "the two new cards", &both).await?;
-    b.js("document.getElementById('main').focus()", json!([])).await?;
+    b.js("document.getElementById('main').focus()", json!([]))
+        .await?;
     b.keys(&["j", "x", "j", "x"]).await?;
     b.wait("two selected", &shows("2 selected")).await?;
     b.keys(&["A"]).await?;
@@ -396,7 +539,11 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
     b.wait("the approved cards to go", &gone).await?;
     b.switch_to(&a).await?;
     b.goto(&s.page("#/inbox")).await?;
-    b.wait("an empty inbox in the first window", &shows("No pending approvals")).await?;
+    b.wait(
+        "an empty inbox in the first window",
+        &shows("No pending approvals"),
+    )
+    .await?;
     let ran: Vec<i64> = s
         .tool_calls()
         .iter()
@@ -408,11 +555,16 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
 
     // The other tenant saw none of it, and cannot open it.
     b.switch_to(&w3).await?;
-    b.wait("globex's empty inbox", &shows("No pending approvals")).await?;
+    b.wait("globex's empty inbox", &shows("No pending approvals"))
+        .await?;
     assert_eq!(b.text("#inbox-count").await?, "0");
     assert_eq!(b.find_all(".cards .card").await?.len(), 0);
     b.goto(&s.page(&format!("#/s/{s1}"))).await?;
-    b.wait("not found for another tenant's session", &shows("Session not found")).await?;
+    b.wait(
+        "not found for another tenant's session",
+        &shows("Session not found"),
+    )
+    .await?;
     let theirs = s.api(Method::GET, "/v1/approvals", &eve, None).await?;
     assert_eq!(theirs["approvals"], json!([]));
     Ok(())
@@ -443,14 +595,19 @@ async fn model_tool_and_user_text_is_rendered_as_inert_text() -> Result {
         }
     };
     let card = b.text(&format!(".card[data-call=\"{call}\"]")).await?;
-    assert!(card.contains("<script>window.__xss=1;alert('script')</script>"), "{card}");
+    assert!(
+        card.contains("<script>window.__xss=1;alert('script')</script>"),
+        "{card}"
+    );
     assert!(card.contains(title), "{card}");
     check("the inbox").await?;
 
-    b.click(&format!(".card[data-call=\"{call}\"] button.approve")).await?;
+    b.click(&format!(".card[data-call=\"{call}\"] button.approve"))
+        .await?;
     b.wait("the card to go", &card_gone(&call)).await?;
     b.goto(&s.page(&format!("#/s/{id}"))).await?;
-    b.wait("the final answer", &shows("Noted: {\"annotated\":")).await?;
+    b.wait("the final answer", &shows("Noted: {\"annotated\":"))
+        .await?;
     let main = b.text("main").await?;
     assert!(main.contains(&format!("You said: {payload}")), "{main}");
     assert!(main.contains(title), "{main}");
@@ -469,7 +626,8 @@ async fn an_expired_token_returns_to_sign_in_with_a_clear_message() -> Result {
     // does, and the token is forgotten.
     let soon = token_until("acme", "erin", jsonwebtoken::get_current_timestamp() + 3);
     b.goto(&s.page("")).await?;
-    b.wait("the sign-in form", "document.getElementById('token')").await?;
+    b.wait("the sign-in form", "document.getElementById('token')")
+        .await?;
     b.fill("#token", &soon).await?;
     b.click("#sign-in").await?;
     b.wait(
@@ -486,8 +644,11 @@ async fn an_expired_token_returns_to_sign_in_with_a_clear_message() -> Result {
     // away): the next request answers 401 and the page says why.
     paste_sign_in(&b, &s, &s.token("acme", "erin")).await?;
     let expired = token_until("acme", "erin", jsonwebtoken::get_current_timestamp() - 60);
-    b.js("sessionStorage.setItem('overseer.token', arguments[0])", json!([expired]))
-        .await?;
+    b.js(
+        "sessionStorage.setItem('overseer.token', arguments[0])",
+        json!([expired]),
+    )
+    .await?;
     b.click("#nav-new").await?;
     b.wait(
         "the server's refusal at sign-in",
@@ -496,6 +657,10 @@ async fn an_expired_token_returns_to_sign_in_with_a_clear_message() -> Result {
     .await?;
     let message = b.text("#signin-error").await?;
     assert!(message.contains("Sign in again"), "{message}");
-    assert!(b.js("return document.getElementById('top').hidden", json!([])).await?.as_bool().unwrap());
+    assert!(b
+        .js("return document.getElementById('top').hidden", json!([]))
+        .await?
+        .as_bool()
+        .unwrap());
     Ok(())
 }

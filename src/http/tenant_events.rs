@@ -243,11 +243,7 @@ impl TenantFeeds {
             }
             Some((_, seq)) => (
                 None,
-                buf.items
-                    .iter()
-                    .filter(|i| i.seq > seq)
-                    .cloned()
-                    .collect(),
+                buf.items.iter().filter(|i| i.seq > seq).cloned().collect(),
                 seq,
             ),
         };
@@ -415,10 +411,7 @@ fn summary(event: &Event) -> Map<String, Value> {
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     if let Some(record) = full.get("record") {
-        out.insert(
-            "decision".into(),
-            record["decision"]["decision"].clone(),
-        );
+        out.insert("decision".into(), record["decision"]["decision"].clone());
         out.insert("by".into(), record["by"].clone());
     }
     out
@@ -471,13 +464,13 @@ pub(super) async fn stream(
     let after = raw.map(parse_position).transpose()?;
     let feeds = state.tenant_feeds();
     feeds.start(state.overseer().runtime(), state.shutdown_signal());
-    let sub = feeds
-        .subscribe(&principal.tenant, after)
-        .ok_or_else(|| ApiError::new(
+    let sub = feeds.subscribe(&principal.tenant, after).ok_or_else(|| {
+        ApiError::new(
             axum::http::StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             "the event feed is unavailable",
-        ))?;
+        )
+    })?;
     let mut shutdown = state.shutdown_signal();
     let events = async_stream::stream! {
         let Subscription { stream, reset, replay, mut last, mut rx } = sub;

@@ -215,12 +215,17 @@ impl Served {
     /// `overseer token --url`: the sign-in link, as a person would get it.
     pub fn link(&self, tenant: &str, sub: &str) -> anyhow::Result<String> {
         let out = Command::new(BIN)
-            .args(["token", "--tenant", tenant, "--sub", sub, "--scopes", ALL, "--url"])
+            .args([
+                "token", "--tenant", tenant, "--sub", sub, "--scopes", ALL, "--url",
+            ])
             .arg(&self.url)
             .env("OVERSEER_JWT_SECRET", SECRET)
             .output()?;
         if !out.status.success() {
-            bail!("token --url failed: {}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "token --url failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         Ok(String::from_utf8(out.stdout)?.trim().to_owned())
     }

@@ -151,9 +151,14 @@ async fn launch() -> anyhow::Result<Shared> {
         "goog:chromeOptions": {"binary": chromium.to_string_lossy(), "args": args},
     }}});
     let http = reqwest::Client::new();
-    let answer = command(&http, reqwest::Method::POST, &format!("{driver}/session"), Some(caps))
-        .await
-        .with_context(|| format!("Chromium did not start under chromedriver; {INSTALL}"))?;
+    let answer = command(
+        &http,
+        reqwest::Method::POST,
+        &format!("{driver}/session"),
+        Some(caps),
+    )
+    .await
+    .with_context(|| format!("Chromium did not start under chromedriver; {INSTALL}"))?;
     let session = answer["sessionId"]
         .as_str()
         .context("a WebDriver session id")?
@@ -294,7 +299,10 @@ impl Browser {
             Ok(_) => Ok(()),
             Err(e) => {
                 let page = self
-                    .js("return document.body ? document.body.innerText : ''", json!([]))
+                    .js(
+                        "return document.body ? document.body.innerText : ''",
+                        json!([]),
+                    )
                     .await
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_owned))
@@ -411,13 +419,19 @@ impl Browser {
     pub async fn windows(&self) -> anyhow::Result<Vec<String>> {
         let v = self.get("/window/handles").await?;
         Ok(v.as_array()
-            .map(|a| a.iter().filter_map(|h| h.as_str().map(str::to_owned)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|h| h.as_str().map(str::to_owned))
+                    .collect()
+            })
             .unwrap_or_default())
     }
 
     /// Makes `handle` the window commands go to.
     pub async fn switch_to(&self, handle: &str) -> anyhow::Result<()> {
-        self.post("/window", json!({ "handle": handle })).await.map(drop)
+        self.post("/window", json!({ "handle": handle }))
+            .await
+            .map(drop)
     }
 
     /// Resizes the current window (its outer size).

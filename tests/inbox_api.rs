@@ -307,7 +307,7 @@ async fn the_tenant_stream_resets_then_streams_live_and_resumes_by_id() -> Resul
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_or_timed_out_approval_is_announced_on_the_tenant_stream() -> Result {
+async fn a_cancelled_sessions_approval_leaves_the_tenant_stream_and_the_list() -> Result {
     let s = Server::start().await?;
     let alice = token("acme", "alice", ALL);
     let mut acme = RawSse::open(&s, &alice, None).await?;

@@ -97,6 +97,11 @@ async function startSignedIn() {
     await api('GET', '/v1/agents');
   } catch (e) {
     if (e.status === 401) return;
+    if (e.status === 403) {
+      clearToken();
+      showSignIn(`This token cannot be used here: ${e.message}. The inbox needs sessions:read (and approvals:write to decide).`);
+      return;
+    }
     showSignIn(`The server could not be asked (${e.message}). Try again.`);
     return;
   }

@@ -244,6 +244,7 @@ async fn one_session(store: &dyn CheckpointStore, k: usize) -> Res<()> {
                 arguments: json!({"key": k}),
             }],
             at_ms: 2,
+            finish_reason: None,
         },
         {
             call.finish(CallState::Completed, json!({"written": k}), 4);
@@ -253,6 +254,7 @@ async fn one_session(store: &dyn CheckpointStore, k: usize) -> Res<()> {
             text: format!("done {k}"),
             tool_calls: Vec::new(),
             at_ms: 5,
+            finish_reason: None,
         },
     ];
     let statuses = [
@@ -275,6 +277,7 @@ async fn one_session(store: &dyn CheckpointStore, k: usize) -> Res<()> {
                     turn: 1,
                     stop_reason: StopReason::EndTurn,
                     usage: Usage::default(),
+                    output: None,
                 },
             ));
         }
@@ -283,6 +286,9 @@ async fn one_session(store: &dyn CheckpointStore, k: usize) -> Res<()> {
                 header: header.clone(),
                 entries: vec![(i as u64, Arc::new(entry))],
                 events,
+                metadata: None,
+                queued: Vec::new(),
+                dequeued: 0..0,
             })
             .await?;
     }

@@ -69,6 +69,10 @@ pub struct SessionState {
     child_restarts: Restarts,
     /// Set once this actor drains (hibernation, or its session ended).
     draining: bool,
+    /// The pending idle timer, if armed: one per actor, replaced when
+    /// re-armed and aborted when the actor goes, so a busy session does not
+    /// pile up sleeping timer tasks (each holding a reference to the actor).
+    idle_timer: Option<tokio::task::AbortHandle>,
     /// This actor's share of the gauges; dropped with the state, however
     /// the actor ends.
     gauges: crate::metrics::SessionGauges,
@@ -81,6 +85,9 @@ impl Drop for SessionState {
         // A stream task is not an actor: nothing else would stop it.
         if let Some(h) = self.stream.take() {
             h.abort();
+        }
+        if let Some(t) = self.idle_timer.take() {
+            t.abort();
         }
     }
 }
@@ -111,6 +118,7 @@ impl Actor for SessionActor {
             children: HashMap::new(),
             child_restarts: Restarts::default(),
             draining: false,
+            idle_timer: None,
             gauges,
         })
     }
@@ -391,10 +399,14 @@ impl SessionState {
             let _ = myself.drain();
             return;
         }
+        if let Some(t) = self.idle_timer.take() {
+            t.abort();
+        }
         if let Some(after) = self.runtime.config.idle_hibernate {
             if self.is_idle() {
                 let n = self.activity;
-                myself.send_after(after, move || SessionMsg::Hibernate(n));
+                let timer = myself.send_after(after, move || SessionMsg::Hibernate(n));
+                self.idle_timer = Some(timer.abort_handle());
             }
         }
     }

@@ -28,6 +28,10 @@
 //! a growing delay, first checking that the disk takes a file again, so a
 //! long outage costs one small probe every few seconds.
 //!
+//! Purges (`purge`) are writes too, so the writer runs them, after the
+//! checkpoints of the group they arrive in, numbered as a group of their
+//! own and confirmed like checkpoints.
+//!
 //! This module deliberately owns neither the encoding (`codec` prepares the
 //! bytes on the caller's side) nor reads (readers go to sled directly), nor
 //! what a flush does on disk (`durable`), nor opening (`open`).

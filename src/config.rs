@@ -408,6 +408,9 @@ pub struct ProviderSection {
     /// Most output tokens per request.
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// The model's context window, in tokens (see `RouteConfig::context_window`).
+    #[serde(default)]
+    pub context_window: Option<u64>,
 }
 
 impl Default for ProviderSection {
@@ -421,6 +424,7 @@ impl Default for ProviderSection {
             timeout_secs: None,
             idle_timeout_secs: None,
             max_tokens: None,
+            context_window: None,
         }
     }
 }
@@ -443,6 +447,7 @@ impl ProviderSection {
             route.idle_timeout_secs = t;
         }
         route.max_tokens = self.max_tokens;
+        route.context_window = self.context_window;
         if kind == RouteKind::Scripted {
             route.scenario = Some(self.scenario.clone());
         }
@@ -798,6 +803,12 @@ impl Config {
             && self.provider.scenario.as_os_str().is_empty()
         {
             out.push(Problem::new("provider.scenario", "must not be empty"));
+        }
+        if self.provider.context_window == Some(0) {
+            out.push(Problem::new(
+                "provider.context_window",
+                "must be at least 1 (tokens)",
+            ));
         }
         for (i, route) in self.models.iter().enumerate() {
             match &route.name {

@@ -200,6 +200,7 @@ impl HttpSection {
                 max_in_flight_requests: self.max_in_flight_requests,
                 shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             },
+            model_routes: Vec::new(),
         }
     }
 
@@ -1071,6 +1072,21 @@ impl Config {
     /// Names of the configured agents, in file order.
     pub fn agent_names(&self) -> Vec<&str> {
         self.agents.iter().map(|a| a.name.as_str()).collect()
+    }
+
+    /// Every model route a session may use: the `[[models]]` names and the
+    /// routes agents name (served by `[provider]` when no `[[models]]`
+    /// table has their name), sorted.
+    pub fn route_names(&self) -> Vec<String> {
+        let mut routes: Vec<String> = self
+            .models
+            .iter()
+            .filter_map(|m| m.name.clone())
+            .chain(self.agents.iter().map(|a| a.model.clone()))
+            .collect();
+        routes.sort_unstable();
+        routes.dedup();
+        routes
     }
 
     /// Every agent as the runtime takes it.

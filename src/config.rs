@@ -200,6 +200,7 @@ impl HttpSection {
                 max_in_flight_requests: self.max_in_flight_requests,
                 shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             },
+            model_routes: Vec::new(),
         }
     }
 
@@ -422,6 +423,9 @@ pub struct ProviderSection {
     /// Most output tokens per request.
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// The model's context window, in tokens (see `RouteConfig::context_window`).
+    #[serde(default)]
+    pub context_window: Option<u64>,
 }
 
 impl Default for ProviderSection {
@@ -435,6 +439,7 @@ impl Default for ProviderSection {
             timeout_secs: None,
             idle_timeout_secs: None,
             max_tokens: None,
+            context_window: None,
         }
     }
 }
@@ -457,6 +462,7 @@ impl ProviderSection {
             route.idle_timeout_secs = t;
         }
         route.max_tokens = self.max_tokens;
+        route.context_window = self.context_window;
         if kind == RouteKind::Scripted {
             route.scenario = Some(self.scenario.clone());
         }
@@ -819,6 +825,12 @@ impl Config {
         {
             out.push(Problem::new("provider.scenario", "must not be empty"));
         }
+        if self.provider.context_window == Some(0) {
+            out.push(Problem::new(
+                "provider.context_window",
+                "must be at least 1 (tokens)",
+            ));
+        }
         for (i, route) in self.models.iter().enumerate() {
             match &route.name {
                 None => out.push(Problem::new(
@@ -1080,6 +1092,21 @@ impl Config {
     /// Names of the configured agents, in file order.
     pub fn agent_names(&self) -> Vec<&str> {
         self.agents.iter().map(|a| a.name.as_str()).collect()
+    }
+
+    /// Every model route a session may use: the `[[models]]` names and the
+    /// routes agents name (served by `[provider]` when no `[[models]]`
+    /// table has their name), sorted.
+    pub fn route_names(&self) -> Vec<String> {
+        let mut routes: Vec<String> = self
+            .models
+            .iter()
+            .filter_map(|m| m.name.clone())
+            .chain(self.agents.iter().map(|a| a.model.clone()))
+            .collect();
+        routes.sort_unstable();
+        routes.dedup();
+        routes
     }
 
     /// Every agent as the runtime takes it.

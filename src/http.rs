@@ -11,15 +11,15 @@
 //! final [`Overseer::shutdown`] belong to the caller (`overseer serve`).
 //!
 //! Shapes: `GET /v1/sessions/{id}` and the 201 of a create answer the
-//! session header's fields plus its `transcript`; list rows, cancel and done
-//! answer the header alone (acting on a long session does not ship its
+//! session header's fields plus its `transcript`; list rows, cancel, done,
+//! interrupt and model answer the header alone (acting on a long session does not ship its
 //! history back); approvals answer `{session_id, status, pending: [...]}`.
 //!
 //! Scopes per route: reads (`GET` of sessions, tree, approvals, events,
 //! agents, and the tenant-wide `/v1/approvals` and `/v1/events`) need
-//! `sessions:read`; create, message, cancel and done need
-//! `sessions:write`; deciding approvals needs `approvals:write`; `admin`
-//! implies all three. `admin` does not cross tenants. `/healthz`,
+//! `sessions:read`; create, message, cancel, done, interrupt and model
+//! need `sessions:write`; deciding approvals needs `approvals:write`;
+//! `admin` implies all three. `admin` does not cross tenants. `/healthz`,
 //! `/readyz` and the approval inbox's page (`/`, `/ui/*`: static files, no
 //! data) are unauthenticated. `/metrics` needs `admin` unless
 //! [`HttpOptions::metrics_public`] (why: see the `metrics` submodule).
@@ -101,6 +101,9 @@ pub struct HttpOptions {
     pub metrics_public: bool,
     /// Timeouts and caps of connections and requests.
     pub limits: HttpLimits,
+    /// Model routes a session may be created with or switched to besides
+    /// the ones agents use (`overseer serve` passes the `[[models]]` names).
+    pub model_routes: Vec<String>,
 }
 
 /// How long the server waits for a client and how much it takes at once.
@@ -324,6 +327,20 @@ impl AppState {
         &self.inner.options.limits
     }
 
+    /// Every model route a session may use: the agents' own and the extra
+    /// configured ones, sorted, without repeats.
+    pub(crate) fn model_routes(&self) -> Vec<&str> {
+        let mut routes: Vec<&str> = self
+            .overseer()
+            .agents()
+            .map(|a| a.model.as_str())
+            .chain(self.inner.options.model_routes.iter().map(String::as_str))
+            .collect();
+        routes.sort_unstable();
+        routes.dedup();
+        routes
+    }
+
     pub(crate) fn in_flight(&self) -> &Arc<Semaphore> {
         &self.inner.in_flight
     }
@@ -368,6 +385,8 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/sessions/{id}/cancel", post(sessions::cancel))
         .route("/v1/sessions/{id}/done", post(sessions::done))
+        .route("/v1/sessions/{id}/interrupt", post(sessions::interrupt))
+        .route("/v1/sessions/{id}/model", post(sessions::set_model))
         .route("/v1/sessions/{id}/events", get(events::stream))
         .route("/v1/approvals", get(inbox::list))
         .route("/v1/events", get(tenant_events::stream))

@@ -85,6 +85,14 @@ pub enum StoreError {
         /// Newest version this binary reads.
         supported: u32,
     },
+    /// A purge of a session that has not ended: refused, nothing deleted.
+    #[error("session {session} is {status}; only a completed, failed or cancelled session can be purged")]
+    NotTerminal {
+        /// Session id.
+        session: SessionId,
+        /// Its status.
+        status: SessionStatus,
+    },
 }
 
 /// Durable storage of sessions and their event logs.
@@ -150,7 +158,8 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// metadata, index entries, and the blobs no other session references.
     /// The header goes first, so a purge cut short leaves invisible rows,
     /// never a session with holes. Purging a session that is not terminal is
-    /// refused.
+    /// refused ([`StoreError::NotTerminal`]); purging one that does not exist
+    /// does nothing.
     async fn purge(&self, id: SessionId) -> Result<(), StoreError> {
         let _ = id;
         Err(StoreError::Io("this store cannot purge sessions".into()))

@@ -116,7 +116,8 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
     let auth = auth_config(&config)?.with_leeway(config.http.jwt_leeway());
     // Refuse `auth = "none"` off loopback before anything is opened.
     http::check_listener(addr, &auth).map_err(ServeError::from)?;
-    let http_options: HttpOptions = config.http.options();
+    let mut http_options: HttpOptions = config.http.options();
+    http_options.model_routes = config.route_names();
     http_options.validate().map_err(ServeError::from)?;
     let provider = service::build_providers(&config)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -79,7 +79,11 @@ pub enum Command {
     after_help = "With --resume SESSION_ID and no PROMPT, run continues a session that an \
 earlier process left (killed while it waited for approval or ran a tool): pending approvals are \
 settled per --approve and the turn is followed to its end, as in a fresh run. Pass the same \
---config, --scenario and --data as the run that created it."
+--config, --scenario and --data as the run that created it. A session waiting for input (after \
+Ctrl-C interrupted its turn) takes a PROMPT as its next message; --model ROUTE first switches \
+it to another model route.\n\nCtrl-C stops the running turn and keeps the session (it waits \
+for input; the run exits with status 130); a second Ctrl-C cancels the session; a third quits \
+at once."
 )]
 pub struct RunArgs {
     /// Config file (default: ./config/overseer.toml if present, else the
@@ -111,22 +115,20 @@ pub struct RunArgs {
     /// http://localhost:11434/v1 for Ollama.
     #[arg(long, value_name = "URL")]
     pub base_url: Option<String>,
-    /// Model id sent to an openai/anthropic provider.
+    /// Model id sent to an openai/anthropic provider. With --resume: the
+    /// model route the session continues on (a [[models]] name, or a route
+    /// an agent uses), switched to before its next turn.
     #[arg(long, value_name = "MODEL")]
     pub model: Option<String>,
     /// Environment variable holding the provider's API key.
     #[arg(long, value_name = "VAR")]
     pub api_key_env: Option<String>,
-    /// Continue this stored session instead of starting one (no PROMPT then).
+    /// Continue this stored session instead of starting one (a PROMPT is
+    /// then its next message, for a session waiting for input).
     #[arg(long, value_name = "SESSION_ID")]
     pub resume: Option<SessionId>,
     /// The user message (several words are joined with spaces).
-    #[arg(
-        value_name = "PROMPT",
-        required_unless_present = "resume",
-        conflicts_with = "resume",
-        num_args = 1..
-    )]
+    #[arg(value_name = "PROMPT", required_unless_present = "resume", num_args = 1..)]
     pub prompt: Vec<String>,
 }
 
@@ -218,8 +220,24 @@ pub enum CliError {
         detail: Option<String>,
     },
     /// `--resume` names a session that has no turn to continue.
-    #[error("session {0} is pending: it has no message yet, so there is no turn to resume")]
+    #[error("session {0} is pending: it has no message yet, so there is no turn to resume; give a PROMPT to start one")]
     NothingToResume(SessionId),
+    /// `--resume` without a PROMPT names a session whose last turn was
+    /// interrupted: it waits for its next message.
+    #[error("session {0} waits for input (its last turn was interrupted); continue it with `overseer run --resume {0} PROMPT`")]
+    AwaitsInput(SessionId),
+    /// `--resume` with a PROMPT (or `--model`) names a session in the middle
+    /// of a turn.
+    #[error("session {id} is {status}, in the middle of a turn: resume it without a PROMPT or --model first, then send the next message")]
+    MidTurn {
+        /// The session.
+        id: SessionId,
+        /// Its status.
+        status: SessionStatus,
+    },
+    /// Ctrl-C stopped the turn; the session is kept.
+    #[error("interrupted: session {0} is kept and waits for input; continue it with `overseer run --resume {0} PROMPT`")]
+    Interrupted(SessionId),
     /// `overseer store`.
     #[error(transparent)]
     StoreCommand(#[from] store::StoreCliError),
@@ -242,6 +260,8 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) => 2,
+            // As a shell reports a process stopped by SIGINT.
+            Self::Interrupted(_) => 130,
             _ => 1,
         }
     }
@@ -349,7 +369,7 @@ mod tests {
     }
 
     #[test]
-    fn resume_takes_a_session_id_and_no_prompt() {
+    fn resume_takes_a_session_id_and_an_optional_prompt() {
         let id = SessionId::generate();
         let cli = Cli::try_parse_from([
             "overseer",
@@ -365,10 +385,14 @@ mod tests {
         };
         assert_eq!(args.resume, Some(id));
         assert!(args.prompt.is_empty());
-        // A prompt, or another agent, makes no sense for a stored session.
-        assert!(
-            Cli::try_parse_from(["overseer", "run", "--resume", &id.to_string(), "hi"]).is_err()
-        );
+        // A prompt is the next message of a session waiting for input...
+        let cli = Cli::try_parse_from(["overseer", "run", "--resume", &id.to_string(), "go", "on"])
+            .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("expected run");
+        };
+        assert_eq!(args.prompt.join(" "), "go on");
+        // ...but another agent makes no sense for a stored session.
         assert!(Cli::try_parse_from([
             "overseer",
             "run",

@@ -204,6 +204,7 @@ impl HttpSection {
                 shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             },
             cluster: None,
+            model_routes: Vec::new(),
         }
     }
 
@@ -273,6 +274,9 @@ pub struct StoreSection {
     /// Most memory sled's page cache may hold, MiB.
     #[serde(default = "default_cache_mb")]
     pub cache_mb: u64,
+    /// Terminal sessions older than this many days are purged (unset: kept).
+    #[serde(default)]
+    pub retention_days: Option<u64>,
 }
 
 impl Default for StoreSection {
@@ -283,6 +287,7 @@ impl Default for StoreSection {
             data_dir: default_data_dir(),
             durability: Durability::default(),
             cache_mb: default_cache_mb(),
+            retention_days: None,
         }
     }
 }
@@ -367,6 +372,14 @@ pub struct RuntimeSection {
     /// How long an API call waits for a session actor, seconds.
     #[serde(default = "default_call_timeout_secs")]
     pub call_timeout_secs: u64,
+    /// Share of a model's context window, percent, past which a session
+    /// compacts its older transcript.
+    #[serde(default = "default_compaction_threshold_pct")]
+    pub compaction_threshold_pct: u8,
+}
+
+fn default_compaction_threshold_pct() -> u8 {
+    overseer_actors::machine::DEFAULT_COMPACTION_THRESHOLD_PCT
 }
 
 impl Default for RuntimeSection {
@@ -376,6 +389,7 @@ impl Default for RuntimeSection {
             restart_window_secs: default_restart_window_secs(),
             idle_hibernate_secs: default_idle_hibernate_secs(),
             call_timeout_secs: default_call_timeout_secs(),
+            compaction_threshold_pct: default_compaction_threshold_pct(),
         }
     }
 }
@@ -401,6 +415,12 @@ pub struct LimitsSection {
     /// Bytes of a session's metadata (JSON).
     #[serde(default = "default_max_metadata_bytes")]
     pub max_metadata_bytes: u64,
+    /// Live session actors one tenant may have (unset: no quota).
+    #[serde(default)]
+    pub max_live_sessions_per_tenant: Option<usize>,
+    /// Sessions one tenant may create per UTC day (unset: no quota).
+    #[serde(default)]
+    pub max_sessions_per_tenant_per_day: Option<u64>,
 }
 
 impl Default for LimitsSection {
@@ -412,6 +432,8 @@ impl Default for LimitsSection {
             max_queued_bytes: l.max_queued_bytes,
             max_title_bytes: l.max_title_bytes,
             max_metadata_bytes: l.max_metadata_bytes,
+            max_live_sessions_per_tenant: l.max_live_sessions_per_tenant,
+            max_sessions_per_tenant_per_day: l.max_sessions_per_tenant_per_day,
         }
     }
 }
@@ -425,6 +447,8 @@ impl LimitsSection {
             max_queued_bytes: self.max_queued_bytes,
             max_title_bytes: self.max_title_bytes,
             max_metadata_bytes: self.max_metadata_bytes,
+            max_live_sessions_per_tenant: self.max_live_sessions_per_tenant,
+            max_sessions_per_tenant_per_day: self.max_sessions_per_tenant_per_day,
         }
     }
 }
@@ -473,6 +497,9 @@ pub struct ProviderSection {
     /// Most output tokens per request.
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// The model's context window, in tokens (see `RouteConfig::context_window`).
+    #[serde(default)]
+    pub context_window: Option<u64>,
 }
 
 impl Default for ProviderSection {
@@ -486,6 +513,7 @@ impl Default for ProviderSection {
             timeout_secs: None,
             idle_timeout_secs: None,
             max_tokens: None,
+            context_window: None,
         }
     }
 }
@@ -508,6 +536,7 @@ impl ProviderSection {
             route.idle_timeout_secs = t;
         }
         route.max_tokens = self.max_tokens;
+        route.context_window = self.context_window;
         if kind == RouteKind::Scripted {
             route.scenario = Some(self.scenario.clone());
         }
@@ -570,6 +599,15 @@ pub struct AgentSection {
     /// Spending limits: `{ max_tokens, max_tool_calls, max_steps, max_wall_clock_secs }`.
     #[serde(default)]
     pub budget: Budget,
+    /// JSON Schema the final answer of each turn must match.
+    #[serde(default)]
+    pub output_schema: Option<serde_json::Value>,
+    /// Complete a session idle in awaiting_input this long.
+    #[serde(default)]
+    pub input_timeout_secs: Option<u64>,
+    /// Per-tool approval rules overriding the tools' defaults.
+    #[serde(default)]
+    pub tool_approvals: std::collections::BTreeMap<String, bool>,
 }
 
 fn default_max_delegation_depth() -> u32 {
@@ -597,6 +635,9 @@ impl AgentSection {
             max_delegation_depth: self.max_delegation_depth,
             max_children: self.max_children,
             budget: self.budget,
+            output_schema: self.output_schema.clone(),
+            input_timeout_secs: self.input_timeout_secs,
+            tool_approvals: self.tool_approvals.clone(),
         }
     }
 }
@@ -865,6 +906,21 @@ impl Config {
                 out.push(Problem::new(key, "must be at least 1"));
             }
         }
+        if self.store.retention_days == Some(0) {
+            out.push(Problem::new(
+                "store.retention_days",
+                "must be at least 1 (leave it unset to keep sessions for ever)",
+            ));
+        }
+        if !(10..=99).contains(&self.runtime.compaction_threshold_pct) {
+            out.push(Problem::new(
+                "runtime.compaction_threshold_pct",
+                format!(
+                    "must be between 10 and 99 (percent), found {}",
+                    self.runtime.compaction_threshold_pct
+                ),
+            ));
+        }
         let l = &self.limits;
         let limits = [
             ("limits.max_live_sessions", l.max_live_sessions as u64),
@@ -882,6 +938,12 @@ impl Config {
             && self.provider.scenario.as_os_str().is_empty()
         {
             out.push(Problem::new("provider.scenario", "must not be empty"));
+        }
+        if self.provider.context_window == Some(0) {
+            out.push(Problem::new(
+                "provider.context_window",
+                "must be at least 1 (tokens)",
+            ));
         }
         for (i, route) in self.models.iter().enumerate() {
             match &route.name {
@@ -1153,6 +1215,21 @@ impl Config {
         self.agents.iter().map(|a| a.name.as_str()).collect()
     }
 
+    /// Every model route a session may use: the `[[models]]` names and the
+    /// routes agents name (served by `[provider]` when no `[[models]]`
+    /// table has their name), sorted.
+    pub fn route_names(&self) -> Vec<String> {
+        let mut routes: Vec<String> = self
+            .models
+            .iter()
+            .filter_map(|m| m.name.clone())
+            .chain(self.agents.iter().map(|a| a.model.clone()))
+            .collect();
+        routes.sort_unstable();
+        routes.dedup();
+        routes
+    }
+
     /// Every agent as the runtime takes it.
     pub fn agent_configs(&self) -> Vec<AgentConfig> {
         self.agents
@@ -1175,6 +1252,14 @@ impl Config {
             call_timeout: Duration::from_secs(self.runtime.call_timeout_secs),
             idle_hibernate: self.idle_hibernate(),
             limits: self.limits.to_limits(),
+            compaction_threshold_pct: self.runtime.compaction_threshold_pct,
+            janitor: Some(overseer_actors::janitor::JanitorConfig {
+                retention: self
+                    .store
+                    .retention_days
+                    .map(|d| Duration::from_secs(d.saturating_mul(86_400))),
+                ..Default::default()
+            }),
         }
     }
 

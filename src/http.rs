@@ -11,15 +11,17 @@
 //! final [`Overseer::shutdown`] belong to the caller (`overseer serve`).
 //!
 //! Shapes: `GET /v1/sessions/{id}` and the 201 of a create answer the
-//! session header's fields plus its `transcript`; list rows, cancel and done
-//! answer the header alone (acting on a long session does not ship its
+//! session header's fields plus its `transcript`; list rows, cancel, done,
+//! interrupt and model answer the header alone (acting on a long session does not ship its
 //! history back); approvals answer `{session_id, status, pending: [...]}`.
 //!
 //! Scopes per route: reads (`GET` of sessions, tree, approvals, events,
-//! agents) need `sessions:read`; create, message, cancel and done need
-//! `sessions:write`; deciding approvals needs `approvals:write`; `admin`
-//! implies all three. `admin` does not cross tenants. `/healthz` and
-//! `/readyz` are unauthenticated. `/metrics` needs `admin` unless
+//! agents, and the tenant-wide `/v1/approvals` and `/v1/events`) need
+//! `sessions:read`; create, message, cancel, done, interrupt and model
+//! need `sessions:write`; deciding approvals needs `approvals:write`;
+//! `admin` implies all three. `admin` does not cross tenants. `/healthz`,
+//! `/readyz` and the approval inbox's page (`/`, `/ui/*`: static files, no
+//! data) are unauthenticated. `/metrics` needs `admin` unless
 //! [`HttpOptions::metrics_public`] (why: see the `metrics` submodule).
 //!
 //! `/readyz` is 200 only once recovery has finished *and* the store takes a
@@ -41,8 +43,11 @@ mod error;
 mod events;
 mod extract;
 mod idempotency;
+mod inbox;
 mod metrics;
 mod sessions;
+mod tenant_events;
+mod ui;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -99,6 +104,9 @@ pub struct HttpOptions {
     /// Cluster mode (§15): requests about a session go to the node that
     /// owns it. `None` on a single node.
     pub cluster: Option<crate::cluster::Routing>,
+    /// Model routes a session may be created with or switched to besides
+    /// the ones agents use (`overseer serve` passes the `[[models]]` names).
+    pub model_routes: Vec<String>,
 }
 
 /// How long the server waits for a client and how much it takes at once.
@@ -254,6 +262,8 @@ struct Inner {
     creates: IdempotencyLog<SessionId, SessionError>,
     /// Keyed by session and a digest of the `message_id`.
     messages: IdempotencyLog<(SessionId, Digest32), SessionError>,
+    /// Per-tenant replay buffers of `GET /v1/events`.
+    tenant_feeds: Arc<tenant_events::TenantFeeds>,
 }
 
 impl AppState {
@@ -279,6 +289,7 @@ impl AppState {
                 shutdown_tx: watch::channel(false).0,
                 creates: IdempotencyLog::new(DEFAULT_CAPACITY),
                 messages: IdempotencyLog::new(DEFAULT_CAPACITY),
+                tenant_feeds: Arc::default(),
             }),
         }
     }
@@ -319,6 +330,20 @@ impl AppState {
         &self.inner.options.limits
     }
 
+    /// Every model route a session may use: the agents' own and the extra
+    /// configured ones, sorted, without repeats.
+    pub(crate) fn model_routes(&self) -> Vec<&str> {
+        let mut routes: Vec<&str> = self
+            .overseer()
+            .agents()
+            .map(|a| a.model.as_str())
+            .chain(self.inner.options.model_routes.iter().map(String::as_str))
+            .collect();
+        routes.sort_unstable();
+        routes.dedup();
+        routes
+    }
+
     pub(crate) fn in_flight(&self) -> &Arc<Semaphore> {
         &self.inner.in_flight
     }
@@ -329,6 +354,10 @@ impl AppState {
 
     pub(crate) fn messages(&self) -> &IdempotencyLog<(SessionId, Digest32), SessionError> {
         &self.inner.messages
+    }
+
+    pub(crate) fn tenant_feeds(&self) -> &Arc<tenant_events::TenantFeeds> {
+        &self.inner.tenant_feeds
     }
 }
 
@@ -343,6 +372,8 @@ pub fn router(state: AppState) -> Router {
         }
     };
     let router = Router::new()
+        .route("/", get(ui::index))
+        .route("/ui/{file}", get(ui::asset))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::metrics))
@@ -357,7 +388,11 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/sessions/{id}/cancel", post(sessions::cancel))
         .route("/v1/sessions/{id}/done", post(sessions::done))
+        .route("/v1/sessions/{id}/interrupt", post(sessions::interrupt))
+        .route("/v1/sessions/{id}/model", post(sessions::set_model))
         .route("/v1/sessions/{id}/events", get(events::stream))
+        .route("/v1/approvals", get(inbox::list))
+        .route("/v1/events", get(tenant_events::stream))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES));
@@ -374,6 +409,7 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             admission::admit,
         ))
+        .layer(axum::middleware::from_fn(ui::security_headers))
         .layer(TraceLayer::new_for_http())
         .with_state(state);
     match cors {

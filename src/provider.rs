@@ -29,9 +29,12 @@ use serde_json::Value;
 use crate::scenario::{self, ScenarioLoadError};
 
 pub mod anthropic;
+mod context;
 pub mod openai;
 pub mod retry;
 mod sse;
+
+pub use context::known_context_window;
 
 pub use anthropic::AnthropicProvider;
 pub use openai::OpenAiProvider;
@@ -152,6 +155,13 @@ pub struct RouteConfig {
     /// Scenario file of a `scripted` route (default: the demo scenario).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scenario: Option<PathBuf>,
+    /// The model's context window, in tokens: sessions compact their
+    /// transcript before a request would outgrow it. Unset: the window of a
+    /// well-known model id ([`known_context_window`]) or, for `scripted`,
+    /// the scenario's `context_window`; else unknown, and a session compacts
+    /// only once the provider reports an overflow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
 }
 
 impl RouteConfig {
@@ -168,6 +178,7 @@ impl RouteConfig {
             extra_headers: BTreeMap::new(),
             max_tokens: None,
             scenario: None,
+            context_window: None,
         }
     }
 
@@ -198,6 +209,9 @@ impl RouteConfig {
         let invalid = |field: &'static str, message: String| {
             Err(ProviderConfigError::Invalid { field, message })
         };
+        if self.context_window == Some(0) {
+            return invalid("context_window", "must be at least 1 (tokens)".into());
+        }
         if self.provider == ProviderKind::Scripted {
             return Ok(());
         }
@@ -398,6 +412,9 @@ pub struct Endpoint {
     pub headers: HeaderMap,
     /// Output token cap.
     pub max_tokens: Option<u32>,
+    /// The model's context window in tokens; `None`: the known window of
+    /// `model`, if any ([`known_context_window`]).
+    pub context_window: Option<u64>,
 }
 
 impl Endpoint {
@@ -411,7 +428,15 @@ impl Endpoint {
             idle_timeout: Duration::from_secs(DEFAULT_IDLE_TIMEOUT_SECS),
             headers: HeaderMap::new(),
             max_tokens: None,
+            context_window: None,
         }
+    }
+
+    /// The context window in effect: the configured one, else the known
+    /// window of the model id.
+    pub fn effective_context_window(&self) -> Option<u64> {
+        self.context_window
+            .or_else(|| known_context_window(&self.model))
     }
 
     /// The HTTP client for this endpoint.
@@ -525,7 +550,12 @@ pub fn build_provider_with_env(
                 .scenario
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(scenario::DEFAULT_SCENARIO_PATH));
-            Ok(Arc::new(ScriptedProvider::new(scenario::resolve(&path)?)))
+            let mut scenario = scenario::resolve(&path)?;
+            // The route's window, when set, is what the "model" advertises.
+            if route.context_window.is_some() {
+                scenario.context_window = route.context_window;
+            }
+            Ok(Arc::new(ScriptedProvider::new(scenario)))
         }
         ProviderKind::Openai | ProviderKind::Anthropic => {
             let keys = Arc::new(match route.effective_api_key_env() {
@@ -540,6 +570,7 @@ pub fn build_provider_with_env(
                 idle_timeout: Duration::from_secs(route.idle_timeout_secs),
                 headers: header_map(&route.extra_headers)?,
                 max_tokens: route.max_tokens,
+                context_window: route.context_window,
             };
             let inner: Arc<dyn Provider> = if route.provider == ProviderKind::Anthropic {
                 Arc::new(AnthropicProvider::new(endpoint)?)
@@ -684,6 +715,8 @@ fn says_context_overflow(body: &str) -> bool {
         "exceed_context_size",
         "exceeds the available context size",
         "prompt is too long",
+        // Anthropic: "input length and `max_tokens` exceed context limit".
+        "context limit",
     ]
     .iter()
     .any(|needle| lower.contains(needle))

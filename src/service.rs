@@ -148,6 +148,13 @@ impl Provider for RoutedProvider {
         let provider = self.routes.get(&request.model).unwrap_or(&self.default);
         provider.stream(request).await
     }
+
+    fn context_window(&self, model: &str) -> Option<u64> {
+        self.routes
+            .get(model)
+            .unwrap_or(&self.default)
+            .context_window(model)
+    }
 }
 
 /// Builds every configured route now, so a missing key or a bad URL is a

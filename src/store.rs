@@ -11,7 +11,10 @@
 //! | `tenants`    | tenant bytes ‖ 0x00 ‖ id         | empty                         |
 //! | `active`     | id                               | empty (`running`, `awaiting_approval`) |
 //! | `blobs`      | sha256 hex of a tool result      | the result JSON (> 64 KiB)    |
-//! | `meta`       | `format_version`, `commit_seq`, `health_check` | big-endian u32, u64; a nonce |
+//! | `blob_refs`  | sha256 hex ‖ id                  | empty: the session references the blob |
+//! | `queue`      | id ‖ big-endian u64 seq          | a queued message JSON         |
+//! | `metadata`   | id                               | the caller's metadata JSON    |
+//! | `meta`       | `format_version`, `commit_seq`, `health_check`, `purge:` ‖ id | big-endian u32, u64; a nonce; the tenant of a purge under way |
 //!
 //! plus, beside the database, `overseer.commit`: the number of the last group
 //! of checkpoints a flush confirmed (`sidecar`), checked at every open so that
@@ -43,10 +46,17 @@
 //! use only (a terminal one is forgotten, and the whole is bounded). Nothing
 //! here grows with the number of sessions ever stored.
 //!
+//! Retention: [`CheckpointStore::purge`] deletes a terminal session whole,
+//! header first, with the blobs no other session references (`purge`); a
+//! `blob_refs` entry is written with every checkpoint row that references a
+//! blob, before the header that commits it. Layout version 2 added
+//! `blob_refs`; a version 1 directory is upgraded when first opened for
+//! serving (`open`), and refused by older binaries from then on.
+//!
 //! It deliberately owns no session semantics: what goes into a checkpoint, and
 //! when, is decided by `overseer-actors`; this module stores it and reads it
-//! back exactly. Retention (purging old sessions and unreferenced blobs) is not
-//! here yet.
+//! back exactly; which sessions are purged, and when, is the runtime's
+//! retention policy.
 
 mod check;
 mod codec;
@@ -56,6 +66,7 @@ mod gate;
 mod group_commit;
 mod open;
 pub mod postgres;
+mod purge;
 mod sidecar;
 
 use std::path::Path;
@@ -78,7 +89,7 @@ use open::{Purpose, Trees};
 
 /// The layout version of the trees above (not the snapshot `schema_version`,
 /// which versions the JSON inside them).
-const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 2;
 
 /// Most commands (checkpoints, flushes) queued for or being written by the
 /// writer at once; further callers wait for a slot. Well above what group
@@ -112,7 +123,8 @@ pub struct StoreOptions {
     pub durability: Durability,
     /// The most memory, in MiB, sled's page cache may hold (sled's own
     /// default is 1 GiB). Reads of sessions not in it go to the disk (and
-    /// the OS's page cache). Between 1 and [`MAX_CACHE_MB`].
+    /// the OS's page cache). Between 1 and [`MAX_CACHE_MB`]; a value outside
+    /// is clamped (the configuration rejects it with its key).
     pub cache_mb: u64,
 }
 
@@ -503,6 +515,29 @@ impl Trees {
         Ok(out)
     }
 
+    /// Headers in id order after `after`, at most `limit`.
+    fn scan(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        let start = match after {
+            Some(id) => std::ops::Bound::Excluded(id.as_bytes().to_vec()),
+            None => std::ops::Bound::Unbounded,
+        };
+        let mut out = Vec::new();
+        for item in self
+            .sessions
+            .range::<Vec<u8>, _>((start, std::ops::Bound::Unbounded))
+            .take(limit)
+        {
+            let (key, bytes) = item.map_err(|e| io("scanning sessions", e))?;
+            let id = codec::id_from(&key).ok_or_else(|| corrupt("sessions", "malformed key"))?;
+            out.push(codec::decode_header(&id, &bytes)?);
+        }
+        Ok(out)
+    }
+
     fn tenant(
         &self,
         tenant: &str,
@@ -601,6 +636,14 @@ impl CheckpointStore for SledStore {
             .await
     }
 
+    async fn scan(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        self.read(move |trees| trees.scan(after, limit)).await
+    }
+
     async fn flush(&self) -> Result<(), StoreError> {
         self.send(Command::Flush, "a flush".into()).await
     }
@@ -614,6 +657,16 @@ impl CheckpointStore for SledStore {
     /// the store has recovered on its own.
     async fn health_check(&self) -> Result<(), StoreError> {
         self.send(Command::Health, "a health check".into()).await
+    }
+
+    /// Done by the writer, like a checkpoint (and under `fsync` confirmed
+    /// after a flush): see `purge` for the order of its writes.
+    async fn purge(&self, id: SessionId) -> Result<(), StoreError> {
+        self.send(
+            |reply| Command::Purge(id, reply),
+            format!("the purge of session {id}"),
+        )
+        .await
     }
 }
 
@@ -937,6 +990,7 @@ mod tests {
             text: "calling".into(),
             tool_calls: Vec::new(),
             at_ms: 8,
+            finish_reason: None,
         });
         store.checkpoint(sim.checkpoint()).await.unwrap();
 
@@ -1271,7 +1325,10 @@ mod tests {
             panic!("unexpected {err:?}");
         };
         assert_eq!(session, "meta");
-        assert!(detail.contains("format version 2"), "{detail}");
+        assert!(
+            detail.contains(&format!("format version {}", FORMAT_VERSION + 1)),
+            "{detail}"
+        );
         assert!(detail.contains("upgrade overseer"), "{detail}");
         assert_eq!(data(dir.path()), before);
     }
@@ -1378,6 +1435,96 @@ mod tests {
     /// The crash-consistency rule of the module docs: a checkpoint whose
     /// header never made it to disk leaves only rows no reader trusts, and the
     /// session's next checkpoint overwrites them.
+    /// A purge cut short right after its header (the commit record) leaves a
+    /// session no reader sees, and the next open for serving removes what
+    /// it left, blobs included.
+    #[tokio::test]
+    async fn a_purge_cut_short_after_its_header_is_finished_at_the_next_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut sim = Sim::new("acme");
+        sim.user("fetch");
+        sim.push(tool_result(big_result()));
+        sim.enqueue("later");
+        sim.status(SessionStatus::Completed);
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        let mut other = Sim::new("acme");
+        other.user("stay");
+        store.checkpoint(other.checkpoint()).await.unwrap();
+        store
+            .current()
+            .trees
+            .stop_purges
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        store.purge(sim.id()).await.unwrap_err();
+        {
+            let generation = store.current();
+            let trees = &generation.trees;
+            assert!(store.load(sim.id()).await.unwrap().is_none());
+            assert!(store
+                .events_after(sim.id(), 0, 10)
+                .await
+                .unwrap()
+                .is_empty());
+            assert_eq!(
+                store.list_tenant("acme", None, 10).await.unwrap(),
+                vec![other.header.clone()]
+            );
+            // The rows are still there, invisible, and the marker says so.
+            assert!(trees.transcript.scan_prefix(sim.id().as_bytes()).count() > 0);
+            assert_eq!(trees.blobs.len(), 1);
+            assert!(trees
+                .meta
+                .contains_key(codec::purge_key(&sim.id()))
+                .unwrap());
+        }
+        store.flush().await.unwrap();
+        drop(store);
+
+        let store = open(dir.path());
+        let generation = store.current();
+        let trees = &generation.trees;
+        for (name, tree) in [
+            ("transcript", &trees.transcript),
+            ("events", &trees.events),
+            ("queue", &trees.queue),
+        ] {
+            assert_eq!(tree.scan_prefix(sim.id().as_bytes()).count(), 0, "{name}");
+        }
+        assert!(!trees.metadata.contains_key(sim.id().as_bytes()).unwrap());
+        assert!(!trees
+            .tenants
+            .contains_key(codec::tenant_key("acme", &sim.id()))
+            .unwrap());
+        assert_eq!(trees.blobs.len(), 0);
+        assert_eq!(trees.blob_refs.len(), 0);
+        assert_eq!(trees.meta.scan_prefix(codec::PURGE_PREFIX).count(), 0);
+        assert_same(&store.load(other.id()).await.unwrap().unwrap(), &other);
+    }
+
+    #[tokio::test]
+    async fn scan_walks_every_session_in_bounded_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut want = Vec::new();
+        for tenant in ["a", "b", "a", "c", "b"] {
+            let mut sim = Sim::new(tenant);
+            store.checkpoint(sim.checkpoint()).await.unwrap();
+            want.push(sim.header.clone());
+        }
+        want.sort_by_key(|h| h.id);
+        let mut got = Vec::new();
+        let mut after = None;
+        loop {
+            let page = store.scan(after, 2).await.unwrap();
+            assert!(page.len() <= 2);
+            let Some(last) = page.last() else { break };
+            after = Some(last.id);
+            got.extend(page);
+        }
+        assert_eq!(got, want);
+    }
+
     #[tokio::test]
     async fn a_checkpoint_cut_short_before_its_header_stays_invisible() {
         let dir = tempfile::tempdir().unwrap();

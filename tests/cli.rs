@@ -820,3 +820,240 @@ tools = ["create_ticket", "http_request", "current_time"]
         run.stdout
     );
 }
+
+// ---- Ctrl-C and model switch (issue 15) ---------------------------------------
+
+/// A tool endpoint that takes every request and never answers: a tool call
+/// that stays running until something stops it. Each request is announced
+/// on the returned channel.
+fn never_answering_tool() -> (String, std::sync::mpsc::Receiver<()>) {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/slow", listener.local_addr().expect("addr"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf);
+            held.push(conn);
+            if tx.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    (url, rx)
+}
+
+/// A config whose `worker` agent calls `slow` (no approval needed) and then
+/// answers with the user's words; `fast` is a second route with the same
+/// script.
+fn worker_config(dir: &Path, tool_url: &str) -> PathBuf {
+    let scenario = dir.join("worker.json");
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"agents": {"worker": [
+            {"text": "Working on it.", "tool_calls": [{"name": "slow", "arguments": {}}]},
+            {"text": "Picked up again: {{user}}"}
+        ]}})
+        .to_string(),
+    )
+    .expect("write scenario");
+    let config = dir.join("worker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[provider]
+kind = "scripted"
+scenario = "{scenario}"
+
+[[models]]
+name = "fast"
+provider = "scripted"
+scenario = "{scenario}"
+
+[[tools]]
+name = "slow"
+description = "Takes its time"
+url = "{tool_url}"
+requires_approval = false
+timeout_secs = 600
+
+[[agents]]
+name = "worker"
+tools = ["slow"]
+approval = "auto"
+"#,
+            scenario = scenario.display()
+        ),
+    )
+    .expect("write config");
+    config
+}
+
+#[test]
+fn ctrl_c_interrupts_the_turn_and_keeps_the_session_for_the_next_message() {
+    let (tmp, data) = workdir();
+    let (tool_url, called) = never_answering_tool();
+    let config = worker_config(tmp.path(), &tool_url);
+    let config = config.display().to_string();
+    let data_dir = data_arg(tmp.path());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_overseer"));
+    cmd.args([
+        "run",
+        "--config",
+        &config,
+        "--agent",
+        "worker",
+        "--approve",
+        "auto",
+        "--data",
+        &data_dir,
+        "start",
+    ])
+    .current_dir(tmp.path())
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .env_remove("RUST_LOG");
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("OVERSEER_") {
+            cmd.env_remove(key);
+        }
+    }
+    let child = cmd.spawn().expect("spawn overseer run");
+    let pid = child.id();
+    // Bounded: a run that never reaches the tool or never exits is killed.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
+            if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    });
+    called
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the run never called the tool");
+    let sent = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(sent.success());
+    let out = child.wait_with_output().expect("wait");
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let run = Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    let id = run.session_id();
+    assert_eq!(run.code, Some(130), "stderr:\n{}", run.stderr);
+    assert!(
+        run.stderr.contains(
+            "interrupted: stopping the turn; the session is kept (Ctrl-C again cancels it)"
+        ),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("turn ended: interrupted"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        run.last_stderr_line(),
+        format!("error: interrupted: session {id} is kept and waits for input; continue it with `overseer run --resume {id} PROMPT`")
+    );
+    assert!(run.stdout.contains("Working on it."), "{}", run.stdout);
+    assert_eq!(
+        stored_status(&data, &id),
+        (SessionStatus::AwaitingInput, Some("interrupted".into()))
+    );
+
+    // Resuming without a message keeps it waiting, and says how to go on.
+    let resume = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--config",
+            &config,
+            "--resume",
+            &id,
+            "--approve",
+            "auto",
+            "--data",
+            &data_dir,
+        ];
+        args.extend_from_slice(extra);
+        overseer(tmp.path(), &args)
+    };
+    let again = resume(&[]);
+    assert_eq!(again.code, Some(1), "{}", again.stderr);
+    assert!(
+        again
+            .last_stderr_line()
+            .contains("waits for input (its last turn was interrupted)"),
+        "{}",
+        again.stderr
+    );
+    assert_eq!(stored_status(&data, &id).0, SessionStatus::AwaitingInput);
+    // A route that is not configured is refused before anything runs.
+    let bad = resume(&["--model", "nope", "go"]);
+    assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains(
+            "--model: 'nope' is not a configured model route (configured: fast, scripted)"
+        ),
+        "{}",
+        bad.stderr
+    );
+
+    // The next message continues the conversation, on another route.
+    let next = resume(&["--model", "fast", "carry", "on"]);
+    assert_eq!(next.code, Some(0), "{}", next.stderr);
+    assert!(
+        next.stderr.contains("model route: scripted -> fast"),
+        "{}",
+        next.stderr
+    );
+    assert_eq!(next.stdout.trim(), "Picked up again: carry on");
+    assert_eq!(
+        stored_status(&data, &id),
+        (SessionStatus::Completed, Some("end_turn".into()))
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let transcript = rt.block_on(async {
+        let store = SledStore::open(&data, Durability::Fsync).expect("open store");
+        store
+            .load(id.parse().expect("id"))
+            .await
+            .expect("load")
+            .expect("session")
+            .transcript
+    });
+    use overseer_actors::model::{CallState, TranscriptEntry};
+    let states: Vec<CallState> = transcript
+        .iter()
+        .filter_map(|e| match &**e {
+            TranscriptEntry::ToolResult { call } => Some(call.state),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [CallState::Cancelled],
+        "the running call was stopped, not left running"
+    );
+    assert!(
+        transcript
+            .iter()
+            .any(|e| matches!(&**e, TranscriptEntry::ModelChanged { to, .. } if to == "fast")),
+        "{transcript:#?}"
+    );
+}

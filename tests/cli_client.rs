@@ -220,3 +220,51 @@ async fn stored_text_with_control_characters_reaches_the_terminal_escaped() -> a
     assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
     s.stop().await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_interrupt_and_model_act_on_a_running_server() -> anyhow::Result<()> {
+    let s = Server::start().await?;
+    let t = token("acme", "alice", ALL);
+    let (id, _) = s.create_pending(&t).await?;
+
+    let out = sessions(&s.base, &t, &["interrupt", &id]);
+    let stdout = String::from_utf8(out.stdout)?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout, format!("interrupted {id}: awaiting_input\n"));
+    let (_, state) = send(s.get(&format!("/v1/sessions/{id}"), &t)).await?;
+    assert_eq!(state["last_stop_reason"], "interrupted");
+
+    let out = sessions(&s.base, &t, &["model", &id, "nope"]);
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(!out.status.success());
+    assert!(
+        stderr.starts_with(
+            "error: server answered 400: model: 'nope' is not a configured model route"
+        ),
+        "{stderr}"
+    );
+    let out = sessions(&s.base, &t, &["model", &id, "scripted"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout)?,
+        format!("{id} now uses model route scripted\n")
+    );
+    // A reader's token cannot interrupt.
+    let reader = token("acme", "rita", &["sessions:read"]);
+    let out = sessions(&s.base, &reader, &["interrupt", &id]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("server answered 403"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    s.stop().await
+}

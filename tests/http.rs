@@ -1608,3 +1608,165 @@ async fn metrics_need_admin_and_a_recorder() -> Result {
     expect_error(s.get("/metrics", &admin), 503, "metrics_unavailable").await?;
     s.stop().await
 }
+
+// ---- interrupt and model switch (issue 15) ------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn interrupt_stops_the_turn_and_keeps_the_session() -> Result {
+    let s = Server::start().await?;
+    let t = token("acme", "alice", ALL);
+    let (id, call_id) = s.create_pending(&t).await?;
+    let mut events = Sse::open(&s, &t, &id, None).await?;
+    events.until_type("approval_requested").await?;
+
+    let reader = token("acme", "rita", &["sessions:read"]);
+    let path = format!("/v1/sessions/{id}/interrupt");
+    expect_error(s.post(&path, &reader, &json!({})), 403, "forbidden").await?;
+    let other = token("globex", "gus", ALL);
+    expect_error(s.post(&path, &other, &json!({})), 404, "not_found").await?;
+
+    let (status, header) = send(s.post(&path, &t, &json!({}))).await?;
+    assert_eq!(status, 200, "{header}");
+    assert_eq!(header["status"], "awaiting_input", "{header}");
+    assert_eq!(header["last_stop_reason"], "interrupted", "{header}");
+    assert!(header.get("transcript").is_none(), "the header alone");
+    let ended = events.until_type("turn_ended").await?;
+    assert_eq!(
+        ended.last().context("turn_ended")?.data["stop_reason"],
+        "interrupted"
+    );
+
+    // Nothing is left waiting: the call is closed, no approval pending.
+    let (_, pending) = send(s.get(&format!("/v1/sessions/{id}/approvals"), &t)).await?;
+    assert_eq!(pending["pending"], json!([]), "{pending}");
+    let (_, state) = send(s.get(&format!("/v1/sessions/{id}"), &t)).await?;
+    let call = state["transcript"]
+        .as_array()
+        .context("transcript")?
+        .iter()
+        .find(|e| e["call"]["id"] == call_id.as_str())
+        .context("the call's record")?;
+    assert_eq!(call["call"]["state"], "cancelled", "{call}");
+    expect_error(
+        s.post(
+            &format!("/v1/sessions/{id}/approvals"),
+            &t,
+            &json!({"decisions": {&call_id: {"decision": "approve"}}}),
+        ),
+        409,
+        "already_decided",
+    )
+    .await?;
+
+    // Interrupting an idle session changes nothing; the next message works.
+    let (status, again) = send(s.post(&path, &t, &json!({}))).await?;
+    assert_eq!((status, &again["status"]), (200, &json!("awaiting_input")));
+    let (status, _) = send(s.post(
+        &format!("/v1/sessions/{id}/messages"),
+        &t,
+        &json!({"text": "go on"}),
+    ))
+    .await?;
+    assert_eq!(status, 202);
+    let rest = events.until_type("turn_ended").await?;
+    assert_eq!(
+        rest.last().context("turn_ended")?.data["stop_reason"],
+        "end_turn"
+    );
+
+    // A session that ended cannot be interrupted.
+    let (status, _) = send(s.post(&format!("/v1/sessions/{id}/done"), &t, &json!({}))).await?;
+    assert_eq!(status, 200);
+    expect_error(s.post(&path, &t, &json!({})), 409, "session_terminal").await?;
+    s.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_model_route_is_switched_between_turns_only_to_a_configured_route() -> Result {
+    let options = HttpOptions {
+        model_routes: vec!["fast".into()],
+        ..HttpOptions::default()
+    };
+    let s = Server::start_with(common::hs256(), options).await?;
+    let t = token("acme", "alice", ALL);
+    let id = s.create(&t, "chat", Some("hello")).await?;
+    let mut events = Sse::open(&s, &t, &id, None).await?;
+    events.until_type("turn_ended").await?;
+    let path = format!("/v1/sessions/{id}/model");
+
+    let refused = expect_error(
+        s.post(&path, &t, &json!({"model": "nope"})),
+        400,
+        "invalid_body",
+    )
+    .await?;
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("'nope'") && message.contains("fast, scripted"),
+        "{message}"
+    );
+    expect_error(
+        s.post(&path, &t, &json!({"route": "fast"})),
+        400,
+        "invalid_body",
+    )
+    .await?;
+    let reader = token("acme", "rita", &["sessions:read"]);
+    expect_error(
+        s.post(&path, &reader, &json!({"model": "fast"})),
+        403,
+        "forbidden",
+    )
+    .await?;
+
+    let (status, header) = send(s.post(&path, &t, &json!({"model": "fast"}))).await?;
+    assert_eq!(status, 200, "{header}");
+    assert_eq!(header["config"]["model"], "fast", "{header}");
+    let changed = events.until_type("model_changed").await?;
+    let changed = &changed.last().context("model_changed")?.data;
+    assert_eq!(
+        (&changed["from"], &changed["to"]),
+        (&json!("scripted"), &json!("fast"))
+    );
+    let (_, state) = send(s.get(&format!("/v1/sessions/{id}"), &t)).await?;
+    let last = state["transcript"]
+        .as_array()
+        .and_then(|t| t.last())
+        .context("transcript")?;
+    assert_eq!(last["role"], "model_changed", "{last}");
+
+    // The next turn runs on it; mid-turn a switch is refused.
+    let (ops, _) = s.create_pending(&t).await?;
+    expect_error(
+        s.post(
+            &format!("/v1/sessions/{ops}/model"),
+            &t,
+            &json!({"model": "fast"}),
+        ),
+        409,
+        "session_busy",
+    )
+    .await?;
+    let (status, _) = send(s.post(
+        &format!("/v1/sessions/{id}/messages"),
+        &t,
+        &json!({"text": "again"}),
+    ))
+    .await?;
+    assert_eq!(status, 202);
+    let rest = events.until_type("turn_ended").await?;
+    assert_eq!(
+        rest.last().context("turn_ended")?.data["stop_reason"],
+        "end_turn"
+    );
+    // A create may name the extra route too.
+    let (status, created) = send(s.post(
+        "/v1/sessions",
+        &t,
+        &json!({"agent": "chat", "model": "fast"}),
+    ))
+    .await?;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["config"]["model"], "fast");
+    s.stop().await
+}

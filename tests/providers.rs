@@ -484,6 +484,8 @@ fn request(transcript: Vec<TranscriptEntry>, tools: Vec<ToolDefinition>) -> Prov
         instructions: "You are terse.".into(),
         transcript: transcript.into_iter().map(Arc::new).collect(),
         tools,
+        output_schema: None,
+        purpose: Default::default(),
     }
 }
 
@@ -859,6 +861,7 @@ fn tool_transcript() -> Vec<TranscriptEntry> {
                 },
             ],
             at_ms: 0,
+            finish_reason: None,
         },
         TranscriptEntry::ToolResult { call: ok },
         TranscriptEntry::ToolResult { call: failed },
@@ -1709,4 +1712,365 @@ async fn a_full_turn_with_approval_sends_the_tool_result_back_in_the_right_shape
         "{last:?}"
     );
     ov.shutdown().await.unwrap();
+}
+
+// ---- finish reason, structured output, context windows (issue 15) -----------------------------
+
+/// An overseer with one agent, `agent`, served by `provider`, with the
+/// `launch` tool (no approval needed).
+async fn overseer_for(agent: AgentConfig, provider: Arc<dyn Provider>) -> Overseer {
+    let schema = json!({"type": "object", "properties": {"count": {"type": "integer"}}});
+    let tools = ToolRegistry::new(vec![Arc::new(Launcher(ToolSpec::new(
+        "launch",
+        "Launches things",
+        schema,
+    )))])
+    .unwrap();
+    Overseer::start(
+        vec![agent],
+        Arc::new(MemStore::new()),
+        provider,
+        tools,
+        RuntimeConfig::default(),
+    )
+    .await
+    .unwrap()
+}
+
+/// Runs a first turn of agent `a`; returns how it ended and the session.
+async fn turn_of(
+    ov: &Overseer,
+    prompt: &str,
+) -> (StopReason, overseer_actors::store::StoredSession) {
+    let id = SessionId::generate();
+    let mut rx = ov.subscribe(id);
+    ov.create_session(CreateSession {
+        agent: "a".into(),
+        tenant: "t".into(),
+        prompt: Some(prompt.into()),
+        id: Some(id),
+        ..CreateSession::default()
+    })
+    .await
+    .unwrap();
+    let EventKind::TurnEnded { stop_reason, .. } =
+        until(&mut rx, |k| matches!(k, EventKind::TurnEnded { .. })).await
+    else {
+        unreachable!()
+    };
+    (stop_reason, ov.state(id).await.unwrap())
+}
+
+/// A text answer cut at the output limit, ending with each wire format's
+/// own words for it; `cut_call` adds a tool call whose arguments were cut.
+fn cut_at_the_limit(kind: ProviderKind, cut_call: bool) -> Vec<String> {
+    match kind {
+        ProviderKind::Openai => {
+            let mut events = vec![oa_role(), oa_text("Once upon "), oa_text("a time")];
+            if cut_call {
+                events.extend([
+                    oa_call_start(0, "call_1", "launch"),
+                    oa_call_args(0, "{\"cou"),
+                ]);
+            }
+            events.extend([oa_finish("length"), oa_usage(9, 64), OA_DONE.to_owned()]);
+            events
+        }
+        _ => {
+            let mut events = vec![
+                an_start(9),
+                an_text_start(0),
+                an_text(0, "Once upon "),
+                an_text(0, "a time"),
+                an_stop(0),
+            ];
+            if cut_call {
+                events.extend([
+                    an_tool_start(1, "toolu_1", "launch"),
+                    an_json(1, "{\"cou"),
+                    an_stop(1),
+                ]);
+            }
+            events.extend([an_delta("max_tokens", 64), an_message_stop()]);
+            events
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_answer_cut_at_the_length_limit_ends_the_turn_with_max_tokens() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        for cut_call in [false, true] {
+            let server = TestServer::start(move |_, _| sse(cut_at_the_limit(kind, cut_call))).await;
+            let ov = launcher_overseer(built(&route(kind, &server))).await;
+            let (stop, transcript) = first_turn(&ov, "Tell a long story").await;
+            assert_eq!(
+                stop,
+                StopReason::MaxTokens,
+                "{kind} {cut_call}: {transcript:#?}"
+            );
+            assert!(
+                matches!(transcript.last(), Some(TranscriptEntry::Assistant {
+                    text, tool_calls, finish_reason: Some(FinishReason::Length), ..
+                }) if text == "Once upon a time" && tool_calls.is_empty()),
+                "{kind} {cut_call}: the cut text is kept and no call is recorded: {transcript:#?}"
+            );
+            assert!(
+                !transcript
+                    .iter()
+                    .any(|e| matches!(e, TranscriptEntry::ToolResult { .. })),
+                "{kind}: nothing ran"
+            );
+            assert_eq!(server.count(), 1, "{kind}: the turn ended there");
+            ov.shutdown().await.unwrap();
+        }
+    }
+}
+
+fn city_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"],
+        "additionalProperties": false
+    })
+}
+
+#[tokio::test]
+async fn openai_asks_for_json_schema_output_and_the_answer_is_the_output() {
+    let server = TestServer::start(|_, _| {
+        oa_text_reply(&["{\"city\": \"Pa", "ris\", \"population\": ", "2102650}"])
+    })
+    .await;
+    let mut agent = AgentConfig::new("a", &[]);
+    agent.output_schema = Some(city_schema());
+    let ov = overseer_for(agent, built(&route(ProviderKind::Openai, &server))).await;
+    let (stop, state) = turn_of(&ov, "Largest city of France?").await;
+    assert_eq!(stop, StopReason::EndTurn, "{:#?}", state.transcript);
+    assert_eq!(
+        state.header.output,
+        Some(json!({"city": "Paris", "population": 2102650}))
+    );
+    let body = server.request(0).body;
+    assert_eq!(
+        body["response_format"],
+        json!({"type": "json_schema", "json_schema": {
+            "name": "answer", "schema": city_schema(), "strict": true
+        }})
+    );
+    ov.shutdown().await.unwrap();
+
+    // A schema strict mode would refuse (an open object) is sent non-strict;
+    // a request without a schema carries no response_format.
+    let provider =
+        OpenAiProvider::new(endpoint_at(ProviderKind::Openai, "http://127.0.0.1:1")).unwrap();
+    let mut request = hello();
+    request.output_schema =
+        Some(json!({"type": "object", "properties": {"x": {"type": "string"}}}));
+    assert_eq!(
+        provider.request_body(&request)["response_format"]["json_schema"]["strict"],
+        json!(false)
+    );
+    request.output_schema = None;
+    assert!(provider
+        .request_body(&request)
+        .get("response_format")
+        .is_none());
+}
+
+/// The events of a forced answer-tool call with `input` streamed in `parts`.
+fn an_answer(name: &str, parts: &[&str]) -> Reply {
+    let mut events = vec![an_start(30), an_tool_start(0, "toolu_answer", name)];
+    events.extend(parts.iter().map(|p| an_json(0, p)));
+    events.extend([an_stop(0), an_delta("tool_use", 20), an_message_stop()]);
+    sse(events)
+}
+
+#[tokio::test]
+async fn anthropic_forces_the_answer_tool_and_its_input_is_the_output() {
+    let server = TestServer::start(|_, _| {
+        an_answer(
+            "final_answer",
+            &["{\"city\": \"Pa", "ris\", \"population\": ", "2102650}"],
+        )
+    })
+    .await;
+    let mut agent = AgentConfig::new("a", &[]);
+    agent.output_schema = Some(city_schema());
+    let ov = overseer_for(agent, built(&route(ProviderKind::Anthropic, &server))).await;
+    let (stop, state) = turn_of(&ov, "Largest city of France?").await;
+    assert_eq!(stop, StopReason::EndTurn, "{:#?}", state.transcript);
+    assert_eq!(
+        state.header.output,
+        Some(json!({"city": "Paris", "population": 2102650}))
+    );
+    // The answer is the assistant's text, not a tool call.
+    assert!(
+        matches!(state.transcript.last().map(|e| &**e), Some(TranscriptEntry::Assistant {
+            text, tool_calls, finish_reason: Some(FinishReason::Stop), ..
+        }) if tool_calls.is_empty() && serde_json::from_str::<Value>(text).unwrap()["city"] == "Paris"),
+        "{:#?}",
+        state.transcript
+    );
+    assert_eq!(server.count(), 1);
+    let body = server.request(0).body;
+    assert_eq!(
+        body["tools"],
+        json!([{"name": "final_answer", "description": body["tools"][0]["description"], "input_schema": city_schema()}])
+    );
+    assert_eq!(
+        body["tool_choice"],
+        json!({"type": "tool", "name": "final_answer"})
+    );
+    ov.shutdown().await.unwrap();
+
+    // With tools of its own the model must use some tool (one of its own, or
+    // the answer tool), and the answer tool keeps out of their names.
+    let provider =
+        AnthropicProvider::new(endpoint_at(ProviderKind::Anthropic, "http://127.0.0.1:1")).unwrap();
+    let mut request = request(
+        vec![TranscriptEntry::User {
+            text: "hi".into(),
+            at_ms: 0,
+        }],
+        vec![ToolDefinition {
+            name: "final_answer".into(),
+            description: "a user's tool".into(),
+            parameters: json!({"type": "object"}),
+        }],
+    );
+    request.output_schema = Some(city_schema());
+    let body = provider.request_body(&request);
+    assert_eq!(body["tool_choice"], json!({"type": "any"}));
+    let names: Vec<&str> = body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["final_answer", "final_answer_2"]);
+}
+
+#[tokio::test]
+async fn anthropic_wraps_a_schema_that_is_not_an_object() {
+    let server =
+        TestServer::start(|_, _| an_answer("final_answer", &["{\"value\": [1, ", "2, 3]}"])).await;
+    let provider = raw(
+        ProviderKind::Anthropic,
+        endpoint(ProviderKind::Anthropic, &server),
+    );
+    let mut request = hello();
+    let schema = json!({"type": "array", "items": {"type": "integer"}});
+    request.output_schema = Some(schema.clone());
+    let items = collect(provider.as_ref(), request).await;
+    assert_eq!(text_of(&items), "[1,2,3]");
+    assert!(
+        !items
+            .iter()
+            .any(|i| matches!(i, Ok(ProviderEvent::ToolCall { .. }))),
+        "{items:?}"
+    );
+    assert_eq!(
+        items.last(),
+        Some(&Ok(ProviderEvent::Done(FinishReason::Stop)))
+    );
+    assert_eq!(
+        server.request(0).body["tools"][0]["input_schema"],
+        json!({"type": "object", "properties": {"value": schema}, "required": ["value"]})
+    );
+}
+
+#[tokio::test]
+async fn context_overflow_errors_of_both_providers_are_recognised() {
+    let bodies: Vec<(ProviderKind, Value)> = vec![
+        (
+            ProviderKind::Openai,
+            json!({"error": {
+                "message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 130512 tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"
+            }}),
+        ),
+        (
+            ProviderKind::Anthropic,
+            json!({"type": "error", "error": {
+                "type": "invalid_request_error",
+                "message": "prompt is too long: 208327 tokens > 200000 maximum"
+            }}),
+        ),
+        (
+            ProviderKind::Anthropic,
+            json!({"type": "error", "error": {
+                "type": "invalid_request_error",
+                "message": "input length and `max_tokens` exceed context limit: 188240 + 21333 > 200000, decrease input length or `max_tokens` and try again"
+            }}),
+        ),
+    ];
+    for (kind, body) in bodies {
+        let text = body.to_string();
+        let server = TestServer::start(move |_, _| Reply::Status(400, vec![], text.clone())).await;
+        let items = collect(built(&route(kind, &server)).as_ref(), hello()).await;
+        assert!(
+            matches!(items.as_slice(), [Err(ProviderError::ContextOverflow(_))]),
+            "{kind} {body}: {items:?}"
+        );
+        assert_eq!(server.count(), 1, "{kind}: not retried");
+    }
+}
+
+#[tokio::test]
+async fn routes_report_their_context_window() {
+    crypto();
+    let config = overseer::config::Config::parse(
+        r#"
+        [provider]
+        kind = "openai"
+        base_url = "http://127.0.0.1:1/v1"
+        model = "gpt-4o-mini"
+
+        [[models]]
+        name = "big"
+        provider = "anthropic"
+        base_url = "http://127.0.0.1:1"
+        model = "claude-sonnet-4-5"
+
+        [[models]]
+        name = "local"
+        provider = "openai"
+        base_url = "http://127.0.0.1:1/v1"
+        model = "llama3.2"
+        context_window = 8192
+
+        [[models]]
+        name = "unknown"
+        provider = "openai"
+        base_url = "http://127.0.0.1:1/v1"
+        model = "llama3.2"
+
+        [[agents]]
+        name = "a"
+        "#,
+        "test",
+    )
+    .unwrap();
+    let provider = overseer::service::build_providers(&config).unwrap();
+    assert_eq!(provider.context_window("big"), Some(200_000));
+    assert_eq!(provider.context_window("local"), Some(8192));
+    assert_eq!(provider.context_window("unknown"), None);
+    // Any other route name is served, and measured, by [provider].
+    assert_eq!(provider.context_window("scripted"), Some(128_000));
+
+    let zero = overseer::config::Config::parse(
+        "[[models]]\nname = \"z\"\nprovider = \"openai\"\nmodel = \"m\"\ncontext_window = 0\n[[agents]]\nname = \"a\"\n",
+        "test",
+    )
+    .and_then(|c| {
+        c.validate(&overseer::tools::builtin_registry().unwrap(), "test")
+            .map(|_| c)
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        zero.contains("models[0]") && zero.contains("context_window"),
+        "{zero}"
+    );
 }

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use overseer::store::{Durability, SledStore};
 use overseer_actors::model::{
-    AgentConfig, Event, EventKind, SessionHeader, SessionId, SessionStatus, TranscriptEntry, Usage,
-    SCHEMA_VERSION,
+    AgentConfig, CallState, Event, EventKind, SessionHeader, SessionId, SessionStatus, ToolCallId,
+    ToolCallRecord, TranscriptEntry, Usage, SCHEMA_VERSION,
 };
 use overseer_actors::store::{Checkpoint, CheckpointStore, StoredSession};
 use serde_json::json;
@@ -392,7 +392,7 @@ async fn store_check_passes_a_healthy_store_and_names_each_damage() {
     let out = overseer(&["store", "check"], dir.path());
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
-    assert!(stdout.contains("layout version 1"), "{stdout}");
+    assert!(stdout.contains("layout version 2"), "{stdout}");
     assert!(stdout.contains("6 session(s)"), "{stdout}");
     assert!(stdout.contains("18 transcript entries"), "{stdout}");
     assert!(stdout.trim_end().ends_with("healthy"), "{stdout}");
@@ -519,6 +519,261 @@ async fn store_check_says_when_a_running_server_holds_the_store() {
     assert!(
         !empty.path().join("db").exists(),
         "checking created nothing"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Retention: purging sessions
+
+/// A finished tool call whose result is `result`.
+fn tool_result(result: serde_json::Value) -> TranscriptEntry {
+    let mut call = ToolCallRecord::proposed(
+        ToolCallId::generate(),
+        "http_request".into(),
+        json!({"url": "https://example.com"}),
+        3,
+    );
+    call.finish(CallState::Completed, result, 4);
+    TranscriptEntry::ToolResult { call }
+}
+
+/// A tool result over the blob threshold (64 KiB), distinct per `tag`.
+fn big(tag: &str) -> serde_json::Value {
+    json!({"tag": tag, "body": "x".repeat(100 * 1024)})
+}
+
+/// Every key of every tree of a closed store that contains `needle`.
+fn keys_containing(dir: &Path, needle: &[u8]) -> BTreeMap<String, usize> {
+    let db = open_raw(dir);
+    let mut out = BTreeMap::new();
+    for name in db.tree_names() {
+        let tree = db.open_tree(&name).unwrap();
+        let n = tree
+            .iter()
+            .keys()
+            .map(|k| k.unwrap())
+            .filter(|k| k.windows(needle.len()).any(|w| w == needle))
+            .count();
+        if n > 0 {
+            out.insert(String::from_utf8_lossy(&name).into_owned(), n);
+        }
+    }
+    out
+}
+
+/// The sha256 hex under which the store keeps a large result.
+fn blob_hash(result: &serde_json::Value) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(serde_json::to_vec(result).unwrap()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_session_leaves_no_row_and_only_its_unshared_blobs_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    let (shared, own, kept) = (big("shared"), big("own"), big("kept"));
+    // The session to purge: every kind of row (transcript, events, a
+    // queued message, metadata, a tenant index entry, an active entry until
+    // it ended), a blob shared with a survivor and one of its own.
+    let mut doomed = Sim::new("acme");
+    doomed.user("fetch both");
+    doomed.status(SessionStatus::Running);
+    let mut cp = doomed.checkpoint();
+    cp.metadata = Some(json!({"order": 42}));
+    store.checkpoint(cp).await.unwrap();
+    for result in [&shared, &own] {
+        doomed
+            .transcript
+            .push(Arc::new(tool_result(result.clone())));
+        doomed.header.transcript_len = doomed.transcript.len() as u64;
+    }
+    doomed.header.queue.next = 1;
+    doomed.header.queue.bytes = 4;
+    doomed.status(SessionStatus::Completed);
+    let mut cp = doomed.checkpoint();
+    cp.queued = vec![(
+        0,
+        overseer_actors::model::QueuedMessage {
+            text: "more".into(),
+            at_ms: 8,
+        },
+    )];
+    store.checkpoint(cp).await.unwrap();
+    // Survivors: one sharing a blob, one with a blob of its own, one with
+    // neither, in another tenant.
+    let mut sharer = Sim::new("acme");
+    sharer
+        .transcript
+        .push(Arc::new(tool_result(shared.clone())));
+    sharer.header.transcript_len = 1;
+    sharer.status(SessionStatus::Completed);
+    store.checkpoint(sharer.checkpoint()).await.unwrap();
+    let mut keeper = Sim::new("acme");
+    keeper.transcript.push(Arc::new(tool_result(kept.clone())));
+    keeper.header.transcript_len = 1;
+    keeper.status(SessionStatus::AwaitingInput);
+    store.checkpoint(keeper.checkpoint()).await.unwrap();
+    let mut other = Sim::new("globex");
+    other.step(1, 10);
+    store.checkpoint(other.checkpoint()).await.unwrap();
+
+    // A session that has not ended is refused, and keeps everything.
+    let refused = store.purge(keeper.id()).await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            overseer_actors::store::StoreError::NotTerminal {
+                status: SessionStatus::AwaitingInput,
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains("awaiting_input"), "{refused}");
+
+    store.purge(doomed.id()).await.unwrap();
+    assert!(store.load(doomed.id()).await.unwrap().is_none());
+    assert!(store
+        .events_after(doomed.id(), 0, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .list_tenant("acme", None, 100)
+        .await
+        .unwrap()
+        .iter()
+        .all(|h| h.id != doomed.id()));
+    // Purging again, or a session that never existed, does nothing.
+    store.purge(doomed.id()).await.unwrap();
+    store.purge(SessionId::generate()).await.unwrap();
+    for sim in [&sharer, &keeper, &other] {
+        assert!(
+            sim.is(&store.load(sim.id()).await.unwrap().unwrap()),
+            "{} is untouched",
+            sim.id()
+        );
+        assert_eq!(
+            store.events_after(sim.id(), 0, 100).await.unwrap(),
+            sim.events
+        );
+    }
+    let scanned: Vec<SessionId> = store
+        .scan(None, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|h| h.id)
+        .collect();
+    let mut survivors = vec![sharer.id(), keeper.id(), other.id()];
+    survivors.sort();
+    assert_eq!(scanned, survivors);
+    drop(store);
+
+    // No tree holds a key of the purged session; the shared blob and the
+    // survivor's stay, the purged session's own blob is gone.
+    assert_eq!(
+        keys_containing(dir.path(), doomed.id().as_bytes()),
+        BTreeMap::new()
+    );
+    let blobs = |hash: &str| keys_containing(dir.path(), hash.as_bytes());
+    assert_eq!(blobs(&blob_hash(&own)), BTreeMap::new());
+    assert_eq!(
+        blobs(&blob_hash(&shared)),
+        BTreeMap::from([("blob_refs".to_owned(), 1), ("blobs".to_owned(), 1)])
+    );
+    assert_eq!(
+        blobs(&blob_hash(&kept)),
+        BTreeMap::from([("blob_refs".to_owned(), 1), ("blobs".to_owned(), 1)])
+    );
+
+    // Purging the last session that shares a blob deletes it.
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    store.purge(sharer.id()).await.unwrap();
+    drop(store);
+    assert_eq!(blobs(&blob_hash(&shared)), BTreeMap::new());
+
+    // The store is whole after the purges.
+    let out = overseer(&["store", "check"], dir.path());
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("2 session(s)"), "{stdout}");
+    assert!(
+        stdout.contains("1 blob(s), 1 blob reference(s)"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_check_names_a_blob_without_its_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    let mut sim = Sim::new("acme");
+    sim.transcript.push(Arc::new(tool_result(big("one"))));
+    sim.header.transcript_len = 1;
+    store.checkpoint(sim.checkpoint()).await.unwrap();
+    drop(store);
+    {
+        let db = open_raw(dir.path());
+        let refs = db.open_tree("blob_refs").unwrap();
+        assert_eq!(refs.len(), 1);
+        refs.clear().unwrap();
+        db.flush().unwrap();
+    }
+    let out = overseer(&["store", "check"], dir.path());
+    let stdout = text(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(&format!(
+            "session {}: transcript entry 0 names blob {} without a reference",
+            sim.id(),
+            blob_hash(&big("one"))
+        )),
+        "{stdout}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_store_gains_its_blob_references_when_first_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    let (mut a, mut b) = (Sim::new("acme"), Sim::new("acme"));
+    for sim in [&mut a, &mut b] {
+        sim.transcript.push(Arc::new(tool_result(big("shared"))));
+        sim.header.transcript_len = 1;
+        sim.status(SessionStatus::Completed);
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+    }
+    drop(store);
+    // What a version 1 binary left: no references, layout version 1.
+    {
+        let db = open_raw(dir.path());
+        db.open_tree("blob_refs").unwrap().clear().unwrap();
+        db.drop_tree("blob_refs").unwrap();
+        db.open_tree("meta")
+            .unwrap()
+            .insert("format_version", &1u32.to_be_bytes()[..])
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let out = overseer(&["store", "check"], dir.path());
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("layout version 1"));
+
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    store.purge(a.id()).await.unwrap();
+    assert!(
+        b.is(&store.load(b.id()).await.unwrap().unwrap()),
+        "the blob b shares survives"
+    );
+    drop(store);
+    let out = overseer(&["store", "check"], dir.path());
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("layout version 2"), "{stdout}");
+    assert!(
+        stdout.contains("1 blob(s), 1 blob reference(s)"),
+        "{stdout}"
     );
 }
 

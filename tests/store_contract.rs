@@ -7,8 +7,10 @@
 //! messages), only new rows per checkpoint, events after a sequence (paged,
 //! bounded by the header), the effect journal in the header's open calls,
 //! large results in content-addressed blobs, refusal of a newer schema,
-//! tenant listing and the recovery listing. PostgreSQL-only behaviour
-//! (fencing, migrations, start-up errors, group commit) follows.
+//! tenant listing and the recovery listing, the bounded walk over every
+//! session (`scan`), purging a terminal session whole (refused for one that
+//! is not). PostgreSQL-only behaviour (fencing, purge and ownership, blobs
+//! left behind, migrations, start-up errors, group commit) follows.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -238,6 +240,7 @@ async fn checkpoint_and_reload(store: &dyn CheckpointStore) {
         text: "calling".into(),
         tool_calls: Vec::new(),
         at_ms: 8,
+        finish_reason: None,
     });
     sim.write(store).await;
     assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
@@ -477,6 +480,140 @@ async fn recovery_lists_only_active_sessions(store: &dyn CheckpointStore) {
     assert_eq!(store.list_by_status(&[]).await.unwrap().len(), 4);
 }
 
+contract!(scan_walks_every_session_in_bounded_pages);
+async fn scan_walks_every_session_in_bounded_pages(store: &dyn CheckpointStore) {
+    let mut want = Vec::new();
+    for (tenant, status) in [
+        ("a", SessionStatus::Running),
+        ("b", SessionStatus::Completed),
+        ("a", SessionStatus::AwaitingInput),
+        ("c", SessionStatus::Pending),
+        ("b", SessionStatus::Failed),
+    ] {
+        let mut sim = Sim::new(tenant);
+        sim.status(status);
+        sim.write(store).await;
+        want.push(sim.header.clone());
+    }
+    want.sort_by_key(|h| h.id);
+    let mut got = Vec::new();
+    let mut after = None;
+    let mut pages = 0;
+    loop {
+        let page = store.scan(after, 2).await.unwrap();
+        assert!(page.len() <= 2, "{} headers in a page of 2", page.len());
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        got.extend(page);
+        pages += 1;
+        assert!(pages <= want.len(), "the walk does not end");
+    }
+    assert_eq!(got, want, "every header once, ascending by id");
+    assert!(store.scan(None, 0).await.unwrap().is_empty());
+    assert_eq!(store.scan(None, 100).await.unwrap(), want);
+    assert_eq!(
+        store.scan(Some(want[2].id), 100).await.unwrap(),
+        want[3..].to_vec(),
+        "strictly after the cursor"
+    );
+}
+
+contract!(purge_removes_a_terminal_session_whole);
+async fn purge_removes_a_terminal_session_whole(store: &dyn CheckpointStore) {
+    // `gone` shares one large result with `kept` and has one of its own;
+    // events, queued messages and metadata too.
+    let mut gone = Sim::new("acme");
+    gone.user("fetch");
+    gone.push(tool_result(big_result()));
+    gone.push(tool_result(json!({"own": "x".repeat(70 * 1024)})));
+    gone.enqueue("later");
+    gone.status(SessionStatus::Running);
+    gone.write(store).await;
+    gone.status(SessionStatus::Completed);
+    gone.write(store).await;
+    let mut kept = Sim::new("acme");
+    kept.push(tool_result(big_result()));
+    kept.status(SessionStatus::Completed);
+    kept.write(store).await;
+
+    store.purge(gone.id()).await.unwrap();
+    assert!(store.load(gone.id()).await.unwrap().is_none());
+    assert!(store.load_header(gone.id()).await.unwrap().is_none());
+    assert!(store
+        .events_after(gone.id(), 0, 100)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        store.list_tenant("acme", None, 10).await.unwrap(),
+        vec![kept.header.clone()]
+    );
+    assert_eq!(
+        store.scan(None, 10).await.unwrap(),
+        vec![kept.header.clone()]
+    );
+    assert_eq!(
+        store.list_by_status(&[]).await.unwrap(),
+        vec![kept.header.clone()]
+    );
+    // The blob `kept` still names is still there.
+    assert_same(&store.load(kept.id()).await.unwrap().unwrap(), &kept);
+
+    // Purging again, or a session that never was, does nothing.
+    store.purge(gone.id()).await.unwrap();
+    store.purge(SessionId::generate()).await.unwrap();
+
+    // Once `kept` is gone too, a new session with the same large result
+    // stores it again and reads it back.
+    store.purge(kept.id()).await.unwrap();
+    assert!(store.load(kept.id()).await.unwrap().is_none());
+    let mut again = Sim::new("acme");
+    again.push(tool_result(big_result()));
+    again.write(store).await;
+    assert_same(&store.load(again.id()).await.unwrap().unwrap(), &again);
+}
+
+contract!(purging_a_session_that_has_not_ended_is_refused);
+async fn purging_a_session_that_has_not_ended_is_refused(store: &dyn CheckpointStore) {
+    for status in [
+        SessionStatus::Pending,
+        SessionStatus::Running,
+        SessionStatus::AwaitingInput,
+        SessionStatus::AwaitingApproval,
+    ] {
+        let mut sim = Sim::new("acme");
+        sim.user("hello");
+        sim.push(tool_result(big_result()));
+        sim.status(status);
+        sim.write(store).await;
+        match store.purge(sim.id()).await {
+            Err(StoreError::NotTerminal {
+                session,
+                status: found,
+            }) => {
+                assert_eq!(session, sim.id());
+                assert_eq!(found, status);
+            }
+            other => panic!("purging a {status} session: expected NotTerminal, got {other:?}"),
+        }
+        let message = store.purge(sim.id()).await.unwrap_err().to_string();
+        assert!(message.contains(&sim.id().to_string()), "{message}");
+        assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
+        assert_eq!(
+            store.events_after(sim.id(), 0, 100).await.unwrap(),
+            sim.events,
+            "nothing deleted"
+        );
+    }
+    for status in [SessionStatus::Failed, SessionStatus::Cancelled] {
+        let mut sim = Sim::new("acme");
+        sim.status(status);
+        sim.write(store).await;
+        store.purge(sim.id()).await.unwrap();
+        assert!(store.load(sim.id()).await.unwrap().is_none(), "{status}");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // PostgreSQL only
 
@@ -548,6 +685,113 @@ async fn a_node_that_lost_its_lease_lands_no_write() {
     );
 }
 
+/// What a purge leaves in the tables: no blob another session does not
+/// name, no lease of a tree with no session left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_deletes_unnamed_blobs_and_the_lease_of_an_emptied_tree() {
+    let url = shared().database().await.unwrap();
+    let store = open_pg(&url, Duration::from_secs(10)).await;
+    let count = |sql: &'static str| {
+        let url = url.clone();
+        async move { PgServer::scalar(&url, sql).await.unwrap() }
+    };
+    let mut gone = Sim::new("acme");
+    gone.push(tool_result(big_result()));
+    gone.push(tool_result(json!({"own": "y".repeat(70 * 1024)})));
+    gone.status(SessionStatus::Completed);
+    gone.write(&store).await;
+    let mut kept = Sim::new("acme");
+    kept.push(tool_result(big_result()));
+    kept.status(SessionStatus::Cancelled);
+    kept.write(&store).await;
+    assert_eq!(count("SELECT count(*) FROM blobs").await, 2);
+    assert_eq!(count("SELECT count(*) FROM leases").await, 2);
+
+    store.purge(gone.id()).await.unwrap();
+    assert_eq!(count("SELECT count(*) FROM blobs").await, 1, "the shared one stays");
+    for table in ["transcript", "events", "queue"] {
+        let sql = format!(
+            "SELECT count(*) FROM {table} WHERE session_id = '{}'",
+            gone.id()
+        );
+        assert_eq!(PgServer::scalar(&url, &sql).await.unwrap(), 0, "{table}");
+    }
+    assert_eq!(count("SELECT count(*) FROM leases").await, 1);
+    assert_eq!(store.leases_held(), 1, "the node forgets the released lease");
+
+    store.purge(kept.id()).await.unwrap();
+    assert_eq!(count("SELECT count(*) FROM blobs").await, 0);
+    assert_eq!(count("SELECT count(*) FROM sessions").await, 0);
+    assert_eq!(count("SELECT count(*) FROM transcript").await, 0);
+    assert_eq!(count("SELECT count(*) FROM leases").await, 0);
+}
+
+/// The node that owns a tree purges its sessions (it knows whether their
+/// actors still run); another live node is refused and deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_owner_of_a_live_tree_purges_it() {
+    let url = shared().database().await.unwrap();
+    let lease = Duration::from_secs(30);
+    let a = open_pg(&url, lease).await;
+    let b = open_pg(&url, lease).await;
+    let mut sim = Sim::new("acme");
+    sim.push(tool_result(big_result()));
+    sim.status(SessionStatus::Completed);
+    sim.write(&a).await;
+    match b.purge(sim.id()).await {
+        Err(StoreError::NotOwner { session, reason }) => {
+            assert_eq!(session, sim.id());
+            assert!(reason.contains(&a.node_id().to_string()), "{reason}");
+        }
+        other => panic!("expected NotOwner, got {other:?}"),
+    }
+    assert_same(&b.load(sim.id()).await.unwrap().unwrap(), &sim);
+    a.purge(sim.id()).await.unwrap();
+    assert!(b.load(sim.id()).await.unwrap().is_none());
+}
+
+/// A purge and checkpoints of other sessions taking up the blob it would
+/// delete, at the same time: every session written reads back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_never_deletes_a_blob_a_concurrent_checkpoint_names() {
+    let url = shared().database().await.unwrap();
+    let store = open_pg(&url, Duration::from_secs(10)).await;
+    for round in 0..20 {
+        let result = json!({"round": round, "body": "z".repeat(80 * 1024)});
+        let mut gone = Sim::new("acme");
+        gone.push(tool_result(result.clone()));
+        gone.status(SessionStatus::Completed);
+        gone.write(&store).await;
+        let mut takers: Vec<Sim> = (0..3)
+            .map(|_| {
+                let mut sim = Sim::new("acme");
+                sim.push(tool_result(result.clone()));
+                sim
+            })
+            .collect();
+        for sim in &takers {
+            store.claim(sim.id()).await.unwrap();
+        }
+        let writes = takers.iter_mut().map(|sim| {
+            let cp = sim.checkpoint();
+            let store = store.clone();
+            tokio::spawn(async move { store.checkpoint(cp).await })
+        });
+        let purge = {
+            let store = store.clone();
+            tokio::spawn(async move { store.purge(gone.id()).await })
+        };
+        for w in futures::future::join_all(writes).await {
+            w.unwrap().unwrap();
+        }
+        purge.await.unwrap().unwrap();
+        for sim in &takers {
+            let stored = store.load(sim.id()).await.unwrap();
+            assert_same(&stored.expect("written"), sim);
+        }
+    }
+}
+
 /// A node whose own lease ran out (no heartbeat) refuses to write at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_past_its_own_lease_refuses_to_write() {
@@ -580,6 +824,9 @@ where
 async fn a_database_migrated_by_a_newer_binary_is_refused_and_left_untouched() {
     let url = shared().database().await.unwrap();
     drop(PgStore::open(&url, PgOptions::default()).await.unwrap());
+    let known = PgServer::scalar(&url, "SELECT count(*) FROM overseer_migrations")
+        .await
+        .unwrap();
     PgServer::execute(
         &url,
         "INSERT INTO overseer_migrations (version) VALUES (999)",
@@ -595,7 +842,7 @@ async fn a_database_migrated_by_a_newer_binary_is_refused_and_left_untouched() {
     let versions = PgServer::scalar(&url, "SELECT count(*) FROM overseer_migrations")
         .await
         .unwrap();
-    assert_eq!(versions, 2, "nothing applied on top");
+    assert_eq!(versions, known + 1, "nothing applied on top");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -605,10 +852,15 @@ async fn migrations_are_applied_once_by_nodes_starting_together() {
     for store in futures::future::join_all(opens).await {
         store.unwrap();
     }
+    // Each version once: the newest is also the count.
     let versions = PgServer::scalar(&url, "SELECT count(*) FROM overseer_migrations")
         .await
         .unwrap();
-    assert_eq!(versions, 1);
+    let newest = PgServer::scalar(&url, "SELECT max(version)::bigint FROM overseer_migrations")
+        .await
+        .unwrap();
+    assert_eq!(versions, newest);
+    assert!(newest >= 2, "{newest}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,11 @@
 //! tracked so the actor can checkpoint exactly the new transcript entries and
 //! events before it executes any effect (§3, third invariant).
 
+mod context;
+mod output;
+
+pub use context::{COMPACTION_INSTRUCTIONS, DEFAULT_COMPACTION_THRESHOLD_PCT};
+
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +30,9 @@ use crate::model::{
     ProposedCall, QueuedMessage, SessionHeader, SessionId, SessionStatus, StopReason, Submission,
     ToolCallId, ToolCallRecord, TranscriptEntry, Usage,
 };
-use crate::provider::{ProviderError, ProviderEvent, ProviderRequest};
+use crate::provider::{
+    FinishReason, ProviderError, ProviderEvent, ProviderRequest, RequestPurpose,
+};
 use crate::store::{Checkpoint, StoredSession};
 use crate::tool::{not_available, ToolRegistry};
 
@@ -113,6 +120,20 @@ pub enum Input {
     },
     /// Cancel the session.
     Cancel,
+    /// Stop the current turn, keep the session (it then awaits input).
+    Interrupt,
+    /// Serve the next turns with another model route.
+    SetModel {
+        /// The route.
+        model: String,
+    },
+    /// The session has been idle in `awaiting_input` since `idle_since_ms`
+    /// (its last transition): complete it if that is past its
+    /// `input_timeout_secs`.
+    ExpireInput {
+        /// The `updated_at_ms` it was found with.
+        idle_since_ms: i64,
+    },
     /// The user is done with the session.
     Done,
     /// The actor (re)started from a checkpoint: continue whatever was in
@@ -204,6 +225,10 @@ pub struct Ctx<'a> {
     pub seed: u64,
     /// Bounds of the queue of messages.
     pub limits: Limits,
+    /// The context window of the session's model route, in tokens, if known.
+    pub context_window: Option<u64>,
+    /// Share of the window, in percent, past which the session compacts.
+    pub compaction_threshold_pct: u8,
 }
 
 impl Ctx<'_> {
@@ -236,6 +261,7 @@ struct Partial {
     text: String,
     calls: Vec<(String, Value)>,
     usage: Usage,
+    finish: Option<FinishReason>,
 }
 
 /// A session in memory: header, transcript, metadata, queued messages, and
@@ -393,7 +419,9 @@ impl Session {
         calls
     }
 
-    /// The provider request for the current step (§5.1).
+    /// The provider request for the current step (§5.1): the transcript as
+    /// the model sees it (after any compaction), the tools in scope, the
+    /// output schema.
     pub fn provider_request(&self, tools: &ToolRegistry) -> ProviderRequest {
         ProviderRequest {
             session_id: self.header.id,
@@ -402,6 +430,8 @@ impl Session {
             instructions: self.header.config.instructions.clone(),
             transcript: self.transcript_as_run(),
             tools: tools.definitions(&self.header.config.tools),
+            output_schema: self.header.config.output_schema.clone(),
+            purpose: RequestPurpose::Step,
         }
     }
 
@@ -411,8 +441,8 @@ impl Session {
     /// what produced it. The stored transcript keeps what the model proposed
     /// (and the call record both, with the diff).
     fn transcript_as_run(&self) -> Vec<Arc<TranscriptEntry>> {
-        let edited: std::collections::HashMap<&ToolCallId, &Value> = self
-            .transcript
+        let view = self.context_view();
+        let edited: std::collections::HashMap<&ToolCallId, &Value> = view
             .iter()
             .filter_map(|e| match e.as_ref() {
                 TranscriptEntry::ToolResult { call } => call
@@ -423,15 +453,15 @@ impl Session {
             })
             .collect();
         if edited.is_empty() {
-            return self.transcript.clone();
+            return view;
         }
-        self.transcript
-            .iter()
+        view.iter()
             .map(|e| match e.as_ref() {
                 TranscriptEntry::Assistant {
                     text,
                     tool_calls,
                     at_ms,
+                    finish_reason,
                 } if tool_calls.iter().any(|c| edited.contains_key(&c.id)) => {
                     let tool_calls = tool_calls
                         .iter()
@@ -447,6 +477,7 @@ impl Session {
                         text: text.clone(),
                         tool_calls,
                         at_ms: *at_ms,
+                        finish_reason: *finish_reason,
                     })
                 }
                 _ => e.clone(),
@@ -527,6 +558,9 @@ impl Session {
                 }
             }
             Input::Cancel => self.on_cancel(ctx, &mut fx)?,
+            Input::Interrupt => self.on_interrupt(ctx, &mut fx)?,
+            Input::SetModel { model } => self.on_set_model(model, ctx)?,
+            Input::ExpireInput { idle_since_ms } => self.on_expire_input(idle_since_ms, ctx),
             Input::Done => self.on_done(ctx)?,
             Input::Resume { journal } => self.on_resume(journal, ctx, &mut fx),
             Input::Fail { reason } => self.on_fail(reason, ctx, &mut fx)?,
@@ -671,7 +705,7 @@ impl Session {
                 self.partial.calls.push((name, arguments))
             }
             ProviderEvent::Usage(u) => self.partial.usage.add(&u),
-            ProviderEvent::Done(_) => {}
+            ProviderEvent::Done(reason) => self.partial.finish = Some(reason),
         }
     }
 
@@ -689,40 +723,40 @@ impl Session {
         usage.provider_requests = 1;
         self.header.usage.add(&usage);
         self.dirty = true;
-        let step = self.header.step;
-        if let Err(e) = result {
-            // §11: after a failure the partial text is kept and the error is
-            // recorded where the model and the user will both see it.
-            let text = if partial.text.is_empty() {
-                format!("[Provider error: {e}]")
-            } else {
-                format!("{}\n[Provider error: {e}]", partial.text)
-            };
-            self.emit(
-                EventKind::Error {
-                    message: format!("provider error: {e}"),
-                },
-                ctx.now_ms,
-            );
-            self.emit(
-                EventKind::AssistantMessage {
-                    step,
-                    text: text.clone(),
-                },
-                ctx.now_ms,
-            );
-            self.push_entry(TranscriptEntry::Assistant {
-                text,
-                tool_calls: vec![],
-                at_ms: ctx.now_ms,
-            });
-            self.end_turn(StopReason::Error, ctx, fx);
-            return;
+        if let Some(through) = self.header.context.compacting_through.take() {
+            return self.compaction_ended(through, partial, result, ctx, fx);
         }
-        let mut records = Vec::with_capacity(partial.calls.len());
-        let mut proposed = Vec::with_capacity(partial.calls.len());
+        if let Err(e) = result {
+            // A request the model could not fit: summarise the older
+            // transcript once and ask again, instead of ending the turn.
+            let nothing_shown = partial.text.is_empty() && partial.calls.is_empty();
+            if matches!(e, ProviderError::ContextOverflow(_))
+                && nothing_shown
+                && !self.header.context.overflow_retried
+            {
+                self.header.context.overflow_retried = true;
+                let window = ctx
+                    .context_window
+                    .unwrap_or_else(|| self.estimate_tokens(&self.provider_request(ctx.tools)));
+                if let Some(through) = self.compaction_boundary(window) {
+                    self.begin_compaction(through, ctx, fx);
+                    return;
+                }
+            }
+            return self.provider_failed(partial.text, &e, ctx, fx);
+        }
+        if usage.input_tokens > 0 {
+            self.calibrate(usage.input_tokens, ctx);
+        }
+        let step = self.header.step;
+        let truncated = partial.finish == Some(FinishReason::Length);
+        // An answer cut at the length limit may hold cut tool calls: none is
+        // run (and none is recorded without a result).
+        let calls = if truncated { Vec::new() } else { partial.calls };
+        let mut records = Vec::with_capacity(calls.len());
+        let mut proposed = Vec::with_capacity(calls.len());
         let salt = self.header.last_event_seq << 16;
-        for (i, (name, arguments)) in partial.calls.into_iter().enumerate() {
+        for (i, (name, arguments)) in calls.into_iter().enumerate() {
             let id = ToolCallId(format!("call_{}", ctx.mint(salt | i as u64).simple()));
             proposed.push(ProposedCall {
                 id: id.clone(),
@@ -738,13 +772,19 @@ impl Session {
             },
             ctx.now_ms,
         );
+        let answer = partial.text;
         self.push_entry(TranscriptEntry::Assistant {
-            text: partial.text,
+            text: answer.clone(),
             tool_calls: proposed,
             at_ms: ctx.now_ms,
+            finish_reason: partial.finish,
         });
+        if truncated {
+            self.end_turn(StopReason::MaxTokens, ctx, fx);
+            return;
+        }
         if records.is_empty() {
-            self.end_turn(StopReason::EndTurn, ctx, fx);
+            self.answer_ended(&answer, ctx, fx);
             return;
         }
         for mut call in records {
@@ -760,6 +800,84 @@ impl Session {
             self.header.open_calls.push(call);
         }
         self.advance(ctx, fx);
+    }
+
+    /// §11: after a failure the partial text is kept and the error is
+    /// recorded where the model and the user will both see it.
+    fn provider_failed(
+        &mut self,
+        partial_text: String,
+        e: &ProviderError,
+        ctx: Ctx<'_>,
+        fx: &mut Vec<Effect>,
+    ) {
+        let step = self.header.step;
+        let text = if partial_text.is_empty() {
+            format!("[Provider error: {e}]")
+        } else {
+            format!("{partial_text}\n[Provider error: {e}]")
+        };
+        self.emit(
+            EventKind::Error {
+                message: format!("provider error: {e}"),
+            },
+            ctx.now_ms,
+        );
+        self.emit(
+            EventKind::AssistantMessage {
+                step,
+                text: text.clone(),
+            },
+            ctx.now_ms,
+        );
+        self.push_entry(TranscriptEntry::Assistant {
+            text,
+            tool_calls: vec![],
+            at_ms: ctx.now_ms,
+            finish_reason: None,
+        });
+        self.end_turn(StopReason::Error, ctx, fx);
+    }
+
+    /// The model answered without calling tools: the turn ends, once its
+    /// answer matches the output schema if the session has one (§15: one
+    /// repair step with the validation error, then an error).
+    fn answer_ended(&mut self, answer: &str, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        let Some(schema) = self.header.config.output_schema.clone() else {
+            self.end_turn(StopReason::EndTurn, ctx, fx);
+            return;
+        };
+        match output::check(&schema, answer) {
+            Ok(value) => {
+                self.header.output = Some(value);
+                self.end_turn(StopReason::EndTurn, ctx, fx);
+            }
+            Err(problem) if !self.header.context.output_repaired => {
+                self.header.context.output_repaired = true;
+                self.emit(
+                    EventKind::Error {
+                        message: format!("the answer does not match the output schema: {problem}"),
+                    },
+                    ctx.now_ms,
+                );
+                self.push_entry(TranscriptEntry::User {
+                    text: output::repair_request(&problem),
+                    at_ms: ctx.now_ms,
+                });
+                self.start_step(ctx, fx);
+            }
+            Err(problem) => {
+                self.emit(
+                    EventKind::Error {
+                        message: format!(
+                            "the answer does not match the output schema after one repair: {problem}"
+                        ),
+                    },
+                    ctx.now_ms,
+                );
+                self.end_turn(StopReason::Error, ctx, fx);
+            }
+        }
     }
 
     fn on_decide(
@@ -914,39 +1032,108 @@ impl Session {
 
     fn on_cancel(&mut self, ctx: Ctx<'_>, fx: &mut Vec<Effect>) -> Result<(), SessionError> {
         self.refuse_if_terminal()?;
-        if self.is_streaming() {
-            fx.push(Effect::StopStream);
-            let partial = std::mem::take(&mut self.partial);
-            if !partial.text.is_empty() {
-                self.push_entry(TranscriptEntry::Assistant {
-                    text: partial.text,
-                    tool_calls: vec![],
-                    at_ms: ctx.now_ms,
-                });
-            }
-        }
-        self.stop_calls(fx);
-        for call in &mut self.header.open_calls {
-            if !call.state.is_terminal() {
-                call.finish(
-                    CallState::Cancelled,
-                    json!({"error": "cancelled: the session was cancelled"}),
-                    ctx.now_ms,
-                );
-            }
-        }
-        self.close_step(ctx);
-        self.clear_queue();
-        let turn_running = matches!(
-            self.header.status,
-            SessionStatus::Running | SessionStatus::AwaitingApproval
-        );
+        let turn_running = self.turn_running();
+        self.stop_turn("cancelled: the session was cancelled", ctx, fx);
         if turn_running {
             self.end_turn(StopReason::Cancelled, ctx, fx);
         } else {
             self.set_status(SessionStatus::Cancelled, ctx);
         }
         Ok(())
+    }
+
+    /// Stops the current turn and keeps the session: it waits for the next
+    /// message, which continues the conversation. Without a turn running it
+    /// changes nothing.
+    fn on_interrupt(&mut self, ctx: Ctx<'_>, fx: &mut Vec<Effect>) -> Result<(), SessionError> {
+        self.refuse_if_terminal()?;
+        if !self.turn_running() {
+            return Ok(());
+        }
+        self.stop_turn("interrupted: the turn was stopped", ctx, fx);
+        self.end_turn(StopReason::Interrupted, ctx, fx);
+        Ok(())
+    }
+
+    fn turn_running(&self) -> bool {
+        matches!(
+            self.header.status,
+            SessionStatus::Running | SessionStatus::AwaitingApproval
+        )
+    }
+
+    /// Stops whatever the turn does (cancel, interrupt): the stream (its
+    /// partial text kept), running tools and children, every call not
+    /// finished (each gets `why` as its result, so no record is left
+    /// non-terminal), and the messages queued behind the turn.
+    fn stop_turn(&mut self, why: &str, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        if self.is_streaming() {
+            fx.push(Effect::StopStream);
+            let partial = std::mem::take(&mut self.partial);
+            let was_summary = self.header.context.compacting_through.take().is_some();
+            if !was_summary && !partial.text.is_empty() {
+                self.push_entry(TranscriptEntry::Assistant {
+                    text: partial.text,
+                    tool_calls: vec![],
+                    at_ms: ctx.now_ms,
+                    finish_reason: None,
+                });
+            }
+        }
+        self.stop_calls(fx);
+        for call in &mut self.header.open_calls {
+            if !call.state.is_terminal() {
+                call.finish(CallState::Cancelled, json!({ "error": why }), ctx.now_ms);
+            }
+        }
+        self.close_step(ctx);
+        self.clear_queue();
+    }
+
+    /// Switches the model route between turns, recorded in the transcript.
+    fn on_set_model(&mut self, model: String, ctx: Ctx<'_>) -> Result<(), SessionError> {
+        self.refuse_if_terminal()?;
+        match self.header.status {
+            SessionStatus::Pending | SessionStatus::AwaitingInput => {}
+            status => {
+                return Err(SessionError::Busy {
+                    id: self.header.id,
+                    status,
+                })
+            }
+        }
+        if model.trim().is_empty() {
+            return Err(SessionError::Invalid("model: must not be empty".into()));
+        }
+        let from = std::mem::replace(&mut self.header.config.model, model.clone());
+        if from == model {
+            return Ok(());
+        }
+        self.push_entry(TranscriptEntry::ModelChanged {
+            from: from.clone(),
+            to: model.clone(),
+            at_ms: ctx.now_ms,
+        });
+        self.emit(EventKind::ModelChanged { from, to: model }, ctx.now_ms);
+        Ok(())
+    }
+
+    /// Completes a session left idle in `awaiting_input` past its
+    /// `input_timeout_secs`, if nothing happened since `idle_since_ms`.
+    fn on_expire_input(&mut self, idle_since_ms: i64, ctx: Ctx<'_>) {
+        let Some(secs) = self.header.config.input_timeout_secs else {
+            return;
+        };
+        let idle = self.header.status == SessionStatus::AwaitingInput
+            && self.header.updated_at_ms == idle_since_ms;
+        let deadline = idle_since_ms.saturating_add((secs as i64).saturating_mul(1000));
+        if !idle || ctx.now_ms < deadline {
+            return;
+        }
+        self.header.completion_reason = Some(format!(
+            "no message for {secs} s in awaiting_input (input_timeout_secs = {secs})"
+        ));
+        self.set_status(SessionStatus::Completed, ctx);
     }
 
     fn on_fail(
@@ -985,6 +1172,7 @@ impl Session {
                     turn: self.header.turn,
                     stop_reason: StopReason::Error,
                     usage: self.header.usage,
+                    output: None,
                 },
                 ctx.now_ms,
             );
@@ -1016,9 +1204,14 @@ impl Session {
     ) {
         match self.header.status {
             SessionStatus::Running if self.header.open_calls.is_empty() => {
-                // The step's provider call was in flight: re-issue it (§9).
+                // The step's provider call (or its compaction) was in
+                // flight: re-issue it (§9).
                 self.partial = Partial::default();
-                fx.push(Effect::StartStream(self.provider_request(ctx.tools)));
+                let request = match self.header.context.compacting_through {
+                    Some(through) => self.compaction_request(through, ctx),
+                    None => self.provider_request(ctx.tools),
+                };
+                fx.push(Effect::StartStream(request));
             }
             SessionStatus::Running | SessionStatus::AwaitingApproval => {
                 for i in 0..self.header.open_calls.len() {
@@ -1058,6 +1251,8 @@ impl Session {
     fn start_turn(&mut self, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
         self.header.turn += 1;
         self.header.step = 0;
+        self.header.output = None;
+        self.header.context.output_repaired = false;
         self.emit(
             EventKind::TurnStarted {
                 turn: self.header.turn,
@@ -1079,9 +1274,10 @@ impl Session {
             return;
         }
         self.header.step += 1;
+        self.header.context.overflow_retried = false;
         self.dirty = true;
         self.partial = Partial::default();
-        fx.push(Effect::StartStream(self.provider_request(ctx.tools)));
+        self.request_step(ctx, fx);
     }
 
     /// Policy and validation of one freshly proposed call (§5.4, §6).
@@ -1102,10 +1298,14 @@ impl Session {
                 return;
             }
         }
-        let requires = ctx
-            .tools
-            .spec(&call.name)
-            .is_some_and(|s| s.requires_approval);
+        // The agent's own rule for a tool wins over the tool's default.
+        let requires = match self.header.config.tool_approvals.get(&call.name) {
+            Some(ask) => *ask,
+            None => ctx
+                .tools
+                .spec(&call.name)
+                .is_some_and(|s| s.requires_approval),
+        };
         let ask = match self.header.config.approval {
             ApprovalPolicy::Auto => false,
             ApprovalPolicy::Always => true,
@@ -1423,6 +1623,11 @@ impl Session {
                 turn: self.header.turn,
                 stop_reason: reason,
                 usage: self.header.usage,
+                output: self
+                    .header
+                    .output
+                    .clone()
+                    .filter(|_| reason == StopReason::EndTurn),
             },
             ctx.now_ms,
         );
@@ -1737,6 +1942,8 @@ mod tests {
             now_ms: NOW,
             seed,
             limits: Limits::default(),
+            context_window: None,
+            compaction_threshold_pct: DEFAULT_COMPACTION_THRESHOLD_PCT,
         }
     }
 

@@ -30,6 +30,12 @@ pub enum SessionMsg {
     Cancel(RpcReplyPort<Result<(), SessionError>>),
     /// Cancel from the parent (its own cancel cascading down): nobody waits.
     CancelFromParent,
+    /// Stop the current turn and keep the session.
+    Interrupt(RpcReplyPort<Result<(), SessionError>>),
+    /// Serve the next turns with another model route.
+    SetModel(String, RpcReplyPort<Result<(), SessionError>>),
+    /// The session was found idle in `awaiting_input` since this time.
+    ExpireInput(i64),
     /// Mark the session completed.
     Done(RpcReplyPort<Result<(), SessionError>>),
     /// The current state.

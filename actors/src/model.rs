@@ -19,11 +19,11 @@ pub use decision::{Decision, DecisionRecord, Submission};
 pub use event::{Event, EventKind, Notification};
 pub use overrides::SessionOverrides;
 pub use session::{
-    AgentConfig, ApprovalPolicy, Budget, ChildApproval, EffectiveConfig, ParentLink, QueueIndex,
-    QueuedMessage, RecentMessage, SessionHeader, SessionId, SessionStatus, StopReason,
+    AgentConfig, ApprovalPolicy, Budget, ChildApproval, ContextState, EffectiveConfig, ParentLink,
+    QueueIndex, QueuedMessage, RecentMessage, SessionHeader, SessionId, SessionStatus, StopReason,
     DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DELEGATION_DEPTH, SCHEMA_VERSION,
 };
-pub use transcript::{ProposedCall, TranscriptEntry};
+pub use transcript::{FinishReason, ProposedCall, TranscriptEntry};
 pub use usage::Usage;
 
 /// Milliseconds since the Unix epoch: the one wall-clock format in checkpoints,

@@ -43,21 +43,62 @@ pub struct ProviderRequest {
     pub transcript: Vec<Arc<TranscriptEntry>>,
     /// Tools in scope.
     pub tools: Vec<ToolDefinition>,
+    /// JSON Schema the answer must match: providers with a native mode use
+    /// it (OpenAI `response_format`, Anthropic a forced tool whose input is
+    /// the answer, streamed back as text).
+    pub output_schema: Option<Value>,
+    /// What the request is for.
+    pub purpose: RequestPurpose,
 }
 
-/// Why the model stopped its stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// Natural end of the message.
-    Stop,
-    /// The model wants tools to run.
-    ToolCalls,
-    /// The output hit the provider's length limit.
-    Length,
-    /// Anything else the provider reported.
-    Other,
+impl ProviderRequest {
+    /// Characters the request sends (instructions, tool declarations,
+    /// every entry's text and arguments): the basis of token estimates.
+    pub fn approx_chars(&self) -> u64 {
+        let tools: usize = self
+            .tools
+            .iter()
+            .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+            .sum();
+        let entries: usize = self.transcript.iter().map(|e| entry_chars(e)).sum();
+        (self.instructions.len() + tools + entries) as u64
+    }
 }
+
+/// Characters one transcript entry sends to a model.
+pub fn entry_chars(entry: &TranscriptEntry) -> usize {
+    match entry {
+        TranscriptEntry::User { text, .. } => text.len(),
+        TranscriptEntry::Assistant {
+            text, tool_calls, ..
+        } => {
+            text.len()
+                + tool_calls
+                    .iter()
+                    .map(|c| c.name.len() + c.arguments.to_string().len())
+                    .sum::<usize>()
+        }
+        TranscriptEntry::ToolResult { call } => {
+            call.result.as_ref().map_or(0, |r| r.to_string().len())
+        }
+        TranscriptEntry::Compaction { summary, .. } => summary.len(),
+        TranscriptEntry::ModelChanged { .. } => 0,
+    }
+}
+
+/// What a request is for: a step of the turn, or a summary of the older
+/// transcript (context compaction), which offers no tools.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestPurpose {
+    /// A step of the turn loop.
+    #[default]
+    Step,
+    /// Summarise the transcript it carries.
+    Compaction,
+}
+
+pub use crate::model::FinishReason;
 
 /// One event of a provider stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -134,4 +175,10 @@ pub type ProviderStream = BoxStream<'static, Result<ProviderEvent, ProviderError
 pub trait Provider: Send + Sync + 'static {
     /// Starts one inference.
     async fn stream(&self, request: ProviderRequest) -> Result<ProviderStream, ProviderError>;
+
+    /// The context window, in tokens, of a model route, if known: sessions
+    /// compact their transcript before a request would outgrow it.
+    fn context_window(&self, _model: &str) -> Option<u64> {
+        None
+    }
 }

@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::model::{TranscriptEntry, Usage};
 use crate::provider::{
     FinishReason, Provider, ProviderError, ProviderEvent, ProviderRequest, ProviderStream,
+    RequestPurpose,
 };
 
 /// A scenario: for each agent, its steps in order.
@@ -34,6 +35,15 @@ pub struct Scenario {
     pub description: Option<String>,
     /// Agent name → steps.
     pub agents: BTreeMap<String, Vec<ScriptedStep>>,
+    /// The context window the "model" advertises, in tokens (sessions then
+    /// compact before a request would outgrow it).
+    #[serde(default)]
+    pub context_window: Option<u64>,
+    /// The context the "model" really has: a request estimated at more
+    /// tokens (4 characters each) fails with a context overflow, whatever is
+    /// advertised. For tests of overflow recovery.
+    #[serde(default)]
+    pub context_limit: Option<u64>,
 }
 
 /// One scripted step: what the model "says" in one inference.
@@ -54,6 +64,10 @@ pub struct ScriptedStep {
     /// `bad_response` error), after streaming `text` if any.
     #[serde(default)]
     pub error: Option<String>,
+    /// The finish reason to report (default: `stop`, or `tool_calls` when
+    /// the step calls tools); `length` plays an answer cut at the limit.
+    #[serde(default)]
+    pub finish: Option<FinishReason>,
 }
 
 /// A scripted tool call.
@@ -125,23 +139,43 @@ impl ScriptedProvider {
         request: &ProviderRequest,
     ) -> Result<Vec<Result<ProviderEvent, ProviderError>>, ProviderError> {
         let name = self.scenario.name.as_deref().unwrap_or("scenario");
+        if let Some(limit) = self.scenario.context_limit {
+            let tokens = request_chars(request) / 4;
+            if tokens > limit {
+                return Err(ProviderError::ContextOverflow(format!(
+                    "this request has about {tokens} tokens, over the model's {limit}"
+                )));
+            }
+        }
+        if request.purpose == RequestPurpose::Compaction {
+            return Ok(summary_events(request));
+        }
         let steps = self.scenario.agents.get(&request.agent).ok_or_else(|| {
             ProviderError::ScenarioExhausted(format!(
                 "{name} has no steps for agent '{}'",
                 request.agent
             ))
         })?;
-        let index = request
+        // The step is the number of answers so far, those a summary stands
+        // for included.
+        let index: u64 = request
             .transcript
             .iter()
-            .filter(|e| matches!(e.as_ref(), TranscriptEntry::Assistant { .. }))
-            .count();
+            .map(|e| match e.as_ref() {
+                TranscriptEntry::Assistant { .. } => 1,
+                TranscriptEntry::Compaction {
+                    assistant_entries, ..
+                } => *assistant_entries,
+                _ => 0,
+            })
+            .sum();
+        let index = usize::try_from(index).unwrap_or(usize::MAX);
         let step = steps.get(index).ok_or_else(|| {
             ProviderError::ScenarioExhausted(format!(
                 "{name} has {} step(s) for agent '{}' and this is request {} of the session",
                 steps.len(),
                 request.agent,
-                index + 1
+                index.saturating_add(1)
             ))
         })?;
         let vars = Vars::from_transcript(request);
@@ -167,13 +201,51 @@ impl ScriptedProvider {
             output_tokens: usage.output_tokens,
             tool_calls: 0,
         })));
-        events.push(Ok(ProviderEvent::Done(if step.tool_calls.is_empty() {
-            FinishReason::Stop
-        } else {
-            FinishReason::ToolCalls
-        })));
+        events.push(Ok(ProviderEvent::Done(step.finish.unwrap_or(
+            if step.tool_calls.is_empty() {
+                FinishReason::Stop
+            } else {
+                FinishReason::ToolCalls
+            },
+        ))));
         Ok(events)
     }
+}
+
+/// Characters of what a request sends: instructions and every entry (tool
+/// declarations are left out, so the limit is about the conversation).
+fn request_chars(request: &ProviderRequest) -> u64 {
+    let entries: usize = request
+        .transcript
+        .iter()
+        .map(|e| crate::provider::entry_chars(e))
+        .sum();
+    (request.instructions.len() + entries) as u64
+}
+
+/// The scripted "model"'s summary of a compaction request: deterministic,
+/// naming what it covers, so tests can recognise it downstream.
+fn summary_events(request: &ProviderRequest) -> Vec<Result<ProviderEvent, ProviderError>> {
+    let users: Vec<&str> = request
+        .transcript
+        .iter()
+        .filter_map(|e| match e.as_ref() {
+            TranscriptEntry::User { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    let text = format!(
+        "The user asked {} thing(s), the first: {:?}.",
+        users.len(),
+        users
+            .first()
+            .map(|t| t.chars().take(40).collect::<String>())
+            .unwrap_or_default()
+    );
+    vec![
+        Ok(ProviderEvent::TextDelta(text)),
+        Ok(ProviderEvent::Done(FinishReason::Stop)),
+    ]
 }
 
 #[async_trait::async_trait]
@@ -181,6 +253,10 @@ impl Provider for ScriptedProvider {
     async fn stream(&self, request: ProviderRequest) -> Result<ProviderStream, ProviderError> {
         let events = self.events_for(&request)?;
         Ok(futures::stream::iter(events).boxed())
+    }
+
+    fn context_window(&self, _model: &str) -> Option<u64> {
+        self.scenario.context_window
     }
 }
 
@@ -205,7 +281,9 @@ impl Vars {
                         None => String::new(),
                     };
                 }
-                TranscriptEntry::Assistant { .. } => {}
+                TranscriptEntry::Assistant { .. }
+                | TranscriptEntry::Compaction { .. }
+                | TranscriptEntry::ModelChanged { .. } => {}
             }
         }
         let user_number = first_integer(&user);
@@ -289,6 +367,8 @@ mod tests {
             instructions: String::new(),
             transcript: transcript.into_iter().map(Arc::new).collect(),
             tools: vec![],
+            output_schema: None,
+            purpose: RequestPurpose::Step,
         }
     }
 
@@ -320,6 +400,7 @@ mod tests {
             text: String::new(),
             tool_calls: vec![],
             at_ms: 0,
+            finish_reason: None,
         };
         let evs = p
             .events_for(&request("a", vec![user.clone(), assistant.clone()]))

@@ -101,6 +101,14 @@ pub enum StoreError {
         /// Who owns it, or how this node lost it.
         reason: String,
     },
+    /// A purge of a session that has not ended: refused, nothing deleted.
+    #[error("session {session} is {status}; only a completed, failed or cancelled session can be purged")]
+    NotTerminal {
+        /// Session id.
+        session: SessionId,
+        /// Its status.
+        status: SessionStatus,
+    },
 }
 
 impl StoreError {
@@ -171,5 +179,27 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn claim(&self, root: SessionId) -> Result<bool, StoreError> {
         let _ = root;
         Ok(false)
+    }
+
+    /// Headers of every session, ascending by id, after `after`, at most
+    /// `limit`: a bounded walk over the whole store (retention, expiry).
+    async fn scan(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        let _ = (after, limit);
+        Err(StoreError::Io("this store cannot be scanned".into()))
+    }
+
+    /// Deletes a terminal session whole: header, transcript, events, queue,
+    /// metadata, index entries, and the blobs no other session references.
+    /// The header goes first, so a purge cut short leaves invisible rows,
+    /// never a session with holes. Purging a session that is not terminal is
+    /// refused ([`StoreError::NotTerminal`]); purging one that does not exist
+    /// does nothing.
+    async fn purge(&self, id: SessionId) -> Result<(), StoreError> {
+        let _ = id;
+        Err(StoreError::Io("this store cannot purge sessions".into()))
     }
 }

@@ -185,6 +185,8 @@ mod faults {
                     call.state,
                     call.result.clone().unwrap_or(Value::Null)
                 ),
+                TranscriptEntry::Compaction { summary, .. } => format!("summary: {summary}"),
+                TranscriptEntry::ModelChanged { from, to, .. } => format!("model: {from} -> {to}"),
             })
             .collect()
     }

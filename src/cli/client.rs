@@ -1,5 +1,5 @@
-//! `overseer sessions list|show|approve|cancel`: a client of a running
-//! server, over its HTTP API.
+//! `overseer sessions list|show|approve|cancel|interrupt|model`: a client of
+//! a running server, over its HTTP API.
 //!
 //! Owns turning commands into requests and answers into lines on stdout. It
 //! deliberately holds no session logic: every rule (scopes, tenants,
@@ -54,6 +54,20 @@ pub enum SessionsCommand {
     Cancel {
         /// Session id.
         id: String,
+    },
+    /// Stop a session's running turn and keep the session: it waits for the
+    /// next message (the turn ends with `interrupted`).
+    Interrupt {
+        /// Session id.
+        id: String,
+    },
+    /// Serve a session's next turns with another configured model route
+    /// (between turns only).
+    Model {
+        /// Session id.
+        id: String,
+        /// The model route.
+        route: String,
     },
 }
 
@@ -242,6 +256,34 @@ async fn run(args: SessionsArgs) -> Result<(), CliError> {
                 )
                 .await?;
             print(&format!("cancelled {}", terminal::inline(&id)))?;
+        }
+        SessionsCommand::Interrupt { id } => {
+            let header = client
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/v1/sessions/{id}/interrupt"),
+                    None,
+                )
+                .await?;
+            print(&format!(
+                "interrupted {}: {}",
+                terminal::inline(&id),
+                terminal::inline(header["status"].as_str().unwrap_or("?"))
+            ))?;
+        }
+        SessionsCommand::Model { id, route } => {
+            client
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/v1/sessions/{id}/model"),
+                    Some(json!({ "model": route })),
+                )
+                .await?;
+            print(&format!(
+                "{} now uses model route {}",
+                terminal::inline(&id),
+                terminal::inline(&route)
+            ))?;
         }
     }
     Ok(())

@@ -38,8 +38,13 @@ const STORE_POLL: Duration = Duration::from_secs(1);
 enum Target {
     /// A new session of `agent`, started with `prompt`.
     New { agent: String, prompt: String },
-    /// A stored session, continued.
-    Resume(SessionId),
+    /// A stored session, continued: mid-turn, its turn is followed; waiting
+    /// for input, it is switched to `route` and given `prompt`, if any.
+    Resume {
+        id: SessionId,
+        prompt: Option<String>,
+        route: Option<String>,
+    },
 }
 
 /// `overseer run`. Everything that can be refused without side effects
@@ -48,7 +53,17 @@ enum Target {
 /// leaves no trace on disk.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let target = match args.resume {
-        Some(id) => Target::Resume(id),
+        Some(id) => {
+            let prompt = args.prompt.join(" ");
+            if !args.prompt.is_empty() && prompt.trim().is_empty() {
+                return Err(CliError::EmptyPrompt);
+            }
+            Target::Resume {
+                id,
+                prompt: (!args.prompt.is_empty()).then_some(prompt),
+                route: args.model.clone(),
+            }
+        }
         None => {
             let prompt = args.prompt.join(" ");
             if prompt.trim().is_empty() {
@@ -70,16 +85,34 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         },
     };
     let mut config = Config::load(&options, &tools)?;
+    // With --resume, --model names the route the session continues on, not
+    // the default route's model id.
+    let provider_model = match &target {
+        Target::New { .. } => args.model.clone(),
+        Target::Resume { .. } => None,
+    };
     config.apply_provider_flags(
         args.provider.as_deref(),
         args.base_url.clone(),
-        args.model.clone(),
+        provider_model,
         args.api_key_env.clone(),
     );
     if config.store.kind == crate::config::StoreKind::Postgres {
         return Err(CliError::Usage(
             "overseer run works on the embedded sled store; store.kind = \"postgres\" (cluster mode) is for overseer serve".into(),
         ));
+    }
+    if let Target::Resume {
+        route: Some(route), ..
+    } = &target
+    {
+        let routes = config.route_names();
+        if !routes.iter().any(|r| r == route) {
+            return Err(CliError::Usage(format!(
+                "--model: '{route}' is not a configured model route (configured: {})",
+                routes.join(", ")
+            )));
+        }
     }
     match &target {
         Target::New { agent, .. } if config.agent(agent).is_none() => {
@@ -90,7 +123,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         }
         // Opening the store would create the directory: a mistyped --data
         // must not leave an empty database behind.
-        Target::Resume(id) if !config.store.data_dir.exists() => {
+        Target::Resume { id, .. } if !config.store.data_dir.exists() => {
             return Err(CliError::NoSuchSession {
                 id: *id,
                 dir: config.store.data_dir.clone(),
@@ -146,6 +179,10 @@ async fn drive(
     mode: ApproveMode,
     dir: PathBuf,
 ) -> Result<(), CliError> {
+    // Listening before the session starts, so no Ctrl-C during its turn
+    // falls to the default handler (which would kill the process).
+    let (interrupt_tx, mut interrupt_rx) = mpsc::unbounded_channel();
+    let interrupts = watch_interrupts(interrupt_tx);
     let (id, mut rx, resumed) = match target {
         Target::New { agent, prompt } => {
             // Sessions interrupted mid-turn by an earlier process resume
@@ -172,7 +209,7 @@ async fn drive(
             status(format_args!("session: {id}"));
             (id, rx, None)
         }
-        Target::Resume(id) => {
+        Target::Resume { id, prompt, route } => {
             // Subscribe before anything activates the session, and read its
             // state while it still lives only on disk: every event after
             // that snapshot then arrives on `rx`, none before it.
@@ -186,37 +223,82 @@ async fn drive(
                 .ok_or(CliError::NoSuchSession { id, dir })?;
             status(format_args!("session: {id}"));
             status(format_args!("resuming: {}", where_it_stands(&stored)));
-            match stored.status {
-                SessionStatus::Running | SessionStatus::AwaitingApproval => {}
-                SessionStatus::Pending => return Err(CliError::NothingToResume(id)),
-                SessionStatus::AwaitingInput => {
-                    // The turn ended but the process that ran it stopped
-                    // before completing the session: finish as it would have.
-                    overseer.done(id).await?;
-                    return exit_status(stored.last_stop_reason, stored.error);
+            let mid_turn = match stored.status {
+                SessionStatus::Running | SessionStatus::AwaitingApproval => {
+                    if prompt.is_some() || route.is_some() {
+                        return Err(CliError::MidTurn {
+                            id,
+                            status: stored.status,
+                        });
+                    }
+                    true
+                }
+                SessionStatus::Pending | SessionStatus::AwaitingInput => {
+                    if let Some(route) = &route {
+                        overseer.set_model(id, route).await?;
+                        status(format_args!(
+                            "model route: {} -> {route}",
+                            stored.config.model
+                        ));
+                    }
+                    match prompt {
+                        Some(prompt) => {
+                            let recovered = overseer.recover().await?;
+                            if recovered > 0 {
+                                status(format_args!(
+                                    "recovered {recovered} interrupted session(s) from the store"
+                                ));
+                            }
+                            overseer.send_message(id, prompt).await?;
+                            false
+                        }
+                        None if route.is_some() => {
+                            status(format_args!(
+                                "session {id} waits for its next message (give a PROMPT to send one)"
+                            ));
+                            return Ok(());
+                        }
+                        None if stored.status == SessionStatus::Pending => {
+                            return Err(CliError::NothingToResume(id))
+                        }
+                        // Kept on purpose by Ctrl-C: not completed behind the
+                        // user's back.
+                        None if stored.last_stop_reason == Some(StopReason::Interrupted) => {
+                            return Err(CliError::AwaitsInput(id))
+                        }
+                        None => {
+                            // The turn ended but the process that ran it
+                            // stopped before completing the session: finish
+                            // as it would have.
+                            overseer.done(id).await?;
+                            return exit_status(stored.last_stop_reason, stored.error);
+                        }
+                    }
                 }
                 SessionStatus::Completed | SessionStatus::Failed | SessionStatus::Cancelled => {
                     return ended(&stored);
                 }
+            };
+            if mid_turn {
+                let recovered = overseer.recover().await?;
+                if recovered > 1 {
+                    status(format_args!(
+                        "recovered {} other interrupted session(s) from the store",
+                        recovered - 1
+                    ));
+                }
+                // `recover` activated it (it is mid-turn); make sure, since a
+                // running session that nothing activates would never go on.
+                overseer.runtime().activate(id).await?;
             }
-            let recovered = overseer.recover().await?;
-            if recovered > 1 {
-                status(format_args!(
-                    "recovered {} other interrupted session(s) from the store",
-                    recovered - 1
-                ));
-            }
-            // `recover` activated it (it is mid-turn); make sure, since a
-            // running session that nothing activates would never go on.
-            overseer.runtime().activate(id).await?;
+            // Followed from the stored snapshot: what came before it is not
+            // this run's to report.
             (id, rx, Some(stored))
         }
     };
 
     let (pending_tx, pending_rx) = mpsc::unbounded_channel();
     let decider = tokio::spawn(decide_calls(overseer.clone(), id, mode, pending_rx));
-    let (interrupt_tx, mut interrupt_rx) = mpsc::unbounded_channel();
-    let interrupts = tokio::spawn(watch_interrupts(interrupt_tx));
 
     // Subagents' approvals surface at the root (§7) but are announced on the
     // children's own event streams: watch the tree for them.
@@ -238,6 +320,10 @@ async fn drive(
     children.abort();
     let end = end?;
 
+    // Ctrl-C stopped the turn: the session is kept, waiting for input.
+    if end.reason == StopReason::Interrupted {
+        return Err(CliError::Interrupted(id));
+    }
     // The CLI sends no follow-up, so complete the session rather than leave it
     // awaiting input forever (a cancelled one is already terminal).
     let state = overseer.state(id).await?;
@@ -383,7 +469,7 @@ impl Follower {
         rx: &mut broadcast::Receiver<Notification>,
         interrupts: &mut mpsc::UnboundedReceiver<()>,
     ) -> Result<TurnEnd, CliError> {
-        let mut interrupted = false;
+        let mut presses = 0u8;
         // A session actor that fails right after a checkpoint is restarted
         // from it without that checkpoint's events ever being published, so
         // the live stream can miss a step's last events and then fall silent
@@ -425,12 +511,22 @@ impl Follower {
                         return Ok(end);
                     }
                 }
-                Some(()) = interrupts.recv(), if !interrupted => {
-                    interrupted = true;
+                Some(()) = interrupts.recv(), if presses < 2 => {
+                    presses += 1;
                     self.end_line();
-                    status("interrupted: cancelling the session (Ctrl-C again quits at once)");
-                    if let Err(e) = overseer.cancel(id).await {
-                        status(format_args!("could not cancel the session: {e}"));
+                    if presses == 1 {
+                        status(
+                            "interrupted: stopping the turn; the session is kept \
+                             (Ctrl-C again cancels it)",
+                        );
+                        if let Err(e) = overseer.interrupt(id).await {
+                            status(format_args!("could not interrupt the turn: {e}"));
+                        }
+                    } else {
+                        status("cancelling the session (Ctrl-C again quits at once)");
+                        if let Err(e) = overseer.cancel(id).await {
+                            status(format_args!("could not cancel the session: {e}"));
+                        }
                     }
                 }
             }
@@ -787,19 +883,40 @@ async fn read_line(prompt: String) -> Option<String> {
     .flatten()
 }
 
-/// Forwards Ctrl-C: the first cancels the session gracefully; a second one
-/// exits at once (checkpoints are already durable, so nothing is lost).
-async fn watch_interrupts(tx: mpsc::UnboundedSender<()>) {
-    let mut seen = 0;
-    while tokio::signal::ctrl_c().await.is_ok() {
-        seen += 1;
-        if seen > 1 {
-            std::process::exit(130);
+/// Forwards Ctrl-C: the first interrupts the turn (the session is kept), the
+/// second cancels the session; a third exits at once (checkpoints are
+/// already durable, so nothing is lost).
+///
+/// The handler is registered before this returns (not when the task first
+/// runs): from then on Ctrl-C no longer kills the process.
+fn watch_interrupts(tx: mpsc::UnboundedSender<()>) -> tokio::task::JoinHandle<()> {
+    #[cfg(unix)]
+    let mut signals =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    tokio::spawn(async move {
+        let mut seen = 0;
+        loop {
+            #[cfg(unix)]
+            let got = match signals.as_mut() {
+                Some(s) => s.recv().await.is_some(),
+                None => tokio::signal::ctrl_c().await.is_ok(),
+            };
+            #[cfg(not(unix))]
+            let got = tokio::signal::ctrl_c().await.is_ok();
+            if !got {
+                return;
+            }
+            seen += 1;
+            // The first interrupts the turn, the second cancels the session,
+            // the third does not wait for either.
+            if seen > 2 {
+                std::process::exit(130);
+            }
+            if tx.send(()).is_err() {
+                return;
+            }
         }
-        if tx.send(()).is_err() {
-            return;
-        }
-    }
+    })
 }
 
 /// Writes the agent's text to stdout, control characters escaped (a

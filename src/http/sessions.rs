@@ -1,5 +1,5 @@
 //! Handlers of the session resources: create, list, show, tree, messages,
-//! approvals, cancel, done, and the agent list.
+//! approvals, cancel, done, interrupt, model switch, and the agent list.
 //!
 //! This module owns the JSON shapes of requests and responses and the order
 //! of checks of every route: scope first, then tenant ownership (a session of
@@ -162,22 +162,7 @@ pub(super) async fn create(
         .map(Value::Object)
         .unwrap_or(Value::Null);
     if let Some(model) = &body.model {
-        let mut routes: Vec<&str> = state
-            .overseer()
-            .agents()
-            .map(|a| a.model.as_str())
-            .collect();
-        routes.sort_unstable();
-        routes.dedup();
-        if !routes.contains(&model.as_str()) {
-            return Err(ApiError::bad_request(
-                "invalid_body",
-                format!(
-                    "model: '{model}' is not a configured model route (configured: {})",
-                    routes.join(", ")
-                ),
-            ));
-        }
+        check_route(&state, model)?;
     }
     let overrides = overseer_actors::SessionOverrides {
         instructions: body.instructions.clone(),
@@ -250,6 +235,22 @@ pub(crate) fn keyed_session_id(tenant: &str, key: &str) -> SessionId {
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&d[..16]);
     SessionId(uuid::Builder::from_custom_bytes(bytes).into_uuid())
+}
+
+/// Refuses a model route that is not configured, naming it and the ones
+/// that are.
+fn check_route(state: &AppState, model: &str) -> Result<(), ApiError> {
+    let routes = state.model_routes();
+    if routes.contains(&model) {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(
+        "invalid_body",
+        format!(
+            "model: '{model}' is not a configured model route (configured: {})",
+            routes.join(", ")
+        ),
+    ))
 }
 
 /// Checks a client-chosen key (`idempotency_key`, `message_id`): 1 to
@@ -539,6 +540,43 @@ pub(super) async fn done(
 ) -> Result<Json<Value>, ApiError> {
     owned_header(&state, &principal, id).await?;
     state.overseer().done(id).await?;
+    header_json(&state, &principal, id).await
+}
+
+/// `POST /v1/sessions/{id}/interrupt` → 200 with the session's header: the
+/// running turn stops (its stream, tools and children; pending approvals
+/// closed), its partial text is kept, it ends with `interrupted`, and the
+/// session waits for the next message. Without a running turn nothing
+/// changes.
+pub(super) async fn interrupt(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Write>,
+    SessionPath(id): SessionPath,
+) -> Result<Json<Value>, ApiError> {
+    owned_header(&state, &principal, id).await?;
+    state.overseer().interrupt(id).await?;
+    header_json(&state, &principal, id).await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ModelBody {
+    model: String,
+}
+
+/// `POST /v1/sessions/{id}/model` `{model}` → 200 with the session's
+/// header: its next turns are served by this configured model route
+/// (recorded in the transcript). Only between turns: 409 `session_busy`
+/// while one runs.
+pub(super) async fn set_model(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Write>,
+    SessionPath(id): SessionPath,
+    ApiJson(body): ApiJson<ModelBody>,
+) -> Result<Json<Value>, ApiError> {
+    owned_header(&state, &principal, id).await?;
+    check_route(&state, &body.model)?;
+    state.overseer().set_model(id, &body.model).await?;
     header_json(&state, &principal, id).await
 }
 

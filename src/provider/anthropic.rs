@@ -5,7 +5,8 @@
 //! and the `tool_result` blocks of one step gathered into one user message),
 //! and how the event stream (`message_start`, `content_block_start/delta/
 //! stop`, `message_delta`, `message_stop`, `ping`, `error`) becomes provider
-//! events. Its wire types stay on this side of the boundary. It deliberately
+//! events. Structured output is a forced tool ([`ANSWER_TOOL`]): its input
+//! comes back as the answer's text, never as a tool call. Its wire types stay on this side of the boundary. It deliberately
 //! does not retry: that is [`super::retry`]'s job.
 
 use std::collections::BTreeMap;
@@ -45,14 +46,22 @@ impl AnthropicProvider {
     /// The JSON body sent for `request` (public so its shape can be shown
     /// and checked without a server).
     pub fn request_body(&self, request: &ProviderRequest) -> Value {
-        serde_json::to_value(wire_request(&self.endpoint, request)).unwrap_or(Value::Null)
+        let answer = AnswerTool::for_request(request);
+        serde_json::to_value(wire_request(&self.endpoint, request, answer.as_ref()))
+            .unwrap_or(Value::Null)
     }
 }
 
 #[async_trait::async_trait]
 impl Provider for AnthropicProvider {
+    fn context_window(&self, _model: &str) -> Option<u64> {
+        // One provider serves one route: the window is its model's.
+        self.endpoint.effective_context_window()
+    }
+
     async fn stream(&self, request: ProviderRequest) -> Result<ProviderStream, ProviderError> {
-        let body = wire_request(&self.endpoint, &request);
+        let answer = AnswerTool::for_request(&request);
+        let body = wire_request(&self.endpoint, &request, answer.as_ref());
         let mut headers = HeaderMap::new();
         headers.insert(
             HeaderName::from_static("anthropic-version"),
@@ -71,7 +80,10 @@ impl Provider for AnthropicProvider {
         Ok(sse::decode(
             response,
             self.endpoint.idle_timeout,
-            EventDecoder::default(),
+            EventDecoder {
+                answer,
+                ..EventDecoder::default()
+            },
         ))
     }
 }
@@ -87,7 +99,70 @@ struct MessagesRequest<'a> {
     messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
+    /// Forces the answer tool (structured output).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<ToolChoice<'a>>,
     stream: bool,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ToolChoice<'a> {
+    /// Some tool must be used: a real one, or the answer tool.
+    Any,
+    /// This tool must be used.
+    Tool { name: &'a str },
+}
+
+/// Structured output over the Messages API, which has no native mode of its
+/// own: a synthetic tool whose input schema is the output schema, which the
+/// model is made to call; its input is the answer. A schema that is not an
+/// object (the API wants an object) is wrapped as `{"value": schema}`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct AnswerTool {
+    /// The tool's name: [`ANSWER_TOOL`], suffixed if a real tool has it.
+    pub(crate) name: String,
+    /// The schema sent as its `input_schema`.
+    input_schema: Value,
+    /// Whether the answer is the input's `value`.
+    wrapped: bool,
+}
+
+/// The name of the answer tool, unless a real tool already has it.
+pub const ANSWER_TOOL: &str = "final_answer";
+
+const ANSWER_DESCRIPTION: &str = "Give your final answer. Its input is the answer itself, \
+     which must match this schema. Use it once you are done, instead of replying in text.";
+
+impl AnswerTool {
+    fn for_request(request: &ProviderRequest) -> Option<Self> {
+        let schema = request.output_schema.as_ref()?;
+        let taken = |name: &str| request.tools.iter().any(|t| t.name == name);
+        let mut name = ANSWER_TOOL.to_owned();
+        let mut n = 2;
+        while taken(&name) {
+            name = format!("{ANSWER_TOOL}_{n}");
+            n += 1;
+        }
+        let is_object = schema.get("type").and_then(Value::as_str) == Some("object");
+        let (input_schema, wrapped) = if is_object {
+            (schema.clone(), false)
+        } else {
+            (
+                serde_json::json!({
+                    "type": "object",
+                    "properties": { "value": schema },
+                    "required": ["value"],
+                }),
+                true,
+            )
+        };
+        Some(Self {
+            name,
+            input_schema,
+            wrapped,
+        })
+    }
 }
 
 #[derive(Serialize)]
@@ -122,7 +197,11 @@ struct WireTool<'a> {
     input_schema: &'a Value,
 }
 
-fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> MessagesRequest<'a> {
+fn wire_request<'a>(
+    endpoint: &'a Endpoint,
+    request: &'a ProviderRequest,
+    answer: Option<&'a AnswerTool>,
+) -> MessagesRequest<'a> {
     let mut messages: Vec<WireMessage<'a>> = Vec::with_capacity(request.transcript.len());
     for entry in &request.transcript {
         let (role, blocks) = match entry.as_ref() {
@@ -146,6 +225,11 @@ fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> Mes
                     is_error: call.state == CallState::Failed,
                 }],
             ),
+            // A summary of the compacted older transcript reads as context
+            // the user gives.
+            TranscriptEntry::Compaction { summary, .. } => ("user", text_block(summary)),
+            // A note for people; the model is simply served by the new route.
+            TranscriptEntry::ModelChanged { .. } => continue,
         };
         // The API rejects empty messages and wants roles to alternate: the
         // results of one step become one user message, and a user message
@@ -174,7 +258,20 @@ fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> Mes
                 description: &t.description,
                 input_schema: &t.parameters,
             })
+            .chain(answer.map(|a| WireTool {
+                name: &a.name,
+                description: ANSWER_DESCRIPTION,
+                input_schema: &a.input_schema,
+            }))
             .collect(),
+        tool_choice: answer.map(|a| {
+            if request.tools.is_empty() {
+                ToolChoice::Tool { name: &a.name }
+            } else {
+                // The model may still use its tools before it answers.
+                ToolChoice::Any
+            }
+        }),
         stream: true,
     }
 }
@@ -338,15 +435,26 @@ struct ToolBlock {
     /// `input_json_delta` follows.
     initial: Value,
     json: String,
+    /// A call of the answer tool: its input is the answer text.
+    answer: bool,
 }
 
 /// Reads the event stream. Text deltas go out as they arrive; a tool call
-/// goes out when its block stops; usage and `Done` at `message_stop`.
+/// goes out when its block stops; usage and `Done` at `message_stop`. The
+/// answer tool's input is the answer: streamed out as text as it arrives
+/// (or, wrapped, once its block is complete), never as a tool call.
 #[derive(Default)]
 struct EventDecoder {
     tools: BTreeMap<usize, ToolBlock>,
     usage: WireUsage,
     stop_reason: Option<String>,
+    /// The answer tool of a request with an output schema.
+    answer: Option<AnswerTool>,
+    /// Whether the model called a tool other than the answer tool.
+    called_tools: bool,
+    /// A finished tool block whose input did not parse, held until the
+    /// stop reason says whether the output was cut short.
+    unparsed: Option<ProviderError>,
 }
 
 impl Decoder for EventDecoder {
@@ -379,12 +487,14 @@ impl Decoder for EventDecoder {
                     }
                 }
                 StartBlock::ToolUse { name, input } => {
+                    let answer = self.answer.as_ref().is_some_and(|a| a.name == name);
                     self.tools.insert(
                         index,
                         ToolBlock {
                             name,
                             initial: input,
                             json: String::new(),
+                            answer,
                         },
                     );
                 }
@@ -403,12 +513,23 @@ impl Decoder for EventDecoder {
                         ))
                     })?;
                     block.json.push_str(&partial_json);
+                    let streams = block.answer && !self.answer.as_ref().is_some_and(|a| a.wrapped);
+                    if streams && !partial_json.is_empty() {
+                        out.push(ProviderEvent::TextDelta(partial_json));
+                    }
                 }
                 BlockDelta::Other => {}
             },
             StreamEvent::ContentBlockStop { index } => {
                 if let Some(block) = self.tools.remove(&index) {
-                    out.push(tool_call(block)?);
+                    match self.block_done(block) {
+                        Ok(events) => out.extend(events),
+                        // Input that does not parse is an error, unless the
+                        // stop reason, still to come, says the output was
+                        // cut at the limit.
+                        Err(e) if self.unparsed.is_none() => self.unparsed = Some(e),
+                        Err(_) => {}
+                    }
                 }
             }
             StreamEvent::MessageDelta { delta, usage } => {
@@ -432,6 +553,8 @@ impl Decoder for EventDecoder {
         // A body cut after the stop reason lost nothing but `message_stop`.
         if self.stop_reason.is_some() {
             self.finish()
+        } else if let Some(e) = self.unparsed.take() {
+            Err(e)
         } else {
             Err(ProviderError::BadResponse(ENDED_WITHOUT_FINISH.into()))
         }
@@ -445,18 +568,70 @@ impl Decoder for EventDecoder {
 impl EventDecoder {
     fn finish(&mut self) -> Result<Vec<ProviderEvent>, ProviderError> {
         let mut out = Vec::new();
-        // Blocks never stopped are complete as far as the message goes.
+        let truncated = matches!(
+            self.stop_reason.as_deref(),
+            Some("max_tokens" | "model_context_window_exceeded")
+        );
+        // Blocks never stopped are complete as far as the message goes,
+        // unless the output was cut at the limit: then a tool's input may
+        // have lost its end, and no call is run anyway.
         for block in std::mem::take(&mut self.tools).into_values() {
-            out.push(tool_call(block)?);
+            if !truncated {
+                out.extend(self.block_done(block)?);
+            }
+        }
+        if let Some(e) = self.unparsed.take() {
+            if !truncated {
+                return Err(e);
+            }
         }
         out.push(ProviderEvent::Usage(self.usage.to_usage()));
         out.push(ProviderEvent::Done(match self.stop_reason.as_deref() {
             Some("end_turn" | "stop_sequence") => FinishReason::Stop,
+            // Only the answer tool was used: the model has answered.
+            Some("tool_use") if !self.called_tools && self.answer.is_some() => FinishReason::Stop,
             Some("tool_use") => FinishReason::ToolCalls,
             Some("max_tokens" | "model_context_window_exceeded") => FinishReason::Length,
             _ => FinishReason::Other,
         }));
         Ok(out)
+    }
+
+    /// What a finished `tool_use` block yields: a tool call, or, for the
+    /// answer tool, whatever of the answer text has not gone out yet.
+    fn block_done(&mut self, block: ToolBlock) -> Result<Vec<ProviderEvent>, ProviderError> {
+        if !block.answer {
+            self.called_tools = true;
+            return Ok(vec![tool_call(block)?]);
+        }
+        let wrapped = self.answer.as_ref().is_some_and(|a| a.wrapped);
+        let streamed = !block.json.trim().is_empty();
+        let text = match (wrapped, streamed) {
+            // Streamed as it came.
+            (false, true) => return Ok(Vec::new()),
+            (false, false) => block.initial.to_string(),
+            (true, _) => {
+                let input: Value = if streamed {
+                    serde_json::from_str(block.json.trim()).map_err(|e| {
+                        ProviderError::BadResponse(format!(
+                            "the answer is not valid JSON ({e}): {}",
+                            excerpt(block.json.trim())
+                        ))
+                    })?
+                } else {
+                    block.initial
+                };
+                // A model that answered without the wrapper is taken at its
+                // word; the schema check downstream judges it.
+                match input {
+                    Value::Object(mut map) if map.contains_key("value") => {
+                        map.remove("value").unwrap_or(Value::Null).to_string()
+                    }
+                    other => other.to_string(),
+                }
+            }
+        };
+        Ok(vec![ProviderEvent::TextDelta(text)])
     }
 }
 

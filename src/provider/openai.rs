@@ -5,7 +5,9 @@
 //! becomes `messages` (assistant `tool_calls`, `tool` results by
 //! `tool_call_id`), and how the streamed chunks (text deltas, tool-call
 //! fragments keyed by `index`, `finish_reason`, the trailing usage chunk,
-//! `[DONE]`) become provider events. Its wire types stay on this side of the
+//! `[DONE]`) become provider events. A request with an output schema asks
+//! for native structured output (`response_format` of type `json_schema`);
+//! the answer then streams as ordinary text. Its wire types stay on this side of the
 //! boundary. It deliberately does not retry: that is [`super::retry`]'s job.
 
 use std::collections::BTreeMap;
@@ -48,6 +50,11 @@ impl OpenAiProvider {
 
 #[async_trait::async_trait]
 impl Provider for OpenAiProvider {
+    fn context_window(&self, _model: &str) -> Option<u64> {
+        // One provider serves one route: the window is its model's.
+        self.endpoint.effective_context_window()
+    }
+
     async fn stream(&self, request: ProviderRequest) -> Result<ProviderStream, ProviderError> {
         let body = wire_request(&self.endpoint, &request);
         let mut headers = HeaderMap::new();
@@ -78,6 +85,69 @@ struct ChatRequest<'a> {
     stream_options: StreamOptions,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
+    /// Native structured output (the session's `output_schema`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<ResponseFormat<'a>>,
+}
+
+/// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`.
+#[derive(Serialize)]
+struct ResponseFormat<'a> {
+    r#type: &'static str,
+    json_schema: JsonSchemaFormat<'a>,
+}
+
+#[derive(Serialize)]
+struct JsonSchemaFormat<'a> {
+    name: &'static str,
+    schema: &'a Value,
+    strict: bool,
+}
+
+/// The name the answer's schema is given in `response_format`.
+pub const RESPONSE_FORMAT_NAME: &str = "answer";
+
+/// Whether OpenAI's strict mode accepts `schema`: an object at the root,
+/// and every object in it closed (`additionalProperties: false`) with all
+/// its properties required. Strict mode refuses any other schema with a
+/// 400, so one that does not qualify is sent with `strict: false` (the model
+/// is still steered by it, and the answer is validated here either way).
+pub fn strict_compatible(schema: &Value) -> bool {
+    fn closed(schema: &Value) -> bool {
+        let Some(map) = schema.as_object() else {
+            // `true` / `false` schemas.
+            return schema.is_boolean();
+        };
+        let is_object = map.get("type").and_then(Value::as_str) == Some("object")
+            || map.contains_key("properties");
+        if is_object {
+            let properties = map.get("properties").and_then(Value::as_object);
+            let required: Vec<&str> = map
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|r| r.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if map.get("additionalProperties") != Some(&Value::Bool(false)) {
+                return false;
+            }
+            if properties.is_some_and(|p| p.keys().any(|k| !required.contains(&k.as_str()))) {
+                return false;
+            }
+        }
+        let nested = ["properties", "$defs", "definitions"]
+            .iter()
+            .filter_map(|k| map.get(*k).and_then(Value::as_object))
+            .flat_map(|m| m.values())
+            .chain(
+                ["anyOf", "allOf", "oneOf", "prefixItems"]
+                    .iter()
+                    .filter_map(|k| map.get(*k).and_then(Value::as_array))
+                    .flatten(),
+            )
+            .chain(map.get("items"));
+        nested.into_iter().all(closed)
+    }
+    schema.get("type").and_then(Value::as_str) == Some("object") && closed(schema)
 }
 
 #[derive(Serialize)]
@@ -143,6 +213,11 @@ fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> Cha
     for entry in &request.transcript {
         messages.push(match entry.as_ref() {
             TranscriptEntry::User { text, .. } => Message::User { content: text },
+            // A summary of the compacted older transcript reads as context
+            // the user gives.
+            TranscriptEntry::Compaction { summary, .. } => Message::User { content: summary },
+            // A note for people; the model is simply served by the new route.
+            TranscriptEntry::ModelChanged { .. } => continue,
             TranscriptEntry::Assistant {
                 text, tool_calls, ..
             } => Message::Assistant {
@@ -185,6 +260,14 @@ fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> Cha
             include_usage: true,
         },
         max_tokens: endpoint.max_tokens,
+        response_format: request.output_schema.as_ref().map(|schema| ResponseFormat {
+            r#type: "json_schema",
+            json_schema: JsonSchemaFormat {
+                name: RESPONSE_FORMAT_NAME,
+                schema,
+                strict: strict_compatible(schema),
+            },
+        }),
     }
 }
 
@@ -303,7 +386,13 @@ impl Decoder for ChunkDecoder {
                 }
             }
             if let Some(reason) = choice.finish_reason {
-                self.finish = Some(finish_reason(&reason));
+                let finish = finish_reason(&reason);
+                self.finish = Some(finish);
+                if finish == FinishReason::Length {
+                    // Cut at the limit: a call may have lost the end of its
+                    // arguments, and none is run anyway.
+                    self.calls.clear();
+                }
                 out.extend(self.flush_calls()?);
             }
         }

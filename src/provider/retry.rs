@@ -140,6 +140,10 @@ impl RetryingProvider {
 
 #[async_trait::async_trait]
 impl Provider for RetryingProvider {
+    fn context_window(&self, model: &str) -> Option<u64> {
+        self.inner.context_window(model)
+    }
+
     async fn stream(&self, request: ProviderRequest) -> Result<ProviderStream, ProviderError> {
         let mut retries = 0u32;
         let mut key_reloaded = false;
@@ -240,6 +244,8 @@ mod tests {
             instructions: String::new(),
             transcript: Vec::new(),
             tools: Vec::new(),
+            output_schema: None,
+            purpose: Default::default(),
         }
     }
 

@@ -49,6 +49,43 @@ pub(super) fn tenant_key(tenant: &str, id: &SessionId) -> Vec<u8> {
     key
 }
 
+/// `sha256 hex ‖ id`: the key of a session's reference to a blob in
+/// `blob_refs`. Keyed by the hash first, so whether anyone else still
+/// references a blob is one prefix lookup.
+pub(super) fn blob_ref_key(hash: &str, id: &SessionId) -> Vec<u8> {
+    let mut key = Vec::with_capacity(hash.len() + 16);
+    key.extend_from_slice(hash.as_bytes());
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+/// The prefix of `meta` keys marking purges in progress.
+pub(super) const PURGE_PREFIX: &[u8] = b"purge:";
+
+/// `purge: ‖ id`: the key of `meta` that marks a purge of `id` begun and
+/// not finished (its value is the session's tenant).
+pub(super) fn purge_key(id: &SessionId) -> Vec<u8> {
+    let mut key = PURGE_PREFIX.to_vec();
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+/// The blob a stored transcript row references, if any. Only rows that
+/// mention the envelope's field are parsed: the common row is a substring
+/// search, not a JSON decode.
+pub(super) fn blob_of(row: &[u8]) -> Option<String> {
+    const FIELD: &[u8] = b"\"result_blob\"";
+    if !row.windows(FIELD.len()).any(|w| w == FIELD) {
+        return None;
+    }
+    #[derive(Deserialize)]
+    struct Envelope {
+        #[serde(default)]
+        result_blob: Option<String>,
+    }
+    serde_json::from_slice::<Envelope>(row).ok()?.result_blob
+}
+
 /// A session id from the 16 bytes of a key.
 pub(super) fn id_from(bytes: &[u8]) -> Option<SessionId> {
     let raw: [u8; 16] = bytes.try_into().ok()?;

@@ -28,6 +28,10 @@
 //! a growing delay, first checking that the disk takes a file again, so a
 //! long outage costs one small probe every few seconds.
 //!
+//! Purges (`purge`) are writes too, so the writer runs them, after the
+//! checkpoints of the group they arrive in, numbered as a group of their
+//! own and confirmed like checkpoints.
+//!
 //! This module deliberately owns neither the encoding (`codec` prepares the
 //! bytes on the caller's side) nor reads (readers go to sled directly), nor
 //! what a flush does on disk (`durable`), nor opening (`open`).
@@ -47,6 +51,7 @@ use overseer_actors::store::StoreError;
 use super::codec::{self, corrupt, Prepared};
 use super::gate::Gate;
 use super::open::{self, catch_sled_panic, Generation, OpenError, Purpose, Trees, COMMIT_KEY};
+use super::purge::{self, PurgeError};
 use super::sidecar::Sidecar;
 use super::{Durability, StoreOptions};
 
@@ -109,6 +114,8 @@ pub(super) enum Command {
     /// Write a key of `meta`, read it back, and flush: whether the store
     /// takes writes now (`/readyz`).
     Health(Reply),
+    /// Delete a terminal session whole (see `purge`).
+    Purge(SessionId, Reply),
 }
 
 /// What the writer, the flusher and the readers share.
@@ -266,6 +273,7 @@ struct Group {
     checkpoints: Vec<(Box<Prepared>, Reply)>,
     flushes: Vec<Reply>,
     health: Vec<Reply>,
+    purges: Vec<(SessionId, Reply)>,
 }
 
 impl Group {
@@ -284,6 +292,10 @@ impl Group {
                 self.health.push(reply);
                 0
             }
+            Command::Purge(id, reply) => {
+                self.purges.push((id, reply));
+                0
+            }
         }
     }
 
@@ -293,7 +305,8 @@ impl Group {
             .into_iter()
             .map(|(_, r)| r)
             .chain(self.flushes)
-            .chain(self.health);
+            .chain(self.health)
+            .chain(self.purges.into_iter().map(|(_, r)| r));
         for reply in replies {
             // A caller that stopped waiting is not an error.
             let _ = reply.send(Err(error.clone()));
@@ -382,12 +395,47 @@ impl Writer {
             checkpoints,
             flushes,
             health,
+            purges,
         } = group;
         let (prepared, replies): (Vec<_>, Vec<_>) = checkpoints.into_iter().unzip();
         let applied = apply(&generation.trees, &mut self.cache, &prepared, self.seq + 1);
         let mut failure = applied.failure;
         if applied.wrote && failure.is_none() {
             self.seq += 1;
+        }
+        // After the group's checkpoints, so a purge sees the latest header
+        // of its session. Numbered as a group of its own.
+        let mut purged = Vec::new();
+        let mut purge_wrote = false;
+        for (id, reply) in purges {
+            if failure.is_some() {
+                purged.push(reply);
+                continue;
+            }
+            self.cache.forget([&id]);
+            match purge::purge(&generation.trees, &id) {
+                Ok(wrote) => {
+                    purge_wrote |= wrote;
+                    purged.push(reply);
+                }
+                Err(PurgeError::Refused(e)) => {
+                    let _ = reply.send(Err(e));
+                }
+                Err(PurgeError::Io(cause)) => {
+                    failure = Some(cause);
+                    purged.push(reply);
+                }
+            }
+        }
+        if purge_wrote && failure.is_none() {
+            match generation
+                .trees
+                .meta
+                .insert(COMMIT_KEY, &(self.seq + 1).to_be_bytes()[..])
+            {
+                Ok(_) => self.seq += 1,
+                Err(e) => failure = Some(format!("writing the group number: {e}")),
+            }
         }
         let mut health_ok = Vec::new();
         for reply in health {
@@ -416,7 +464,7 @@ impl Writer {
             for (reply, outcome) in replies.into_iter().zip(applied.outcomes) {
                 let _ = reply.send(outcome.and(Err(error.clone())));
             }
-            for reply in flushes.into_iter().chain(health_ok) {
+            for reply in flushes.into_iter().chain(health_ok).chain(purged) {
                 let _ = reply.send(Err(error.clone()));
             }
             return;
@@ -424,6 +472,14 @@ impl Writer {
 
         let mut to_flush = flushes;
         to_flush.extend(health_ok);
+        match self.durability {
+            Durability::Fsync => to_flush.extend(purged),
+            Durability::Os => {
+                for reply in purged {
+                    let _ = reply.send(Ok(()));
+                }
+            }
+        }
         for (reply, outcome) in replies.into_iter().zip(applied.outcomes) {
             match (outcome, self.durability) {
                 (Ok(()), Durability::Fsync) => to_flush.push(reply),
@@ -691,6 +747,7 @@ type Write = (sled::IVec, Option<sled::IVec>);
 #[derive(Default)]
 struct Writes {
     blobs: Vec<Write>,
+    blob_refs: Vec<Write>,
     transcript: Vec<Write>,
     events: Vec<Write>,
     queue: Vec<Write>,
@@ -713,7 +770,7 @@ struct Writes {
 /// lock), since nothing needs atomicity within one tree: plain inserts, in an
 /// order that makes the `sessions` header the commit record of a checkpoint:
 ///
-/// 1. `blobs`, `transcript`, `events`, and the index entries a session gains;
+/// 1. `blobs`, `blob_refs`, `transcript`, `events`, and the index entries a session gains;
 /// 2. `sessions`: the headers;
 /// 3. the index entries a session loses.
 ///
@@ -776,6 +833,14 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                     writes
                         .blobs
                         .push((hash.as_bytes().into(), Some(data.clone())));
+                }
+                // Every blob the new rows name, stored before or not: the
+                // reference that keeps a purge of another session from
+                // deleting it.
+                for (hash, _) in &p.blobs {
+                    writes
+                        .blob_refs
+                        .push((codec::blob_ref_key(hash, &p.id).into(), Some(empty())));
                 }
                 for (k, v) in &p.entries {
                     writes.transcript.push((k[..].into(), Some(v.clone())));
@@ -905,6 +970,7 @@ fn empty() -> sled::IVec {
 fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
     let Writes {
         blobs,
+        blob_refs,
         transcript,
         events,
         queue,
@@ -918,6 +984,7 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
     } = writes;
     let order = [
         (&trees.blobs, blobs, "blobs"),
+        (&trees.blob_refs, blob_refs, "blob_refs"),
         (&trees.transcript, transcript, "transcript"),
         (&trees.events, events, "events"),
         (&trees.queue, queue, "queue"),
@@ -962,7 +1029,7 @@ fn crashed_before(trees: &Trees, n: usize) -> bool {
 
 /// Where the `sessions` writes (the commit records) are in [`write`]'s order.
 #[cfg(test)]
-const SESSIONS_WRITES: usize = 7;
+const SESSIONS_WRITES: usize = 8;
 
 #[cfg(not(test))]
 fn crashed_before(_: &Trees, _: usize) -> bool {
@@ -1046,8 +1113,10 @@ mod tests {
             tenants: open("tenants"),
             active: open("active"),
             blobs: open("blobs"),
+            blob_refs: open("blob_refs"),
             meta: open("meta"),
             drop_headers: Arc::default(),
+            stop_purges: Arc::default(),
             db,
         }
     }

@@ -26,7 +26,7 @@ use sled::Tree;
 use super::durable::Durable;
 use super::sidecar;
 use super::{StoreOptions, FORMAT_KEY, FORMAT_VERSION};
-use crate::store::codec::corrupt;
+use crate::store::codec::{self, corrupt};
 
 /// The key of `meta` holding the number of the last group written.
 pub(super) const COMMIT_KEY: &[u8] = b"commit_seq";
@@ -45,12 +45,19 @@ pub(super) struct Trees {
     pub(super) tenants: Tree,
     pub(super) active: Tree,
     pub(super) blobs: Tree,
+    /// `sha256 hex ‖ id` → empty: which sessions reference each blob
+    /// (layout version 2), so a purge deletes only blobs nobody else uses.
+    pub(super) blob_refs: Tree,
     pub(super) meta: Tree,
     /// Test hook: when set, the writer stops each group right before its
     /// `sessions` writes (the commit record) and fails it, as a crash there
     /// would leave the trees.
     #[cfg(test)]
     pub(super) drop_headers: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Test hook: when set, each purge stops right after removing the
+    /// session's header, as a crash there would leave the trees.
+    #[cfg(test)]
+    pub(super) stop_purges: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One opening of the directory. After a write failure the writer closes it
@@ -204,7 +211,7 @@ pub(super) fn open(
                 .map_err(|e| other(format!("opening tree {name}: {e}")))
         };
         let meta = tree("meta")?;
-        check_format(&db, &meta, dir, purpose)?;
+        let version = check_format(&meta, dir)?;
         let commit_seq = match meta
             .get(COMMIT_KEY)
             .map_err(|e| other(format!("reading the commit number: {e}")))?
@@ -240,11 +247,21 @@ pub(super) fn open(
             tenants: tree("tenants")?,
             active: tree("active")?,
             blobs: tree("blobs")?,
+            blob_refs: tree("blob_refs")?,
             meta,
             db: db.clone(),
             #[cfg(test)]
             drop_headers: Default::default(),
+            #[cfg(test)]
+            stop_purges: Default::default(),
         };
+        if purpose == Purpose::Serve {
+            if version.is_none_or(|v| v < FORMAT_VERSION) {
+                upgrade(&trees, version, dir)?;
+            }
+            super::purge::finish_pending(&trees)
+                .map_err(|e| other(format!("finishing a purge an earlier process began: {e}")))?;
+        }
         let durable = Durable::new(db.clone(), dir)
             .map_err(|e| other(format!("opening its log for syncing: {e}")))?;
         Ok(Opened {
@@ -260,55 +277,79 @@ pub(super) fn open(
     Ok(opened)
 }
 
-/// Refuses a directory of a newer layout before anything is written to it,
-/// and (when serving) stamps a new one with ours.
-fn check_format(
-    db: &sled::Db,
-    meta: &Tree,
-    dir: &Path,
-    purpose: Purpose,
-) -> Result<(), StoreError> {
+/// Refuses a directory of a newer layout before anything is written to it;
+/// returns the version found (`None` for a directory overseer never wrote).
+fn check_format(meta: &Tree, dir: &Path) -> Result<Option<u32>, StoreError> {
     let io = |e: sled::Error| {
         StoreError::Io(format!(
             "reading the store format version in {}: {e}",
             dir.display()
         ))
     };
-    match meta.get(FORMAT_KEY).map_err(io)? {
-        Some(raw) => {
-            let bytes: [u8; 4] = raw.as_ref().try_into().map_err(|_| {
-                corrupt(
-                    "meta",
-                    format!("format_version is {} bytes, expected 4", raw.len()),
-                )
-            })?;
-            let found = u32::from_be_bytes(bytes);
-            if found > FORMAT_VERSION {
-                return Err(corrupt(
-                    "meta",
-                    format!(
-                        "the store in {} has format version {found}, but this binary reads at most \
-                         {FORMAT_VERSION}; upgrade overseer to open it",
-                        dir.display()
-                    ),
-                ));
-            }
-            Ok(())
-        }
-        None if purpose == Purpose::Inspect => Ok(()),
-        None => {
-            let write = |e: sled::Error| {
-                StoreError::Io(format!(
-                    "writing the store format version in {}: {e}",
-                    dir.display()
-                ))
-            };
-            meta.insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes()[..])
-                .map_err(write)?;
-            db.flush().map_err(write)?;
-            Ok(())
-        }
+    let Some(raw) = meta.get(FORMAT_KEY).map_err(io)? else {
+        return Ok(None);
+    };
+    let bytes: [u8; 4] = raw.as_ref().try_into().map_err(|_| {
+        corrupt(
+            "meta",
+            format!("format_version is {} bytes, expected 4", raw.len()),
+        )
+    })?;
+    let found = u32::from_be_bytes(bytes);
+    if found > FORMAT_VERSION {
+        return Err(corrupt(
+            "meta",
+            format!(
+                "the store in {} has format version {found}, but this binary reads at most \
+                 {FORMAT_VERSION}; upgrade overseer to open it",
+                dir.display()
+            ),
+        ));
     }
+    Ok(Some(found))
+}
+
+/// Brings a directory of an older layout (or a new one) to
+/// [`FORMAT_VERSION`], then stamps it. Version 1 had no `blob_refs`: every
+/// blob a transcript row names gets its reference, so that a purge never
+/// deletes a blob a session written before the upgrade still uses. Stamped
+/// only once complete and flushed, so an upgrade cut short is redone (its
+/// writes are idempotent). A new directory has nothing to convert.
+fn upgrade(trees: &Trees, found: Option<u32>, dir: &Path) -> Result<(), StoreError> {
+    let write = |what: &str, e: sled::Error| {
+        StoreError::Io(format!(
+            "upgrading the store in {} to format version {FORMAT_VERSION}: {what}: {e}",
+            dir.display()
+        ))
+    };
+    if found == Some(1) {
+        let mut refs = 0u64;
+        for item in trees.transcript.iter() {
+            let (key, row) = item.map_err(|e| write("reading the transcript", e))?;
+            let (Some(hash), Some(id)) =
+                (codec::blob_of(&row), key.get(..16).and_then(codec::id_from))
+            else {
+                continue;
+            };
+            trees
+                .blob_refs
+                .insert(codec::blob_ref_key(&hash, &id), &[][..])
+                .map_err(|e| write("writing a blob reference", e))?;
+            refs += 1;
+        }
+        tracing::info!(
+            dir = %dir.display(),
+            blob_refs = refs,
+            "upgraded the store to format version {FORMAT_VERSION}"
+        );
+    }
+    trees.db.flush().map_err(|e| write("flushing", e))?;
+    trees
+        .meta
+        .insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes()[..])
+        .map_err(|e| write("writing the format version", e))?;
+    trees.db.flush().map_err(|e| write("flushing", e))?;
+    Ok(())
 }
 
 /// Opens sled, waiting briefly while the directory's lock is still held: a

@@ -106,6 +106,32 @@ pub enum EventKind {
         stop_reason: StopReason,
         /// Usage after the turn (cumulative).
         usage: Usage,
+        /// The turn's structured output, when the session has an
+        /// `output_schema` and the answer matched it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<Value>,
+    },
+    /// The older transcript was summarised to fit the model's context.
+    Compacted {
+        /// The summary covers the entries before this index.
+        through: u64,
+        /// The summary.
+        summary: String,
+    },
+    /// The next request is close to the model's context window even after
+    /// compaction: the conversation may soon fail.
+    ContextPressure {
+        /// Estimated tokens of the request.
+        estimated_tokens: u64,
+        /// The route's context window.
+        context_window: u64,
+    },
+    /// The session's model route changed between turns.
+    ModelChanged {
+        /// Route before.
+        from: String,
+        /// Route after.
+        to: String,
     },
     /// Something went wrong that the session survived or that ended it.
     Error {

@@ -2,7 +2,10 @@
 //! every checkpoint rewrites. The transcript and the event log are stored
 //! beside it, entry by entry, so the header's size does not grow with history.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::{ToolCallRecord, Usage};
 
@@ -110,6 +113,10 @@ pub enum StopReason {
     BudgetExceeded,
     /// The provider (or the runtime) failed.
     Error,
+    /// The model's answer hit the provider's output length limit.
+    MaxTokens,
+    /// Someone stopped the turn (`interrupt`); the session goes on.
+    Interrupted,
 }
 
 impl StopReason {
@@ -121,6 +128,8 @@ impl StopReason {
             Self::Cancelled => "cancelled",
             Self::BudgetExceeded => "budget_exceeded",
             Self::Error => "error",
+            Self::MaxTokens => "max_tokens",
+            Self::Interrupted => "interrupted",
         }
     }
 }
@@ -256,6 +265,12 @@ pub struct AgentConfig {
     pub max_children: u32,
     /// Spending limits.
     pub budget: Budget,
+    /// JSON Schema the final answer of a turn must match (structured output).
+    pub output_schema: Option<Value>,
+    /// A session idle in `awaiting_input` this long is completed.
+    pub input_timeout_secs: Option<u64>,
+    /// Per-tool overrides of `requires_approval` (tool name → ask?).
+    pub tool_approvals: BTreeMap<String, bool>,
 }
 
 impl AgentConfig {
@@ -276,6 +291,9 @@ impl AgentConfig {
             max_delegation_depth: DEFAULT_MAX_DELEGATION_DEPTH,
             max_children: DEFAULT_MAX_CHILDREN,
             budget: Budget::default(),
+            output_schema: None,
+            input_timeout_secs: None,
+            tool_approvals: BTreeMap::new(),
         }
     }
 
@@ -300,6 +318,9 @@ impl AgentConfig {
             max_delegation_depth: self.max_delegation_depth,
             max_children: self.max_children,
             budget: self.budget,
+            output_schema: self.output_schema.clone(),
+            input_timeout_secs: self.input_timeout_secs,
+            tool_approvals: self.tool_approvals.clone(),
         }
     }
 }
@@ -338,6 +359,15 @@ pub struct EffectiveConfig {
     /// Spending limits (for a child: what it was granted).
     #[serde(default)]
     pub budget: Budget,
+    /// JSON Schema of the final answer of each turn, if structured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<Value>,
+    /// Complete the session after this long idle in `awaiting_input`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_timeout_secs: Option<u64>,
+    /// Per-tool overrides of `requires_approval`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_approvals: BTreeMap<String, bool>,
 }
 
 fn default_depth() -> u32 {
@@ -479,6 +509,47 @@ pub struct SessionHeader {
     /// Why the session failed, if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why the session was completed, when the runtime did it (e.g. it was
+    /// idle in `awaiting_input` past `input_timeout_secs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_reason: Option<String>,
+    /// The structured output of the last turn (when the session has an
+    /// `output_schema` and the answer matched it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    /// Context management: see [`ContextState`].
+    #[serde(default, skip_serializing_if = "ContextState::is_default")]
+    pub context: ContextState,
+}
+
+/// What a session tracks to keep its requests inside the model's context
+/// window: how its estimate of a request's tokens compares with what the
+/// provider reported, and what the current step has already tried.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextState {
+    /// Tokens the provider counted per 1,000 characters of request, from the
+    /// last step that reported usage (0: not calibrated yet; 250 is used).
+    #[serde(default)]
+    pub tokens_per_kchar: u32,
+    /// A compaction is in flight: it summarises transcript entries before
+    /// this index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compacting_through: Option<u64>,
+    /// Index of the latest compaction entry (the summary requests carry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary_at: Option<u64>,
+    /// The current step has already been retried after a context overflow.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub overflow_retried: bool,
+    /// The current turn has already had its structured-output repair step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_repaired: bool,
+}
+
+impl ContextState {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl SessionHeader {
@@ -517,6 +588,9 @@ impl SessionHeader {
             transcript_len: 0,
             last_event_seq: 0,
             error: None,
+            completion_reason: None,
+            output: None,
+            context: ContextState::default(),
         }
     }
 }

@@ -20,6 +20,20 @@ pub struct ProposedCall {
     pub arguments: Value,
 }
 
+/// Why the model stopped a step's stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// Natural end of the message.
+    Stop,
+    /// The model wants tools to run.
+    ToolCalls,
+    /// The output hit the provider's length limit.
+    Length,
+    /// Anything else the provider reported.
+    Other,
+}
+
 /// One entry of a session's transcript.
 // Entries always live behind an `Arc`, so the variants' size difference costs
 // nothing per entry and boxing would only add an allocation.
@@ -43,11 +57,36 @@ pub enum TranscriptEntry {
         tool_calls: Vec<ProposedCall>,
         /// Wall-clock time the step's stream ended.
         at_ms: i64,
+        /// Why the model stopped (absent in entries from before it was kept).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        finish_reason: Option<FinishReason>,
     },
     /// The final record of one tool call, including its result. Joins the
     /// transcript when every call of its step has a result (§5.7).
     ToolResult {
         /// The full, terminal record (decision, arguments, result).
         call: ToolCallRecord,
+    },
+    /// A summary of the transcript before index `through`, written by the
+    /// model when the conversation outgrew its context window. Requests carry
+    /// it instead of the entries it covers (which stay stored and visible).
+    Compaction {
+        /// The summary.
+        summary: String,
+        /// It covers the entries before this index.
+        through: u64,
+        /// How many assistant entries it covers (for step counting).
+        assistant_entries: u64,
+        /// Wall-clock time it was written.
+        at_ms: i64,
+    },
+    /// The session's model route changed between turns.
+    ModelChanged {
+        /// Route before.
+        from: String,
+        /// Route after.
+        to: String,
+        /// Wall-clock time of the change.
+        at_ms: i64,
     },
 }

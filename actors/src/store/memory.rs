@@ -3,6 +3,7 @@
 //! persistence is not wanted.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
@@ -167,6 +168,43 @@ impl CheckpointStore for MemStore {
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    async fn scan(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        let inner = self.lock();
+        let start = match after {
+            Some(id) => Bound::Excluded(id),
+            None => Bound::Unbounded,
+        };
+        Ok(inner
+            .headers
+            .range((start, Bound::Unbounded))
+            .take(limit)
+            .map(|(_, h)| h.clone())
+            .collect())
+    }
+
+    async fn purge(&self, id: SessionId) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let Some(header) = inner.headers.get(&id) else {
+            return Ok(());
+        };
+        if !header.status.is_terminal() {
+            return Err(StoreError::NotTerminal {
+                session: id,
+                status: header.status,
+            });
+        }
+        inner.headers.remove(&id);
+        inner.transcripts.remove(&id);
+        inner.events.remove(&id);
+        inner.metadata.remove(&id);
+        inner.queues.remove(&id);
+        Ok(())
+    }
 }
 
 fn check_version(h: &SessionHeader) -> Result<(), StoreError> {
@@ -178,4 +216,81 @@ fn check_version(h: &SessionHeader) -> Result<(), StoreError> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::model::{AgentConfig, EventKind};
+
+    fn checkpoint(tenant: &str, status: SessionStatus) -> Checkpoint {
+        let id = SessionId::generate();
+        let mut header = SessionHeader::new(
+            id,
+            tenant.into(),
+            "a".into(),
+            AgentConfig::new("a", &[]).effective(),
+            1,
+        );
+        header.status = status;
+        header.transcript_len = 1;
+        header.last_event_seq = 1;
+        Checkpoint {
+            header,
+            entries: vec![(
+                0,
+                Arc::new(TranscriptEntry::User {
+                    text: "hi".into(),
+                    at_ms: 1,
+                }),
+            )],
+            events: vec![Event {
+                session_id: id,
+                seq: 1,
+                at_ms: 1,
+                kind: EventKind::SessionCreated { agent: "a".into() },
+            }],
+            metadata: Some(serde_json::json!({"k": 1})),
+            queued: Vec::new(),
+            dequeued: 0..0,
+        }
+    }
+
+    #[tokio::test]
+    async fn scan_pages_and_purge_removes_a_terminal_session_only() {
+        let store = MemStore::new();
+        let mut ids = Vec::new();
+        for (tenant, status) in [
+            ("a", SessionStatus::Completed),
+            ("b", SessionStatus::AwaitingInput),
+            ("a", SessionStatus::Cancelled),
+        ] {
+            let cp = checkpoint(tenant, status);
+            ids.push(cp.header.id);
+            store.checkpoint(cp).await.unwrap();
+        }
+        ids.sort();
+        let first = store.scan(None, 2).await.unwrap();
+        let rest = store.scan(Some(first[1].id), 2).await.unwrap();
+        let scanned: Vec<SessionId> = first.iter().chain(&rest).map(|h| h.id).collect();
+        assert_eq!(scanned, ids);
+
+        let headers = store.scan(None, 10).await.unwrap();
+        let running = headers.iter().find(|h| !h.status.is_terminal()).unwrap().id;
+        let err = store.purge(running).await.unwrap_err();
+        assert!(matches!(err, StoreError::NotTerminal { .. }), "{err}");
+        assert!(store.load(running).await.unwrap().is_some());
+
+        let done = headers.iter().find(|h| h.status.is_terminal()).unwrap().id;
+        store.purge(done).await.unwrap();
+        assert!(store.load(done).await.unwrap().is_none());
+        assert!(store.events_after(done, 0, 10).await.unwrap().is_empty());
+        let inner = store.lock();
+        assert!(!inner.transcripts.contains_key(&done));
+        assert!(!inner.metadata.contains_key(&done));
+        assert!(!inner.queues.contains_key(&done));
+        assert_eq!(inner.headers.len(), 2);
+    }
 }

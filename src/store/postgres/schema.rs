@@ -10,7 +10,7 @@
 //! | table | row |
 //! |---|---|
 //! | `sessions` | one per session: the header (the commit record of its checkpoints), the columns queries need (`root_id`, `parent_id`, `tenant`, `status`, `schema_version`, `last_event_seq`, `transcript_len`), the metadata |
-//! | `transcript` | `(session_id, idx)` → entry envelope; `result_blob` names a blob |
+//! | `transcript` | `(session_id, idx)` → entry envelope; `result_blob` names a blob (indexed: a purge deletes a blob no row names) |
 //! | `events` | `(session_id, seq)` → event |
 //! | `queue` | `(session_id, seq)` → a message queued behind a running turn |
 //! | `blobs` | sha256 hex → tool result over 64 KiB |
@@ -33,8 +33,9 @@ struct Migration {
 
 /// Every migration this binary knows, oldest first. Append only: a
 /// migration, once released, is never edited.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
     sql: r#"
 CREATE TABLE overseer_meta (
     key   text PRIMARY KEY,
@@ -103,7 +104,17 @@ CREATE TABLE leases (
 );
 CREATE INDEX leases_by_node ON leases (node_id);
 "#,
-}];
+    },
+    // Retention (§9): a purge asks whether any transcript row still names a
+    // blob before deleting it.
+    Migration {
+        version: 2,
+        sql: r#"
+CREATE INDEX transcript_by_blob ON transcript (result_blob)
+    WHERE result_blob IS NOT NULL;
+"#,
+    },
+];
 
 /// The newest schema version this binary knows.
 pub(super) fn latest() -> i32 {

@@ -55,7 +55,7 @@ WITH fence AS (
 ), b AS (
     INSERT INTO blobs (hash, data)
     SELECT u.hash, u.data FROM fence, unnest($16::text[], $17::text[]) AS u(hash, data)
-    ON CONFLICT (hash) DO NOTHING
+    ON CONFLICT (hash) DO UPDATE SET hash = EXCLUDED.hash
 ), e AS (
     INSERT INTO events (session_id, seq, event)
     SELECT $1, u.seq, u.event FROM fence, unnest($18::bigint[], $19::text[]) AS u(seq, event)

@@ -883,9 +883,10 @@ impl Config {
                 "must be at least 1",
             ));
         }
-        if !c.advertise_url.is_empty()
-            && !(c.advertise_url.starts_with("http://") || c.advertise_url.starts_with("https://"))
-        {
+        let http = ["http://", "https://"]
+            .iter()
+            .any(|p| c.advertise_url.starts_with(p));
+        if !c.advertise_url.is_empty() && !http {
             out.push(Problem::new(
                 "cluster.advertise_url",
                 format!(

@@ -708,7 +708,11 @@ async fn a_purge_deletes_unnamed_blobs_and_the_lease_of_an_emptied_tree() {
     assert_eq!(count("SELECT count(*) FROM leases").await, 2);
 
     store.purge(gone.id()).await.unwrap();
-    assert_eq!(count("SELECT count(*) FROM blobs").await, 1, "the shared one stays");
+    assert_eq!(
+        count("SELECT count(*) FROM blobs").await,
+        1,
+        "the shared one stays"
+    );
     for table in ["transcript", "events", "queue"] {
         let sql = format!(
             "SELECT count(*) FROM {table} WHERE session_id = '{}'",
@@ -717,7 +721,11 @@ async fn a_purge_deletes_unnamed_blobs_and_the_lease_of_an_emptied_tree() {
         assert_eq!(PgServer::scalar(&url, &sql).await.unwrap(), 0, "{table}");
     }
     assert_eq!(count("SELECT count(*) FROM leases").await, 1);
-    assert_eq!(store.leases_held(), 1, "the node forgets the released lease");
+    assert_eq!(
+        store.leases_held(),
+        1,
+        "the node forgets the released lease"
+    );
 
     store.purge(kept.id()).await.unwrap();
     assert_eq!(count("SELECT count(*) FROM blobs").await, 0);

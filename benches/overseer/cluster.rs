@@ -121,18 +121,30 @@ pub async fn approve(
     let mut rows = Rows::new("pg-approve (1 node, in-process)", Some(mode), n);
 
     // Counters after the join (its heartbeat, migrations and scans).
-    let (r0, c0, x0) = (store.round_trips(), store.commits(), pg_commits(&url).await?);
+    let (r0, c0, x0) = (
+        store.round_trips(),
+        store.commits(),
+        pg_commits(&url).await?,
+    );
     let (cpu0, m0) = (cpu_seconds()?, machine_cpu_seconds()?);
     let t = Instant::now();
     let parked = park(&ov, &probe, 1..=n, limit).await?;
     let park_time = t.elapsed();
-    let (r1, c1, x1) = (store.round_trips(), store.commits(), pg_commits(&url).await?);
+    let (r1, c1, x1) = (
+        store.round_trips(),
+        store.commits(),
+        pg_commits(&url).await?,
+    );
     let (cpu1, m1) = (cpu_seconds()?, machine_cpu_seconds()?);
     eprintln!("  parked {n} in {park_time:.2?}");
     let t = Instant::now();
     let mut rtt = finish(&ov, &probe, parked, limit).await?;
     let finish_time = t.elapsed();
-    let (r2, c2, x2) = (store.round_trips(), store.commits(), pg_commits(&url).await?);
+    let (r2, c2, x2) = (
+        store.round_trips(),
+        store.commits(),
+        pg_commits(&url).await?,
+    );
     let (cpu2, m2) = (cpu_seconds()?, machine_cpu_seconds()?);
     eprintln!("  finished {n} in {finish_time:.2?}");
     let (bad, _) = runs.check(n);
@@ -142,12 +154,37 @@ pub async fn approve(
     let per = |a: u64, b: u64| Some(b.saturating_sub(a) as f64 / n as f64);
     let per_i = |a: i64, b: i64| Some((b - a) as f64 / n as f64);
     rows.add("park rate", rate(n, park_time), "sessions/s", "");
-    rows.add("finish rate", rate(n, finish_time), "approvals/s", ">= 2000");
+    rows.add(
+        "finish rate",
+        rate(n, finish_time),
+        "approvals/s",
+        ">= 2000",
+    );
     rows.latency(&format!("round trip ({limit} in flight)"), &mut rtt, "", "");
-    rows.add("round trips per session (park)", per(r0, r1), "round trips", "");
-    rows.add("round trips per session (finish)", per(r1, r2), "round trips", "");
-    rows.add("checkpoint transactions per session (park)", per(c0, c1), "transactions", "");
-    rows.add("checkpoint transactions per session (finish)", per(c1, c2), "transactions", "");
+    rows.add(
+        "round trips per session (park)",
+        per(r0, r1),
+        "round trips",
+        "",
+    );
+    rows.add(
+        "round trips per session (finish)",
+        per(r1, r2),
+        "round trips",
+        "",
+    );
+    rows.add(
+        "checkpoint transactions per session (park)",
+        per(c0, c1),
+        "transactions",
+        "",
+    );
+    rows.add(
+        "checkpoint transactions per session (finish)",
+        per(c1, c2),
+        "transactions",
+        "",
+    );
     rows.add(
         "all transactions per session (park + finish, pg_stat_database)",
         per_i(x0, x2),
@@ -155,7 +192,12 @@ pub async fn approve(
         "",
     );
     let _ = x1;
-    rows.add("overseer CPU per session", Some((cpu2 - cpu0) * 1e3 / n as f64), "ms", "");
+    rows.add(
+        "overseer CPU per session",
+        Some((cpu2 - cpu0) * 1e3 / n as f64),
+        "ms",
+        "",
+    );
     rows.add(
         "machine CPU per session (PostgreSQL included)",
         Some((m2 - m0) * 1e3 / n as f64),
@@ -163,7 +205,12 @@ pub async fn approve(
         "",
     );
     rows.add("cores busy (park)", busy(m1 - m0, park_time), "cores", "");
-    rows.add("cores busy (finish)", busy(m2 - m1, finish_time), "cores", "");
+    rows.add(
+        "cores busy (finish)",
+        busy(m2 - m1, finish_time),
+        "cores",
+        "",
+    );
     let _ = (cpu1,);
     rows.add(
         "tools run exactly once",
@@ -293,7 +340,13 @@ async fn until(client: &reqwest::Client, url: &str, after: u64, until: &str) -> 
 }
 
 /// Workload 1 over HTTP against `nodes` processes.
-pub async fn http(mode: Mode, n: usize, nodes: usize, base: &Path, failures: &mut Vec<String>) -> Res<Vec<Row>> {
+pub async fn http(
+    mode: Mode,
+    n: usize,
+    nodes: usize,
+    base: &Path,
+    failures: &mut Vec<String>,
+) -> Res<Vec<Row>> {
     let server = PgServer::start_with(mode == Mode::Fsync).map_err(|e| e.to_string())?;
     let db = server.database().await.map_err(|e| e.to_string())?;
     let dir = tempfile::Builder::new()
@@ -388,7 +441,12 @@ pub async fn http(mode: Mode, n: usize, nodes: usize, base: &Path, failures: &mu
     };
     let mut rows = Rows::new(name, Some(mode), n);
     rows.add("create + park rate", rate(n, park_time), "sessions/s", "");
-    rows.add("approve + finish rate", rate(n, finish_time), "approvals/s", "");
+    rows.add(
+        "approve + finish rate",
+        rate(n, finish_time),
+        "approvals/s",
+        "",
+    );
     rows.add(
         "approvals sent to a node that forwarded them",
         Some(forwarded.load(Ordering::Relaxed) as f64 / n as f64 * 100.0),
@@ -409,13 +467,23 @@ pub async fn http(mode: Mode, n: usize, nodes: usize, base: &Path, failures: &mu
         "",
     );
     rows.add("cores busy (park)", busy(m1 - m0, park_time), "cores", "");
-    rows.add("cores busy (finish)", busy(m2 - m1, finish_time), "cores", "");
+    rows.add(
+        "cores busy (finish)",
+        busy(m2 - m1, finish_time),
+        "cores",
+        "",
+    );
     let _ = failures;
     Ok(rows.rows)
 }
 
 /// Failover of `n` parked sessions after `kill -9` of their node.
-pub async fn failover(mode: Mode, n: usize, base: &Path, failures: &mut Vec<String>) -> Res<Vec<Row>> {
+pub async fn failover(
+    mode: Mode,
+    n: usize,
+    base: &Path,
+    failures: &mut Vec<String>,
+) -> Res<Vec<Row>> {
     let server = PgServer::start_with(mode == Mode::Fsync).map_err(|e| e.to_string())?;
     let db = server.database().await.map_err(|e| e.to_string())?;
     let dir = tempfile::Builder::new()
@@ -484,7 +552,12 @@ pub async fn failover(mode: Mode, n: usize, base: &Path, failures: &mut Vec<Stri
     let live = loop {
         let mut total = 0.0;
         for s in &survivors {
-            let text = client.get(format!("{}/metrics", s.url)).send().await?.text().await?;
+            let text = client
+                .get(format!("{}/metrics", s.url))
+                .send()
+                .await?
+                .text()
+                .await?;
             total += text
                 .lines()
                 .filter(|l| l.starts_with("overseer_live_sessions"))
@@ -501,7 +574,12 @@ pub async fn failover(mode: Mode, n: usize, base: &Path, failures: &mut Vec<Stri
     };
     eprintln!("  taken over in {leases:.2?}, all live in {live:.2?}");
     let mut rows = Rows::new("failover after kill -9 (3 nodes)", Some(mode), n);
-    rows.add("every lease taken over", Some(leases.as_secs_f64()), "s", "");
+    rows.add(
+        "every lease taken over",
+        Some(leases.as_secs_f64()),
+        "s",
+        "",
+    );
     rows.add(
         "every session live again on the survivors",
         Some(live.as_secs_f64()),

@@ -987,7 +987,11 @@ impl PgStore {
                  WHERE l.root_id = $1 AND l.node_id <> $2
                    AND n.heartbeat_at > now() - make_interval(secs => $3)
                  FOR SHARE OF l",
-                &[&root, &self.inner.node, &self.inner.options.lease.as_secs_f64()],
+                &[
+                    &root,
+                    &self.inner.node,
+                    &self.inner.options.lease.as_secs_f64(),
+                ],
             )
             .await
             .map_err(map_pg)?;
@@ -1031,13 +1035,14 @@ impl PgStore {
             .map_err(map_pg)?;
         }
         // A tree whose last session is gone has no lease to keep.
-        let released = tx.execute(
-            "DELETE FROM leases l WHERE l.root_id = $1
+        let released = tx
+            .execute(
+                "DELETE FROM leases l WHERE l.root_id = $1
                AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.root_id = $1)",
-            &[&root],
-        )
-        .await
-        .map_err(map_pg)?;
+                &[&root],
+            )
+            .await
+            .map_err(map_pg)?;
         tx.commit().await.map_err(map_pg)?;
         if released > 0 {
             self.inner.leases.remove(&session_id(root));

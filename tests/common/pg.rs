@@ -35,6 +35,9 @@ pub struct PgServer {
 }
 
 /// The server every test of this binary shares.
+// Test support (the bench includes this file too): a server that cannot
+// start is the test's failure, with its reason.
+#[allow(clippy::expect_used)]
 pub fn shared() -> &'static PgServer {
     static SERVER: OnceLock<PgServer> = OnceLock::new();
     SERVER.get_or_init(|| PgServer::start().expect("start the test PostgreSQL server"))

@@ -36,7 +36,7 @@ struct Migration {
 const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
-    sql: r#"
+        sql: r#"
 CREATE TABLE overseer_meta (
     key   text PRIMARY KEY,
     value text NOT NULL

@@ -73,7 +73,15 @@ async fn node_id(world: &World, node: &Node) -> anyhow::Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_nodes_finish_300_sessions_with_every_tool_run_once() {
     let _turn = SERIAL.lock().await;
-    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    // No node dies here: the deployed lease (heartbeat 2 s, lease 10 s), so
+    // that a node starved of CPU by the load on a shared two-core machine
+    // does not run past its own lease and refuse work it owns.
+    let settings = Settings {
+        heartbeat_secs: 2,
+        lease_secs: 10,
+        ..Settings::default()
+    };
+    let world = World::new(shared().database().await.unwrap(), &settings).unwrap();
     let nodes: Vec<Node> = (0..3).map(|_| world.node().unwrap()).collect();
     const N: usize = 300;
     let started = Instant::now();

@@ -769,6 +769,11 @@ async fn decide_calls(
     }
 }
 
+/// How often, and how far apart, a decision the session was not there to
+/// take is sent again (a restart's backoff is 100 ms x 2^n, up to 5 s).
+const SUBMIT_RETRIES: usize = 40;
+const SUBMIT_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
+
 async fn submit(
     overseer: &Overseer,
     id: SessionId,
@@ -782,7 +787,18 @@ async fn submit(
     };
     let mut submission = Submission::one(call.id.clone(), decision);
     submission.approved_by = Some(by.to_owned());
-    let result = overseer.submit(id, submission).await;
+    // An actor that crashed with the decision in its mailbox answers
+    // Unavailable and is restarted from its last checkpoint, where the call
+    // is still pending (nothing was acknowledged) and announced by no new
+    // event: the decision goes again, a bounded number of times.
+    let mut result = overseer.submit(id, submission.clone()).await;
+    for _ in 0..SUBMIT_RETRIES {
+        if !matches!(result, Err(SessionError::Unavailable { .. })) {
+            break;
+        }
+        tokio::time::sleep(SUBMIT_RETRY_PAUSE).await;
+        result = overseer.submit(id, submission.clone()).await;
+    }
     if result.is_ok() {
         // Printed only once `submit` returned: the decision is checkpointed.
         // A stable line that tools (and the crash tests) may parse.

@@ -23,6 +23,11 @@
 //!   when newer (per header, and for the whole database at open); the effect
 //!   journal lives in the header's open calls, as with sled.
 //! - `durability = "os"` maps to `synchronous_commit = off`.
+//! - **Retention**: `scan` walks the sessions by id; `purge` deletes a
+//!   terminal session whole in one transaction (nothing half-purged to
+//!   finish later, unlike sled), with the blobs no other transcript row
+//!   names and the lease of a tree left empty. Only the owner of a live
+//!   tree purges it (it alone knows whether the session's actor still runs).
 //!
 //! Transient failures (the database restarting, a dropped connection) are
 //! retried for a while, writes included: a checkpoint statement is

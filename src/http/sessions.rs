@@ -130,6 +130,9 @@ pub(super) struct CreateBody {
     /// Tighter spending limits.
     #[serde(default)]
     budget: Option<overseer_actors::model::Budget>,
+    /// A JSON Schema each answer must match (in place of the agent's).
+    #[serde(default)]
+    output_schema: Option<Value>,
 }
 
 /// `POST /v1/sessions` → 201 with the session. With an `idempotency_key`
@@ -171,6 +174,7 @@ pub(super) async fn create(
         max_steps: body.max_steps,
         approval_timeout_secs: body.approval_timeout_secs,
         budget: body.budget,
+        output_schema: body.output_schema.clone(),
     };
     let request = CreateSession {
         agent: body.agent.clone(),

@@ -51,7 +51,9 @@ struct SessionView<'a> {
     transcript: Vec<&'a TranscriptEntry>,
 }
 
-fn session_json(stored: &StoredSession) -> Value {
+/// A session as `GET /v1/sessions/{id}` shows it (also what `overseer
+/// sessions show --data` prints).
+pub(crate) fn session_json(stored: &StoredSession) -> Value {
     to_json(&SessionView {
         header: &stored.header,
         metadata: &stored.metadata,

@@ -2,15 +2,18 @@
 //!
 //! ```text
 //! cargo bench --bench overseer -- [--sessions N] [--durability fsync|os] [--full]
-//!                                 [--out FILE.json] [--workload NAME]...
+//!                                 [--out FILE.json] [--workload NAME]... [--cache-mb MB]
 //! ```
 //!
 //! Workloads, all on the scripted provider and real sled directories in temp
 //! dirs: approve-and-execute (1), idle sessions (2), checkpoint cost vs
 //! history length (3), recovery after a kill (4), each of 1 and 2 at growing
-//! N (5). The quick default finishes in under two minutes on two cores;
-//! `--full` adds N = 100,000 (and a million idle sessions, guarded by free
-//! memory). It prints one table and writes the same rows as JSON to `--out`.
+//! N (5), over HTTP (6), and resident memory before and after many finished
+//! sessions (7, `finished`: 100,000, a million with `--full`; not in the
+//! quick default, select it with `--workload finished`). The quick default
+//! finishes in under two minutes on two cores; `--full` adds N = 100,000
+//! (and a million idle sessions, guarded by free memory). It prints one table
+//! and writes the same rows as JSON to `--out`.
 //!
 //! Every case runs in a fresh child process (this binary re-invoked with the
 //! hidden `--case` flag): memory freed by one case cannot be reused by the
@@ -25,6 +28,8 @@ mod approve;
 mod checkpoint;
 #[path = "overseer/common.rs"]
 mod common;
+#[path = "overseer/finished.rs"]
+mod finished;
 #[path = "overseer/http.rs"]
 mod http;
 #[path = "overseer/idle.rs"]
@@ -50,7 +55,11 @@ usage: cargo bench --bench overseer -- [options]
                         idle sessions, 2000 checkpoint rounds
   --out FILE            also write the rows as JSON to FILE
   --workload NAME       only this workload (repeatable): approve, round-trip, idle, http,
-                        checkpoint, recovery, scaling (= approve + idle)
+                        checkpoint, recovery, scaling (= approve + idle), finished (RSS
+                        before/after 100000 finished sessions, 1000000 with --full;
+                        not part of the default set)
+  --cache-mb MB         sled's page cache of every store opened (default: the store's
+                        default, [store] cache_mb)
   --concurrency C       sessions in flight at once (default 1000)
   --rounds R            checkpoints measured per history length (default 500)
   --dir DIR             where the temp sled directories go (default: the temp dir)";
@@ -69,6 +78,7 @@ enum Workload {
     Checkpoint,
     Recovery,
     Http,
+    Finished,
 }
 
 impl Workload {
@@ -81,6 +91,7 @@ impl Workload {
             "recovery" | "4" => vec![Self::Recovery],
             "http" | "over-http" | "6" => vec![Self::Http],
             "scaling" | "5" => vec![Self::Approve, Self::Idle],
+            "finished" | "finished-sessions" | "memory" | "7" => vec![Self::Finished],
             "all" => vec![
                 Self::Approve,
                 Self::RoundTrip,
@@ -104,6 +115,7 @@ struct Args {
     concurrency: Option<usize>,
     rounds: Option<usize>,
     dir: Option<PathBuf>,
+    cache_mb: Option<u64>,
     /// Hidden: run one case in this process and print its rows.
     case: Option<String>,
 }
@@ -148,6 +160,17 @@ fn parse_args() -> Result<Args, String> {
                 args.rounds = Some(v.parse().map_err(|_| format!("bad --rounds: {v}"))?);
             }
             "--dir" => args.dir = Some(PathBuf::from(value("--dir")?)),
+            "--cache-mb" => {
+                let v = value("--cache-mb")?;
+                let mb: u64 = v.parse().map_err(|_| format!("bad --cache-mb: {v}"))?;
+                if !(1..=overseer::store::MAX_CACHE_MB).contains(&mb) {
+                    return Err(format!(
+                        "--cache-mb must be between 1 and {}",
+                        overseer::store::MAX_CACHE_MB
+                    ));
+                }
+                args.cache_mb = Some(mb);
+            }
             "--case" => args.case = Some(value("--case")?),
             other => return Err(format!("unknown argument {other}\n\n{USAGE}")),
         }
@@ -252,6 +275,15 @@ fn plan(args: &Args) -> Vec<Case> {
         args.durability.unwrap_or(Mode::Fsync),
         http_n,
     );
+    // Memory, not durability: the default mode. Only when asked for.
+    if args.workloads.contains(&Workload::Finished) {
+        let n = args
+            .sessions
+            .unwrap_or(if args.full { 1_000_000 } else { 100_000 });
+        let mode = args.durability.unwrap_or(Mode::Fsync);
+        add(Workload::Finished, "finished", mode, n);
+        add(Workload::Finished, "finished-store", mode, n);
+    }
     cases
 }
 
@@ -296,6 +328,9 @@ fn run_all(args: &Args) -> Res<ExitCode> {
             .stderr(Stdio::inherit());
         if let Some(r) = args.rounds {
             cmd.args(["--rounds", &r.to_string()]);
+        }
+        if let Some(mb) = args.cache_mb {
+            cmd.args(["--cache-mb", &mb.to_string()]);
         }
         if args.full {
             cmd.arg("--full");
@@ -431,6 +466,9 @@ fn run_case(case: &str, args: &Args) -> Res<ExitCode> {
     let limit = args.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
     let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
     let rounds = args.rounds.unwrap_or(if args.full { 2_000 } else { 500 });
+    if let Some(mb) = args.cache_mb {
+        common::set_cache_mb(mb);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -443,6 +481,8 @@ fn run_case(case: &str, args: &Args) -> Res<ExitCode> {
             "checkpoint" => checkpoint::run(mode, rounds, &base).await,
             "recovery" => recovery::run(mode, n, limit, &base, &mut failures).await,
             "http" => http::run(mode, n, &base, &mut failures).await,
+            "finished" => finished::run(mode, n, limit, &base, &mut failures).await,
+            "finished-store" => finished::store_only(mode, n, limit, &base).await,
             "park-for-recovery" => recovery::park_and_wait(mode, n, limit, &base)
                 .await
                 .map(|()| Vec::new()),

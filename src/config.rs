@@ -252,6 +252,9 @@ pub struct StoreSection {
     /// Most memory sled's page cache may hold, MiB.
     #[serde(default = "default_cache_mb")]
     pub cache_mb: u64,
+    /// Terminal sessions older than this many days are purged (unset: kept).
+    #[serde(default)]
+    pub retention_days: Option<u64>,
 }
 
 impl Default for StoreSection {
@@ -260,6 +263,7 @@ impl Default for StoreSection {
             data_dir: default_data_dir(),
             durability: Durability::default(),
             cache_mb: default_cache_mb(),
+            retention_days: None,
         }
     }
 }
@@ -337,6 +341,12 @@ pub struct LimitsSection {
     /// Bytes of a session's metadata (JSON).
     #[serde(default = "default_max_metadata_bytes")]
     pub max_metadata_bytes: u64,
+    /// Live session actors one tenant may have (unset: no quota).
+    #[serde(default)]
+    pub max_live_sessions_per_tenant: Option<usize>,
+    /// Sessions one tenant may create per UTC day (unset: no quota).
+    #[serde(default)]
+    pub max_sessions_per_tenant_per_day: Option<u64>,
 }
 
 impl Default for LimitsSection {
@@ -348,6 +358,8 @@ impl Default for LimitsSection {
             max_queued_bytes: l.max_queued_bytes,
             max_title_bytes: l.max_title_bytes,
             max_metadata_bytes: l.max_metadata_bytes,
+            max_live_sessions_per_tenant: l.max_live_sessions_per_tenant,
+            max_sessions_per_tenant_per_day: l.max_sessions_per_tenant_per_day,
         }
     }
 }
@@ -361,6 +373,8 @@ impl LimitsSection {
             max_queued_bytes: self.max_queued_bytes,
             max_title_bytes: self.max_title_bytes,
             max_metadata_bytes: self.max_metadata_bytes,
+            max_live_sessions_per_tenant: self.max_live_sessions_per_tenant,
+            max_sessions_per_tenant_per_day: self.max_sessions_per_tenant_per_day,
         }
     }
 }
@@ -778,6 +792,12 @@ impl Config {
                 out.push(Problem::new(key, "must be at least 1"));
             }
         }
+        if self.store.retention_days == Some(0) {
+            out.push(Problem::new(
+                "store.retention_days",
+                "must be at least 1 (leave it unset to keep sessions for ever)",
+            ));
+        }
         if !(10..=99).contains(&self.runtime.compaction_threshold_pct) {
             out.push(Problem::new(
                 "runtime.compaction_threshold_pct",
@@ -1112,6 +1132,13 @@ impl Config {
             idle_hibernate: self.idle_hibernate(),
             limits: self.limits.to_limits(),
             compaction_threshold_pct: self.runtime.compaction_threshold_pct,
+            janitor: Some(overseer_actors::janitor::JanitorConfig {
+                retention: self
+                    .store
+                    .retention_days
+                    .map(|d| Duration::from_secs(d.saturating_mul(86_400))),
+                ..Default::default()
+            }),
         }
     }
 

@@ -16,10 +16,12 @@
 //! history back); approvals answer `{session_id, status, pending: [...]}`.
 //!
 //! Scopes per route: reads (`GET` of sessions, tree, approvals, events,
-//! agents) need `sessions:read`; create, message, cancel, done, interrupt
-//! and model need `sessions:write`; deciding approvals needs `approvals:write`; `admin`
-//! implies all three. `admin` does not cross tenants. `/healthz` and
-//! `/readyz` are unauthenticated. `/metrics` needs `admin` unless
+//! agents, and the tenant-wide `/v1/approvals` and `/v1/events`) need
+//! `sessions:read`; create, message, cancel, done, interrupt and model
+//! need `sessions:write`; deciding approvals needs `approvals:write`;
+//! `admin` implies all three. `admin` does not cross tenants. `/healthz`,
+//! `/readyz` and the approval inbox's page (`/`, `/ui/*`: static files, no
+//! data) are unauthenticated. `/metrics` needs `admin` unless
 //! [`HttpOptions::metrics_public`] (why: see the `metrics` submodule).
 //!
 //! `/readyz` is 200 only once recovery has finished *and* the store takes a
@@ -41,8 +43,11 @@ mod error;
 mod events;
 mod extract;
 mod idempotency;
+mod inbox;
 mod metrics;
 mod sessions;
+mod tenant_events;
+mod ui;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -255,6 +260,8 @@ struct Inner {
     creates: IdempotencyLog<SessionId, SessionError>,
     /// Keyed by session and a digest of the `message_id`.
     messages: IdempotencyLog<(SessionId, Digest32), SessionError>,
+    /// Per-tenant replay buffers of `GET /v1/events`.
+    tenant_feeds: Arc<tenant_events::TenantFeeds>,
 }
 
 impl AppState {
@@ -280,6 +287,7 @@ impl AppState {
                 shutdown_tx: watch::channel(false).0,
                 creates: IdempotencyLog::new(DEFAULT_CAPACITY),
                 messages: IdempotencyLog::new(DEFAULT_CAPACITY),
+                tenant_feeds: Arc::default(),
             }),
         }
     }
@@ -345,6 +353,10 @@ impl AppState {
     pub(crate) fn messages(&self) -> &IdempotencyLog<(SessionId, Digest32), SessionError> {
         &self.inner.messages
     }
+
+    pub(crate) fn tenant_feeds(&self) -> &Arc<tenant_events::TenantFeeds> {
+        &self.inner.tenant_feeds
+    }
 }
 
 /// The API's routes over `state`. Invalid CORS origins are skipped with an
@@ -358,6 +370,8 @@ pub fn router(state: AppState) -> Router {
         }
     };
     let router = Router::new()
+        .route("/", get(ui::index))
+        .route("/ui/{file}", get(ui::asset))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::metrics))
@@ -375,6 +389,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sessions/{id}/interrupt", post(sessions::interrupt))
         .route("/v1/sessions/{id}/model", post(sessions::set_model))
         .route("/v1/sessions/{id}/events", get(events::stream))
+        .route("/v1/approvals", get(inbox::list))
+        .route("/v1/events", get(tenant_events::stream))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
@@ -382,6 +398,7 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             admission::admit,
         ))
+        .layer(axum::middleware::from_fn(ui::security_headers))
         .layer(TraceLayer::new_for_http())
         .with_state(state);
     match cors {

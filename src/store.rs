@@ -124,7 +124,8 @@ pub struct StoreOptions {
     pub durability: Durability,
     /// The most memory, in MiB, sled's page cache may hold (sled's own
     /// default is 1 GiB). Reads of sessions not in it go to the disk (and
-    /// the OS's page cache). Between 1 and [`MAX_CACHE_MB`].
+    /// the OS's page cache). Between 1 and [`MAX_CACHE_MB`]; a value outside
+    /// is clamped (the configuration rejects it with its key).
     pub cache_mb: u64,
 }
 
@@ -515,6 +516,7 @@ impl Trees {
         Ok(out)
     }
 
+    /// Headers in id order after `after`, at most `limit`.
     fn scan(
         &self,
         after: Option<SessionId>,
@@ -635,6 +637,14 @@ impl CheckpointStore for SledStore {
             .await
     }
 
+    async fn scan(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        self.read(move |trees| trees.scan(after, limit)).await
+    }
+
     async fn flush(&self) -> Result<(), StoreError> {
         self.send(Command::Flush, "a flush".into()).await
     }
@@ -648,14 +658,6 @@ impl CheckpointStore for SledStore {
     /// the store has recovered on its own.
     async fn health_check(&self) -> Result<(), StoreError> {
         self.send(Command::Health, "a health check".into()).await
-    }
-
-    async fn scan(
-        &self,
-        after: Option<SessionId>,
-        limit: usize,
-    ) -> Result<Vec<SessionSummary>, StoreError> {
-        self.read(move |trees| trees.scan(after, limit)).await
     }
 
     /// Done by the writer, like a checkpoint (and under `fsync` confirmed

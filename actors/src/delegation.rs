@@ -86,12 +86,14 @@ impl Tool for DelegateTask {
 }
 
 /// What a parent's `delegate_task` call gets back from its child: the child's
-/// final text, usage (of its whole subtree), session id and stop reason. A
-/// child that did not end its turn normally is an error result.
+/// final text, its structured output (when its agent has an output schema),
+/// usage (of its whole subtree), session id and stop reason. A child that did
+/// not end its turn normally is an error result.
 pub fn child_result(
     child: SessionId,
     agent: &str,
     final_text: &str,
+    output: Option<&Value>,
     stop: Option<StopReason>,
     usage: Usage,
     failure: Option<&str>,
@@ -103,6 +105,9 @@ pub fn child_result(
         "stop_reason": stop.map(|s| s.as_str()),
         "usage": usage,
     });
+    if let (Some(output), Value::Object(m)) = (output, &mut body) {
+        m.insert("output".into(), output.clone());
+    }
     let ok = failure.is_none() && matches!(stop, Some(StopReason::EndTurn | StopReason::MaxSteps));
     if ok {
         return Ok(body);

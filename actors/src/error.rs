@@ -91,6 +91,14 @@ pub enum SessionError {
         /// The limit.
         limit: u64,
     },
+    /// A tenant's quota (live sessions, sessions created per day) is used up.
+    #[error("tenant '{tenant}' is over its quota: {detail}")]
+    QuotaExceeded {
+        /// The tenant.
+        tenant: String,
+        /// Which quota, with its value.
+        detail: String,
+    },
     /// The runtime is at its admission limit; retry after the given delay.
     #[error("overloaded: {reason}; retry in {retry_after_secs} s")]
     Overloaded {

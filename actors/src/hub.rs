@@ -1,8 +1,12 @@
-//! Live event fan-out: one broadcast channel per session that has subscribers.
+//! Live event fan-out: one broadcast channel per session that has
+//! subscribers, and one channel of every session's durable events (for a
+//! tenant-wide view, which the edge filters by tenant).
 //!
 //! Owns delivery to in-process subscribers only. It deliberately stores
 //! nothing: the durable event log is in the store, and a subscriber that lags
-//! or arrives late replays from there by sequence number.
+//! or arrives late replays from there by sequence number. It knows no
+//! tenants: events carry a session id, and who may see which session is the
+//! edge's business.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -10,12 +14,17 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use tokio::sync::broadcast;
 
-use crate::model::{Notification, SessionId};
+use crate::model::{Event, Notification, SessionId};
 
 /// Capacity of each subscriber's buffer. A subscriber that falls further behind
 /// gets `Lagged` and must resume from the store: a slow reader never blocks a
 /// session.
 pub const SUBSCRIBER_BUFFER: usize = 1024;
+
+/// Capacity of each all-sessions subscriber's buffer. It carries every
+/// durable event of the node, so it is larger; a subscriber that lags gets
+/// `Lagged` and must start over from a snapshot.
+pub const ALL_SESSIONS_BUFFER: usize = 8192;
 
 /// Per-session broadcast channels, created on first subscription.
 #[derive(Clone)]
@@ -25,6 +34,10 @@ pub struct EventHub {
     /// (a session that never publishes again would otherwise keep its
     /// buffer forever). Doubles with the live count: amortised O(1).
     sweep_at: Arc<AtomicUsize>,
+    /// Every session's durable events (never text deltas), for
+    /// [`EventHub::subscribe_all`]. Sending costs a clone per event only
+    /// while someone listens.
+    all: broadcast::Sender<Event>,
 }
 
 impl Default for EventHub {
@@ -32,6 +45,7 @@ impl Default for EventHub {
         Self {
             channels: Arc::default(),
             sweep_at: Arc::new(AtomicUsize::new(MIN_SWEEP)),
+            all: broadcast::channel(ALL_SESSIONS_BUFFER).0,
         }
     }
 }
@@ -72,6 +86,14 @@ impl EventHub {
             .subscribe()
     }
 
+    /// Subscribes to the durable events of every session, in the order they
+    /// are published (per session: sequence order). Text deltas are not
+    /// sent here: a stream of every session's tokens would be the busiest
+    /// channel of the node, and nobody watches all sessions type at once.
+    pub fn subscribe_all(&self) -> broadcast::Receiver<Event> {
+        self.all.subscribe()
+    }
+
     /// Number of sessions with a channel (for metrics and tests).
     pub fn channels(&self) -> usize {
         self.channels.len()
@@ -80,6 +102,11 @@ impl EventHub {
     /// Publishes to a session's subscribers, if any; drops the channel once
     /// nobody listens so idle sessions cost nothing here.
     pub fn publish(&self, id: SessionId, n: Notification) {
+        if let Notification::Event(e) = &n {
+            if self.all.receiver_count() > 0 {
+                let _ = self.all.send(e.clone());
+            }
+        }
         let gone = match self.channels.get(&id) {
             Some(c) => {
                 if let Notification::Event(e) = &n {
@@ -124,5 +151,38 @@ mod tests {
         let kept = hub.subscribe(SessionId::generate());
         assert_eq!(hub.channels(), 1, "stale channels swept, the live one kept");
         drop(kept);
+    }
+
+    fn event(id: SessionId, seq: u64) -> Notification {
+        Notification::Event(Event {
+            session_id: id,
+            seq,
+            at_ms: 0,
+            kind: crate::model::EventKind::TurnStarted { turn: 1 },
+        })
+    }
+
+    #[test]
+    fn all_sessions_subscribers_get_every_durable_event_and_no_deltas() {
+        let hub = EventHub::new();
+        let (a, b) = (SessionId::generate(), SessionId::generate());
+        // Published before anyone listens: not buffered for later subscribers.
+        hub.publish(a, event(a, 1));
+        let mut all = hub.subscribe_all();
+        // No per-session subscriber exists: the all-sessions one still hears.
+        hub.publish(a, event(a, 2));
+        hub.publish(
+            b,
+            Notification::TextDelta {
+                session_id: b,
+                text: "tok".into(),
+            },
+        );
+        hub.publish(b, event(b, 1));
+        let got: Vec<(SessionId, u64)> = std::iter::from_fn(|| all.try_recv().ok())
+            .map(|e| (e.session_id, e.seq))
+            .collect();
+        assert_eq!(got, vec![(a, 2), (b, 1)]);
+        assert_eq!(hub.channels(), 0, "no per-session channel was created");
     }
 }

@@ -24,6 +24,7 @@ pub mod fault;
 #[cfg(not(feature = "fault-injection"))]
 mod fault_off;
 pub mod hub;
+pub mod janitor;
 pub mod journal;
 pub mod limits;
 pub mod machine;

@@ -22,6 +22,10 @@ pub struct Limits {
     pub max_title_bytes: u64,
     /// Bytes of a session's metadata (as JSON).
     pub max_metadata_bytes: u64,
+    /// Live session actors one tenant may have (`None`: no quota).
+    pub max_live_sessions_per_tenant: Option<usize>,
+    /// Sessions one tenant may create per day, UTC (`None`: no quota).
+    pub max_sessions_per_tenant_per_day: Option<u64>,
 }
 
 impl Default for Limits {
@@ -32,6 +36,8 @@ impl Default for Limits {
             max_queued_bytes: 4 * 1024 * 1024,
             max_title_bytes: 512,
             max_metadata_bytes: 64 * 1024,
+            max_live_sessions_per_tenant: None,
+            max_sessions_per_tenant_per_day: None,
         }
     }
 }

@@ -22,8 +22,8 @@ use crate::error::SessionError;
 use crate::machine::{Input, Session};
 use crate::messages::{OrchestratorMsg, SessionMsg};
 use crate::model::{
-    now_ms, AgentConfig, Event, Notification, SessionHeader, SessionId, SessionOverrides,
-    SessionStatus, Submission, ToolCallId, Usage,
+    AgentConfig, Event, Notification, SessionHeader, SessionId, SessionOverrides, SessionStatus,
+    Submission, ToolCallId, Usage,
 };
 use crate::orchestrator::{OrchestratorActor, OrchestratorArgs};
 use crate::provider::Provider;
@@ -95,6 +95,9 @@ impl Overseer {
         .await
         .map_err(|e| SessionError::Invalid(format!("could not start the orchestrator: {e}")))?;
         let _ = runtime.orchestrator.set(orchestrator.clone());
+        if let Some(janitor) = runtime.config.janitor {
+            crate::janitor::spawn(Arc::downgrade(&runtime), janitor);
+        }
         Ok(Self {
             runtime,
             orchestrator,
@@ -187,6 +190,7 @@ impl Overseer {
             check_size("metadata", size, limits.max_metadata_bytes)?;
         }
         self.runtime.admit()?;
+        self.runtime.admit_tenant(&req.tenant)?;
         let id = req.id.unwrap_or_else(SessionId::generate);
         // Two creates of one client-chosen id must not both pass the check
         // below and overwrite each other: the second one here loses. The
@@ -207,7 +211,8 @@ impl Overseer {
         if req.id.is_some() && self.runtime.store.load_header(id).await?.is_some() {
             return Err(SessionError::AlreadyExists(id));
         }
-        let now = now_ms();
+        self.runtime.count_creation(&req.tenant)?;
+        let now = self.runtime.now_ms();
         let mut header = SessionHeader::new(id, req.tenant, agent.name.clone(), config, now);
         header.created_by = req.created_by;
         header.title = req.title;

@@ -48,6 +48,8 @@ pub struct RuntimeConfig {
     /// Share of a model's context window, in percent, past which a session
     /// compacts its older transcript before the next step.
     pub compaction_threshold_pct: u8,
+    /// The background sweeps (input expiry, retention); `None` runs none.
+    pub janitor: Option<crate::janitor::JanitorConfig>,
 }
 
 impl Default for RuntimeConfig {
@@ -58,6 +60,7 @@ impl Default for RuntimeConfig {
             idle_hibernate: Some(Duration::from_secs(300)),
             limits: Limits::default(),
             compaction_threshold_pct: crate::machine::DEFAULT_COMPACTION_THRESHOLD_PCT,
+            janitor: Some(crate::janitor::JanitorConfig::default()),
         }
     }
 }
@@ -131,6 +134,35 @@ pub struct Runtime {
     /// When idle sessions were last asked to hibernate early (ms since the
     /// epoch), so that a burst of refusals asks once.
     last_shed_ms: AtomicU64,
+    /// The runtime's clock (see [`Runtime::now_ms`]).
+    clock: Clock,
+    /// Live session actors per tenant (for the per-tenant quota).
+    pub(crate) tenant_live: DashMap<String, usize>,
+    /// Sessions created per tenant on the current day (UTC): (day, count).
+    tenant_created: DashMap<String, (i64, u64)>,
+}
+
+/// Wall-clock milliseconds read as the wall clock at start plus the tokio
+/// clock's elapsed time: one time line for deadlines, timers and records,
+/// which paused tokio time (tests) moves as it moves the timers.
+#[derive(Debug)]
+struct Clock {
+    wall_at_start_ms: i64,
+    start: tokio::time::Instant,
+}
+
+impl Clock {
+    fn new() -> Self {
+        Self {
+            wall_at_start_ms: now_ms(),
+            start: tokio::time::Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> i64 {
+        let elapsed = i64::try_from(self.start.elapsed().as_millis()).unwrap_or(i64::MAX);
+        self.wall_at_start_ms.saturating_add(elapsed)
+    }
 }
 
 impl Runtime {
@@ -157,6 +189,77 @@ impl Runtime {
             journal: Journal::default(),
             shutting_down: AtomicBool::new(false),
             last_shed_ms: AtomicU64::new(0),
+            clock: Clock::new(),
+            tenant_live: DashMap::new(),
+            tenant_created: DashMap::new(),
+        }
+    }
+
+    /// Now, in ms since the epoch, on the runtime's clock.
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Admits one more live session of `tenant`, or refuses past the
+    /// tenant's quota (a tenant-specific 429, unlike the node-wide 503).
+    pub(crate) fn admit_tenant(&self, tenant: &str) -> Result<(), SessionError> {
+        let Some(limit) = self.config.limits.max_live_sessions_per_tenant else {
+            return Ok(());
+        };
+        let live = self.tenant_live.get(tenant).map_or(0, |n| *n);
+        if live >= limit {
+            return Err(SessionError::QuotaExceeded {
+                tenant: tenant.to_owned(),
+                detail: format!(
+                    "{live} sessions of this tenant are live (max_live_sessions_per_tenant = {limit})"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Counts a session created by `tenant` today, or refuses past the
+    /// tenant's daily quota.
+    pub(crate) fn count_creation(&self, tenant: &str) -> Result<(), SessionError> {
+        let Some(limit) = self.config.limits.max_sessions_per_tenant_per_day else {
+            return Ok(());
+        };
+        let day = self.now_ms().div_euclid(86_400_000);
+        let mut entry = self
+            .tenant_created
+            .entry(tenant.to_owned())
+            .or_insert((day, 0));
+        if entry.0 != day {
+            *entry = (day, 0);
+        }
+        if entry.1 >= limit {
+            return Err(SessionError::QuotaExceeded {
+                tenant: tenant.to_owned(),
+                detail: format!(
+                    "{} sessions were created by this tenant today (max_sessions_per_tenant_per_day = {limit})",
+                    entry.1
+                ),
+            });
+        }
+        entry.1 += 1;
+        Ok(())
+    }
+
+    /// A session actor of `tenant` started (`+1`) or stopped (`-1`).
+    pub(crate) fn tenant_live_changed(&self, tenant: &str, started: bool) {
+        if started {
+            *self.tenant_live.entry(tenant.to_owned()).or_insert(0) += 1;
+        } else {
+            let empty = match self.tenant_live.get_mut(tenant) {
+                Some(mut n) => {
+                    *n = n.saturating_sub(1);
+                    *n == 0
+                }
+                None => false,
+            };
+            if empty {
+                self.tenant_live.remove_if(tenant, |_, n| *n == 0);
+            }
         }
     }
 
@@ -168,7 +271,7 @@ impl Runtime {
         if self.live.len() < limit {
             return Ok(());
         }
-        let now = now_ms().max(0) as u64;
+        let now = self.now_ms().max(0) as u64;
         let last = self.last_shed_ms.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= 1_000
             && self
@@ -206,7 +309,7 @@ impl Runtime {
     pub(crate) fn ctx_for(&self, model: &str) -> Ctx<'_> {
         Ctx {
             tools: &self.tools,
-            now_ms: now_ms(),
+            now_ms: self.now_ms(),
             seed: rand_seed(),
             limits: self.config.limits,
             context_window: self.provider.context_window(model),
@@ -285,6 +388,9 @@ impl Runtime {
                 id,
                 status: stored.header.status,
             });
+        }
+        if admission == Admission::Check {
+            self.admit_tenant(&stored.header.tenant)?;
         }
         let (actor, spawned) = match stored.header.parent.as_ref().map(|p| p.session_id) {
             Some(parent) => self.activate_child(id, parent).await?,

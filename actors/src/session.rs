@@ -69,6 +69,10 @@ pub struct SessionState {
     child_restarts: Restarts,
     /// Set once this actor drains (hibernation, or its session ended).
     draining: bool,
+    /// The pending idle timer, if armed: one per actor, replaced when
+    /// re-armed and aborted when the actor goes, so a busy session does not
+    /// pile up sleeping timer tasks (each holding a reference to the actor).
+    idle_timer: Option<tokio::task::AbortHandle>,
     /// This actor's share of the gauges; dropped with the state, however
     /// the actor ends.
     gauges: crate::metrics::SessionGauges,
@@ -76,9 +80,14 @@ pub struct SessionState {
 
 impl Drop for SessionState {
     fn drop(&mut self) {
+        self.runtime
+            .tenant_live_changed(&self.session.header.tenant, false);
         // A stream task is not an actor: nothing else would stop it.
         if let Some(h) = self.stream.take() {
             h.abort();
+        }
+        if let Some(t) = self.idle_timer.take() {
+            t.abort();
         }
     }
 }
@@ -96,6 +105,7 @@ impl Actor for SessionActor {
         let h = &args.session.header;
         let span = tracing::info_span!("session", session_id = %h.id, root_session_id = %h.root_id, agent = %h.agent);
         let gauges = crate::metrics::SessionGauges::start(&args.session);
+        args.runtime.tenant_live_changed(&h.tenant, true);
         Ok(SessionState {
             session: args.session,
             runtime: args.runtime,
@@ -108,6 +118,7 @@ impl Actor for SessionActor {
             children: HashMap::new(),
             child_restarts: Restarts::default(),
             draining: false,
+            idle_timer: None,
             gauges,
         })
     }
@@ -388,10 +399,14 @@ impl SessionState {
             let _ = myself.drain();
             return;
         }
+        if let Some(t) = self.idle_timer.take() {
+            t.abort();
+        }
         if let Some(after) = self.runtime.config.idle_hibernate {
             if self.is_idle() {
                 let n = self.activity;
-                myself.send_after(after, move || SessionMsg::Hibernate(n));
+                let timer = myself.send_after(after, move || SessionMsg::Hibernate(n));
+                self.idle_timer = Some(timer.abort_handle());
             }
         }
     }

@@ -277,6 +277,24 @@ impl Bench {
     }
 }
 
+/// sled's page cache of the stores this process opens, MiB (`--cache-mb`;
+/// default: the store's own default). Process-wide because every case runs
+/// in a process of its own.
+static CACHE_MB: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// Sets the page cache of every store this process opens from now on.
+pub fn set_cache_mb(mb: u64) {
+    let _ = CACHE_MB.set(mb);
+}
+
+/// The page cache stores are opened with, MiB.
+pub fn cache_mb() -> u64 {
+    CACHE_MB
+        .get()
+        .copied()
+        .unwrap_or(overseer::store::DEFAULT_CACHE_MB)
+}
+
 impl Backend {
     /// Opens (or creates) the store in `dir`.
     pub fn open(dir: &Path, mode: Mode) -> Res<Self> {
@@ -284,7 +302,11 @@ impl Backend {
             Mode::Fsync => overseer::store::Durability::Fsync,
             Mode::Os => overseer::store::Durability::Os,
         };
-        let sled = overseer::store::SledStore::open(dir, durability)?;
+        let options = overseer::store::StoreOptions {
+            durability,
+            cache_mb: cache_mb(),
+        };
+        let sled = overseer::store::SledStore::open_with(dir, &options)?;
         Ok(Self {
             store: Arc::new(sled.clone()),
             sled,
@@ -327,6 +349,12 @@ pub struct Runs {
 }
 
 impl Runs {
+    /// Forgets every run (a workload that reuses keys checks each round).
+    pub fn reset(&self) {
+        self.by_key.clear();
+        self.by_key.shrink_to_fit();
+    }
+
     /// Keys in `1..=n` that did not run exactly once, and the total number of runs.
     pub fn check(&self, n: usize) -> (Vec<String>, u64) {
         let total = self.by_key.iter().map(|e| u64::from(*e.value())).sum();
@@ -548,6 +576,12 @@ impl Probe {
     pub async fn wait(&self, id: SessionId, want: Want) -> Res<Reached> {
         let rx = self.expect(id, want);
         wait_for(id, rx).await
+    }
+
+    /// Milestones seen or awaited but not claimed yet (what the probe
+    /// itself holds in memory).
+    pub fn pending(&self) -> usize {
+        self.slots.len()
     }
 
     /// Checkpoints written through the probe so far.

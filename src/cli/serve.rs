@@ -55,6 +55,12 @@ pub struct TokenArgs {
     /// Lifetime in seconds (1 to 31622400, a year and a day).
     #[arg(long, default_value_t = 3600)]
     pub ttl: u64,
+    /// Print a sign-in link to the approval inbox served at this address
+    /// (e.g. http://127.0.0.1:8080) instead of the bare token. The token
+    /// travels in the link's fragment, which browsers never send to a
+    /// server; the page moves it into the tab's sessionStorage.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
 }
 
 /// Why the service could not be served.
@@ -215,8 +221,39 @@ async fn shutdown_signal() {
     }
 }
 
-/// Prints a token minted from `OVERSEER_JWT_SECRET`, and nothing else, on stdout.
+/// The inbox link for `base` handing over `token` in the fragment, or a
+/// usage error naming `--url`. Only an `http(s)://host[:port][/path]`
+/// address is accepted: a query, a fragment or credentials in it would end
+/// up somewhere the token does not belong.
+pub fn inbox_link(base: &str, token: &str) -> Result<String, CliError> {
+    let bad = |why: &str| CliError::Usage(format!("--url: '{base}' {why}"));
+    let url = reqwest::Url::parse(base.trim())
+        .map_err(|e| bad(&format!("is not a URL like http://127.0.0.1:8080 ({e})")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad("must start with http:// or https://"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(bad("has no host"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(bad("must not contain credentials"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("must not have a query or a fragment"));
+    }
+    let mut page = url.as_str().trim_end_matches('/').to_owned();
+    page.push_str("/#token=");
+    page.push_str(token);
+    Ok(page)
+}
+
+/// Prints a token minted from `OVERSEER_JWT_SECRET`, and nothing else, on
+/// stdout (with `--url`, the inbox's sign-in link carrying it).
 pub fn token(args: TokenArgs) -> Result<(), CliError> {
+    // Checked before minting, so a bad address fails without a token.
+    if let Some(url) = &args.url {
+        inbox_link(url, "")?;
+    }
     let secret = std::env::var(auth::SECRET_ENV).map_err(|_| {
         CliError::Usage(format!(
             "{}: not set; export the server's HS256 secret to mint a token for it",
@@ -247,5 +284,38 @@ pub fn token(args: TokenArgs) -> Result<(), CliError> {
         };
         CliError::Usage(format!("{flag}: {e}"))
     })?;
-    terminal::print_line(&token).map_err(CliError::Stdout)
+    let line = match &args.url {
+        Some(url) => inbox_link(url, &token)?,
+        None => token,
+    };
+    terminal::print_line(&line).map_err(CliError::Stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_inbox_link_carries_the_token_in_the_fragment_only() {
+        assert_eq!(
+            inbox_link("http://127.0.0.1:8080", "a.b.c").unwrap(),
+            "http://127.0.0.1:8080/#token=a.b.c"
+        );
+        assert_eq!(
+            inbox_link("https://ops.example.com/overseer/", "a.b.c").unwrap(),
+            "https://ops.example.com/overseer/#token=a.b.c"
+        );
+        for bad in [
+            "127.0.0.1:8080",
+            "ftp://host",
+            "http://user:pw@host",
+            "http://host/?x=1",
+            "http://host/#a",
+            "not a url",
+        ] {
+            let e = inbox_link(bad, "t").unwrap_err();
+            assert!(e.to_string().starts_with("--url:"), "{bad}: {e}");
+            assert_eq!(e.exit_code(), 2);
+        }
+    }
 }

@@ -176,6 +176,9 @@ impl From<SessionError> for ApiError {
             SessionError::QueueFull { .. } => {
                 Self::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", message)
             }
+            SessionError::QuotaExceeded { .. } => {
+                Self::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
+            }
             SessionError::TooLarge { what, size, limit } => {
                 Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", message)
                     .with_details(json!({"field": what, "size": size, "limit": limit}))

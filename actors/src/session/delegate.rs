@@ -54,6 +54,7 @@ pub(super) fn report_of(session: &Session) -> (Result<Value, Value>, Usage) {
             h.id,
             &h.agent,
             final_text,
+            h.output.as_ref(),
             h.last_stop_reason,
             usage,
             failure.as_deref(),
@@ -191,7 +192,15 @@ impl SessionState {
         reason: &str,
     ) {
         tracing::warn!(session_id = %child, "subagent failed: {reason}");
-        let result = child_result(child, &call.agent, "", None, Usage::default(), Some(reason));
+        let result = child_result(
+            child,
+            &call.agent,
+            "",
+            None,
+            None,
+            Usage::default(),
+            Some(reason),
+        );
         self.child_report(myself, call, result, Usage::default());
     }
 

@@ -1,0 +1,187 @@
+// The approval inbox: sign-in, the shell (navigation, connection state),
+// the tenant-wide event stream shared by every view, and hash routing:
+//   #/inbox (default)   pending approvals of the tenant
+//   #/s/<session id>    one session: transcript, calls, tree, actions
+//   #/new               start a session
+// Plain ES modules, no framework and no build step: the files are served
+// from the binary as they are written.
+
+import { api, onUnauthorized, EventStream } from './api.js';
+import { takeTokenFromFragment, getToken, setToken, clearToken, claims } from './auth.js';
+import { h, clear, announce, formatTime, tickTimes, isSessionId } from './dom.js';
+import { InboxStore, renderInbox } from './inbox.js';
+import { renderSession } from './session.js';
+import { renderCreate } from './create.js';
+
+const main = document.getElementById('main');
+const top = document.getElementById('top');
+
+let feed = null;
+let store = null;
+let view = null;
+let expiryTimer = null;
+const feedListeners = new Set();
+
+/** What views get: the inbox store, the tenant feed, navigation. */
+const ctx = {
+  get store() { return store; },
+  onFeed(listener) {
+    feedListeners.add(listener);
+    return () => feedListeners.delete(listener);
+  },
+  navigate(hash) {
+    if (window.location.hash === hash) route();
+    else window.location.hash = hash;
+  },
+};
+
+function stopSession() {
+  if (view) view.destroy?.();
+  view = null;
+  if (feed) feed.close();
+  feed = null;
+  store = null;
+  feedListeners.clear();
+  clearTimeout(expiryTimer);
+}
+
+/** Back to sign-in, with `message` saying why. */
+function signOut(message) {
+  stopSession();
+  clearToken();
+  showSignIn(message);
+}
+
+function showSignIn(message) {
+  top.hidden = true;
+  document.title = 'Sign in · overseer approvals';
+  const errorId = 'signin-error';
+  const helpId = 'token-help';
+  const textarea = h('textarea', {
+    id: 'token', name: 'token', class: 'token', autocomplete: 'off', spellcheck: 'false',
+    'aria-describedby': `${helpId} ${errorId}`, required: true,
+  });
+  const error = h('p', { id: errorId, class: 'error', role: 'alert', text: message || '' });
+  const button = h('button', { type: 'submit', class: 'primary', id: 'sign-in' }, 'Sign in');
+  const form = h('form', { class: 'signin', 'aria-labelledby': 'signin-title', novalidate: true },
+    h('h1', { id: 'signin-title' }, 'Sign in to the approval inbox'),
+    error,
+    h('label', { for: 'token' }, 'Bearer token'),
+    textarea,
+    h('p', { id: helpId, class: 'hint' },
+      'Paste a token (', h('kbd', {}, 'overseer token'), '), or open the link that ',
+      h('kbd', {}, 'overseer token --url'), ' prints. It is kept in this tab only.'),
+    h('div', { class: 'form-actions' }, button));
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault();
+    const token = textarea.value.trim();
+    if (!token) {
+      error.textContent = 'Paste a token first.';
+      textarea.setAttribute('aria-invalid', 'true');
+      textarea.focus();
+      return;
+    }
+    button.disabled = true;
+    setToken(token);
+    await startSignedIn();
+  });
+  clear(main).append(form);
+  if (message) announce(message);
+  textarea.focus();
+}
+
+async function startSignedIn() {
+  // One request proves the token before anything is shown; a 401 comes
+  // back here through the unauthorized handler with the server's reason.
+  try {
+    await api('GET', '/v1/agents');
+  } catch (e) {
+    if (e.status === 401) return;
+    if (e.status === 403) {
+      clearToken();
+      showSignIn(`This token cannot be used here: ${e.message}. The inbox needs sessions:read (and approvals:write to decide).`);
+      return;
+    }
+    showSignIn(`The server could not be asked (${e.message}). Try again.`);
+    return;
+  }
+  const c = claims(getToken());
+  document.getElementById('whoami').textContent =
+    [c.sub, c.tenant].filter(Boolean).join(' @ ');
+  top.hidden = false;
+  armExpiry(c.exp);
+  store = new InboxStore(updateCount);
+  feed = new EventStream('/v1/events', {
+    event(type, data) {
+      store.apply(type, data);
+      for (const listener of feedListeners) listener(type, data);
+    },
+    state: setLive,
+  });
+  route();
+}
+
+function armExpiry(exp) {
+  clearTimeout(expiryTimer);
+  if (typeof exp !== 'number') return;
+  const ms = exp * 1000 - Date.now();
+  const message = `Your token expired at ${formatTime(exp * 1000)}. Sign in with a new one.`;
+  if (ms <= 0) return; // the server decides; a 401 will say so
+  // setTimeout's delay is a 32-bit number; a longer lifetime re-arms.
+  expiryTimer = setTimeout(() => (ms > 2 ** 31 - 1 ? armExpiry(exp) : signOut(message)),
+    Math.min(ms, 2 ** 31 - 1));
+}
+
+function setLive(state) {
+  const el = document.getElementById('live');
+  el.textContent = state === 'live' ? 'Live' : 'Reconnecting…';
+  el.classList.toggle('reconnecting', state !== 'live');
+}
+
+function updateCount(n) {
+  const badge = document.getElementById('inbox-count');
+  badge.textContent = String(n);
+  badge.setAttribute('aria-label', `${n} pending`);
+  document.title = n > 0 ? `(${n}) overseer approvals` : 'overseer approvals';
+}
+
+function route() {
+  if (!getToken() || !store) return;
+  if (view) view.destroy?.();
+  view = null;
+  clear(main);
+  const hash = window.location.hash || '#/inbox';
+  const session = hash.match(/^#\/s\/([^/]+)$/);
+  for (const a of document.querySelectorAll('.top nav a')) a.removeAttribute('aria-current');
+  if (session && isSessionId(session[1])) {
+    view = renderSession(main, session[1].toLowerCase(), ctx);
+  } else if (hash === '#/new') {
+    document.getElementById('nav-new').setAttribute('aria-current', 'page');
+    view = renderCreate(main, ctx);
+  } else {
+    document.getElementById('nav-inbox').setAttribute('aria-current', 'page');
+    view = renderInbox(main, ctx);
+  }
+}
+
+function boot() {
+  takeTokenFromFragment();
+  onUnauthorized((reason) => {
+    signOut(`The server refused your token (${reason}). Sign in again with a valid token.`);
+  });
+  document.getElementById('sign-out').addEventListener('click', () => signOut('Signed out.'));
+  window.addEventListener('hashchange', () => {
+    // A token handed over while the page is open.
+    if (takeTokenFromFragment()) {
+      stopSession();
+      startSignedIn();
+      return;
+    }
+    route();
+  });
+  setInterval(() => tickTimes(), 15000);
+  if (getToken()) startSignedIn();
+  else showSignIn('');
+}
+
+boot();

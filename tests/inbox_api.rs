@@ -1,0 +1,391 @@
+//! The API of the approval inbox (§16) over a real loopback socket:
+//! `GET /v1/approvals` (tenant-wide, newest first, paginated, with the
+//! session path of subagents), `GET /v1/events` (the tenant stream: reset,
+//! live events, resumption, other tenants kept out) and the security headers
+//! of the page and the API. The page itself is driven in a browser by
+//! `tests/ui.rs`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use anyhow::{bail, Context};
+use common::{expect_error, send, token, Server, Sse, ALL};
+use serde_json::{json, Value};
+
+type Result = anyhow::Result<()>;
+
+/// A reader of the tenant stream, whose ids are `<stream>-<seq>` (the
+/// common reader parses only the numeric ids of session streams).
+struct RawSse {
+    inner: reqwest::Response,
+    buf: String,
+}
+
+#[derive(Debug)]
+struct RawMsg {
+    id: Option<String>,
+    event: String,
+    data: Value,
+}
+
+impl RawSse {
+    async fn open(s: &Server, token: &str, last: Option<&str>) -> anyhow::Result<Self> {
+        let mut req = s.get("/v1/events", token);
+        if let Some(last) = last {
+            req = req.header("Last-Event-ID", last);
+        }
+        let inner = req.send().await?;
+        if inner.status() != 200 {
+            bail!("tenant stream answered {}", inner.status());
+        }
+        Ok(Self {
+            inner,
+            buf: String::new(),
+        })
+    }
+
+    async fn next(&mut self) -> anyhow::Result<RawMsg> {
+        tokio::time::timeout(common::PATIENCE, async {
+            loop {
+                if let Some(end) = self.buf.find("\n\n") {
+                    let block: String = self.buf.drain(..end + 2).collect();
+                    let (mut id, mut event, mut data) = (None, None, Vec::new());
+                    for line in block.lines() {
+                        if let Some(v) = line.strip_prefix("id:") {
+                            id = Some(v.trim().to_owned());
+                        } else if let Some(v) = line.strip_prefix("event:") {
+                            event = Some(v.trim().to_owned());
+                        } else if let Some(v) = line.strip_prefix("data:") {
+                            data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+                        }
+                    }
+                    let Some(event) = event else { continue };
+                    return Ok(RawMsg {
+                        id,
+                        event,
+                        data: serde_json::from_str(&data.join("\n"))?,
+                    });
+                }
+                match self.inner.chunk().await? {
+                    Some(chunk) => self.buf.push_str(std::str::from_utf8(&chunk)?),
+                    None => bail!("the tenant stream ended"),
+                }
+            }
+        })
+        .await
+        .context("no tenant event within PATIENCE")?
+    }
+
+    /// Events up to and including the first that satisfies `pred`.
+    async fn until(&mut self, pred: impl Fn(&RawMsg) -> bool) -> anyhow::Result<Vec<RawMsg>> {
+        let mut out = Vec::new();
+        loop {
+            let m = self.next().await?;
+            let done = pred(&m);
+            out.push(m);
+            if done {
+                return Ok(out);
+            }
+        }
+    }
+}
+
+async fn approvals(s: &Server, token: &str, query: &str) -> anyhow::Result<Value> {
+    let (status, v) = send(s.get(&format!("/v1/approvals{query}"), token)).await?;
+    if status != 200 {
+        bail!("GET /v1/approvals{query} answered {status}: {v}");
+    }
+    Ok(v)
+}
+
+fn call_ids(page: &Value) -> Vec<String> {
+    page["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["call_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn approvals_are_tenant_wide_newest_first_paginated_and_carry_the_path() -> Result {
+    let s = Server::start().await?;
+    let alice = token("acme", "alice", ALL);
+    let eve = token("globex", "eve", ALL);
+
+    // Three sessions of acme waiting, one of globex, in this order.
+    let mut pending = Vec::new();
+    for _ in 0..3 {
+        pending.push(s.create_pending(&alice).await?);
+    }
+    let (globex_session, _) = s.create_pending(&eve).await?;
+    // A tree: lead delegates to ops, whose approval propagates to the root.
+    let lead = s.create(&alice, "lead", Some("go")).await?;
+    let mut events = Sse::open(&s, &alice, &lead, None).await?;
+    events.until_status("awaiting_approval").await?;
+
+    let all = approvals(&s, &alice, "").await?;
+    let items = all["approvals"].as_array().unwrap().clone();
+    assert_eq!(items.len(), 4, "{all}");
+    assert!(all["next_cursor"].is_null());
+    assert!(
+        items
+            .iter()
+            .all(|i| i["session_id"] != json!(globex_session)),
+        "another tenant's approval is listed: {all}"
+    );
+    // Newest request first: the child's (last asked), then the ops sessions
+    // in reverse order of creation.
+    let child = &items[0];
+    assert_eq!(child["root_session_id"], json!(lead));
+    assert_eq!(child["agent"], "ops");
+    assert_eq!(child["session_path"].as_array().unwrap().len(), 2);
+    assert_eq!(child["session_path"][0], json!(lead));
+    assert_eq!(child["session_path"][1], child["session_id"]);
+    assert_eq!(child["path"][0]["agent"], "lead");
+    assert_eq!(child["path"][1]["agent"], "ops");
+    let expected: Vec<&str> = pending.iter().rev().map(|(_, c)| c.as_str()).collect();
+    let listed: Vec<&str> = items[1..]
+        .iter()
+        .map(|i| i["call_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, expected);
+    let first = &items[1];
+    assert_eq!(first["name"], "write_record");
+    assert_eq!(first["description"], "Writes a record.");
+    assert_eq!(first["arguments"], json!({"key": 42}));
+    assert_eq!(first["parameters"]["required"], json!(["key"]));
+    assert_eq!(first["agent"], "ops");
+    assert_eq!(first["session_path"], json!([pending[2].0]));
+    let requested = first["requested_at_ms"].as_i64().unwrap();
+    let deadline = first["approval_deadline_ms"].as_i64().unwrap();
+    assert_eq!(
+        deadline - requested,
+        86_400_000,
+        "deadline = request + timeout"
+    );
+    let times: Vec<i64> = items
+        .iter()
+        .map(|i| i["requested_at_ms"].as_i64().unwrap())
+        .collect();
+    assert!(times.windows(2).all(|w| w[0] >= w[1]), "{times:?}");
+
+    // Pages of two, following next_cursor, give the same list.
+    let page1 = approvals(&s, &alice, "?limit=2").await?;
+    let cursor = page1["next_cursor"].as_str().context("a next cursor")?;
+    let page2 = approvals(&s, &alice, &format!("?limit=2&cursor={cursor}")).await?;
+    assert!(page2["next_cursor"].is_null(), "{page2}");
+    let paged: Vec<String> = call_ids(&page1)
+        .into_iter()
+        .chain(call_ids(&page2))
+        .collect();
+    assert_eq!(paged, call_ids(&all));
+
+    // Deciding one (here: at the session that owns it) takes it off the list.
+    let (sid, cid) = &pending[0];
+    let (status, _) = send(s.post(
+        &format!("/v1/sessions/{sid}/approvals"),
+        &alice,
+        &json!({"decisions": {cid: {"decision": "approve"}}}),
+    ))
+    .await?;
+    assert_eq!(status, 200);
+    let after = approvals(&s, &alice, "").await?;
+    assert_eq!(after["approvals"].as_array().unwrap().len(), 3);
+    assert!(!call_ids(&after).contains(cid));
+    // The other tenant sees its own only.
+    let theirs = approvals(&s, &eve, "").await?;
+    assert_eq!(call_ids(&theirs).len(), 1);
+    assert_eq!(theirs["approvals"][0]["session_id"], json!(globex_session));
+
+    // Refusals.
+    expect_error(s.get("/v1/approvals?limit=0", &alice), 400, "invalid_query").await?;
+    expect_error(
+        s.get("/v1/approvals?limit=201", &alice),
+        400,
+        "invalid_query",
+    )
+    .await?;
+    let bad = expect_error(
+        s.get("/v1/approvals?cursor=zzz", &alice),
+        400,
+        "invalid_query",
+    )
+    .await?;
+    assert!(bad["error"]["message"].as_str().unwrap().contains("cursor"));
+    expect_error(s.get("/v1/approvals?page=2", &alice), 400, "invalid_query").await?;
+    expect_error(s.client.get(s.url("/v1/approvals")), 401, "unauthorized").await?;
+    let writer = token("acme", "w", &["sessions:write"]);
+    expect_error(s.get("/v1/approvals", &writer), 403, "forbidden").await?;
+    s.stop().await
+}
+
+fn of_type<'a>(msgs: &'a [RawMsg], ty: &str) -> Vec<&'a RawMsg> {
+    msgs.iter().filter(|m| m.event == ty).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_tenant_stream_resets_then_streams_live_and_resumes_by_id() -> Result {
+    let s = Server::start().await?;
+    let alice = token("acme", "alice", ALL);
+    let eve = token("globex", "eve", ALL);
+
+    let mut acme = RawSse::open(&s, &alice, None).await?;
+    let reset = acme.next().await?;
+    assert_eq!(reset.event, "reset", "a new client starts with a reset");
+    assert_eq!(reset.data["snapshot"], "/v1/approvals");
+    let mut globex = RawSse::open(&s, &eve, None).await?;
+    assert_eq!(globex.next().await?.event, "reset");
+
+    // A new approval arrives with its whole card.
+    let (sid, cid) = s.create_pending(&alice).await?;
+    let msgs = acme.until(|m| m.event == "approval_requested").await?;
+    assert!(msgs.iter().all(|m| m.data["session_id"] == json!(sid)));
+    let asked = msgs.last().unwrap();
+    assert_eq!(asked.data["call_id"], json!(cid));
+    let card = &asked.data["approval"];
+    assert_eq!(card["call_id"], json!(cid));
+    assert_eq!(card["name"], "write_record");
+    assert_eq!(card["arguments"], json!({"key": 42}));
+    assert_eq!(card["session_path"], json!([sid]));
+    // Summaries carry no texts: the user's prompt is not in the stream.
+    assert!(msgs
+        .iter()
+        .all(|m| !m.data.to_string().contains("please write record")));
+    let resume_from = asked.id.clone().context("an id")?;
+
+    // Decide it; the stream says so.
+    let (status, _) = send(s.post(
+        &format!("/v1/sessions/{sid}/approvals"),
+        &alice,
+        &json!({"decisions": {&cid: {"decision": "deny", "message": "no"}}}),
+    ))
+    .await?;
+    assert_eq!(status, 200);
+    let msgs = acme
+        .until(|m| m.event == "status_changed" && m.data["status"] == "awaiting_input")
+        .await?;
+    let decided = of_type(&msgs, "decision_recorded");
+    assert_eq!(decided.len(), 1);
+    assert_eq!(decided[0].data["call_id"], json!(cid));
+    assert_eq!(decided[0].data["decision"], "deny");
+    assert_eq!(decided[0].data["by"], "alice");
+    let live_after: Vec<String> = msgs.iter().filter_map(|m| m.id.clone()).collect();
+    drop(acme);
+
+    // Resuming after the approval replays exactly what followed it.
+    let mut resumed = RawSse::open(&s, &alice, Some(&resume_from)).await?;
+    let mut replayed = Vec::new();
+    for _ in 0..live_after.len() {
+        let m = resumed.next().await?;
+        assert_ne!(m.event, "reset", "a known position resumes without a reset");
+        replayed.push(m.id.unwrap());
+    }
+    assert_eq!(replayed, live_after);
+
+    // A position of another stream (a restarted server) resets; a malformed
+    // one is refused.
+    let mut stale = RawSse::open(&s, &alice, Some("0123456789ab-1-5")).await?;
+    let m = stale.next().await?;
+    assert_eq!(m.event, "reset");
+    assert_eq!(m.data["reason"], "unknown_stream");
+    expect_error(
+        s.get("/v1/events", &alice).header("Last-Event-ID", "17"),
+        400,
+        "invalid_last_event_id",
+    )
+    .await?;
+    // Another tenant's stream never saw any of it: its next event is its own.
+    let (theirs, _) = s.create_pending(&eve).await?;
+    let first = globex.next().await?;
+    assert_eq!(first.data["session_id"], json!(theirs), "{first:?}");
+    // The stream needs sessions:read.
+    let writer = token("acme", "w", &["sessions:write"]);
+    expect_error(s.get("/v1/events", &writer), 403, "forbidden").await?;
+    s.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_sessions_approval_leaves_the_tenant_stream_and_the_list() -> Result {
+    let s = Server::start().await?;
+    let alice = token("acme", "alice", ALL);
+    let mut acme = RawSse::open(&s, &alice, None).await?;
+    acme.next().await?;
+    let (sid, _) = s.create_pending(&alice).await?;
+    acme.until(|m| m.event == "approval_requested").await?;
+    let (status, _) =
+        send(s.post(&format!("/v1/sessions/{sid}/cancel"), &alice, &json!({}))).await?;
+    assert_eq!(status, 200);
+    // The inbox removes a session's cards when it stops waiting.
+    let msgs = acme
+        .until(|m| m.event == "status_changed" && m.data["status"] != "awaiting_approval")
+        .await?;
+    assert_eq!(msgs.last().unwrap().data["session_id"], json!(sid));
+    assert!(call_ids(&approvals(&s, &alice, "").await?).is_empty());
+    s.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_and_the_api_carry_the_security_headers() -> Result {
+    let s = Server::start().await?;
+    let page = s.client.get(s.url("/")).send().await?;
+    assert_eq!(page.status(), 200);
+    let h = page.headers().clone();
+    let csp = h["content-security-policy"].to_str()?;
+    for part in [
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "connect-src 'self'",
+        "frame-ancestors 'none'",
+        "base-uri 'none'",
+    ] {
+        assert!(csp.contains(part), "{csp} lacks {part}");
+    }
+    assert!(!csp.contains("unsafe"), "{csp}");
+    assert_eq!(h["x-content-type-options"], "nosniff");
+    assert_eq!(h["referrer-policy"], "no-referrer");
+    assert_eq!(h["x-frame-options"], "DENY");
+    assert!(h["content-type"].to_str()?.starts_with("text/html"));
+    let etag = h["etag"].to_str()?.to_owned();
+    let body = page.text().await?;
+    assert!(body.contains("<script type=\"module\" src=\"/ui/app.js\"></script>"));
+
+    // Revalidation answers 304; modules are JavaScript.
+    let again = s
+        .client
+        .get(s.url("/"))
+        .header("If-None-Match", &etag)
+        .send()
+        .await?;
+    assert_eq!(again.status(), 304);
+    for file in [
+        "app.js",
+        "api.js",
+        "auth.js",
+        "dom.js",
+        "inbox.js",
+        "session.js",
+        "create.js",
+    ] {
+        let r = s.client.get(s.url(&format!("/ui/{file}"))).send().await?;
+        assert_eq!(r.status(), 200, "{file}");
+        assert!(r.headers()["content-type"]
+            .to_str()?
+            .starts_with("text/javascript"));
+        assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+    }
+    expect_error(s.client.get(s.url("/ui/secret.js")), 404, "not_found").await?;
+
+    // API answers: nothing may load from them, and they are never sniffed.
+    let api = s.client.get(s.url("/v1/sessions")).send().await?;
+    assert_eq!(api.status(), 401);
+    assert_eq!(
+        api.headers()["content-security-policy"],
+        "default-src 'none'; frame-ancestors 'none'"
+    );
+    assert_eq!(api.headers()["x-content-type-options"], "nosniff");
+    assert_eq!(api.headers()["referrer-policy"], "no-referrer");
+    s.stop().await
+}

@@ -1,0 +1,697 @@
+//! The approval inbox (§16) end to end in a real headless Chromium, against
+//! `overseer serve` as a process: sign-in (link and paste), live cards,
+//! decisions (edit with the server's validation message at the field, deny
+//! with a reason, several at once, keyboard shortcuts), delegation paths and
+//! the tree, cards removed everywhere when decided anywhere, tenants kept
+//! apart, model text rendered inert, an expired token back at sign-in.
+//!
+//! One browser serves the whole binary (see `ui/webdriver.rs`); each test
+//! takes it in turn, in a fresh window. Without Chromium and chromedriver
+//! the tests fail saying how to install them. Screenshots of the inbox, the
+//! edit form with its error and the session view are saved under
+//! `target/ui-screenshots/` in each run. Every wait is on the page's own
+//! state (a DOM observer in the browser), bounded, and fails saying what it
+//! awaited and what the page showed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "ui/served.rs"]
+mod served;
+#[path = "ui/webdriver.rs"]
+mod webdriver;
+
+use anyhow::Context;
+use reqwest::Method;
+use serde_json::json;
+use served::{token_until, Served, WRITE_DESCRIPTION};
+use webdriver::Browser;
+
+type Result = anyhow::Result<()>;
+
+/// A JavaScript string literal of `s`.
+fn lit(s: &str) -> String {
+    serde_json::to_string(s).unwrap()
+}
+
+/// The condition "a card for `call` is shown".
+fn card_shown(call: &str) -> String {
+    format!(
+        "document.querySelector('.cards .card[data-call=' + {} + ']')",
+        lit(&format!("\"{call}\""))
+    )
+}
+
+fn card_gone(call: &str) -> String {
+    format!("!{}", card_shown(call))
+}
+
+/// The condition "the main area's text contains `text`".
+fn shows(text: &str) -> String {
+    format!(
+        "document.getElementById('main').innerText.includes({})",
+        lit(text)
+    )
+}
+
+/// Signs in by pasting `token` into the form.
+async fn paste_sign_in(b: &Browser, s: &Served, token: &str) -> Result {
+    b.goto(&s.page("")).await?;
+    b.wait("the sign-in form", "document.getElementById('token')")
+        .await?;
+    b.fill("#token", token).await?;
+    b.click("#sign-in").await?;
+    b.wait(
+        "the inbox after signing in",
+        "!document.getElementById('top').hidden && document.querySelector('h1') && document.querySelector('h1').textContent === 'Pending approvals'",
+    )
+    .await
+}
+
+/// Whether the page is wider than the window (it must not be, at 375 px).
+async fn overflows(b: &Browser) -> anyhow::Result<bool> {
+    Ok(b.js(
+        "return document.documentElement.scrollWidth > window.innerWidth + 1",
+        json!([]),
+    )
+    .await?
+    .as_bool()
+    .unwrap_or(true))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_then_an_edit_refused_at_the_field_then_fixed_shows_the_result() -> Result {
+    let s = Served::start().await?;
+    let link = s.link("acme", "alice")?;
+    assert!(link.starts_with(&format!("{}/#token=", s.url)), "{link}");
+    let token = link.split_once("#token=").unwrap().1.to_owned();
+    let b = Browser::take().await?;
+
+    // The link signs in; the token moves to sessionStorage and leaves the
+    // address bar; nothing goes to localStorage.
+    b.goto(&link).await?;
+    b.wait(
+        "signed in as alice",
+        "document.getElementById('whoami').textContent === 'alice @ acme'",
+    )
+    .await?;
+    let url = b.url().await?;
+    assert!(
+        !url.contains("token"),
+        "the token is still in the address bar: {url}"
+    );
+    let stored = b
+        .js("return [sessionStorage.getItem('overseer.token'), localStorage.length, history.length]", json!([]))
+        .await?;
+    assert_eq!(stored[0], json!(token));
+    assert_eq!(stored[1], json!(0), "nothing in localStorage");
+    b.wait("the empty inbox", &shows("No pending approvals"))
+        .await?;
+
+    // A session created elsewhere (the API) shows up without a reload.
+    let id = s
+        .create(
+            &token,
+            "ops",
+            "please write record 42",
+            Some("Quarterly ledger"),
+        )
+        .await?;
+    let call = s.pending_call(&token, &id).await?;
+    b.wait("the new approval's card", &card_shown(&call))
+        .await?;
+    let card = format!(".card[data-call=\"{call}\"]");
+    let text = b.text(&card).await?;
+    for want in [
+        "write_record",
+        "asked by ops",
+        "Quarterly ledger",
+        WRITE_DESCRIPTION,
+        "\"key\": 42",
+        "Waiting",
+        "denied automatically in 2", // 23 h 59 min or 24 h
+    ] {
+        assert!(text.contains(want), "the card lacks {want:?}:\n{text}");
+    }
+    assert_eq!(b.text("#inbox-count").await?, "1");
+    b.screenshot("inbox").await?;
+
+    // Edit the arguments with a value the tool's schema refuses: the
+    // server's message is shown at the field, which is marked invalid.
+    b.click(&format!("{card} button[aria-label^='Edit arguments']"))
+        .await?;
+    b.fill(
+        &format!("{card} textarea.args-editor"),
+        r#"{"key": "forty-two"}"#,
+    )
+    .await?;
+    b.click(&format!("{card} form.edit button[type=submit]"))
+        .await?;
+    b.wait(
+        "the validation message at the field",
+        &format!(
+            "document.querySelector({}).textContent.length > 0",
+            lit(&format!("{card} .field-error"))
+        ),
+    )
+    .await?;
+    let error = b.text(&format!("{card} .field-error")).await?;
+    assert!(error.contains("schema validation failed"), "{error}");
+    assert!(
+        error.contains("forty-two") || error.contains("integer"),
+        "{error}"
+    );
+    let field = b
+        .js(
+            "const t = document.querySelector(arguments[0] + ' textarea.args-editor'); \
+             const e = document.querySelector(arguments[0] + ' .field-error'); \
+             return [t.getAttribute('aria-invalid'), t.getAttribute('aria-describedby').split(' ').includes(e.id), document.activeElement === t];",
+            json!([card]),
+        )
+        .await?;
+    assert_eq!(
+        field,
+        json!(["true", true, true]),
+        "invalid, described by the message, focused"
+    );
+    assert!(s.tool_calls().is_empty(), "nothing ran");
+    b.screenshot("edit-error").await?;
+
+    // Fixed, it is approved; the card goes away.
+    b.fill(&format!("{card} textarea.args-editor"), r#"{"key": 43}"#)
+        .await?;
+    b.click(&format!("{card} form.edit button[type=submit]"))
+        .await?;
+    b.wait("the decided card to go", &card_gone(&call)).await?;
+    b.wait(
+        "the inbox count at zero",
+        "document.getElementById('inbox-count').textContent === '0'",
+    )
+    .await?;
+
+    // The session view shows the result, the final answer and the decision
+    // with who and the argument diff.
+    b.goto(&s.page(&format!("#/s/{id}"))).await?;
+    b.wait("the final answer", &shows("Result: {\"written\":43}"))
+        .await?;
+    b.wait(
+        "the call completed",
+        "document.querySelector('.call[data-state=completed]')",
+    )
+    .await?;
+    let main = b.text("main").await?;
+    assert!(main.contains("Approved by alice"), "{main}");
+    assert!(main.contains("key: 42 → 43"), "{main}");
+    assert!(main.contains("please write record 42"), "{main}");
+    assert!(main.contains("Quarterly ledger"), "{main}");
+    assert_eq!(
+        s.tool_calls(),
+        vec![("write_record".to_owned(), json!({"key": 43}))]
+    );
+    b.screenshot("session").await?;
+
+    // At 375 px wide nothing needs horizontal scrolling.
+    b.set_size(375, 812).await?;
+    assert!(
+        !overflows(&b).await?,
+        "the session view overflows at 375 px"
+    );
+    b.goto(&s.page("#/inbox")).await?;
+    b.wait("the inbox", "document.querySelector('.toolbar')")
+        .await?;
+    assert!(!overflows(&b).await?, "the inbox overflows at 375 px");
+    b.screenshot("inbox-375px").await?;
+
+    // The token never travelled in a URL the page requested.
+    let urls = b
+        .js("return performance.getEntriesByType('resource').map(e => e.name).concat([location.href])", json!([]))
+        .await?;
+    assert!(!urls.to_string().contains(&token), "{urls}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_typed_at_the_keyboard_reaches_the_model_then_a_message_and_done() -> Result {
+    let s = Served::start().await?;
+    let bob = s.token("acme", "bob");
+    let b = Browser::take().await?;
+    paste_sign_in(&b, &s, &bob).await?;
+    let id = s.create(&bob, "ops", "please write record 7", None).await?;
+    let call = s.pending_call(&bob, &id).await?;
+    b.wait("the card", &card_shown(&call)).await?;
+
+    // Keyboard only: j focuses the first card, d opens its reason field.
+    b.keys(&["j"]).await?;
+    let focused = b
+        .js("return document.activeElement.classList.contains('card') && document.activeElement.dataset.call", json!([]))
+        .await?;
+    assert_eq!(focused, json!(call), "j focuses the card");
+    b.keys(&["d"]).await?;
+    b.wait(
+        "the reason field focused",
+        "document.activeElement.classList.contains('reason')",
+    )
+    .await?;
+    let reason = b
+        .find(&format!(".card[data-call=\"{call}\"] input.reason"))
+        .await?;
+    b.type_into(&reason, &format!("not on a Friday{}", webdriver::ENTER))
+        .await?;
+    b.wait("the denied card to go", &card_gone(&call)).await?;
+    assert!(s.tool_calls().is_empty(), "a denied call never runs");
+
+    // The model's next text quotes the reason; the decision says who.
+    b.goto(&s.page(&format!("#/s/{id}"))).await?;
+    b.wait(
+        "the model quoting the reason",
+        &shows("Result: Tool denied by user: not on a Friday"),
+    )
+    .await?;
+    b.wait(
+        "the call denied",
+        "document.querySelector('.call[data-state=denied]')",
+    )
+    .await?;
+    let main = b.text("main").await?;
+    assert!(main.contains("Denied by bob"), "{main}");
+
+    // Send a follow-up message, then mark the session done.
+    b.fill(".message-form textarea", "thanks").await?;
+    b.click(".message-form button[type=submit]").await?;
+    b.wait("the reply to the message", &shows("Anything else?"))
+        .await?;
+    b.wait(
+        "awaiting input again",
+        "document.querySelector('.status.awaiting_input')",
+    )
+    .await?;
+    b.click("#done-session").await?;
+    b.wait(
+        "the session completed",
+        "document.querySelector('.status.completed')",
+    )
+    .await?;
+    let disabled = b
+        .js("return [...document.querySelectorAll('.message-form button, #cancel-session, #done-session')].every(x => x.disabled)", json!([]))
+        .await?;
+    assert_eq!(
+        disabled,
+        json!(true),
+        "a finished session offers no actions"
+    );
+    let state = s
+        .api(Method::GET, &format!("/v1/sessions/{id}"), &bob, None)
+        .await?;
+    assert_eq!(state["status"], "completed");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_approval_shows_its_path_and_is_decided_from_the_inbox() -> Result {
+    let s = Served::start().await?;
+    let link = s.link("acme", "carol")?;
+    let b = Browser::take().await?;
+    b.goto(&link).await?;
+    b.wait(
+        "signed in",
+        "document.getElementById('whoami').textContent === 'carol @ acme'",
+    )
+    .await?;
+
+    // New session: agent picker, title and prompt.
+    b.click("#nav-new").await?;
+    b.wait(
+        "the agent list",
+        "document.querySelector('select option[value=lead]')",
+    )
+    .await?;
+    b.click("select option[value=lead]").await?;
+    b.wait("the agent described", &shows("Delegates to: ops"))
+        .await?;
+    b.fill("form.create input[type=text]", "Launch plan")
+        .await?;
+    b.fill("form.create textarea", "Plan the launch").await?;
+    b.click("form.create button[type=submit]").await?;
+    b.wait("the new session's view", "location.hash.startsWith('#/s/')")
+        .await?;
+    let id = b
+        .js("return location.hash.slice(4)", json!([]))
+        .await?
+        .as_str()
+        .context("session id")?
+        .to_owned();
+
+    // The child's approval surfaces in the session view and in the inbox,
+    // with the path of sessions that leads to it.
+    b.wait(
+        "the child's approval in the session view",
+        &shows("Subagent path: lead › ops"),
+    )
+    .await?;
+    b.click("#nav-inbox").await?;
+    b.wait("the child's card", "document.querySelector('.cards .card')")
+        .await?;
+    let card = b.text(".cards .card").await?;
+    for want in [
+        "Subagent path: lead › ops",
+        "asked by ops",
+        "Launch plan",
+        "\"key\": 5",
+    ] {
+        assert!(card.contains(want), "the card lacks {want:?}:\n{card}");
+    }
+    let approvals = s
+        .api(
+            Method::GET,
+            "/v1/approvals",
+            &s.token("acme", "carol"),
+            None,
+        )
+        .await?;
+    let item = &approvals["approvals"][0];
+    assert_eq!(item["root_session_id"], json!(id));
+    assert_ne!(item["session_id"], json!(id), "owned by the child");
+
+    // Decided from the inbox; the tree finishes.
+    b.click(".cards .card button.approve").await?;
+    b.wait("the card to go", "!document.querySelector('.cards .card')")
+        .await?;
+    b.goto(&s.page(&format!("#/s/{id}"))).await?;
+    // The child's final text, inside the delegate_task result.
+    b.wait("the lead's final answer", &shows(r#"lead: {"#))
+        .await?;
+    let main = b.text("main").await?;
+    assert!(main.contains(r#"Result: {\"written\":5}"#), "{main}");
+    b.wait(
+        "the tree with both sessions, the child finished",
+        "document.querySelectorAll('.tree li').length === 2 && !document.querySelector('.tree .status.awaiting_approval') && !document.querySelector('.tree .status.running')",
+    )
+    .await?;
+    let tree = b.text(".tree").await?;
+    assert!(tree.contains("lead"), "{tree}");
+    assert!(tree.contains("ops"), "{tree}");
+    assert!(tree.contains("tokens"), "usage per node: {tree}");
+    assert_eq!(
+        s.tool_calls(),
+        vec![("write_record".to_owned(), json!({"key": 5}))]
+    );
+    Ok(())
+}
+
+/// Switches to `window` and waits for `condition` there.
+async fn wait_in(b: &Browser, window: &str, what: &str, condition: &str) -> Result {
+    b.switch_to(window).await?;
+    b.wait(what, condition).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_own() -> Result {
+    let s = Served::start().await?;
+    let alice = s.token("acme", "alice");
+    let eve = s.token("globex", "eve");
+    let b = Browser::take().await?;
+    let a = b.windows().await?.remove(0);
+    paste_sign_in(&b, &s, &alice).await?;
+    let w2 = b.new_window().await?;
+    b.switch_to(&w2).await?;
+    paste_sign_in(&b, &s, &alice).await?;
+    let w3 = b.new_window().await?;
+    b.switch_to(&w3).await?;
+    paste_sign_in(&b, &s, &eve).await?;
+
+    let mut sessions = Vec::new();
+    for n in 1..=4 {
+        let id = s
+            .create(
+                &alice,
+                "ops",
+                &format!("write record {n}"),
+                Some(&format!("job {n}")),
+            )
+            .await?;
+        let call = s.pending_call(&alice, &id).await?;
+        sessions.push((id, call));
+    }
+    let hasty = s.create(&alice, "hasty", "record 9", None).await?;
+    let hasty_call = s.pending_call(&alice, &hasty).await?;
+    let every = sessions
+        .iter()
+        .map(|(_, c)| card_shown(c))
+        .collect::<Vec<_>>()
+        .join(" && ");
+    for w in [&a, &w2] {
+        wait_in(&b, w, "every card", &every).await?;
+    }
+
+    // Decided in one window.
+    let (s1, c1) = &sessions[0];
+    b.switch_to(&a).await?;
+    b.click(&format!(".card[data-call=\"{c1}\"] button.approve"))
+        .await?;
+    wait_in(
+        &b,
+        &w2,
+        "the card decided in the other window to go",
+        &card_gone(c1),
+    )
+    .await?;
+
+    // Decided through the API. How long the card took to leave the other
+    // window is printed (measured in the browser, from just before the
+    // request), never asserted.
+    let (s2, c2) = &sessions[1];
+    b.switch_to(&w2).await?;
+    b.js(
+        "window.__goneAt = null; const sel = arguments[0]; \
+         const o = new MutationObserver(() => { if (!document.querySelector(sel)) { window.__goneAt = Date.now(); o.disconnect(); } }); \
+         o.observe(document, {subtree: true, childList: true});",
+        json!([format!(".cards .card[data-call=\"{c2}\"]")]),
+    )
+    .await?;
+    let sent_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64;
+    s.api(
+        Method::POST,
+        &format!("/v1/sessions/{s2}/approvals"),
+        &alice,
+        Some(json!({"decisions": {c2: {"decision": "approve"}}})),
+    )
+    .await?;
+    for w in [&w2, &a] {
+        wait_in(
+            &b,
+            w,
+            "the card decided through the API to go",
+            &card_gone(c2),
+        )
+        .await?;
+    }
+    b.switch_to(&w2).await?;
+    if let Some(gone_at) = b.js("return window.__goneAt", json!([])).await?.as_i64() {
+        eprintln!(
+            "measured: a card decided through the API left another open inbox {} ms after the request was sent",
+            gone_at - sent_at
+        );
+    }
+
+    // Decided with the CLI.
+    let (s3, c3) = &sessions[2];
+    let out = std::process::Command::new(served::BIN)
+        .args(["sessions", "--url", &s.url, "approve", s3])
+        .env("OVERSEER_TOKEN", &alice)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for w in [&a, &w2] {
+        wait_in(&b, w, "the card decided with the CLI to go", &card_gone(c3)).await?;
+    }
+
+    // Decided by the approval timeout.
+    for w in [&a, &w2] {
+        wait_in(&b, w, "the timed-out card to go", &card_gone(&hasty_call)).await?;
+    }
+
+    // Cancelled from the session view in one window (confirm, then cancel).
+    let (s4, c4) = &sessions[3];
+    b.switch_to(&a).await?;
+    b.goto(&s.page(&format!("#/s/{s4}"))).await?;
+    b.wait(
+        "the session view",
+        "document.querySelector('.status.awaiting_approval')",
+    )
+    .await?;
+    b.click("#cancel-session").await?;
+    b.wait("the confirmation", &shows("Confirm: cancel"))
+        .await?;
+    b.click("#cancel-session").await?;
+    b.wait(
+        "the session cancelled",
+        "document.querySelector('.status.cancelled')",
+    )
+    .await?;
+    wait_in(
+        &b,
+        &w2,
+        "the cancelled session's card to go",
+        &card_gone(c4),
+    )
+    .await?;
+
+    // Several at once, by keyboard, in the second window.
+    let mut batch = Vec::new();
+    for n in 5..=6 {
+        let id = s
+            .create(&alice, "ops", &format!("write record {n}"), None)
+            .await?;
+        batch.push(s.pending_call(&alice, &id).await?);
+    }
+    let both = format!("{} && {}", card_shown(&batch[0]), card_shown(&batch[1]));
+    wait_in(&b, &w2, "the two new cards", &both).await?;
+    b.js("document.getElementById('main').focus()", json!([]))
+        .await?;
+    b.keys(&["j", "x", "j", "x"]).await?;
+    b.wait("two selected", &shows("2 selected")).await?;
+    b.keys(&["A"]).await?;
+    let gone = format!("{} && {}", card_gone(&batch[0]), card_gone(&batch[1]));
+    b.wait("the approved cards to go", &gone).await?;
+    b.switch_to(&a).await?;
+    b.goto(&s.page("#/inbox")).await?;
+    b.wait(
+        "an empty inbox in the first window",
+        &shows("No pending approvals"),
+    )
+    .await?;
+    let ran: Vec<i64> = s
+        .tool_calls()
+        .iter()
+        .map(|(_, args)| args["key"].as_i64().unwrap())
+        .collect();
+    let mut sorted = ran.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, vec![1, 2, 3, 5, 6], "approved calls ran once each");
+
+    // The other tenant saw none of it, and cannot open it.
+    b.switch_to(&w3).await?;
+    b.wait("globex's empty inbox", &shows("No pending approvals"))
+        .await?;
+    assert_eq!(b.text("#inbox-count").await?, "0");
+    assert_eq!(b.find_all(".cards .card").await?.len(), 0);
+    b.goto(&s.page(&format!("#/s/{s1}"))).await?;
+    b.wait(
+        "not found for another tenant's session",
+        &shows("Session not found"),
+    )
+    .await?;
+    let theirs = s.api(Method::GET, "/v1/approvals", &eve, None).await?;
+    assert_eq!(theirs["approvals"], json!([]));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_tool_and_user_text_is_rendered_as_inert_text() -> Result {
+    let s = Served::start().await?;
+    let dave = s.token("acme", "dave");
+    let b = Browser::take().await?;
+    paste_sign_in(&b, &s, &dave).await?;
+    let payload = r#"hi <script>window.__xss=1;alert('script')</script><img src=x onerror="window.__xss=2;alert('img')">"#;
+    let title = "<img src=/ui/title-x onerror=alert(3)>";
+    // Any CSP violation from here on (an inline handler, an inline style,
+    // a foreign load) is counted.
+    b.js(
+        "window.__violations = []; document.addEventListener('securitypolicyviolation', e => window.__violations.push(e.violatedDirective + ' ' + e.blockedURI));",
+        json!([]),
+    )
+    .await?;
+    let id = s.create(&dave, "echo", payload, Some(title)).await?;
+    let call = s.pending_call(&dave, &id).await?;
+    b.wait("the card", &card_shown(&call)).await?;
+
+    let inert = "document.querySelectorAll('main script, main img, main iframe').length === 0 \
+                 && window.__xss === undefined \
+                 && !performance.getEntriesByType('resource').some(e => /\\/x$|title-x/.test(e.name))";
+    let check = |what: &'static str| {
+        let b = &b;
+        async move {
+            let ok = b.js(&format!("return {inert}"), json!([])).await?;
+            assert_eq!(ok, json!(true), "{what}: markup was interpreted");
+            assert_eq!(b.dialog().await?, None, "{what}: a dialog opened");
+            anyhow::Ok(())
+        }
+    };
+    let card = b.text(&format!(".card[data-call=\"{call}\"]")).await?;
+    assert!(
+        card.contains("<script>window.__xss=1;alert('script')</script>"),
+        "{card}"
+    );
+    assert!(card.contains(title), "{card}");
+    check("the inbox").await?;
+
+    b.click(&format!(".card[data-call=\"{call}\"] button.approve"))
+        .await?;
+    b.wait("the card to go", &card_gone(&call)).await?;
+    // Through the page's own link (a hash change: the listener stays).
+    b.js("location.hash = '#/s/' + arguments[0]", json!([id]))
+        .await?;
+    b.wait("the final answer", &shows("Noted: {\"annotated\":"))
+        .await?;
+    let main = b.text("main").await?;
+    assert!(main.contains(&format!("You said: {payload}")), "{main}");
+    assert!(main.contains(title), "{main}");
+    check("the session view").await?;
+    let violations = b.js("return window.__violations", json!([])).await?;
+    assert_eq!(violations, json!([]), "the page broke its own CSP");
+    let doc_title = b.js("return document.title", json!([])).await?;
+    assert!(doc_title.as_str().unwrap().contains(title), "{doc_title}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_token_returns_to_sign_in_with_a_clear_message() -> Result {
+    let s = Served::start().await?;
+    let b = Browser::take().await?;
+
+    // A token that expires while the page is open: back to sign-in when it
+    // does, and the token is forgotten.
+    let soon = token_until("acme", "erin", jsonwebtoken::get_current_timestamp() + 3);
+    b.goto(&s.page("")).await?;
+    b.wait("the sign-in form", "document.getElementById('token')")
+        .await?;
+    b.fill("#token", &soon).await?;
+    b.click("#sign-in").await?;
+    b.wait(
+        "sign-in again once the token expired",
+        "document.getElementById('signin-error') && /expired/.test(document.getElementById('signin-error').textContent)",
+    )
+    .await?;
+    let stored = b
+        .js("return sessionStorage.getItem('overseer.token')", json!([]))
+        .await?;
+    assert_eq!(stored, json!(null), "an expired token is forgotten");
+
+    // A stored token the server refuses (it expired while the tab was
+    // away): the next request answers 401 and the page says why.
+    paste_sign_in(&b, &s, &s.token("acme", "erin")).await?;
+    let expired = token_until("acme", "erin", jsonwebtoken::get_current_timestamp() - 60);
+    b.js(
+        "sessionStorage.setItem('overseer.token', arguments[0])",
+        json!([expired]),
+    )
+    .await?;
+    b.click("#nav-new").await?;
+    b.wait(
+        "the server's refusal at sign-in",
+        "document.getElementById('signin-error') && document.getElementById('signin-error').textContent.includes('invalid token: expired')",
+    )
+    .await?;
+    let message = b.text("#signin-error").await?;
+    assert!(message.contains("Sign in again"), "{message}");
+    assert!(b
+        .js("return document.getElementById('top').hidden", json!([]))
+        .await?
+        .as_bool()
+        .unwrap());
+    Ok(())
+}

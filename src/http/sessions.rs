@@ -601,7 +601,8 @@ pub(super) async fn agents(
     let overseer = state.overseer();
     let registry = &overseer.runtime().tools;
     // Each agent with the declarations of the tools in its scope (what the
-    // model is told, and whether a call needs approval under `per_tool`).
+    // model is told, and whether a call needs approval under `per_tool`:
+    // the agent's own rule for the tool, else the tool's default).
     let agents: Vec<Value> = overseer
         .agents()
         .map(|a| {
@@ -614,7 +615,11 @@ pub(super) async fn agents(
                         "name": spec.name,
                         "description": spec.description,
                         "parameters": spec.parameters,
-                        "requires_approval": spec.requires_approval,
+                        "requires_approval": effective
+                            .tool_approvals
+                            .get(name)
+                            .copied()
+                            .unwrap_or(spec.requires_approval),
                         "timeout_secs": spec.timeout_secs,
                         "idempotent": spec.idempotent,
                     }),

@@ -329,6 +329,22 @@ tool_approvals = {{ current_time = true }}
         done[0].2["error"], "tool 'ev__echo' is not available in this session",
         "{done:?}"
     );
+    // A session's overrides only narrow: not even to another agent's tool.
+    let (status, v) = send(
+        served
+            .client
+            .post(format!("{}/v1/sessions", served.url))
+            .bearer_auth(&t)
+            .json(&json!({"agent": "others", "tools": ["current_time", "ev__echo"]})),
+    )
+    .await?;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("ev__echo")),
+        "{v}"
+    );
     Ok(())
 }
 

@@ -8,7 +8,9 @@
 //! result into the types the runtime takes ([`AgentConfig`], [`RuntimeConfig`]).
 //! It deliberately does not build what the configuration describes (store,
 //! provider, tools): the binaries do, so a library user can configure the
-//! runtime without this file. Secrets are never read from here (§12).
+//! runtime without this file. Secrets are never read from here (§12). An
+//! agent's own MCP servers, tool patterns and approval rules, and their
+//! resolution once the servers have listed their tools, are `agent_tools`'s.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -34,7 +36,8 @@ use crate::tools::mcp::McpServerConfig;
 
 mod agent_tools;
 
-pub use agent_tools::{is_pattern, matches as pattern_matches, AgentMcpServer};
+use agent_tools::is_pattern;
+pub use agent_tools::AgentMcpServer;
 
 /// Where the configuration is looked for when no path is given.
 pub const DEFAULT_CONFIG_PATH: &str = "config/overseer.toml";

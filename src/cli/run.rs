@@ -142,7 +142,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
 }
 
 async fn run_session(
-    config: Config,
+    mut config: Config,
     tools: ToolRegistry,
     provider: Arc<dyn Provider>,
     target: Target,
@@ -153,7 +153,7 @@ async fn run_session(
     // http_request and the tools of MCP servers (connected here, kept alive
     // for the run).
     let _ = &tools;
-    let all_tools = crate::service::build_tools(&config).await?;
+    let all_tools = crate::service::build_tools(&mut config).await?;
     // The same runtime as `serve`'s; recovery is `drive`'s, after it has
     // subscribed to its session.
     let (overseer, _store) =

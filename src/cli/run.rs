@@ -147,7 +147,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
 }
 
 async fn run_session(
-    config: Config,
+    mut config: Config,
     tools: ToolRegistry,
     provider: Arc<dyn Provider>,
     target: Target,
@@ -158,7 +158,7 @@ async fn run_session(
     // http_request and the tools of MCP servers (connected here, kept alive
     // for the run).
     let _ = &tools;
-    let all_tools = crate::service::build_tools(&config).await?;
+    let all_tools = crate::service::build_tools(&mut config).await?;
     // The same runtime as `serve`'s; recovery is `drive`'s, after it has
     // subscribed to its session.
     let (overseer, _store) =
@@ -769,10 +769,11 @@ async fn decide_calls(
     }
 }
 
-/// How often, and how far apart, a decision the session was not there to
-/// take is sent again (a restart's backoff is 100 ms x 2^n, up to 5 s).
-const SUBMIT_RETRIES: usize = 40;
-const SUBMIT_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
+/// How often, and how patiently, a decision is given again to a session
+/// that was restarting (about 20 s in all: a restart's backoff is shorter).
+const SUBMIT_RETRIES: u32 = 25;
+const SUBMIT_RETRY_FIRST: Duration = Duration::from_millis(20);
+const SUBMIT_RETRY_MAX: Duration = Duration::from_secs(1);
 
 async fn submit(
     overseer: &Overseer,
@@ -787,16 +788,19 @@ async fn submit(
     };
     let mut submission = Submission::one(call.id.clone(), decision);
     submission.approved_by = Some(by.to_owned());
-    // An actor that crashed with the decision in its mailbox answers
-    // Unavailable and is restarted from its last checkpoint, where the call
-    // is still pending (nothing was acknowledged) and announced by no new
-    // event: the decision goes again, a bounded number of times.
+    // A session actor that fails while the decision waits in its mailbox
+    // drops it; its supervisor restarts it from its checkpoint, where the
+    // call still waits for a decision. Nobody else will give it in a run, so
+    // give it again (a decision that did land is refused as decided: no
+    // call runs twice).
     let mut result = overseer.submit(id, submission.clone()).await;
+    let mut backoff = SUBMIT_RETRY_FIRST;
     for _ in 0..SUBMIT_RETRIES {
         if !matches!(result, Err(SessionError::Unavailable { .. })) {
             break;
         }
-        tokio::time::sleep(SUBMIT_RETRY_PAUSE).await;
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(SUBMIT_RETRY_MAX);
         result = overseer.submit(id, submission.clone()).await;
     }
     if result.is_ok() {

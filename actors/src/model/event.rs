@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{CallState, DecisionRecord, SessionId, SessionStatus, StopReason, ToolCallId, Usage};
+use super::{
+    CallState, DecisionRecord, SessionId, SessionStatus, StopReason, ToolCallId, ToolRule, Usage,
+};
 
 /// A durable event. `seq` is dense and increasing per session, starting at 1;
 /// it is the SSE event id.
@@ -132,6 +134,16 @@ pub enum EventKind {
         from: String,
         /// Route after.
         to: String,
+    },
+    /// A standing approval rule for a tool was set.
+    ToolRuleSet {
+        /// Tool name.
+        tool: String,
+        /// The rule.
+        rule: ToolRule,
+        /// Who set it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
     },
     /// Something went wrong that the session survived or that ended it.
     Error {

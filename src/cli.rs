@@ -66,6 +66,9 @@ pub enum Command {
     Tools(tools::ToolsArgs),
     /// Offline maintenance of a store directory (`store check DIR`).
     Store(store::StoreArgs),
+    /// Serve the Agent Client Protocol (v1) on stdin/stdout, for editors:
+    /// sessions run in-process on the embedded store.
+    Acp(crate::acp::AcpArgs),
 }
 
 /// Arguments of `overseer run`.
@@ -236,6 +239,9 @@ pub enum CliError {
     /// `overseer store`.
     #[error(transparent)]
     StoreCommand(#[from] store::StoreCliError),
+    /// `overseer acp`.
+    #[error(transparent)]
+    Acp(#[from] crate::acp::AcpError),
     /// A command-line value (or the environment it names) was refused
     /// before anything ran. The binary exits with status 2 for it.
     #[error("{0}")]
@@ -286,6 +292,7 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
         Command::Token(args) => serve::token(args),
         Command::Tools(args) => tools::list(args),
         Command::Store(args) => Ok(store::run(args)?),
+        Command::Acp(args) => Ok(crate::acp::run(args)?),
     }
 }
 

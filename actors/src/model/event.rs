@@ -155,6 +155,11 @@ pub enum EventKind {
 /// What a subscriber receives: durable events, and text deltas that are sent
 /// as they stream but never stored (the step's full text is stored once, in
 /// `AssistantMessage`, so a lost stream never duplicates text).
+// Events are nearly every notification, so boxing them would only add an
+// allocation to each. Their size depends on serde_json's features: with
+// `preserve_order` (which the ACP SDK of the `overseer` crate turns on for
+// the whole build) a `Value` holds an index map and passes the lint's bound.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Notification {
     /// A checkpointed event.

@@ -1,0 +1,132 @@
+//! How overseer's records read in ACP: stop reasons, tool calls and their
+//! states, usage, and a stored transcript replayed as `session/update`s.
+//! Pure conversions; sending them is the caller's.
+
+use agent_client_protocol::v1::schema::{
+    self as acp, ContentBlock, ContentChunk, SessionUpdate, TextContent, ToolCall, ToolCallContent,
+    ToolCallStatus, ToolCallUpdate, ToolCallUpdateFields, ToolKind,
+};
+use serde_json::Value;
+
+use overseer_actors::model::{CallState, StopReason, ToolCallRecord, TranscriptEntry, Usage};
+
+/// The ACP stop reason of a turn that ended with `reason`; `None` for a turn
+/// that failed (answered as a JSON-RPC error with the session's message).
+///
+/// overseer has no refusal outcome of its own: a provider's content filter
+/// ends the turn as any answer does, so `refusal` is never sent.
+pub(crate) fn stop_reason(reason: StopReason) -> Option<acp::StopReason> {
+    match reason {
+        StopReason::EndTurn => Some(acp::StopReason::EndTurn),
+        StopReason::MaxTokens => Some(acp::StopReason::MaxTokens),
+        // Both cap the model requests one prompt may make.
+        StopReason::MaxSteps | StopReason::BudgetExceeded => Some(acp::StopReason::MaxTurnRequests),
+        StopReason::Interrupted | StopReason::Cancelled => Some(acp::StopReason::Cancelled),
+        StopReason::Error => None,
+    }
+}
+
+/// Tokens spent between two cumulative usages (the turn's own).
+pub(crate) fn turn_usage(before: &Usage, after: &Usage) -> acp::Usage {
+    let input = after.input_tokens.saturating_sub(before.input_tokens);
+    let output = after.output_tokens.saturating_sub(before.output_tokens);
+    acp::Usage::new(input + output, input, output)
+}
+
+/// What kind of tool a name is, for the editor's icon.
+pub(crate) fn kind(name: &str) -> ToolKind {
+    match name {
+        "http_request" => ToolKind::Fetch,
+        "read_text_file" => ToolKind::Read,
+        "write_text_file" => ToolKind::Edit,
+        "delegate_task" => ToolKind::Think,
+        _ => ToolKind::Other,
+    }
+}
+
+/// A text content block.
+pub(crate) fn text(text: impl Into<String>) -> ContentBlock {
+    ContentBlock::Text(TextContent::new(text.into()))
+}
+
+/// A chunk of the agent's message.
+pub(crate) fn agent_chunk(t: impl Into<String>) -> SessionUpdate {
+    SessionUpdate::AgentMessageChunk(ContentChunk::new(text(t)))
+}
+
+/// A newly proposed call.
+pub(crate) fn proposed(id: &str, name: &str, title: String, arguments: &Value) -> SessionUpdate {
+    SessionUpdate::ToolCall(
+        ToolCall::new(id.to_owned(), title)
+            .kind(kind(name))
+            .status(ToolCallStatus::Pending)
+            .raw_input(arguments.clone()),
+    )
+}
+
+/// A call that started running.
+pub(crate) fn started(id: &str) -> SessionUpdate {
+    SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
+        id.to_owned(),
+        ToolCallUpdateFields::new().status(ToolCallStatus::InProgress),
+    ))
+}
+
+/// A call that reached `state` with `result`.
+pub(crate) fn finished(id: &str, state: CallState, result: &Value) -> SessionUpdate {
+    let status = match state {
+        CallState::Completed => ToolCallStatus::Completed,
+        _ => ToolCallStatus::Failed,
+    };
+    let shown = match result {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    SessionUpdate::ToolCallUpdate(ToolCallUpdate::new(
+        id.to_owned(),
+        ToolCallUpdateFields::new()
+            .status(status)
+            .content(vec![ToolCallContent::from(text(shown))])
+            .raw_output(result.clone()),
+    ))
+}
+
+/// The updates that tell a transcript again, in order (`session/load`).
+/// Calls still open appear as proposed; their later events follow live.
+pub(crate) fn replay(transcript: &[std::sync::Arc<TranscriptEntry>]) -> Vec<SessionUpdate> {
+    let mut out = Vec::new();
+    for entry in transcript {
+        match &**entry {
+            TranscriptEntry::User { text: t, .. } => {
+                out.push(SessionUpdate::UserMessageChunk(ContentChunk::new(text(
+                    t.clone(),
+                ))));
+            }
+            TranscriptEntry::Assistant {
+                text: t,
+                tool_calls,
+                ..
+            } => {
+                if !t.is_empty() {
+                    out.push(agent_chunk(t.clone()));
+                }
+                for call in tool_calls {
+                    out.push(proposed(
+                        call.id.as_str(),
+                        &call.name,
+                        call.name.clone(),
+                        &call.arguments,
+                    ));
+                }
+            }
+            TranscriptEntry::ToolResult { call } => out.extend(result_of(call)),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn result_of(call: &ToolCallRecord) -> Option<SessionUpdate> {
+    let result = call.result.as_ref()?;
+    Some(finished(call.id.as_str(), call.state, result))
+}

@@ -130,3 +130,78 @@ fn result_of(call: &ToolCallRecord) -> Option<SessionUpdate> {
     let result = call.result.as_ref()?;
     Some(finished(call.id.as_str(), call.state, result))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use overseer_actors::model::{ProposedCall, ToolCallId};
+    use serde_json::json;
+    use std::sync::Arc;
+
+    #[test]
+    fn every_turn_outcome_has_its_acp_stop_reason() {
+        let rows = [
+            (StopReason::EndTurn, Some(acp::StopReason::EndTurn)),
+            (StopReason::MaxTokens, Some(acp::StopReason::MaxTokens)),
+            (StopReason::MaxSteps, Some(acp::StopReason::MaxTurnRequests)),
+            (
+                StopReason::BudgetExceeded,
+                Some(acp::StopReason::MaxTurnRequests),
+            ),
+            (StopReason::Interrupted, Some(acp::StopReason::Cancelled)),
+            (StopReason::Cancelled, Some(acp::StopReason::Cancelled)),
+            (StopReason::Error, None),
+        ];
+        for (ours, theirs) in rows {
+            assert_eq!(stop_reason(ours), theirs, "{ours}");
+        }
+    }
+
+    #[test]
+    fn a_turns_usage_is_what_it_added() {
+        let before = Usage {
+            input_tokens: 10,
+            output_tokens: 5,
+            ..Usage::default()
+        };
+        let after = Usage {
+            input_tokens: 58,
+            output_tokens: 17,
+            ..Usage::default()
+        };
+        assert_eq!(turn_usage(&before, &after), acp::Usage::new(60, 48, 12));
+    }
+
+    #[test]
+    fn a_transcript_replays_as_messages_calls_and_results() {
+        let id = ToolCallId("call_1".into());
+        let mut record = ToolCallRecord::proposed(id.clone(), "current_time".into(), json!({}), 1);
+        record.finish(CallState::Completed, json!({"now": "noon"}), 2);
+        let transcript = vec![
+            Arc::new(TranscriptEntry::User {
+                text: "hi".into(),
+                at_ms: 0,
+            }),
+            Arc::new(TranscriptEntry::Assistant {
+                text: "Looking.".into(),
+                tool_calls: vec![ProposedCall {
+                    id: id.clone(),
+                    name: "current_time".into(),
+                    arguments: json!({}),
+                }],
+                at_ms: 1,
+                finish_reason: None,
+            }),
+            Arc::new(TranscriptEntry::ToolResult { call: record }),
+        ];
+        let got = replay(&transcript);
+        assert!(matches!(&got[0], SessionUpdate::UserMessageChunk(_)));
+        assert_eq!(got[1], agent_chunk("Looking."));
+        assert!(matches!(&got[2], SessionUpdate::ToolCall(t)
+            if t.tool_call_id.0.as_ref() == "call_1" && t.kind == ToolKind::Other));
+        assert!(matches!(&got[3], SessionUpdate::ToolCallUpdate(u)
+            if u.fields.status == Some(ToolCallStatus::Completed)
+                && u.fields.raw_output == Some(json!({"now": "noon"}))));
+        assert_eq!(got.len(), 4);
+    }
+}

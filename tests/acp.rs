@@ -23,7 +23,7 @@ use agent_client_protocol::v1::schema::{
     LoadSessionRequest, NewSessionRequest, PermissionOptionKind, PromptRequest,
     RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
     SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, TextContent,
-    ToolCallStatus,
+    ToolCallStatus, Usage,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, Lines};
@@ -50,8 +50,11 @@ async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
 /// The scripted model: each prompt's turn reads the clock (with approval:
 /// the agent's policy is `always`) and then answers with the tool's result.
 fn scripted_config(dir: &Path) -> PathBuf {
-    let step = |text: &str| serde_json::json!({"text": text, "tool_calls": [{"name": "current_time", "arguments": {}}]});
-    let answer = |text: &str| serde_json::json!({"text": text});
+    let step = |text: &str| {
+        serde_json::json!({"text": text, "tool_calls": [{"name": "current_time", "arguments": {}}],
+            "usage": {"input_tokens": 48, "output_tokens": 12}})
+    };
+    let answer = |text: &str| serde_json::json!({"text": text, "usage": {"input_tokens": 96, "output_tokens": 20}});
     let scenario = dir.join("acp.json");
     std::fs::write(
         &scenario,
@@ -102,8 +105,16 @@ type Transport = Lines<
 >;
 
 fn spawn_agent(dir: &Path, config: &Path, env: &[(&str, &str)]) -> (Spawned, Transport) {
+    spawn(dir, config, "assistant", env)
+}
+
+fn spawn_agent_as(dir: &Path, config: &Path, agent: &str) -> (Spawned, Transport) {
+    spawn(dir, config, agent, &[])
+}
+
+fn spawn(dir: &Path, config: &Path, agent: &str, env: &[(&str, &str)]) -> (Spawned, Transport) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_overseer"));
-    cmd.args(["acp", "--config"])
+    cmd.args(["acp", "--agent", agent, "--config"])
         .arg(config)
         .arg("--data")
         .arg(dir.join("data"))
@@ -355,6 +366,8 @@ async fn a_prompt_streams_asks_and_follows_the_editors_choices() {
             .await
             .expect("prompt");
         assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        // The turn's own usage: both of its steps.
+        assert_eq!(answer.usage, Some(Usage::new(176, 144, 32)));
         let updates = inbox.drain();
         assert!(
             agent_text(&updates).starts_with("Let me check the clock."),
@@ -760,6 +773,85 @@ tools = []
         .expect("prompt");
         assert_eq!(answer.stop_reason, StopReason::EndTurn);
         assert_eq!(agent_text(&inbox.drain()), "Again.");
+    })
+    .await;
+    let mut agent = agent;
+    within("the agent to exit", agent.child.wait())
+        .await
+        .unwrap();
+    agent.assert_only_protocol();
+}
+
+/// A lead agent delegating to a reviewer that needs approval: the
+/// reviewer's request reaches the editor from the root, titled with the path
+/// of sessions, and the editor's answer lets the tree finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subagents_approval_reaches_the_editor_with_its_session_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = tmp.path().join("tree.json");
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"agents": {
+            "lead": [
+                {"text": "Asking the reviewer.", "tool_calls": [{"name": "delegate_task",
+                    "arguments": {"agent": "reviewer", "goal": "Read the clock."}}]},
+                {"text": "The reviewer said: {{tool_result}}"}
+            ],
+            "reviewer": [
+                {"text": "Reading.", "tool_calls": [{"name": "current_time", "arguments": {}}]},
+                {"text": "It is {{tool_result}}"}
+            ]
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let config = tmp.path().join("tree.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[provider]
+kind = "scripted"
+scenario = "{}"
+
+[[agents]]
+name = "lead"
+tools = ["current_time"]
+approval = "per_tool"
+subagents = ["reviewer"]
+child_approval = "propagate"
+
+[[agents]]
+name = "reviewer"
+tools = ["current_time"]
+approval = "always"
+"#,
+            scenario.display()
+        ),
+    )
+    .unwrap();
+    let (agent, transport) = spawn_agent_as(tmp.path(), &config, "lead");
+    let cwd = tmp.path().to_path_buf();
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let turn = cx.send_request(prompt(&session, "check"));
+        let (req, responder) = inbox.ask("the subagent's permission request").await;
+        assert_eq!(req.session_id.0.as_ref(), session, "asked at the root");
+        let title = req.tool_call.fields.title.clone().unwrap_or_default();
+        assert!(
+            title.starts_with(&format!("current_time (subagent session {session} > ")),
+            "{title}"
+        );
+        responder
+            .respond(choose(PermissionOptionKind::AllowOnce, &req))
+            .unwrap();
+        let answer = within("the lead's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        let text = agent_text(&inbox.drain());
+        assert!(text.contains("The reviewer said: "), "{text}");
     })
     .await;
     let mut agent = agent;

@@ -292,17 +292,23 @@ async fn watch_children(
     ask: mpsc::UnboundedSender<Ask>,
 ) {
     let mut seen = HashSet::new();
+    // A loaded session may already wait for a child: look once at start.
+    let mut first = true;
     loop {
-        let look = match rx.recv().await {
-            Ok(Notification::Event(e)) => matches!(
-                e.kind,
-                EventKind::StatusChanged {
-                    status: SessionStatus::AwaitingApproval
-                }
-            ),
-            Ok(_) => false,
-            Err(broadcast::error::RecvError::Lagged(_)) => true,
-            Err(broadcast::error::RecvError::Closed) => return,
+        let look = if std::mem::take(&mut first) {
+            true
+        } else {
+            match rx.recv().await {
+                Ok(Notification::Event(e)) => matches!(
+                    e.kind,
+                    EventKind::StatusChanged {
+                        status: SessionStatus::AwaitingApproval
+                    }
+                ),
+                Ok(_) => false,
+                Err(broadcast::error::RecvError::Lagged(_)) => true,
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
         };
         if !look {
             continue;

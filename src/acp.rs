@@ -3,6 +3,7 @@
 //! sessions: prompts become turns, the turn's text and tool calls stream back
 //! as `session/update` notifications, calls that need approval become
 //! `session/request_permission`, and `session/cancel` interrupts the turn.
+//! Agents may list the editor's file tools (`fs.rs`), which the client runs.
 //!
 //! The runtime is the one `overseer run` builds (`service::open`: the
 //! configured store, providers and tools), in-process. This module owns only
@@ -16,6 +17,7 @@
 mod agent;
 mod error;
 mod follow;
+mod fs;
 mod permission;
 mod transport;
 mod updates;
@@ -55,7 +57,9 @@ pub struct AcpArgs {
 /// `overseer acp`: checks the config and the agent, then serves one ACP
 /// connection on stdin/stdout until the client closes it.
 pub fn run(args: AcpArgs) -> Result<(), AcpError> {
-    let tools = builtin_registry()?;
+    // The editor's file tools exist here only: agents may list them.
+    let client: fs::ClientSlot = Arc::default();
+    let tools = builtin_registry()?.extended(fs::tools(&client))?;
     let options = LoadOptions {
         path: args.config.clone(),
         overrides: Overrides {
@@ -76,15 +80,20 @@ pub fn run(args: AcpArgs) -> Result<(), AcpError> {
         .enable_all()
         .build()
         .map_err(AcpError::Runtime)?;
-    let result = rt.block_on(serve(config, provider, args.agent));
+    let result = rt.block_on(serve(config, provider, args.agent, client));
     // stdin is read on a blocking thread that may still wait for a line.
     rt.shutdown_timeout(std::time::Duration::from_millis(100));
     result
 }
 
-async fn serve(config: Config, provider: Arc<dyn Provider>, agent: String) -> Result<(), AcpError> {
+async fn serve(
+    config: Config,
+    provider: Arc<dyn Provider>,
+    agent: String,
+    client: fs::ClientSlot,
+) -> Result<(), AcpError> {
     // MCP connections live as long as this value.
-    let tools = crate::service::build_tools(&config).await?;
+    let tools = crate::service::build_tools_with(&config, fs::tools(&client)).await?;
     let (overseer, _store) =
         crate::service::open(&config, tools.registry.clone(), provider).await?;
     // Sessions an earlier process left mid-turn go on (their approvals are
@@ -95,7 +104,7 @@ async fn serve(config: Config, provider: Arc<dyn Provider>, agent: String) -> Re
             if n > 0 {
                 tracing::info!(sessions = n, "recovered interrupted sessions");
             }
-            agent::serve(overseer.clone(), agent, transport::stdio()).await
+            agent::serve(overseer.clone(), agent, client, transport::stdio()).await
         }
         Err(e) => Err(AcpError::Session(e)),
     };

@@ -19,11 +19,12 @@ use std::time::Duration;
 
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
-    CancelNotification, ClientCapabilities, ContentBlock, Implementation, InitializeRequest,
-    LoadSessionRequest, NewSessionRequest, PermissionOptionKind, PromptRequest,
-    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
-    SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, TextContent,
-    ToolCallStatus, Usage,
+    CancelNotification, ClientCapabilities, ContentBlock, FileSystemCapabilities, Implementation,
+    InitializeRequest, LoadSessionRequest, NewSessionRequest, PermissionOptionKind, PromptRequest,
+    ReadTextFileRequest, ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, SelectedPermissionOutcome, SessionNotification, SessionUpdate,
+    StopReason, TextContent, ToolCallStatus, ToolKind, Usage, WriteTextFileRequest,
+    WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, Lines};
@@ -173,6 +174,8 @@ impl Spawned {
 
 /// What the client receives from the agent outside answers.
 struct Inbox {
+    /// File requests the client served (it answers them itself).
+    files: mpsc::UnboundedReceiver<FileRequest>,
     updates: mpsc::UnboundedReceiver<SessionNotification>,
     asks: mpsc::UnboundedReceiver<(
         RequestPermissionRequest,
@@ -223,6 +226,13 @@ impl Inbox {
     }
 }
 
+/// An `fs/*` request the client served.
+#[derive(Debug)]
+enum FileRequest {
+    Read(ReadTextFileRequest),
+    Write(WriteTextFileRequest),
+}
+
 /// Runs `body` as an ACP client connected to `transport`.
 async fn client<R>(
     transport: Transport,
@@ -240,9 +250,26 @@ async fn connect<R>(
 ) -> Result<R, agent_client_protocol::Error> {
     let (update_tx, updates) = mpsc::unbounded_channel();
     let (ask_tx, asks) = mpsc::unbounded_channel();
+    let (file_tx, files) = mpsc::unbounded_channel();
+    let write_tx = file_tx.clone();
     Client
         .v1()
         .name("acp-test")
+        .on_receive_request(
+            async move |req: ReadTextFileRequest, responder, _cx| {
+                let content = format!("contents of {}", req.path.display());
+                let _ = file_tx.send(FileRequest::Read(req));
+                responder.respond(ReadTextFileResponse::new(content))
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: WriteTextFileRequest, responder, _cx| {
+                let _ = write_tx.send(FileRequest::Write(req));
+                responder.respond(WriteTextFileResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
         .on_receive_notification(
             async move |n: SessionNotification, _cx| {
                 let _ = update_tx.send(n);
@@ -258,17 +285,29 @@ async fn connect<R>(
             agent_client_protocol::on_receive_request!(),
         )
         .connect_with(transport, async |cx| {
-            Ok(body(cx, Inbox { updates, asks }).await)
+            Ok(body(
+                cx,
+                Inbox {
+                    files,
+                    updates,
+                    asks,
+                },
+            )
+            .await)
         })
         .await
 }
 
 async fn initialize(cx: &ConnectionTo<Agent>) {
+    initialize_with(cx, ClientCapabilities::new()).await;
+}
+
+async fn initialize_with(cx: &ConnectionTo<Agent>, caps: ClientCapabilities) {
     let init = within(
         "initialize",
         cx.send_request(
             InitializeRequest::new(ProtocolVersion::V1)
-                .client_capabilities(ClientCapabilities::new())
+                .client_capabilities(caps)
                 .client_info(Implementation::new("acp-test", "1.0")),
         )
         .block_task(),
@@ -852,6 +891,147 @@ approval = "always"
         assert_eq!(answer.stop_reason, StopReason::EndTurn);
         let text = agent_text(&inbox.drain());
         assert!(text.contains("The reviewer said: "), "{text}");
+    })
+    .await;
+    let mut agent = agent;
+    within("the agent to exit", agent.child.wait())
+        .await
+        .unwrap();
+    agent.assert_only_protocol();
+}
+
+/// An agent that reads a file and writes another through the editor.
+fn editor_config(dir: &Path) -> PathBuf {
+    let scenario = dir.join("editor.json");
+    let notes = dir.join("notes.txt").display().to_string();
+    let out = dir.join("out.txt").display().to_string();
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"agents": {"editor": [
+            {"text": "Reading.", "tool_calls": [{"name": "read_text_file", "arguments": {"path": notes}}]},
+            {"text": "Writing.", "tool_calls": [{"name": "write_text_file",
+                "arguments": {"path": out, "content": "hello"}}]},
+            {"text": "Done: {{tool_result}}"}
+        ]}})
+        .to_string(),
+    )
+    .unwrap();
+    let config = dir.join("editor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[provider]
+kind = "scripted"
+scenario = "{}"
+
+[[agents]]
+name = "editor"
+tools = ["read_text_file", "write_text_file"]
+approval = "per_tool"
+"#,
+            scenario.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// With `fs` advertised, the file tools run in the editor: reading as is,
+/// writing after the editor's permission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_editors_file_tools_run_in_the_editor_under_approval() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = editor_config(tmp.path());
+    let (agent, transport) = spawn_agent_as(tmp.path(), &config, "editor");
+    let cwd = tmp.path().to_path_buf();
+    client(transport, async |cx, mut inbox| {
+        let fs = FileSystemCapabilities::new()
+            .read_text_file(true)
+            .write_text_file(true);
+        initialize_with(&cx, ClientCapabilities::new().fs(fs)).await;
+        let session = new_session(&cx, &cwd).await;
+        let turn = cx.send_request(prompt(&session, "edit"));
+        // Reading is not asked; writing is.
+        let (req, responder) = inbox.ask("the write's permission request").await;
+        assert_eq!(req.tool_call.fields.kind, Some(ToolKind::Edit));
+        match inbox.files.try_recv() {
+            Ok(FileRequest::Read(r)) => {
+                assert_eq!(r.session_id.0.as_ref(), session);
+                assert_eq!(r.path, cwd.join("notes.txt"));
+            }
+            other => panic!("the read did not reach the editor first: {other:?}"),
+        }
+        assert!(
+            inbox.files.try_recv().is_err(),
+            "nothing written before approval"
+        );
+        responder
+            .respond(choose(PermissionOptionKind::AllowOnce, &req))
+            .unwrap();
+        let answer = within("the prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        match inbox.files.try_recv() {
+            Ok(FileRequest::Write(w)) => {
+                assert_eq!(w.path, cwd.join("out.txt"));
+                assert_eq!(w.content, "hello");
+            }
+            other => panic!("no write reached the editor: {other:?}"),
+        }
+        let updates = inbox.drain();
+        let read_result = format!("contents of {}", cwd.join("notes.txt").display());
+        assert!(
+            updates
+                .iter()
+                .any(|u| matches!(u, SessionUpdate::ToolCallUpdate(t)
+                if t.fields.status == Some(ToolCallStatus::Completed)
+                    && t.fields.raw_output == Some(serde_json::json!({"content": read_result})))),
+            "{updates:?}"
+        );
+        assert!(agent_text(&updates).contains("\"written\""), "{updates:?}");
+    })
+    .await;
+    let mut agent = agent;
+    within("the agent to exit", agent.child.wait())
+        .await
+        .unwrap();
+    agent.assert_only_protocol();
+}
+
+/// Without `fs`, the session does not have the file tools: the model's
+/// calls fail as unavailable and nothing reaches the editor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fs_capabilities_the_file_tools_are_out_of_scope() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = editor_config(tmp.path());
+    let (agent, transport) = spawn_agent_as(tmp.path(), &config, "editor");
+    let cwd = tmp.path().to_path_buf();
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let answer = within(
+            "the prompt's answer",
+            cx.send_request(prompt(&session, "edit")).block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        assert!(inbox.asks.try_recv().is_err(), "nothing asked");
+        assert!(
+            inbox.files.try_recv().is_err(),
+            "nothing reached the editor"
+        );
+        let failed = inbox
+            .drain()
+            .into_iter()
+            .filter(|u| {
+                matches!(u, SessionUpdate::ToolCallUpdate(t)
+                if t.fields.status == Some(ToolCallStatus::Failed))
+            })
+            .count();
+        assert_eq!(failed, 2);
     })
     .await;
     let mut agent = agent;

@@ -21,10 +21,11 @@ use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, ConnectTo, Error};
 use serde_json::json;
 
-use overseer_actors::model::{SessionId, SessionStatus};
+use overseer_actors::model::{SessionId, SessionOverrides, SessionStatus};
 use overseer_actors::{CreateSession, Overseer, SessionError};
 
 use super::follow::{Link, TurnOutcome};
+use super::fs;
 use super::{updates, AcpError};
 use crate::cli::CLI_TENANT;
 
@@ -37,6 +38,10 @@ struct State {
     client: Mutex<String>,
     /// Sessions this connection has open.
     sessions: Mutex<HashMap<SessionId, Arc<Link>>>,
+    /// The connection the editor's file tools speak on.
+    conn: fs::ClientSlot,
+    /// Which of those tools the client advertised: (read, write).
+    fs_caps: Mutex<(bool, bool)>,
 }
 
 impl State {
@@ -67,6 +72,7 @@ impl State {
 pub(crate) async fn serve(
     overseer: Overseer,
     agent: String,
+    conn: fs::ClientSlot,
     transport: impl ConnectTo<Agent> + 'static,
 ) -> Result<(), AcpError> {
     let state = Arc::new(State {
@@ -74,6 +80,8 @@ pub(crate) async fn serve(
         agent,
         client: Mutex::new("client".to_owned()),
         sessions: Mutex::new(HashMap::new()),
+        conn,
+        fs_caps: Mutex::new((false, false)),
     });
     let (s1, s2, s3, s4, s5) = (
         state.clone(),
@@ -86,7 +94,9 @@ pub(crate) async fn serve(
         .v1()
         .name("overseer")
         .on_receive_request(
-            async move |req: InitializeRequest, responder, _cx| {
+            async move |req: InitializeRequest, responder, cx| {
+                // One connection per process: the first one stays.
+                let _ = s1.conn.set(cx);
                 responder.respond(initialize(&s1, req))
             },
             agent_client_protocol::on_receive_request!(),
@@ -148,6 +158,9 @@ pub(crate) async fn serve(
 }
 
 fn initialize(state: &State, req: InitializeRequest) -> InitializeResponse {
+    let caps = &req.client_capabilities.fs;
+    *state.fs_caps.lock().unwrap_or_else(|p| p.into_inner()) =
+        (caps.read_text_file, caps.write_text_file);
     if let Some(info) = &req.client_info {
         *state.client.lock().unwrap_or_else(|p| p.into_inner()) = info.name.clone();
     }
@@ -206,6 +219,10 @@ async fn new_session(
             "the client's MCP servers are not connected (not supported yet)"
         );
     }
+    let overrides = SessionOverrides {
+        tools: narrowed_tools(state),
+        ..SessionOverrides::default()
+    };
     let id = SessionId::generate();
     // Subscribed before the session exists: no event is missed.
     let rx = state.overseer.subscribe(id);
@@ -217,6 +234,7 @@ async fn new_session(
             created_by: Some(state.by()),
             metadata: json!({ "acp": { "cwd": req.cwd.display().to_string(), "client": state.by() } }),
             id: Some(id),
+            overrides,
             ..CreateSession::default()
         })
         .await
@@ -225,6 +243,24 @@ async fn new_session(
     let link = Link::start(state.overseer.clone(), cx, id, rx, 0, &[], state.by());
     state.open(id, link);
     Ok(NewSessionResponse::new(id.to_string()))
+}
+
+/// The agent's tools without the editor file tools the client did not
+/// advertise; `None` when nothing is taken away.
+fn narrowed_tools(state: &State) -> Option<Vec<String>> {
+    let (read, write) = *state.fs_caps.lock().unwrap_or_else(|p| p.into_inner());
+    let agent = state.overseer.agents().find(|a| a.name == state.agent)?;
+    let kept: Vec<String> = agent
+        .tools
+        .iter()
+        .filter(|t| match t.as_str() {
+            fs::READ_TEXT_FILE => read,
+            fs::WRITE_TEXT_FILE => write,
+            _ => true,
+        })
+        .cloned()
+        .collect();
+    (kept.len() != agent.tools.len()).then_some(kept)
 }
 
 /// Replays a stored session and returns how to start following it.

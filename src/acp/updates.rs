@@ -37,8 +37,8 @@ pub(crate) fn turn_usage(before: &Usage, after: &Usage) -> acp::Usage {
 pub(crate) fn kind(name: &str) -> ToolKind {
     match name {
         "http_request" => ToolKind::Fetch,
-        "read_text_file" => ToolKind::Read,
-        "write_text_file" => ToolKind::Edit,
+        super::fs::READ_TEXT_FILE => ToolKind::Read,
+        super::fs::WRITE_TEXT_FILE => ToolKind::Edit,
         "delegate_task" => ToolKind::Think,
         _ => ToolKind::Other,
     }

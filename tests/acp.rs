@@ -1040,3 +1040,64 @@ async fn without_fs_capabilities_the_file_tools_are_out_of_scope() {
         .unwrap();
     agent.assert_only_protocol();
 }
+
+/// Cancelling while the editor is being asked: the editor answers the
+/// request `cancelled`, the call is settled by the interrupt, the prompt
+/// answers `cancelled`, and the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_during_a_permission_request_keeps_the_session() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = scripted_config(tmp.path());
+    let (agent, transport) = spawn_agent(tmp.path(), &config, &[]);
+    let cwd = tmp.path().to_path_buf();
+    let session = client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let turn = cx.send_request(prompt(&session, "what time is it?"));
+        let (req, responder) = inbox.ask("the permission request").await;
+        let call = req.tool_call.tool_call_id.0.to_string();
+        cx.send_notification(CancelNotification::new(session.clone()))
+            .unwrap();
+        responder
+            .respond(RequestPermissionResponse::new(
+                RequestPermissionOutcome::Cancelled,
+            ))
+            .unwrap();
+        let answer = within("the cancelled prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::Cancelled);
+        assert!(
+            inbox
+                .drain()
+                .iter()
+                .any(|u| is_final_update(u, &call, ToolCallStatus::Failed)),
+            "the call ended"
+        );
+        // The script goes on with its answer, which sees the call's end.
+        let answer = within(
+            "the next prompt's answer",
+            cx.send_request(prompt(&session, "again")).block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        assert!(agent_text(&inbox.drain()).starts_with("The clock says: "));
+        session
+    })
+    .await;
+    let mut agent = agent;
+    within("the agent to exit", agent.child.wait())
+        .await
+        .unwrap();
+    agent.assert_only_protocol();
+    // Nothing was decided for the cancelled call: no decision on record.
+    let store = store(tmp.path());
+    let id: SessionId = session.parse().unwrap();
+    let events = store.events_after(id, 0, usize::MAX).await.unwrap();
+    let decided = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::DecisionRecorded { .. }))
+        .count();
+    assert_eq!(decided, 0, "a cancelled request decides nothing");
+}

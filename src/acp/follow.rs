@@ -18,7 +18,8 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use overseer_actors::model::{
-    Event, EventKind, Notification, SessionId, SessionStatus, StopReason, ToolCallRecord, Usage,
+    CallState, Event, EventKind, Notification, SessionId, SessionStatus, StopReason, ToolCallId,
+    ToolCallRecord, Usage,
 };
 use overseer_actors::Overseer;
 
@@ -106,6 +107,7 @@ impl Link {
             ask: ask_tx.clone(),
             waiter: waiter.clone(),
             last_seq: after_seq,
+            open: open.iter().map(|c| c.id.clone()).collect(),
             printed: String::new(),
             resync: false,
             last_error: None,
@@ -149,6 +151,10 @@ struct Follower {
     ask: mpsc::UnboundedSender<Ask>,
     waiter: Arc<Mutex<Option<Waiter>>>,
     last_seq: u64,
+    /// Calls announced and not yet finished: a turn that stops (interrupt,
+    /// cancel) ends them without an event each, and the editor must not
+    /// show them pending forever.
+    open: HashSet<ToolCallId>,
     /// Text of the current step already sent.
     printed: String,
     /// Deltas may have been lost (lagged): send the rest of the step's text
@@ -225,12 +231,15 @@ impl Follower {
                 call_id,
                 name,
                 arguments,
-            } => self.send(updates::proposed(
-                call_id.as_str(),
-                &name,
-                name.clone(),
-                &arguments,
-            )),
+            } => {
+                self.send(updates::proposed(
+                    call_id.as_str(),
+                    &name,
+                    name.clone(),
+                    &arguments,
+                ));
+                self.open.insert(call_id);
+            }
             EventKind::ApprovalRequested {
                 call_id,
                 name,
@@ -248,7 +257,10 @@ impl Follower {
                 call_id,
                 state,
                 result,
-            } => self.send(updates::finished(call_id.as_str(), state, &result)),
+            } => {
+                self.open.remove(&call_id);
+                self.send(updates::finished(call_id.as_str(), state, &result));
+            }
             EventKind::Error { message } => self.last_error = Some(message),
             EventKind::TurnEnded {
                 turn,
@@ -256,6 +268,7 @@ impl Follower {
                 usage,
                 ..
             } => {
+                self.end_open_calls(stop_reason.as_str());
                 let error = self.last_error.take();
                 self.complete(turn, || TurnOutcome::Ended {
                     reason: stop_reason,
@@ -264,10 +277,23 @@ impl Follower {
                 });
             }
             EventKind::StatusChanged { status } if status.is_terminal() => {
+                self.end_open_calls(status.as_str());
                 let error = self.last_error.take();
                 self.complete(u32::MAX, || TurnOutcome::SessionEnded(status, error));
             }
             _ => {}
+        }
+    }
+
+    /// Ends, for the editor, the calls the turn left without a result.
+    fn end_open_calls(&mut self, why: &str) {
+        let result = serde_json::json!({ "error": format!("the turn ended: {why}") });
+        for id in std::mem::take(&mut self.open) {
+            self.send(updates::finished(
+                id.as_str(),
+                CallState::Cancelled,
+                &result,
+            ));
         }
     }
 

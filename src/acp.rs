@@ -87,13 +87,13 @@ pub fn run(args: AcpArgs) -> Result<(), AcpError> {
 }
 
 async fn serve(
-    config: Config,
+    mut config: Config,
     provider: Arc<dyn Provider>,
     agent: String,
     client: fs::ClientSlot,
 ) -> Result<(), AcpError> {
     // MCP connections live as long as this value.
-    let tools = crate::service::build_tools_with(&config, fs::tools(&client)).await?;
+    let tools = crate::service::build_tools_with(&mut config, fs::tools(&client)).await?;
     let (overseer, _store) =
         crate::service::open(&config, tools.registry.clone(), provider).await?;
     // Sessions an earlier process left mid-turn go on (their approvals are

@@ -8,7 +8,9 @@
 //! result into the types the runtime takes ([`AgentConfig`], [`RuntimeConfig`]).
 //! It deliberately does not build what the configuration describes (store,
 //! provider, tools): the binaries do, so a library user can configure the
-//! runtime without this file. Secrets are never read from here (§12).
+//! runtime without this file. Secrets are never read from here (§12). An
+//! agent's own MCP servers, tool patterns and approval rules, and their
+//! resolution once the servers have listed their tools, are `agent_tools`'s.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -31,6 +33,11 @@ use crate::store::{Durability, StoreOptions, DEFAULT_CACHE_MB, MAX_CACHE_MB};
 use crate::tools::http_request::HttpRequestConfig;
 use crate::tools::http_tool::HttpToolConfig;
 use crate::tools::mcp::McpServerConfig;
+
+mod agent_tools;
+
+use agent_tools::is_pattern;
+pub use agent_tools::AgentMcpServer;
 
 /// Where the configuration is looked for when no path is given.
 pub const DEFAULT_CONFIG_PATH: &str = "config/overseer.toml";
@@ -495,9 +502,14 @@ pub struct AgentSection {
     /// System instructions.
     #[serde(default)]
     pub instructions: String,
-    /// Tools the agent may call.
+    /// Tools the agent may call: names, or patterns where `*` stands for
+    /// any run of characters (`"fs__*"`), expanded at start-up.
     #[serde(default)]
     pub tools: Vec<String>,
+    /// MCP servers whose every tool this agent may call: `[[mcp_servers]]`
+    /// names, or inline tables (servers of this agent only).
+    #[serde(default)]
+    pub mcp_servers: Vec<AgentMcpServer>,
     /// Approval policy.
     #[serde(default)]
     pub approval: ApprovalPolicy,
@@ -531,7 +543,8 @@ pub struct AgentSection {
     /// Complete a session idle in awaiting_input this long.
     #[serde(default)]
     pub input_timeout_secs: Option<u64>,
-    /// Per-tool approval rules overriding the tools' defaults.
+    /// Per-tool approval rules overriding the tools' defaults (keys are
+    /// names or patterns of the agent's tools; a name wins over a pattern).
     #[serde(default)]
     pub tool_approvals: std::collections::BTreeMap<String, bool>,
 }
@@ -944,19 +957,22 @@ impl Config {
             if agent.max_children == 0 {
                 out.push(Problem::new(at("max_children"), "must be at least 1"));
             }
+            self.agent_tool_problems(i, &mut out);
             for (j, tool) in agent.tools.iter().enumerate() {
-                if !self.declares_tool(tools, tool) {
+                if agent.tools[..j].contains(tool) {
+                    out.push(Problem::new(
+                        at("tools"),
+                        format!("agent '{}' lists tool '{tool}' twice", agent.name),
+                    ));
+                } else if is_pattern(tool) {
+                    // Checked when the servers have listed their tools.
+                } else if !self.declares_tool_for(tools, agent, tool) {
                     out.push(Problem::new(
                         at("tools"),
                         format!(
                             "agent '{}' lists unknown tool '{tool}' (available: {available})",
                             agent.name
                         ),
-                    ));
-                } else if agent.tools[..j].contains(tool) {
-                    out.push(Problem::new(
-                        at("tools"),
-                        format!("agent '{}' lists tool '{tool}' twice", agent.name),
                     ));
                 }
             }
@@ -1292,10 +1308,49 @@ fn explain_agent(i: usize, item: &Value) -> Vec<Problem> {
     if !t.contains_key("name") {
         problems.push(Problem::new(format!("{path}.name"), "required"));
     }
-    problems.extend(bad_keys::<AgentSection>(t, &base, &path));
+    let mut rest = t.clone();
+    if let Some(servers) = rest.remove("mcp_servers") {
+        problems.extend(explain_agent_servers(&path, &servers));
+    }
+    problems.extend(bad_keys::<AgentSection>(&rest, &base, &path));
     if problems.is_empty() {
         if let Err(e) = item.clone().try_into::<AgentSection>() {
             problems.push(Problem::new(path, humanize(e.message())));
+        }
+    }
+    problems
+}
+
+/// An agent's `mcp_servers`, entry by entry: a name, or a table with the
+/// keys of `[[mcp_servers]]` (whose own message names the bad key; serde's
+/// for the pair would only say that neither shape fits).
+fn explain_agent_servers(path: &str, servers: &Value) -> Vec<Problem> {
+    let Value::Array(items) = servers else {
+        return vec![Problem::new(
+            format!("{path}.mcp_servers"),
+            format!(
+                "expected an array of server names or tables, found {}",
+                servers.type_str()
+            ),
+        )];
+    };
+    let mut problems = Vec::new();
+    for (j, item) in items.iter().enumerate() {
+        let key = format!("{path}.mcp_servers[{j}]");
+        match item {
+            Value::String(_) => {}
+            Value::Table(_) => {
+                if let Err(e) = item.clone().try_into::<McpServerConfig>() {
+                    problems.push(problem_for(&key, e.message()));
+                }
+            }
+            other => problems.push(Problem::new(
+                key,
+                format!(
+                    "expected a server name or a table with the keys of [[mcp_servers]], found {}",
+                    other.type_str()
+                ),
+            )),
         }
     }
     problems
@@ -1535,6 +1590,192 @@ mod tests {
         );
         let e = load_text("[store]\n", no_env).unwrap_err().to_string();
         assert!(e.contains("agents: at least one"), "{e}");
+    }
+
+    #[test]
+    fn agent_servers_patterns_and_approval_rules_are_checked_naming_the_agent() {
+        let text = r#"
+[[mcp_servers]]
+name = "shared"
+command = "node"
+
+[[agents]]
+name = "a"
+tools = ["current_time", "fs.*"]
+mcp_servers = ["shared", "missing", { name = "own", command = "node" }, "shared"]
+tool_approvals = { current_time = true, own__write = false, launch_rockets = true, "own__*" = true }
+
+[[agents]]
+name = "b"
+mcp_servers = [{ name = "own", command = "node" }, { name = "shared", url = "http://127.0.0.1:1/mcp" }]
+
+[[agents]]
+name = "c"
+tools = ["own__write"]
+"#;
+        let e = load_text(text, no_env).unwrap_err().to_string();
+        for expected in [
+            "agents[0].mcp_servers[1]: agent 'a' names MCP server 'missing', which no [[mcp_servers]] entry defines",
+            "agents[0].mcp_servers[3]: agent 'a' lists MCP server 'shared' twice",
+            "agents[0].tools: agent 'a' lists tool pattern 'fs.*', which may contain only letters, digits, '_', '-' and '*'",
+            "agents[0].tool_approvals: agent 'a' sets an approval rule for 'launch_rockets', which is not one of its tools",
+            "agents[1].mcp_servers[0]: agent 'b' defines MCP server 'own', which agent 'a' defines too",
+            "agents[1].mcp_servers[1]: agent 'b' defines MCP server 'shared', a name [[mcp_servers]] already uses",
+            // Agent a's own server is not b's.
+            "agents[2].tools: agent 'c' lists unknown tool 'own__write'",
+        ] {
+            assert!(e.contains(expected), "missing «{expected}» in {e}");
+        }
+        // Rules for a's tools (own server, pattern, listed) are accepted.
+        assert!(!e.contains("'own__write', which is not"), "{e}");
+        assert!(!e.contains("'current_time', which is not"), "{e}");
+
+        // A misspelt key of an inline server is named where it is.
+        let e = parse_err(
+            "[[agents]]\nname = \"a\"\nmcp_servers = [{ name = \"x\", comand = \"node\" }, 5]\n",
+        );
+        assert!(
+            e.contains("agents[0].mcp_servers[0]: unknown key, expected one of"),
+            "{e}"
+        );
+        assert!(
+            e.contains("agents[0].mcp_servers[1]: expected a server name or a table"),
+            "{e}"
+        );
+        // delegate_task has a rule only for an agent that delegates.
+        let e = load_text(
+            "[[agents]]\nname = \"a\"\ntool_approvals = { delegate_task = true }\n",
+            no_env,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("rule for 'delegate_task'"), "{e}");
+        load_text(
+            "[[agents]]\nname = \"a\"\nsubagents = [\"a\"]\ntool_approvals = { delegate_task = true }\n",
+            no_env,
+        )
+        .unwrap();
+    }
+
+    /// A tool that only has a name (resolution looks at names alone).
+    struct Named(overseer_actors::tool::ToolSpec);
+
+    #[async_trait::async_trait]
+    impl overseer_actors::tool::Tool for Named {
+        fn spec(&self) -> &overseer_actors::tool::ToolSpec {
+            &self.0
+        }
+        async fn call(
+            &self,
+            _: overseer_actors::tool::ToolContext,
+            _: serde_json::Value,
+        ) -> Result<serde_json::Value, overseer_actors::tool::ToolError> {
+            Ok(serde_json::Value::Null)
+        }
+    }
+
+    fn registry(names: &[&str]) -> ToolRegistry {
+        let tools = names
+            .iter()
+            .map(|n| {
+                let spec = overseer_actors::tool::ToolSpec::new(
+                    *n,
+                    "d",
+                    serde_json::json!({"type": "object"}),
+                );
+                std::sync::Arc::new(Named(spec)) as std::sync::Arc<dyn overseer_actors::tool::Tool>
+            })
+            .collect();
+        ToolRegistry::new(tools).unwrap()
+    }
+
+    #[test]
+    fn resolution_expands_patterns_and_servers_and_keeps_own_servers_private() {
+        let text = r#"
+[[mcp_servers]]
+name = "fs"
+command = "node"
+
+[[agents]]
+name = "a"
+tools = ["current_time", "fs__read*"]
+mcp_servers = [{ name = "own", command = "node" }]
+tool_approvals = { "own__*" = false, own__write = true, "fs__*" = true }
+
+[[agents]]
+name = "b"
+tools = ["*"]
+mcp_servers = ["fs"]
+"#;
+        let mut c = load_text(text, no_env).unwrap();
+        let reg = registry(&[
+            "current_time",
+            "fs__read_file",
+            "fs__read_dir",
+            "fs__write_file",
+            "own__read",
+            "own__write",
+        ]);
+        c.resolve_agent_tools(&reg).unwrap();
+        let a = c.agent("a").unwrap();
+        let mut tools = a.tools.clone();
+        tools.sort();
+        assert_eq!(
+            tools,
+            [
+                "current_time",
+                "fs__read_dir",
+                "fs__read_file",
+                "own__read",
+                "own__write"
+            ]
+        );
+        let rules: Vec<(&str, bool)> = a
+            .tool_approvals
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                ("fs__read_dir", true),
+                ("fs__read_file", true),
+                ("own__read", false),
+                // The exact name wins over the pattern.
+                ("own__write", true),
+            ]
+        );
+        let b = c.agent("b").unwrap();
+        assert!(
+            b.tools.iter().all(|t| !t.starts_with("own__")),
+            "{:?}",
+            b.tools
+        );
+        assert!(b.tools.contains(&"fs__write_file".to_owned()));
+
+        // A pattern that matches nothing, in tools or in rules, names the agent.
+        let mut c = load_text(
+            "[[agents]]\nname = \"solo\"\ntools = [\"current_time\", \"nothing__*\"]\n",
+            no_env,
+        )
+        .unwrap();
+        let e = c.resolve_agent_tools(&reg).unwrap_err();
+        assert!(
+            e.starts_with("agent 'solo': the tool pattern 'nothing__*' matches no tool"),
+            "{e}"
+        );
+        let mut c = load_text(
+            "[[agents]]\nname = \"solo\"\ntools = [\"current_time\"]\ntool_approvals = { \"fs__*\" = true }\n",
+            no_env,
+        )
+        .unwrap();
+        let e = c.resolve_agent_tools(&reg).unwrap_err();
+        assert!(
+            e.starts_with(
+                "agent 'solo': the tool_approvals pattern 'fs__*' matches none of its tools"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

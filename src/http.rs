@@ -68,6 +68,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
 pub use error::ApiError;
+pub(crate) use sessions::session_json;
 
 use crate::auth::AuthConfig;
 use idempotency::{Digest32, IdempotencyLog, DEFAULT_CAPACITY};

@@ -87,17 +87,19 @@ pub fn scope_tokens(config: &Config) -> Result<Option<ScopeTokens>, ServiceError
 }
 
 /// Builds every tool of the configuration: built-ins, `http_request` when
-/// configured, `[[tools]]` http tools, and the tools MCP servers list (they
-/// are connected now). Then checks each agent's tools exist, since MCP tool
-/// names are only known once a server has listed them.
-pub async fn build_tools(config: &Config) -> Result<Tools, ServiceError> {
+/// configured, `[[tools]]` http tools, and the tools MCP servers list (the
+/// shared ones and each agent's own; they are connected now). Then resolves
+/// each agent's tools in `config` (patterns, its servers' tools, approval
+/// rules; see [`Config::resolve_agent_tools`]), since MCP tool names are
+/// only known once a server has listed them.
+pub async fn build_tools(config: &mut Config) -> Result<Tools, ServiceError> {
     build_tools_with(config, Vec::new()).await
 }
 
 /// [`build_tools`] plus tools an edge brings of its own (`overseer acp`'s
 /// editor file tools), which agents may then list.
 pub async fn build_tools_with(
-    config: &Config,
+    config: &mut Config,
     extra: Vec<Arc<dyn Tool>>,
 ) -> Result<Tools, ServiceError> {
     let tokens = scope_tokens(config)?;
@@ -112,26 +114,20 @@ pub async fn build_tools_with(
         http_tools(&config.tools, tokens.as_ref())
             .map_err(|e| ServiceError::Tools(e.to_string()))?,
     );
-    let mcp = if config.mcp_servers.is_empty() {
+    let servers = config.all_mcp_servers();
+    let mcp = if servers.is_empty() {
         None
     } else {
-        let hub = McpHub::start(&config.mcp_servers, tokens.clone())
+        let hub = McpHub::start(&servers, tokens.clone())
             .await
             .map_err(|e| ServiceError::Tools(e.to_string()))?;
         tools.extend(hub.tools());
         Some(hub)
     };
     let registry = ToolRegistry::new(tools).map_err(|e| ServiceError::Tools(e.to_string()))?;
-    for agent in &config.agents {
-        for tool in &agent.tools {
-            if registry.spec(tool).is_none() {
-                return Err(ServiceError::Tools(format!(
-                    "agent '{}' lists tool '{tool}', which no configured source provides",
-                    agent.name
-                )));
-            }
-        }
-    }
+    config
+        .resolve_agent_tools(&registry)
+        .map_err(ServiceError::Tools)?;
     Ok(Tools { registry, mcp })
 }
 

@@ -29,7 +29,8 @@
 //! `durable`). After a failed write or flush (a full disk) the writer reopens
 //! the directory on its own and the store takes writes again once the disk
 //! does (`group_commit`, `gate`). Encoding is in `codec`; the offline
-//! verification of `overseer store check` in `check`.
+//! verification of `overseer store check` in `check`; reading a directory
+//! with no server (`overseer sessions list|show --data`) in `inspect`.
 //!
 //! Atomicity without sled transactions: the session's header in `sessions` is
 //! the commit record of its checkpoint. Everything else a checkpoint writes
@@ -63,6 +64,7 @@ mod codec;
 mod durable;
 mod gate;
 mod group_commit;
+mod inspect;
 mod open;
 mod purge;
 mod sidecar;
@@ -78,6 +80,7 @@ use overseer_actors::store::{
 use tokio::sync::oneshot;
 
 pub use check::{check, CheckReport};
+pub use inspect::Inspector;
 pub use open::OpenError;
 
 use codec::corrupt;

@@ -268,3 +268,110 @@ async fn sessions_interrupt_and_model_act_on_a_running_server() -> anyhow::Resul
     );
     s.stop().await
 }
+
+/// Runs `overseer sessions ARGS…` with no server and no token.
+fn offline(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("sessions")
+        .args(args)
+        .env_remove("OVERSEER_TOKEN")
+        .env_remove("OVERSEER_URL")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_list_and_show_read_a_store_with_no_server() -> anyhow::Result<()> {
+    let s = Server::start().await?;
+    let t = token("acme", "alice", ALL);
+    let chat = s.create(&t, "chat", Some("hello")).await?;
+    let mut events = common::Sse::open(&s, &t, &chat, None).await?;
+    events.until_type("turn_ended").await?;
+    let (pending, _) = s.create_pending(&t).await?;
+    let other = s.create(&token("globex", "gus", ALL), "chat", None).await?;
+    let online_list = sessions(&s.base, &t, &["list"]);
+    assert!(online_list.status.success());
+    let online_show = sessions(&s.base, &t, &["show", &chat]);
+    assert!(online_show.status.success());
+    let online_pending = sessions(&s.base, &t, &["show", &pending]);
+
+    // While the server holds the directory: one clear line, non-zero.
+    let dir_of = |s: &Server| s.data_dir().display().to_string();
+    let dir = dir_of(&s);
+    let out = offline(&["list", "--data", &dir]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: the store in {dir} is in use by another process, e.g. a running overseer serve: ask that server instead")),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+
+    let kept = s.stop_keep_data().await?;
+    let dir = kept.path().display().to_string();
+    // The same rows and the same JSON as the server's answers.
+    let out = offline(&["list", "--data", &dir, "--tenant", "acme"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout)?,
+        String::from_utf8(online_list.stdout)?
+    );
+    let out = offline(&["show", &chat, "--data", &dir]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8(out.stdout)?,
+        String::from_utf8(online_show.stdout)?
+    );
+    let out = offline(&["show", &pending, "--data", &dir]);
+    assert_eq!(
+        String::from_utf8(out.stdout)?,
+        String::from_utf8(online_pending.stdout)?
+    );
+    // Every tenant without --tenant, and the filters of the server's list.
+    let out = offline(&["list", "--data", &dir]);
+    let all = String::from_utf8(out.stdout)?;
+    assert_eq!(all.lines().count(), 3, "{all}");
+    assert!(all.contains(&other), "{all}");
+    let out = offline(&["list", "--data", &dir, "--status", "awaiting_approval"]);
+    let waiting = String::from_utf8(out.stdout)?;
+    assert_eq!(waiting.lines().count(), 1, "{waiting}");
+    assert!(
+        waiting.starts_with(&format!("{pending}\tawaiting_approval\tops\t")),
+        "{waiting}"
+    );
+
+    // Clear one-line errors for what cannot be shown.
+    let missing = "0190f5b2-6f3a-7cc1-9a39-3f1e8e0f4a11";
+    let out = offline(&["show", missing, "--data", &dir]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!("error: session {missing} not found in {dir}\n")
+    );
+    let out = offline(&["list", "--data", &dir, "--status", "sleeping"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("--status: 'sleeping' is not a session status"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let empty = tempfile::tempdir()?;
+    let out = offline(&["list", "--data", &empty.path().display().to_string()]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not a store directory"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!empty.path().join("db").exists(), "reading created nothing");
+    Ok(())
+}

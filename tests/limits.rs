@@ -201,3 +201,35 @@ async fn past_the_live_session_limit_a_create_is_503_with_retry_after() -> Resul
     assert_eq!(pending["pending"].as_array().map(Vec::len), Some(1));
     s.stop().await
 }
+
+#[tokio::test]
+async fn past_a_tenants_quota_a_create_is_429_naming_the_quota() -> Result {
+    let s = server(Limits {
+        max_sessions_per_tenant_per_day: Some(1),
+        ..Limits::default()
+    })
+    .await?;
+    let acme = token("acme", "alice", ALL);
+    let (id, _) = s.create_pending(&acme).await?;
+    let v = expect_error(
+        s.post("/v1/sessions", &acme, &json!({"agent": "chat"})),
+        429,
+        "quota_exceeded",
+    )
+    .await?;
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_sessions_per_tenant_per_day"),
+        "{v}"
+    );
+    // Another tenant is not refused, and the first session is untouched.
+    let globex = token("globex", "bob", ALL);
+    let (status, _) = send(s.post("/v1/sessions", &globex, &json!({"agent": "chat"}))).await?;
+    assert_eq!(status, 201);
+    let (status, pending) = send(s.get(&format!("/v1/sessions/{id}/approvals"), &acme)).await?;
+    assert_eq!(status, 200);
+    assert_eq!(pending["pending"].as_array().map(Vec::len), Some(1));
+    s.stop().await
+}

@@ -17,7 +17,7 @@ mod usage;
 pub use call::{CallState, OnInterrupt, ToolCallId, ToolCallRecord};
 pub use decision::{Decision, DecisionRecord, Submission};
 pub use event::{Event, EventKind, Notification};
-pub use overrides::SessionOverrides;
+pub use overrides::{check_output_schema, SessionOverrides};
 pub use session::{
     AgentConfig, ApprovalPolicy, Budget, ChildApproval, ContextState, EffectiveConfig, ParentLink,
     QueueIndex, QueuedMessage, RecentMessage, SessionHeader, SessionId, SessionStatus, StopReason,

@@ -75,6 +75,13 @@ impl Overseer {
         tools: ToolRegistry,
         config: RuntimeConfig,
     ) -> Result<Self, SessionError> {
+        for agent in &agents {
+            if let Some(schema) = &agent.output_schema {
+                crate::model::check_output_schema(schema).map_err(|e| {
+                    SessionError::Invalid(format!("agent '{}': output_schema: {e}", agent.name))
+                })?;
+            }
+        }
         // `delegate_task` is part of every runtime; it is in an agent's scope
         // only when the agent lists subagents.
         let tools = if tools.spec(crate::delegation::DELEGATE_TASK).is_some() {

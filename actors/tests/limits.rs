@@ -197,3 +197,61 @@ async fn the_queue_behind_a_running_turn_is_bounded_and_survives_a_reload() {
     assert!(stored.inbox.is_empty());
     assert!(stored.header.queue.is_empty());
 }
+
+fn create(tenant: &str) -> CreateSession {
+    CreateSession {
+        agent: "a".into(),
+        tenant: tenant.into(),
+        ..CreateSession::default()
+    }
+}
+
+/// A tenant's daily quota refuses its next create with a message naming
+/// the setting, leaves other tenants alone, and renews at the next UTC day.
+#[tokio::test(start_paused = true)]
+async fn a_tenants_daily_quota_refuses_then_renews_the_next_day() {
+    let limits = Limits {
+        max_sessions_per_tenant_per_day: Some(2),
+        ..Limits::default()
+    };
+    let h = harness_cfg(agent(&[]), scripted(chat()), limited(limits)).await;
+    let first = h.ov.create_session(create("acme")).await.unwrap();
+    h.ov.create_session(create("acme")).await.unwrap();
+    let err = h.ov.create_session(create("acme")).await.unwrap_err();
+    assert!(
+        matches!(&err, SessionError::QuotaExceeded { tenant, detail }
+            if tenant == "acme" && detail.contains("max_sessions_per_tenant_per_day = 2")),
+        "{err:?}"
+    );
+    // Another tenant has its own quota; what was accepted is untouched.
+    h.ov.create_session(create("globex")).await.unwrap();
+    assert!(h.store.load(first).await.unwrap().is_some());
+    tokio::time::sleep(Duration::from_secs(24 * 3600)).await;
+    h.ov.create_session(create("acme")).await.unwrap();
+}
+
+/// A tenant at its live-session quota is refused (not the node: others
+/// still create) until one of its sessions ends.
+#[tokio::test]
+async fn a_tenants_live_quota_refuses_until_one_of_its_sessions_ends() {
+    let limits = Limits {
+        max_live_sessions_per_tenant: Some(1),
+        ..Limits::default()
+    };
+    let h = harness_cfg(agent(&[]), scripted(chat()), limited(limits)).await;
+    let first = h.ov.create_session(create("acme")).await.unwrap();
+    let err = h.ov.create_session(create("acme")).await.unwrap_err();
+    assert!(
+        matches!(&err, SessionError::QuotaExceeded { detail, .. }
+            if detail.contains("max_live_sessions_per_tenant = 1")),
+        "{err:?}"
+    );
+    h.ov.create_session(create("globex")).await.unwrap();
+    h.ov.cancel(first).await.unwrap();
+    poll(
+        "the tenant's quota to free up",
+        Duration::from_millis(2),
+        || async { h.ov.create_session(create("acme")).await.ok() },
+    )
+    .await;
+}

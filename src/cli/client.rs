@@ -1,15 +1,22 @@
 //! `overseer sessions list|show|approve|cancel|interrupt|model`: a client of
 //! a running server, over its HTTP API.
 //!
-//! Owns turning commands into requests and answers into lines on stdout. It
-//! deliberately holds no session logic: every rule (scopes, tenants,
+//! Owns turning commands into requests and answers into lines on stdout.
+//! `list` and `show` also read a store directory directly with `--data DIR`
+//! (no server; the same lines and JSON, from the store as a server would
+//! read it). It deliberately holds no session logic: every rule (scopes, tenants,
 //! validation of decisions) is the server's, and its error messages are
 //! printed as they come, with control characters escaped like every other
 //! stored text (`super::terminal`).
 
+use std::path::{Path, PathBuf};
+
+use overseer_actors::model::{SessionId, SessionStatus};
+use overseer_actors::store::StoreError;
 use serde_json::{json, Map, Value};
 
 use super::{terminal, CliError};
+use crate::store::{Inspector, OpenError};
 
 /// `overseer sessions` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -33,11 +40,23 @@ pub enum SessionsCommand {
         /// Only sessions of this agent.
         #[arg(long)]
         agent: Option<String>,
+        /// Read this store directory instead of asking a server (every
+        /// tenant's sessions; the directory must not be held by a running
+        /// server).
+        #[arg(long, value_name = "DIR")]
+        data: Option<PathBuf>,
+        /// With --data: only this tenant's sessions.
+        #[arg(long, requires = "data")]
+        tenant: Option<String>,
     },
     /// Show one session as JSON.
     Show {
         /// Session id.
         id: String,
+        /// Read this store directory instead of asking a server (the
+        /// directory must not be held by a running server).
+        #[arg(long, value_name = "DIR")]
+        data: Option<PathBuf>,
     },
     /// Decide pending approvals (all of them unless --call is given).
     Approve {
@@ -93,10 +112,48 @@ pub enum ClientError {
     /// Nothing to decide.
     #[error("session {0} has no pending approvals")]
     NothingPending(String),
+    /// `--data` names a directory another process (a server) holds.
+    #[error("the store in {} is in use by another process, e.g. a running overseer serve: ask that server instead (the same command without --data), or stop it first", .0.display())]
+    StoreHeld(PathBuf),
+    /// `--data` names a directory that could not be read.
+    #[error(transparent)]
+    Store(#[from] OpenError),
+    /// A stored session could not be read.
+    #[error("reading the store in {}: {source}", dir.display())]
+    Read {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: StoreError,
+    },
+    /// `--data`: no such session in the directory.
+    #[error("session {id} not found in {}", dir.display())]
+    NotStored {
+        /// The id.
+        id: SessionId,
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// A command-line value that is not what it should be.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// Runs one client command.
 pub fn sessions(args: SessionsArgs) -> Result<(), CliError> {
+    match &args.command {
+        SessionsCommand::List {
+            status,
+            agent,
+            data: Some(dir),
+            tenant,
+        } => return offline_list(dir, status.as_deref(), agent.as_deref(), tenant.as_deref()),
+        SessionsCommand::Show {
+            id,
+            data: Some(dir),
+        } => return offline_show(dir, id),
+        _ => {}
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -146,6 +203,89 @@ impl Client {
     }
 }
 
+/// One line of `list`: id, status, agent, title, tab-separated. Each cell
+/// escaped on its own: a tab or newline in a title must not shift the
+/// columns or forge a row.
+fn list_row(s: &Value) -> String {
+    let cell = |key: &str, missing: &'static str| {
+        terminal::inline(s[key].as_str().unwrap_or(missing)).into_owned()
+    };
+    format!(
+        "{}\t{}\t{}\t{}",
+        cell("id", "?"),
+        cell("status", "?"),
+        cell("agent", "?"),
+        cell("title", "")
+    )
+}
+
+/// Opens `dir` for reading, saying in one line when a server holds it.
+fn inspector(dir: &Path) -> Result<Inspector, ClientError> {
+    Inspector::open(dir).map_err(|e| match e {
+        OpenError::Locked { dir } => ClientError::StoreHeld(dir),
+        other => ClientError::Store(other),
+    })
+}
+
+/// `sessions list --data DIR`: the rows `list` prints, from the store, in
+/// id order (as the server pages them), every tenant unless `tenant`.
+fn offline_list(
+    dir: &Path,
+    status: Option<&str>,
+    agent: Option<&str>,
+    tenant: Option<&str>,
+) -> Result<(), CliError> {
+    let status: Option<SessionStatus> = status
+        .map(|s| {
+            serde_json::from_value(json!(s)).map_err(|_| {
+                ClientError::Invalid(format!(
+                    "--status: '{s}' is not a session status (pending, running, awaiting_approval, awaiting_input, completed, failed, cancelled)"
+                ))
+            })
+        })
+        .transpose()?;
+    let store = inspector(dir)?;
+    let read = |source| ClientError::Read {
+        dir: dir.to_owned(),
+        source,
+    };
+    let mut after = None;
+    loop {
+        let page = store.scan(after, 500).map_err(read)?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        for header in page {
+            let keep = status.is_none_or(|s| s == header.status)
+                && agent.is_none_or(|a| a == header.agent)
+                && tenant.is_none_or(|t| t == header.tenant);
+            if keep {
+                let row = serde_json::to_value(&header).unwrap_or(Value::Null);
+                print(&list_row(&row))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `sessions show ID --data DIR`: the JSON `show` prints, from the store.
+fn offline_show(dir: &Path, id: &str) -> Result<(), CliError> {
+    let id: SessionId = id
+        .parse()
+        .map_err(|_| ClientError::Invalid(format!("'{id}' is not a session id")))?;
+    let store = inspector(dir)?;
+    let stored = store
+        .load(id)
+        .map_err(|source| ClientError::Read {
+            dir: dir.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| ClientError::NotStored {
+            id,
+            dir: dir.to_owned(),
+        })?;
+    print(&terminal::json(&crate::http::session_json(&stored)))
+}
+
 /// Prints one line of output (see [`terminal::print_line`]).
 fn print(line: &str) -> Result<(), CliError> {
     terminal::print_line(line).map_err(CliError::Stdout)
@@ -160,7 +300,7 @@ async fn run(args: SessionsArgs) -> Result<(), CliError> {
             .filter(|t| !t.is_empty()),
     };
     match args.command {
-        SessionsCommand::List { status, agent } => {
+        SessionsCommand::List { status, agent, .. } => {
             let mut cursor: Option<String> = None;
             loop {
                 let mut query = vec![];
@@ -180,18 +320,7 @@ async fn run(args: SessionsArgs) -> Result<(), CliError> {
                 };
                 let page = client.call(reqwest::Method::GET, &path, None).await?;
                 for s in page["sessions"].as_array().into_iter().flatten() {
-                    // Each cell escaped on its own: a tab or newline in a
-                    // title must not shift the columns or forge a row.
-                    let cell = |key: &str, missing: &'static str| {
-                        terminal::inline(s[key].as_str().unwrap_or(missing)).into_owned()
-                    };
-                    print(&format!(
-                        "{}\t{}\t{}\t{}",
-                        cell("id", "?"),
-                        cell("status", "?"),
-                        cell("agent", "?"),
-                        cell("title", "")
-                    ))?;
+                    print(&list_row(s))?;
                 }
                 match page["next_cursor"].as_str() {
                     Some(c) => cursor = Some(c.to_owned()),
@@ -199,7 +328,7 @@ async fn run(args: SessionsArgs) -> Result<(), CliError> {
                 }
             }
         }
-        SessionsCommand::Show { id } => {
+        SessionsCommand::Show { id, .. } => {
             let s = client
                 .call(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
                 .await?;

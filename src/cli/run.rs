@@ -142,7 +142,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
 }
 
 async fn run_session(
-    config: Config,
+    mut config: Config,
     tools: ToolRegistry,
     provider: Arc<dyn Provider>,
     target: Target,
@@ -153,7 +153,7 @@ async fn run_session(
     // http_request and the tools of MCP servers (connected here, kept alive
     // for the run).
     let _ = &tools;
-    let all_tools = crate::service::build_tools(&config).await?;
+    let all_tools = crate::service::build_tools(&mut config).await?;
     // The same runtime as `serve`'s; recovery is `drive`'s, after it has
     // subscribed to its session.
     let (overseer, _store) =
@@ -764,6 +764,12 @@ async fn decide_calls(
     }
 }
 
+/// How often, and how patiently, a decision is given again to a session
+/// that was restarting (about 20 s in all: a restart's backoff is shorter).
+const SUBMIT_RETRIES: u32 = 25;
+const SUBMIT_RETRY_FIRST: Duration = Duration::from_millis(20);
+const SUBMIT_RETRY_MAX: Duration = Duration::from_secs(1);
+
 async fn submit(
     overseer: &Overseer,
     id: SessionId,
@@ -777,7 +783,21 @@ async fn submit(
     };
     let mut submission = Submission::one(call.id.clone(), decision);
     submission.approved_by = Some(by.to_owned());
-    let result = overseer.submit(id, submission).await;
+    // A session actor that fails while the decision waits in its mailbox
+    // drops it; its supervisor restarts it from its checkpoint, where the
+    // call still waits for a decision. Nobody else will give it in a run, so
+    // give it again (a decision that did land is refused as decided: no
+    // call runs twice).
+    let mut result = overseer.submit(id, submission.clone()).await;
+    let mut backoff = SUBMIT_RETRY_FIRST;
+    for _ in 0..SUBMIT_RETRIES {
+        if !matches!(result, Err(SessionError::Unavailable { .. })) {
+            break;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(SUBMIT_RETRY_MAX);
+        result = overseer.submit(id, submission.clone()).await;
+    }
     if result.is_ok() {
         // Printed only once `submit` returned: the decision is checkpointed.
         // A stable line that tools (and the crash tests) may parse.

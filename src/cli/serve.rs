@@ -104,7 +104,7 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
             scenario: None,
         },
     };
-    let config = Config::load(&options, &tools)?;
+    let mut config = Config::load(&options, &tools)?;
     let addr = match args.listen {
         Some(a) => a,
         None => config
@@ -130,7 +130,7 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         }
         // Built-ins validated the config; now the full set (http tools,
         // http_request, MCP servers connected here).
-        let all_tools = service::build_tools(&config).await?;
+        let all_tools = service::build_tools(&mut config).await?;
         let _ = &tools;
         let (overseer, _store) =
             service::start(&config, all_tools.registry.clone(), provider).await?;

@@ -27,12 +27,12 @@ pub fn list(args: ToolsArgs) -> Result<(), CliError> {
         path: args.config,
         overrides: Overrides::default(),
     };
-    let config = Config::load(&options, &builtin_registry()?)?;
+    let mut config = Config::load(&options, &builtin_registry()?)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(CliError::Runtime)?;
-    let tools = rt.block_on(service::build_tools(&config))?;
+    let tools = rt.block_on(service::build_tools(&mut config))?;
     let agents = config.agent_configs();
     let mut names: Vec<&str> = tools.registry.names().collect();
     names.push(overseer_actors::delegation::DELEGATE_TASK);

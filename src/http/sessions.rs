@@ -51,7 +51,9 @@ struct SessionView<'a> {
     transcript: Vec<&'a TranscriptEntry>,
 }
 
-fn session_json(stored: &StoredSession) -> Value {
+/// A session as `GET /v1/sessions/{id}` shows it (also what `overseer
+/// sessions show --data` prints).
+pub(crate) fn session_json(stored: &StoredSession) -> Value {
     to_json(&SessionView {
         header: &stored.header,
         metadata: &stored.metadata,
@@ -130,6 +132,9 @@ pub(super) struct CreateBody {
     /// Tighter spending limits.
     #[serde(default)]
     budget: Option<overseer_actors::model::Budget>,
+    /// A JSON Schema each answer must match (in place of the agent's).
+    #[serde(default)]
+    output_schema: Option<Value>,
 }
 
 /// `POST /v1/sessions` → 201 with the session. With an `idempotency_key`
@@ -171,6 +176,7 @@ pub(super) async fn create(
         max_steps: body.max_steps,
         approval_timeout_secs: body.approval_timeout_secs,
         budget: body.budget,
+        output_schema: body.output_schema.clone(),
     };
     let request = CreateSession {
         agent: body.agent.clone(),
@@ -599,7 +605,8 @@ pub(super) async fn agents(
     let overseer = state.overseer();
     let registry = &overseer.runtime().tools;
     // Each agent with the declarations of the tools in its scope (what the
-    // model is told, and whether a call needs approval under `per_tool`).
+    // model is told, and whether a call needs approval under `per_tool`:
+    // the agent's own rule for the tool, else the tool's default).
     let agents: Vec<Value> = overseer
         .agents()
         .map(|a| {
@@ -612,7 +619,11 @@ pub(super) async fn agents(
                         "name": spec.name,
                         "description": spec.description,
                         "parameters": spec.parameters,
-                        "requires_approval": spec.requires_approval,
+                        "requires_approval": effective
+                            .tool_approvals
+                            .get(name)
+                            .copied()
+                            .unwrap_or(spec.requires_approval),
                         "timeout_secs": spec.timeout_secs,
                         "idempotent": spec.idempotent,
                     }),

@@ -241,6 +241,11 @@ impl Server {
         })
     }
 
+    /// The directory the store lives in.
+    pub fn data_dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     /// `base` + `path`.
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)

@@ -1,5 +1,5 @@
 //! Per-session overrides of an agent's preset (the `instructions`, `tools`,
-//! `model`, `max_steps`, `approval_timeout_secs` and `budget` of a create
+//! `model`, `max_steps`, `approval_timeout_secs`, `budget` and `output_schema` of a create
 //! request) and the one rule they obey: an override may only narrow what the
 //! agent allows.
 //!
@@ -32,6 +32,22 @@ pub struct SessionOverrides {
     /// Tighter spending limits.
     #[serde(default)]
     pub budget: Option<Budget>,
+    /// A JSON Schema the session's answers must match, in place of the
+    /// agent's (a shape of the answer, not a permission, so it replaces
+    /// rather than narrows).
+    #[serde(default)]
+    pub output_schema: Option<serde_json::Value>,
+}
+
+/// Whether `schema` is a JSON Schema answers can be checked against (an
+/// object or a boolean the validator compiles); the error says why not.
+pub fn check_output_schema(schema: &serde_json::Value) -> Result<(), String> {
+    if !(schema.is_object() || schema.is_boolean()) {
+        return Err("must be a JSON Schema (an object)".to_owned());
+    }
+    jsonschema::validator_for(schema)
+        .map(|_| ())
+        .map_err(|e| format!("not a valid JSON Schema: {e}"))
 }
 
 impl SessionOverrides {
@@ -100,6 +116,11 @@ impl SessionOverrides {
                 a.max_wall_clock_secs,
             )?;
             cfg.budget = a.min(b);
+        }
+        if let Some(schema) = &self.output_schema {
+            check_output_schema(schema)
+                .map_err(|e| SessionError::Invalid(format!("output_schema: {e}")))?;
+            cfg.output_schema = Some(schema.clone());
         }
         Ok(cfg)
     }

@@ -51,7 +51,7 @@ pub const BASE_ENV: &[&str] = &[
 /// name = "search"
 /// url = "https://mcp.example.com/mcp"
 /// ```
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpServerConfig {
     /// Prefix of its tools' names (`name__tool`): letters, digits, `_` and

@@ -71,6 +71,9 @@ pub enum Command {
     /// Cluster mode: the nodes sharing OVERSEER_DATABASE_URL
     /// (`cluster status`).
     Cluster(cluster::ClusterArgs),
+    /// Serve the Agent Client Protocol (v1) on stdin/stdout, for editors:
+    /// sessions run in-process on the embedded store.
+    Acp(crate::acp::AcpArgs),
 }
 
 /// Arguments of `overseer run`.
@@ -241,6 +244,9 @@ pub enum CliError {
     /// `overseer store`.
     #[error(transparent)]
     StoreCommand(#[from] store::StoreCliError),
+    /// `overseer acp`.
+    #[error(transparent)]
+    Acp(#[from] crate::acp::AcpError),
     /// A command-line value (or the environment it names) was refused
     /// before anything ran. The binary exits with status 2 for it.
     #[error("{0}")]
@@ -292,6 +298,7 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
         Command::Tools(args) => tools::list(args),
         Command::Store(args) => Ok(store::run(args)?),
         Command::Cluster(args) => cluster::run(args),
+        Command::Acp(args) => Ok(crate::acp::run(args)?),
     }
 }
 

@@ -9,6 +9,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod acp;
 pub mod auth;
 pub mod cli;
 pub mod cluster;

@@ -103,8 +103,18 @@ pub fn scope_tokens(config: &Config) -> Result<Option<ScopeTokens>, ServiceError
 /// rules; see [`Config::resolve_agent_tools`]), since MCP tool names are
 /// only known once a server has listed them.
 pub async fn build_tools(config: &mut Config) -> Result<Tools, ServiceError> {
+    build_tools_with(config, Vec::new()).await
+}
+
+/// [`build_tools`] plus tools an edge brings of its own (`overseer acp`'s
+/// editor file tools), which agents may then list.
+pub async fn build_tools_with(
+    config: &mut Config,
+    extra: Vec<Arc<dyn Tool>>,
+) -> Result<Tools, ServiceError> {
     let tokens = scope_tokens(config)?;
     let mut tools: Vec<Arc<dyn Tool>> = builtin_tools();
+    tools.extend(extra);
     if let Some(cfg) = &config.http_request {
         let tool = HttpRequestTool::new(cfg.clone())
             .map_err(|e| ServiceError::Tools(format!("http_request: {e}")))?;

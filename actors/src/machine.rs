@@ -28,7 +28,7 @@ use crate::model::decision::merge_override;
 use crate::model::{
     ApprovalPolicy, Budget, CallState, Decision, DecisionRecord, Event, EventKind, OnInterrupt,
     ProposedCall, QueuedMessage, SessionHeader, SessionId, SessionStatus, StopReason, Submission,
-    ToolCallId, ToolCallRecord, TranscriptEntry, Usage,
+    ToolCallId, ToolCallRecord, ToolRule, TranscriptEntry, Usage,
 };
 use crate::provider::{
     FinishReason, ProviderError, ProviderEvent, ProviderRequest, RequestPurpose,
@@ -126,6 +126,15 @@ pub enum Input {
     SetModel {
         /// The route.
         model: String,
+    },
+    /// Set the session's standing approval rule for one tool.
+    SetToolRule {
+        /// Tool name.
+        tool: String,
+        /// The rule.
+        rule: ToolRule,
+        /// Who set it.
+        by: Option<String>,
     },
     /// The session has been idle in `awaiting_input` since `idle_since_ms`
     /// (its last transition): complete it if that is past its
@@ -560,6 +569,7 @@ impl Session {
             Input::Cancel => self.on_cancel(ctx, &mut fx)?,
             Input::Interrupt => self.on_interrupt(ctx, &mut fx)?,
             Input::SetModel { model } => self.on_set_model(model, ctx)?,
+            Input::SetToolRule { tool, rule, by } => self.on_set_tool_rule(tool, rule, by, ctx)?,
             Input::ExpireInput { idle_since_ms } => self.on_expire_input(idle_since_ms, ctx),
             Input::Done => self.on_done(ctx)?,
             Input::Resume { journal } => self.on_resume(journal, ctx, &mut fx),
@@ -1118,6 +1128,36 @@ impl Session {
         Ok(())
     }
 
+    /// Records a standing rule for one of the session's tools (any time but
+    /// after the end): its next calls are approved or denied without asking.
+    fn on_set_tool_rule(
+        &mut self,
+        tool: String,
+        rule: ToolRule,
+        by: Option<String>,
+        ctx: Ctx<'_>,
+    ) -> Result<(), SessionError> {
+        self.refuse_if_terminal()?;
+        if !self.header.config.tools.iter().any(|t| t == &tool) {
+            return Err(SessionError::Invalid(format!(
+                "tool: '{tool}' is not one of this session's tools"
+            )));
+        }
+        if self.header.tool_rules.get(&tool) == Some(&rule) {
+            return Ok(());
+        }
+        self.header.tool_rules.insert(tool.clone(), rule);
+        self.dirty = true;
+        self.push_entry(TranscriptEntry::ToolRuleSet {
+            tool: tool.clone(),
+            rule,
+            by: by.clone(),
+            at_ms: ctx.now_ms,
+        });
+        self.emit(EventKind::ToolRuleSet { tool, rule, by }, ctx.now_ms);
+        Ok(())
+    }
+
     /// Completes a session left idle in `awaiting_input` past its
     /// `input_timeout_secs`, if nothing happened since `idle_since_ms`.
     fn on_expire_input(&mut self, idle_since_ms: i64, ctx: Ctx<'_>) {
@@ -1311,6 +1351,49 @@ impl Session {
             ApprovalPolicy::Always => true,
             ApprovalPolicy::PerTool => requires,
         };
+        // A standing rule answers what a human would have been asked.
+        if let (true, Some(&rule)) = (ask, self.header.tool_rules.get(&call.name)) {
+            let decision = match rule {
+                ToolRule::Allow => Decision::approve(),
+                ToolRule::Reject => Decision::deny(format!(
+                    "the session's standing rule rejects every call of {}",
+                    call.name
+                )),
+            };
+            let record = DecisionRecord {
+                decision: decision.clone(),
+                by: Some(format!("rule:{}", rule.as_str())),
+                at_ms: ctx.now_ms,
+                metadata: None,
+                args_diff: None,
+            };
+            self.emit(
+                EventKind::DecisionRecorded {
+                    call_id: call.id.clone(),
+                    record: record.clone(),
+                },
+                ctx.now_ms,
+            );
+            call.requires_approval = true;
+            call.decision = Some(record);
+            match decision {
+                Decision::Approve { .. } => call.state = CallState::Approved,
+                Decision::Deny { message } => {
+                    let reason = message.unwrap_or_default();
+                    let result = Value::String(format!("Tool denied by user: {reason}"));
+                    call.finish(CallState::Denied, result.clone(), ctx.now_ms);
+                    self.emit(
+                        EventKind::ToolCallFinished {
+                            call_id: call.id.clone(),
+                            state: CallState::Denied,
+                            result,
+                        },
+                        ctx.now_ms,
+                    );
+                }
+            }
+            return;
+        }
         if ask {
             call.requires_approval = true;
             call.state = CallState::AwaitingApproval;
@@ -2105,6 +2188,75 @@ mod tests {
             c.apply(input, ctx(&tools, 43)).unwrap();
         }
         assert_ne!(ids(&a), ids(&c));
+    }
+
+    /// A standing rule answers for the human: allow approves and runs the
+    /// next call of its tool without asking, reject denies it (the model
+    /// sees the denial), both audited as the rule's; a rule for a tool the
+    /// session does not have, or on an ended session, is refused; the rule
+    /// is in the transcript, the events and the checkpointed header.
+    #[test]
+    fn a_tool_rule_decides_in_place_of_the_human() {
+        let tools = registry();
+        let rule = |tool: &str, rule| Input::SetToolRule {
+            tool: tool.into(),
+            rule,
+            by: Some("acp".into()),
+        };
+        let mut s = session();
+        let before = s.header.clone();
+        assert!(s
+            .apply(rule("nope", ToolRule::Allow), ctx(&tools, 1))
+            .is_err());
+        assert_eq!(s.header, before, "a refused rule changes nothing");
+
+        drive(
+            &mut s,
+            &tools,
+            vec![rule("ask", ToolRule::Allow), msg("hi")],
+        )
+        .unwrap();
+        assert_eq!(s.header.tool_rules.get("ask"), Some(&ToolRule::Allow));
+        let round: SessionHeader =
+            serde_json::from_value(serde_json::to_value(&s.header).unwrap()).unwrap();
+        assert_eq!(
+            round.tool_rules, s.header.tool_rules,
+            "kept in the checkpoint"
+        );
+        let fx = drive(&mut s, &tools, calls(&["ask"])).unwrap();
+        assert_eq!(shape(&fx), vec!["dispatch ask #1"], "run without asking");
+        assert_eq!(s.header.status, SessionStatus::Running);
+        let call = &s.header.open_calls[0];
+        assert_eq!(
+            call.decision.as_ref().unwrap().by.as_deref(),
+            Some("rule:allow")
+        );
+
+        let mut s = session();
+        drive(&mut s, &tools, vec![msg("hi")]).unwrap();
+        s.apply(rule("ask", ToolRule::Reject), ctx(&tools, 1))
+            .unwrap();
+        let events = s.mark_persisted();
+        assert!(events.iter().any(|e| matches!(&e.kind,
+            EventKind::ToolRuleSet { tool, rule: ToolRule::Reject, by } if tool == "ask" && by.as_deref() == Some("acp"))));
+        let fx = drive(&mut s, &tools, calls(&["ask"])).unwrap();
+        assert_eq!(
+            shape(&fx),
+            vec!["stream"],
+            "denied at once; the model is asked again"
+        );
+        let entries = &s.transcript;
+        assert!(entries.iter().any(|e| matches!(&**e,
+            TranscriptEntry::ToolResult { call } if call.state == CallState::Denied
+                && call.result.as_ref().is_some_and(|r| r.to_string().contains("standing rule")))));
+        assert!(entries
+            .iter()
+            .any(|e| matches!(&**e, TranscriptEntry::ToolRuleSet { .. })));
+
+        s.header.status = SessionStatus::Completed;
+        assert!(s
+            .apply(rule("ask", ToolRule::Allow), ctx(&tools, 1))
+            .is_err());
     }
 
     /// A refused input changes nothing, the window of remembered message

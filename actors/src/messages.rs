@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::error::SessionError;
 use crate::machine::Session;
-use crate::model::{SessionId, Submission, ToolCallId, Usage};
+use crate::model::{SessionId, Submission, ToolCallId, ToolRule, Usage};
 use crate::provider::{ProviderError, ProviderEvent};
 use crate::store::StoredSession;
 
@@ -34,6 +34,11 @@ pub enum SessionMsg {
     Interrupt(RpcReplyPort<Result<(), SessionError>>),
     /// Serve the next turns with another model route.
     SetModel(String, RpcReplyPort<Result<(), SessionError>>),
+    /// Set a standing approval rule: (tool, rule, who).
+    SetToolRule(
+        (String, ToolRule, Option<String>),
+        RpcReplyPort<Result<(), SessionError>>,
+    ),
     /// The session was found idle in `awaiting_input` since this time.
     ExpireInput(i64),
     /// Mark the session completed.

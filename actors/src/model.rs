@@ -21,7 +21,7 @@ pub use overrides::{check_output_schema, SessionOverrides};
 pub use session::{
     AgentConfig, ApprovalPolicy, Budget, ChildApproval, ContextState, EffectiveConfig, ParentLink,
     QueueIndex, QueuedMessage, RecentMessage, SessionHeader, SessionId, SessionStatus, StopReason,
-    DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DELEGATION_DEPTH, SCHEMA_VERSION,
+    ToolRule, DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DELEGATION_DEPTH, SCHEMA_VERSION,
 };
 pub use transcript::{FinishReason, ProposedCall, TranscriptEntry};
 pub use usage::Usage;

@@ -23,7 +23,7 @@ use crate::machine::{Input, Session};
 use crate::messages::{OrchestratorMsg, SessionMsg};
 use crate::model::{
     AgentConfig, Event, Notification, SessionHeader, SessionId, SessionOverrides, SessionStatus,
-    Submission, ToolCallId, Usage,
+    Submission, ToolCallId, ToolRule, Usage,
 };
 use crate::orchestrator::{OrchestratorActor, OrchestratorArgs};
 use crate::provider::Provider;
@@ -442,6 +442,26 @@ impl Overseer {
         let model = model.to_owned();
         self.runtime
             .route(id, move |reply| SessionMsg::SetModel(model.clone(), reply))
+            .await
+    }
+
+    /// Sets the session's standing approval rule for `tool` (one of its
+    /// tools): its later calls that would wait for a decision are approved
+    /// or denied at once, audited as decided by `rule:allow|reject`. The
+    /// rule is recorded in the transcript and events (with `by`) and kept
+    /// in the checkpoint.
+    pub async fn set_tool_rule(
+        &self,
+        id: SessionId,
+        tool: &str,
+        rule: ToolRule,
+        by: Option<String>,
+    ) -> Result<(), SessionError> {
+        let args = (tool.to_owned(), rule, by);
+        self.runtime
+            .route(id, move |reply| {
+                SessionMsg::SetToolRule(args.clone(), reply)
+            })
             .await
     }
 

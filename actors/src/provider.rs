@@ -82,7 +82,7 @@ pub fn entry_chars(entry: &TranscriptEntry) -> usize {
             call.result.as_ref().map_or(0, |r| r.to_string().len())
         }
         TranscriptEntry::Compaction { summary, .. } => summary.len(),
-        TranscriptEntry::ModelChanged { .. } => 0,
+        TranscriptEntry::ModelChanged { .. } | TranscriptEntry::ToolRuleSet { .. } => 0,
     }
 }
 

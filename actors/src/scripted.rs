@@ -283,7 +283,8 @@ impl Vars {
                 }
                 TranscriptEntry::Assistant { .. }
                 | TranscriptEntry::Compaction { .. }
-                | TranscriptEntry::ModelChanged { .. } => {}
+                | TranscriptEntry::ModelChanged { .. }
+                | TranscriptEntry::ToolRuleSet { .. } => {}
             }
         }
         let user_number = first_integer(&user);

@@ -227,6 +227,10 @@ impl Actor for SessionActor {
                 SessionMsg::SetModel(model, reply) => {
                     state.rpc(&myself, Input::SetModel { model }, reply).await
                 }
+                SessionMsg::SetToolRule((tool, rule, by), reply) => {
+                    let input = Input::SetToolRule { tool, rule, by };
+                    state.rpc(&myself, input, reply).await
+                }
                 SessionMsg::ExpireInput(idle_since_ms) => state
                     .transition(&myself, Input::ExpireInput { idle_since_ms })
                     .await

@@ -187,6 +187,9 @@ mod faults {
                 ),
                 TranscriptEntry::Compaction { summary, .. } => format!("summary: {summary}"),
                 TranscriptEntry::ModelChanged { from, to, .. } => format!("model: {from} -> {to}"),
+                TranscriptEntry::ToolRuleSet { tool, rule, .. } => {
+                    format!("rule: {tool} {}", rule.as_str())
+                }
             })
             .collect()
     }

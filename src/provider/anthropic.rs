@@ -229,7 +229,7 @@ fn wire_request<'a>(
             // the user gives.
             TranscriptEntry::Compaction { summary, .. } => ("user", text_block(summary)),
             // A note for people; the model is simply served by the new route.
-            TranscriptEntry::ModelChanged { .. } => continue,
+            TranscriptEntry::ModelChanged { .. } | TranscriptEntry::ToolRuleSet { .. } => continue,
         };
         // The API rejects empty messages and wants roles to alternate: the
         // results of one step become one user message, and a user message

@@ -217,7 +217,7 @@ fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> Cha
             // the user gives.
             TranscriptEntry::Compaction { summary, .. } => Message::User { content: summary },
             // A note for people; the model is simply served by the new route.
-            TranscriptEntry::ModelChanged { .. } => continue,
+            TranscriptEntry::ModelChanged { .. } | TranscriptEntry::ToolRuleSet { .. } => continue,
             TranscriptEntry::Assistant {
                 text, tool_calls, ..
             } => Message::Assistant {

@@ -82,8 +82,8 @@ pub(super) const HEALTH_KEY: &[u8] = b"health_check";
 pub(super) struct Reply {
     tx: tokio::sync::oneshot::Sender<Result<(), StoreError>>,
     /// The caller's slot in the bounded queue of commands: held until the
-    /// outcome is sent, so commands queued or being written never exceed the
-    /// bound (see `SledStore`'s `MAX_PENDING_COMMANDS`).
+    /// command's work is done, so commands queued or being written never
+    /// exceed the bound (see `SledStore`'s `MAX_PENDING_COMMANDS`).
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
@@ -97,11 +97,15 @@ impl Reply {
     }
 
     /// Sends the outcome; `Err` gives it back when the caller is gone.
+    /// The slot is released first: the command's work is done, and a caller
+    /// that has its outcome finds its slot free again.
     pub(super) fn send(
         self,
         outcome: Result<(), StoreError>,
     ) -> Result<(), Result<(), StoreError>> {
-        self.tx.send(outcome)
+        let Self { tx, _slot: slot } = self;
+        drop(slot);
+        tx.send(outcome)
     }
 }
 

@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{CallState, DecisionRecord, SessionId, SessionStatus, StopReason, ToolCallId, Usage};
+use super::{
+    CallState, DecisionRecord, SessionId, SessionStatus, StopReason, ToolCallId, ToolRule, Usage,
+};
 
 /// A durable event. `seq` is dense and increasing per session, starting at 1;
 /// it is the SSE event id.
@@ -133,6 +135,16 @@ pub enum EventKind {
         /// Route after.
         to: String,
     },
+    /// A standing approval rule for a tool was set.
+    ToolRuleSet {
+        /// Tool name.
+        tool: String,
+        /// The rule.
+        rule: ToolRule,
+        /// Who set it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
+    },
     /// Something went wrong that the session survived or that ended it.
     Error {
         /// Human-readable message.
@@ -143,6 +155,11 @@ pub enum EventKind {
 /// What a subscriber receives: durable events, and text deltas that are sent
 /// as they stream but never stored (the step's full text is stored once, in
 /// `AssistantMessage`, so a lost stream never duplicates text).
+// Events are nearly every notification, so boxing them would only add an
+// allocation to each. Their size depends on serde_json's features: with
+// `preserve_order` (which the ACP SDK of the `overseer` crate turns on for
+// the whole build) a `Value` holds an index map and passes the lint's bound.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Notification {
     /// A checkpointed event.

@@ -153,6 +153,28 @@ pub enum ApprovalPolicy {
     Always,
 }
 
+/// A session's standing rule for one tool, set by a user who chose "always"
+/// when asked (e.g. an editor's allow-always / reject-always): later calls
+/// of that tool in the session are approved or denied without asking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolRule {
+    /// Run without asking.
+    Allow,
+    /// Deny without asking.
+    Reject,
+}
+
+impl ToolRule {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Reject => "reject",
+        }
+    }
+}
+
 /// Whether a child's approvals go up to a human at the root, or are granted
 /// automatically (§7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -520,6 +542,10 @@ pub struct SessionHeader {
     /// Context management: see [`ContextState`].
     #[serde(default, skip_serializing_if = "ContextState::is_default")]
     pub context: ContextState,
+    /// Standing approval rules per tool name (see [`ToolRule`]); they win
+    /// over the approval policy for this session's own calls.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_rules: BTreeMap<String, ToolRule>,
 }
 
 /// What a session tracks to keep its requests inside the model's context
@@ -591,6 +617,7 @@ impl SessionHeader {
             completion_reason: None,
             output: None,
             context: ContextState::default(),
+            tool_rules: BTreeMap::new(),
         }
     }
 }

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{ToolCallId, ToolCallRecord};
+use super::{ToolCallId, ToolCallRecord, ToolRule};
 
 /// A tool call as the model proposed it, kept inside the assistant entry so
 /// the provider request can replay the conversation faithfully.
@@ -87,6 +87,18 @@ pub enum TranscriptEntry {
         /// Route after.
         to: String,
         /// Wall-clock time of the change.
+        at_ms: i64,
+    },
+    /// A standing approval rule for a tool was set (not sent to the model).
+    ToolRuleSet {
+        /// Tool name.
+        tool: String,
+        /// The rule.
+        rule: ToolRule,
+        /// Who set it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
+        /// Wall-clock time it was set.
         at_ms: i64,
     },
 }

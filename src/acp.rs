@@ -1,0 +1,116 @@
+//! `overseer acp`: an Agent Client Protocol (v1) agent on stdin/stdout, so
+//! editors (Zed, JetBrains, Neovim plugins, CLI clients) drive overseer
+//! sessions: prompts become turns, the turn's text and tool calls stream back
+//! as `session/update` notifications, calls that need approval become
+//! `session/request_permission`, and `session/cancel` interrupts the turn.
+//! Agents may list the editor's file tools (`fs.rs`), which the client runs.
+//!
+//! The runtime is the one `overseer run` builds (`service::open`: the
+//! configured store, providers and tools), in-process. This module owns only
+//! the mapping between ACP and the [`Overseer`](overseer_actors::Overseer)
+//! API; it deliberately holds no session logic (every action goes through
+//! that API, exactly as an HTTP client's would) and no JSON-RPC codec (the
+//! official `agent-client-protocol` crate frames, parses and dispatches the
+//! messages, and answers malformed input and unknown methods). stdout
+//! carries nothing but protocol: logs and progress go to stderr.
+
+mod agent;
+mod error;
+mod follow;
+mod fs;
+mod permission;
+mod transport;
+mod updates;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+
+use overseer_actors::provider::Provider;
+
+pub use error::AcpError;
+
+use crate::config::{Config, LoadOptions, Overrides};
+use crate::tools::builtin_registry;
+
+/// Arguments of `overseer acp`.
+#[derive(Debug, Clone, Args)]
+#[command(
+    after_help = "Speaks the Agent Client Protocol (v1) on stdin/stdout; an editor starts it as \
+an agent server. Logs go to stderr. Sessions live in the store under --data, so a later process \
+can load them (session/load) and continue where they stopped, pending approvals included."
+)]
+pub struct AcpArgs {
+    /// Config file (default: ./config/overseer.toml if present, else the
+    /// built-in defaults).
+    #[arg(long, value_name = "FILE", env = "OVERSEER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Agent that new sessions run.
+    #[arg(long, value_name = "NAME", default_value = "assistant")]
+    pub agent: String,
+    /// Data directory of the store (overrides store.data_dir).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+}
+
+/// `overseer acp`: checks the config and the agent, then serves one ACP
+/// connection on stdin/stdout until the client closes it.
+pub fn run(args: AcpArgs) -> Result<(), AcpError> {
+    // The editor's file tools exist here only: agents may list them.
+    let client: fs::ClientSlot = Arc::default();
+    let tools = builtin_registry()?.extended(fs::tools(&client))?;
+    let options = LoadOptions {
+        path: args.config.clone(),
+        overrides: Overrides {
+            data_dir: args.data.clone(),
+            durability: None,
+            scenario: None,
+        },
+    };
+    let config = Config::load(&options, &tools)?;
+    if config.agent(&args.agent).is_none() {
+        return Err(AcpError::UnknownAgent {
+            name: args.agent,
+            available: config.agent_names().join(", "),
+        });
+    }
+    let provider: Arc<dyn Provider> = crate::service::build_providers(&config)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(AcpError::Runtime)?;
+    let result = rt.block_on(serve(config, provider, args.agent, client));
+    // stdin is read on a blocking thread that may still wait for a line.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    result
+}
+
+async fn serve(
+    mut config: Config,
+    provider: Arc<dyn Provider>,
+    agent: String,
+    client: fs::ClientSlot,
+) -> Result<(), AcpError> {
+    // MCP connections live as long as this value.
+    let tools = crate::service::build_tools_with(&mut config, fs::tools(&client)).await?;
+    let (overseer, _store) =
+        crate::service::open(&config, tools.registry.clone(), provider).await?;
+    // Sessions an earlier process left mid-turn go on (their approvals are
+    // asked once a client loads them).
+    let recovered = overseer.recover().await;
+    let served = match recovered {
+        Ok(n) => {
+            if n > 0 {
+                tracing::info!(sessions = n, "recovered interrupted sessions");
+            }
+            agent::serve(overseer.clone(), agent, client, transport::stdio()).await
+        }
+        Err(e) => Err(AcpError::Session(e)),
+    };
+    // Shut down whatever happened, so the store is flushed.
+    let shutdown = overseer.shutdown().await;
+    served?;
+    shutdown?;
+    Ok(())
+}

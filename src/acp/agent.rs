@@ -1,0 +1,404 @@
+//! The ACP methods of the agent: `initialize`, `session/new`,
+//! `session/load`, `session/prompt` and `session/cancel`, each mapped onto
+//! the [`Overseer`] API. A request that cannot be served is answered with a
+//! JSON-RPC error naming what was wrong, and the connection goes on; every
+//! method not listed here is the crate's `method not found`.
+//!
+//! Handlers run on the connection's dispatch loop, so none of them waits for
+//! a turn: a prompt registers with its session's [`Link`] and waits in a
+//! task of its own.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    AgentCapabilities, CancelNotification, ContentBlock, Implementation, InitializeRequest,
+    InitializeResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
+    NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, SessionNotification,
+};
+use agent_client_protocol::v1::ConnectionTo;
+use agent_client_protocol::{Agent, Client, ConnectTo, Error};
+use serde_json::json;
+
+use overseer_actors::model::{SessionId, SessionOverrides, SessionStatus};
+use overseer_actors::{CreateSession, Overseer, SessionError};
+
+use super::follow::{Link, TurnOutcome};
+use super::fs;
+use super::{updates, AcpError};
+use crate::cli::CLI_TENANT;
+
+/// What every handler shares.
+struct State {
+    overseer: Overseer,
+    /// The agent new sessions run.
+    agent: String,
+    /// The client's name (from `initialize`), for the audit trail.
+    client: Mutex<String>,
+    /// Sessions this connection has open.
+    sessions: Mutex<HashMap<SessionId, Arc<Link>>>,
+    /// The connection the editor's file tools speak on.
+    conn: fs::ClientSlot,
+    /// Which of those tools the client advertised: (read, write).
+    fs_caps: Mutex<(bool, bool)>,
+}
+
+impl State {
+    fn by(&self) -> String {
+        format!(
+            "acp:{}",
+            self.client.lock().unwrap_or_else(|p| p.into_inner())
+        )
+    }
+
+    fn link(&self, id: SessionId) -> Option<Arc<Link>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    fn open(&self, id: SessionId, link: Link) {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, Arc::new(link));
+    }
+}
+
+/// Serves one client on `transport` until it closes the connection.
+pub(crate) async fn serve(
+    overseer: Overseer,
+    agent: String,
+    conn: fs::ClientSlot,
+    transport: impl ConnectTo<Agent> + 'static,
+) -> Result<(), AcpError> {
+    let state = Arc::new(State {
+        overseer,
+        agent,
+        client: Mutex::new("client".to_owned()),
+        sessions: Mutex::new(HashMap::new()),
+        conn,
+        fs_caps: Mutex::new((false, false)),
+    });
+    let (s1, s2, s3, s4, s5) = (
+        state.clone(),
+        state.clone(),
+        state.clone(),
+        state.clone(),
+        state.clone(),
+    );
+    let served = Agent
+        .v1()
+        .name("overseer")
+        .on_receive_request(
+            async move |req: InitializeRequest, responder, cx| {
+                // One connection per process: the first one stays.
+                let _ = s1.conn.set(cx);
+                responder.respond(initialize(&s1, req))
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: NewSessionRequest, responder, cx| {
+                responder.respond_with_result(new_session(&s2, req, cx).await)
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: LoadSessionRequest, responder, cx| {
+                // The history is replayed before the answer; the follower
+                // starts after it, so nothing live overtakes the replay.
+                match load_session(&s3, req, &cx).await {
+                    Ok((id, link)) => {
+                        let answered = responder.respond(LoadSessionResponse::new());
+                        s3.open(id, link());
+                        answered
+                    }
+                    Err(e) => responder.respond_with_error(e),
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: PromptRequest, responder, cx| {
+                let state = s4.clone();
+                let prompted = prepare_prompt(&state, req);
+                match prompted {
+                    Ok((id, link, text)) => cx.spawn(async move {
+                        responder.respond_with_result(prompt(&state, id, &link, text).await)
+                    }),
+                    Err(e) => responder.respond_with_error(e),
+                }
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_notification(
+            async move |note: CancelNotification, cx| {
+                let state = s5.clone();
+                // Not on the dispatch loop: the interrupt waits for the actor.
+                cx.spawn(async move {
+                    cancel(&state, &note.session_id.0).await;
+                    Ok(())
+                })
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .connect_to(transport)
+        .await;
+    // Followers stop with the connection.
+    state
+        .sessions
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
+    served.map_err(|e| AcpError::Connection(format!("{e:?}")))
+}
+
+fn initialize(state: &State, req: InitializeRequest) -> InitializeResponse {
+    let caps = &req.client_capabilities.fs;
+    *state.fs_caps.lock().unwrap_or_else(|p| p.into_inner()) =
+        (caps.read_text_file, caps.write_text_file);
+    if let Some(info) = &req.client_info {
+        *state.client.lock().unwrap_or_else(|p| p.into_inner()) = info.name.clone();
+    }
+    // v1 is the one version spoken: a client asking for a later one gets
+    // v1 (and may disconnect), one asking for an earlier one too.
+    let version = ProtocolVersion::V1;
+    tracing::info!(client = %state.by(), asked = %req.protocol_version, "initialize");
+    InitializeResponse::new(version)
+        .agent_capabilities(
+            AgentCapabilities::new()
+                .load_session(true)
+                .prompt_capabilities(PromptCapabilities::new()),
+        )
+        .agent_info(
+            Implementation::new("overseer", env!("CARGO_PKG_VERSION")).title("overseer".to_owned()),
+        )
+}
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::invalid_params().data(json!(message.into()))
+}
+
+fn session_error(e: SessionError) -> Error {
+    match e {
+        SessionError::NotFound(id) => invalid(format!("no session {id}")),
+        SessionError::Invalid(m) => invalid(m),
+        other => Error::internal_error().data(json!(other.to_string())),
+    }
+}
+
+fn parse_id(raw: &str) -> Result<SessionId, Error> {
+    raw.parse::<SessionId>()
+        .map_err(|_| invalid(format!("sessionId: '{raw}' is not an overseer session id")))
+}
+
+fn check_cwd(cwd: &std::path::Path) -> Result<(), Error> {
+    if cwd.is_absolute() {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "cwd: must be an absolute path, got '{}'",
+            cwd.display()
+        )))
+    }
+}
+
+async fn new_session(
+    state: &State,
+    req: NewSessionRequest,
+    cx: ConnectionTo<Client>,
+) -> Result<NewSessionResponse, Error> {
+    check_cwd(&req.cwd)?;
+    if !req.mcp_servers.is_empty() {
+        tracing::warn!(
+            count = req.mcp_servers.len(),
+            "the client's MCP servers are not connected (not supported yet)"
+        );
+    }
+    let overrides = SessionOverrides {
+        tools: narrowed_tools(state),
+        ..SessionOverrides::default()
+    };
+    let id = SessionId::generate();
+    // Subscribed before the session exists: no event is missed.
+    let rx = state.overseer.subscribe(id);
+    state
+        .overseer
+        .create_session(CreateSession {
+            agent: state.agent.clone(),
+            tenant: CLI_TENANT.into(),
+            created_by: Some(state.by()),
+            metadata: json!({ "acp": { "cwd": req.cwd.display().to_string(), "client": state.by() } }),
+            id: Some(id),
+            overrides,
+            ..CreateSession::default()
+        })
+        .await
+        .map_err(session_error)?;
+    tracing::info!(session = %id, "session/new");
+    let link = Link::start(state.overseer.clone(), cx, id, rx, 0, &[], state.by());
+    state.open(id, link);
+    Ok(NewSessionResponse::new(id.to_string()))
+}
+
+/// The agent's tools without the editor file tools the client did not
+/// advertise; `None` when nothing is taken away.
+fn narrowed_tools(state: &State) -> Option<Vec<String>> {
+    let (read, write) = *state.fs_caps.lock().unwrap_or_else(|p| p.into_inner());
+    let agent = state.overseer.agents().find(|a| a.name == state.agent)?;
+    let kept: Vec<String> = agent
+        .tools
+        .iter()
+        .filter(|t| match t.as_str() {
+            fs::READ_TEXT_FILE => read,
+            fs::WRITE_TEXT_FILE => write,
+            _ => true,
+        })
+        .cloned()
+        .collect();
+    (kept.len() != agent.tools.len()).then_some(kept)
+}
+
+/// Replays a stored session and returns how to start following it.
+async fn load_session(
+    state: &State,
+    req: LoadSessionRequest,
+    cx: &ConnectionTo<Client>,
+) -> Result<(SessionId, impl FnOnce() -> Link), Error> {
+    check_cwd(&req.cwd)?;
+    let id = parse_id(&req.session_id.0)?;
+    if state.link(id).is_some() {
+        return Err(invalid(format!(
+            "session {id} is already open on this connection"
+        )));
+    }
+    let rx = state.overseer.subscribe(id);
+    let stored = state.overseer.state(id).await.map_err(session_error)?;
+    // Sessions of other tenants (a shared store) are not this agent's.
+    if stored.header.tenant != CLI_TENANT || stored.header.parent.is_some() {
+        return Err(invalid(format!("no session {id}")));
+    }
+    if stored.header.status.is_terminal() {
+        return Err(invalid(format!(
+            "session {id} is {}: it takes no more prompts",
+            stored.header.status
+        )));
+    }
+    for update in updates::replay(&stored.transcript) {
+        cx.send_notification(SessionNotification::new(id.to_string(), update))?;
+    }
+    tracing::info!(session = %id, status = %stored.header.status, "session/load");
+    let overseer = state.overseer.clone();
+    let cx = cx.clone();
+    let by = state.by();
+    Ok((id, move || {
+        Link::start(
+            overseer,
+            cx,
+            id,
+            rx,
+            stored.header.last_event_seq,
+            &stored.header.open_calls,
+            by,
+        )
+    }))
+}
+
+fn prepare_prompt(
+    state: &State,
+    req: PromptRequest,
+) -> Result<(SessionId, Arc<Link>, String), Error> {
+    let id = parse_id(&req.session_id.0)?;
+    let link = state.link(id).ok_or_else(|| {
+        invalid(format!(
+            "session {id} is not open on this connection: call session/new or session/load first"
+        ))
+    })?;
+    let mut text = String::new();
+    for block in req.prompt {
+        let part = match block {
+            ContentBlock::Text(t) => t.text,
+            ContentBlock::ResourceLink(l) => format!("[{}]({})", l.name, l.uri),
+            _ => return Err(invalid(
+                "prompt: only text and resource links are supported (see the prompt capabilities)",
+            )),
+        };
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&part);
+    }
+    if text.trim().is_empty() {
+        return Err(invalid("prompt: no text"));
+    }
+    Ok((id, link, text))
+}
+
+/// One prompt: the session's next message, answered when its turn ends.
+async fn prompt(
+    state: &State,
+    id: SessionId,
+    link: &Link,
+    text: String,
+) -> Result<PromptResponse, Error> {
+    let before = state.overseer.state(id).await.map_err(session_error)?;
+    let h = &before.header;
+    if h.status.is_terminal() {
+        return Err(invalid(format!("session {id} is {}", h.status)));
+    }
+    // Behind a running turn (after session/load), the message is queued:
+    // it is the turn after the running one and those already queued.
+    let busy = matches!(
+        h.status,
+        SessionStatus::Running | SessionStatus::AwaitingApproval
+    );
+    let turn = h.turn + 1 + u32::from(busy) + u32::try_from(h.queue.len()).unwrap_or(u32::MAX);
+    let done = link
+        .wait_for(turn)
+        .map_err(|_| invalid(format!("session {id} already has a prompt running")))?;
+    if let Err(e) = state.overseer.send_message(id, text).await {
+        link.stop_waiting();
+        return Err(session_error(e));
+    }
+    let outcome = done
+        .await
+        .map_err(|_| Error::internal_error().data(json!("the session's follower stopped")))?;
+    match outcome {
+        TurnOutcome::Ended {
+            reason,
+            usage,
+            error,
+        } => match updates::stop_reason(reason) {
+            Some(stop) => {
+                Ok(PromptResponse::new(stop).usage(updates::turn_usage(&h.usage, &usage)))
+            }
+            None => Err(Error::internal_error().data(json!(
+                error.unwrap_or_else(|| format!("the turn ended with {reason}"))
+            ))),
+        },
+        TurnOutcome::SessionEnded(status, error) => Err(Error::internal_error().data(json!(
+            error.unwrap_or_else(|| format!("session {id} is {status}"))
+        ))),
+    }
+}
+
+/// `session/cancel`: stops the running turn and keeps the session (the
+/// prompt answers `cancelled`). Unknown sessions are ignored, as the
+/// notification has no answer.
+async fn cancel(state: &State, raw: &str) {
+    let Ok(id) = raw.parse::<SessionId>() else {
+        tracing::warn!(session = raw, "session/cancel for an unknown session");
+        return;
+    };
+    if state.link(id).is_none() {
+        tracing::warn!(session = %id, "session/cancel for a session not open here");
+        return;
+    }
+    if let Err(e) = state.overseer.interrupt(id).await {
+        tracing::warn!(session = %id, "cannot interrupt the turn: {e}");
+    }
+}

@@ -1,0 +1,1103 @@
+//! `overseer acp` as an editor sees it: a real ACP client (the
+//! `agent-client-protocol` crate's client side) drives the built binary as
+//! a child process over its stdin/stdout, on a fresh data directory, with a
+//! scripted provider (or, to cancel mid-stream, an OpenAI-compatible
+//! loopback server whose first answer never ends).
+//!
+//! Every line the agent writes to stdout must be a JSON-RPC 2.0 message: the
+//! transport checks each one, and every test ends by asserting none failed
+//! (the agent runs with `RUST_LOG=debug`, so a log line on stdout would show).
+//! Every wait is bounded and fails naming what did not come; nothing sleeps
+//! and nothing is timed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agent_client_protocol::schema::ProtocolVersion;
+use agent_client_protocol::v1::schema::{
+    CancelNotification, ClientCapabilities, ContentBlock, FileSystemCapabilities, Implementation,
+    InitializeRequest, LoadSessionRequest, NewSessionRequest, PermissionOptionKind, PromptRequest,
+    ReadTextFileRequest, ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
+    RequestPermissionResponse, SelectedPermissionOutcome, SessionNotification, SessionUpdate,
+    StopReason, TextContent, ToolCallStatus, ToolKind, Usage, WriteTextFileRequest,
+    WriteTextFileResponse,
+};
+use agent_client_protocol::v1::{ConnectionTo, Responder};
+use agent_client_protocol::{Agent, Client, Lines};
+use futures::StreamExt;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::LinesStream;
+
+use overseer::store::{Durability, SledStore};
+use overseer_actors::model::{EventKind, SessionId, ToolRule, TranscriptEntry};
+use overseer_actors::store::CheckpointStore;
+
+/// Longest any one expected message may take; only turns a hang into a
+/// failure.
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn within<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+/// The scripted model: each prompt's turn reads the clock (with approval:
+/// the agent's policy is `always`) and then answers with the tool's result.
+fn scripted_config(dir: &Path) -> PathBuf {
+    let step = |text: &str| {
+        serde_json::json!({"text": text, "tool_calls": [{"name": "current_time", "arguments": {}}],
+            "usage": {"input_tokens": 48, "output_tokens": 12}})
+    };
+    let answer = |text: &str| serde_json::json!({"text": text, "usage": {"input_tokens": 96, "output_tokens": 20}});
+    let scenario = dir.join("acp.json");
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"agents": {"assistant": [
+            step("Let me check the clock."),
+            answer("The clock says: {{tool_result}}"),
+            step("Checking again."),
+            answer("Second look: {{tool_result}}"),
+            step("Once more."),
+            answer("Third look: {{tool_result}}"),
+            step("And again."),
+            answer("Fourth look: {{tool_result}}"),
+        ]}})
+        .to_string(),
+    )
+    .unwrap();
+    let config = dir.join("acp.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[provider]
+kind = "scripted"
+scenario = "{}"
+
+[[agents]]
+name = "assistant"
+tools = ["current_time"]
+approval = "always"
+"#,
+            scenario.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// The agent as a child process, and the lines it wrote to stdout that were
+/// not JSON-RPC 2.0 messages.
+struct Spawned {
+    child: Child,
+    not_protocol: Arc<Mutex<Vec<String>>>,
+}
+
+type Transport = Lines<
+    std::pin::Pin<Box<dyn futures::Sink<String, Error = std::io::Error> + Send>>,
+    std::pin::Pin<Box<dyn futures::Stream<Item = std::io::Result<String>> + Send>>,
+>;
+
+fn spawn_agent(dir: &Path, config: &Path, env: &[(&str, &str)]) -> (Spawned, Transport) {
+    spawn(dir, config, "assistant", env)
+}
+
+fn spawn_agent_as(dir: &Path, config: &Path, agent: &str) -> (Spawned, Transport) {
+    spawn(dir, config, agent, &[])
+}
+
+fn spawn(dir: &Path, config: &Path, agent: &str, env: &[(&str, &str)]) -> (Spawned, Transport) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_overseer"));
+    cmd.args(["acp", "--agent", agent, "--config"])
+        .arg(config)
+        .arg("--data")
+        .arg(dir.join("data"))
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .env("RUST_LOG", "debug")
+        .kill_on_drop(true);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("OVERSEER_") {
+            cmd.env_remove(key);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn overseer acp");
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let not_protocol = Arc::new(Mutex::new(Vec::new()));
+    let seen = not_protocol.clone();
+    let incoming = LinesStream::new(BufReader::new(stdout).lines()).inspect(move |line| {
+        if let Ok(line) = line {
+            let ok = serde_json::from_str::<serde_json::Value>(line)
+                .is_ok_and(|v| v.get("jsonrpc").and_then(|j| j.as_str()) == Some("2.0"));
+            if !ok {
+                seen.lock().unwrap().push(line.clone());
+            }
+        }
+    });
+    let outgoing = futures::sink::unfold(stdin, |mut w, line: String| async move {
+        w.write_all(format!("{line}\n").as_bytes()).await?;
+        w.flush().await?;
+        Ok::<_, std::io::Error>(w)
+    });
+    let transport = Lines::new(
+        Box::pin(outgoing) as std::pin::Pin<Box<dyn futures::Sink<_, Error = _> + Send>>,
+        Box::pin(incoming) as std::pin::Pin<Box<dyn futures::Stream<Item = _> + Send>>,
+    );
+    (
+        Spawned {
+            child,
+            not_protocol,
+        },
+        transport,
+    )
+}
+
+impl Spawned {
+    fn assert_only_protocol(&self) {
+        let bad = self.not_protocol.lock().unwrap();
+        assert!(bad.is_empty(), "non-protocol lines on stdout: {bad:?}");
+    }
+}
+
+/// What the client receives from the agent outside answers.
+struct Inbox {
+    /// File requests the client served (it answers them itself).
+    files: mpsc::UnboundedReceiver<FileRequest>,
+    updates: mpsc::UnboundedReceiver<SessionNotification>,
+    asks: mpsc::UnboundedReceiver<(
+        RequestPermissionRequest,
+        Responder<RequestPermissionResponse>,
+    )>,
+}
+
+impl Inbox {
+    async fn update(&mut self, what: &str) -> SessionUpdate {
+        within(what, self.updates.recv())
+            .await
+            .unwrap_or_else(|| panic!("connection closed waiting for {what}"))
+            .update
+    }
+
+    /// Updates up to and including the first that `until` accepts.
+    async fn updates_until(
+        &mut self,
+        what: &str,
+        until: impl Fn(&SessionUpdate) -> bool,
+    ) -> Vec<SessionUpdate> {
+        let mut got = Vec::new();
+        loop {
+            let u = self.update(what).await;
+            let stop = until(&u);
+            got.push(u);
+            if stop {
+                return got;
+            }
+        }
+    }
+
+    /// Every update already received.
+    fn drain(&mut self) -> Vec<SessionUpdate> {
+        std::iter::from_fn(|| self.updates.try_recv().ok().map(|n| n.update)).collect()
+    }
+
+    async fn ask(
+        &mut self,
+        what: &str,
+    ) -> (
+        RequestPermissionRequest,
+        Responder<RequestPermissionResponse>,
+    ) {
+        within(what, self.asks.recv())
+            .await
+            .unwrap_or_else(|| panic!("connection closed waiting for {what}"))
+    }
+}
+
+/// An `fs/*` request the client served.
+#[derive(Debug)]
+enum FileRequest {
+    Read(ReadTextFileRequest),
+    Write(WriteTextFileRequest),
+}
+
+/// Runs `body` as an ACP client connected to `transport`.
+async fn client<R>(
+    transport: Transport,
+    body: impl AsyncFnOnce(ConnectionTo<Agent>, Inbox) -> R,
+) -> R {
+    connect(transport, body)
+        .await
+        .expect("the ACP connection failed")
+}
+
+/// [`client`], for a connection that may break (its agent is killed).
+async fn connect<R>(
+    transport: Transport,
+    body: impl AsyncFnOnce(ConnectionTo<Agent>, Inbox) -> R,
+) -> Result<R, agent_client_protocol::Error> {
+    let (update_tx, updates) = mpsc::unbounded_channel();
+    let (ask_tx, asks) = mpsc::unbounded_channel();
+    let (file_tx, files) = mpsc::unbounded_channel();
+    let write_tx = file_tx.clone();
+    Client
+        .v1()
+        .name("acp-test")
+        .on_receive_request(
+            async move |req: ReadTextFileRequest, responder, _cx| {
+                let content = format!("contents of {}", req.path.display());
+                let _ = file_tx.send(FileRequest::Read(req));
+                responder.respond(ReadTextFileResponse::new(content))
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_request(
+            async move |req: WriteTextFileRequest, responder, _cx| {
+                let _ = write_tx.send(FileRequest::Write(req));
+                responder.respond(WriteTextFileResponse::new())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .on_receive_notification(
+            async move |n: SessionNotification, _cx| {
+                let _ = update_tx.send(n);
+                Ok(())
+            },
+            agent_client_protocol::on_receive_notification!(),
+        )
+        .on_receive_request(
+            async move |req: RequestPermissionRequest, responder, _cx| {
+                let _ = ask_tx.send((req, responder));
+                Ok(())
+            },
+            agent_client_protocol::on_receive_request!(),
+        )
+        .connect_with(transport, async |cx| {
+            Ok(body(
+                cx,
+                Inbox {
+                    files,
+                    updates,
+                    asks,
+                },
+            )
+            .await)
+        })
+        .await
+}
+
+async fn initialize(cx: &ConnectionTo<Agent>) {
+    initialize_with(cx, ClientCapabilities::new()).await;
+}
+
+async fn initialize_with(cx: &ConnectionTo<Agent>, caps: ClientCapabilities) {
+    let init = within(
+        "initialize",
+        cx.send_request(
+            InitializeRequest::new(ProtocolVersion::V1)
+                .client_capabilities(caps)
+                .client_info(Implementation::new("acp-test", "1.0")),
+        )
+        .block_task(),
+    )
+    .await
+    .expect("initialize");
+    assert_eq!(init.protocol_version, ProtocolVersion::V1);
+    assert!(init.agent_capabilities.load_session);
+    assert_eq!(
+        init.agent_info.as_ref().map(|i| i.name.as_str()),
+        Some("overseer")
+    );
+}
+
+async fn new_session(cx: &ConnectionTo<Agent>, cwd: &Path) -> String {
+    let s = within(
+        "session/new",
+        cx.send_request(NewSessionRequest::new(cwd)).block_task(),
+    )
+    .await
+    .expect("session/new");
+    s.session_id.0.to_string()
+}
+
+fn prompt(session: &str, text: &str) -> PromptRequest {
+    PromptRequest::new(
+        session.to_owned(),
+        vec![ContentBlock::Text(TextContent::new(text.to_owned()))],
+    )
+}
+
+fn choose(kind: PermissionOptionKind, req: &RequestPermissionRequest) -> RequestPermissionResponse {
+    let option = req
+        .options
+        .iter()
+        .find(|o| o.kind == kind)
+        .unwrap_or_else(|| panic!("no {kind:?} option in {:?}", req.options));
+    RequestPermissionResponse::new(RequestPermissionOutcome::Selected(
+        SelectedPermissionOutcome::new(option.option_id.clone()),
+    ))
+}
+
+fn agent_text(updates: &[SessionUpdate]) -> String {
+    updates
+        .iter()
+        .filter_map(|u| match u {
+            SessionUpdate::AgentMessageChunk(c) => match &c.content {
+                ContentBlock::Text(t) => Some(t.text.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+fn is_final_update(u: &SessionUpdate, id: &str, status: ToolCallStatus) -> bool {
+    matches!(u, SessionUpdate::ToolCallUpdate(t)
+        if t.tool_call_id.0.as_ref() == id && t.fields.status == Some(status))
+}
+
+fn store(dir: &Path) -> SledStore {
+    SledStore::open(&dir.join("data"), Durability::Os).expect("open the agent's store")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_streams_asks_and_follows_the_editors_choices() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = scripted_config(tmp.path());
+    let (agent, transport) = spawn_agent(tmp.path(), &config, &[]);
+    let cwd = tmp.path().to_path_buf();
+    let session = client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+
+        // allow-once: the call is asked, runs, and the turn ends.
+        let turn = cx.send_request(prompt(&session, "what time is it?"));
+        let (req, responder) = inbox.ask("the first permission request").await;
+        assert_eq!(req.session_id.0.as_ref(), session);
+        let kinds: Vec<_> = req.options.iter().map(|o| o.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                PermissionOptionKind::AllowOnce,
+                PermissionOptionKind::AllowAlways,
+                PermissionOptionKind::RejectOnce,
+                PermissionOptionKind::RejectAlways
+            ]
+        );
+        assert_eq!(req.tool_call.fields.title.as_deref(), Some("current_time"));
+        let call = req.tool_call.tool_call_id.0.to_string();
+        responder
+            .respond(choose(PermissionOptionKind::AllowOnce, &req))
+            .unwrap();
+        let answer = within("the first prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        // The turn's own usage: both of its steps.
+        assert_eq!(answer.usage, Some(Usage::new(176, 144, 32)));
+        let updates = inbox.drain();
+        assert!(
+            agent_text(&updates).starts_with("Let me check the clock."),
+            "{updates:?}"
+        );
+        assert!(
+            agent_text(&updates).contains("The clock says: "),
+            "{updates:?}"
+        );
+        assert!(
+            updates
+                .iter()
+                .any(|u| matches!(u, SessionUpdate::ToolCall(t)
+                if t.tool_call_id.0.as_ref() == call && t.status == ToolCallStatus::Pending
+                    && t.title == "current_time")),
+            "a tool_call for the call: {updates:?}"
+        );
+        let done = updates
+            .iter()
+            .position(|u| is_final_update(u, &call, ToolCallStatus::Completed))
+            .unwrap_or_else(|| panic!("no completed update for {call}: {updates:?}"));
+        match &updates[done] {
+            SessionUpdate::ToolCallUpdate(t) => {
+                assert!(t.fields.content.as_ref().is_some_and(|c| !c.is_empty()));
+                assert!(t.fields.raw_output.is_some());
+            }
+            _ => unreachable!(),
+        }
+
+        // reject-once: the model is told the call was denied.
+        let turn = cx.send_request(prompt(&session, "again"));
+        let (req, responder) = inbox.ask("the second permission request").await;
+        let call = req.tool_call.tool_call_id.0.to_string();
+        responder
+            .respond(choose(PermissionOptionKind::RejectOnce, &req))
+            .unwrap();
+        let answer = within("the second prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        let updates = inbox.drain();
+        assert!(
+            updates
+                .iter()
+                .any(|u| is_final_update(u, &call, ToolCallStatus::Failed)),
+            "{updates:?}"
+        );
+        let text = agent_text(&updates);
+        assert!(
+            text.contains(
+                "Second look: Tool denied by user: rejected in the editor (acp:acp-test)"
+            ),
+            "{text}"
+        );
+
+        // allow-always: asked once, and the next call of the tool is not.
+        let turn = cx.send_request(prompt(&session, "once more"));
+        let (req, responder) = inbox.ask("the third permission request").await;
+        responder
+            .respond(choose(PermissionOptionKind::AllowAlways, &req))
+            .unwrap();
+        let answer = within("the third prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        inbox.drain();
+        let answer = within(
+            "the fourth prompt's answer (not asked)",
+            cx.send_request(prompt(&session, "and again")).block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        assert!(
+            inbox.asks.try_recv().is_err(),
+            "the allowed tool was asked again"
+        );
+        let updates = inbox.drain();
+        assert!(
+            agent_text(&updates).contains("Fourth look: "),
+            "{updates:?}"
+        );
+        assert!(
+            updates
+                .iter()
+                .any(|u| matches!(u, SessionUpdate::ToolCallUpdate(t)
+                if t.fields.status == Some(ToolCallStatus::Completed))),
+            "{updates:?}"
+        );
+        session
+    })
+    .await;
+    let mut agent = agent;
+    // Closing stdin ends the agent cleanly.
+    let status = within("the agent to exit", agent.child.wait())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status}");
+    agent.assert_only_protocol();
+
+    // The store tells who decided, and keeps the rule and the cwd.
+    let store = store(tmp.path());
+    let id: SessionId = session.parse().unwrap();
+    let stored = store
+        .load(id)
+        .await
+        .unwrap()
+        .expect("the session is stored");
+    assert_eq!(
+        stored.header.tool_rules.get("current_time"),
+        Some(&ToolRule::Allow)
+    );
+    assert_eq!(
+        stored.metadata["acp"]["cwd"].as_str(),
+        Some(tmp.path().display().to_string().as_str())
+    );
+    assert!(stored.transcript.iter().any(|e| matches!(&**e,
+        TranscriptEntry::ToolRuleSet { tool, rule: ToolRule::Allow, by, .. }
+            if tool == "current_time" && by.as_deref() == Some("acp:acp-test"))));
+    let events = store.events_after(id, 0, usize::MAX).await.unwrap();
+    let deciders: Vec<_> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::DecisionRecorded { record, .. } => record.by.clone(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deciders,
+        ["acp:acp-test", "acp:acp-test", "acp:acp-test", "rule:allow"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_lines_and_unknown_methods_get_errors_and_the_agent_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = scripted_config(tmp.path());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_overseer"));
+    cmd.args(["acp", "--config"])
+        .arg(&config)
+        .arg("--data")
+        .arg(tmp.path().join("data"))
+        .current_dir(tmp.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .env("RUST_LOG", "debug")
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut exchange = async |line: &str| -> serde_json::Value {
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        stdin.flush().await.unwrap();
+        let out = within(&format!("an answer to {line}"), lines.next_line())
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("stdout closed after {line}"));
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON on stdout ({e}): {out}"))
+    };
+    let parse = exchange("{this is not json").await;
+    assert_eq!(parse["jsonrpc"], "2.0");
+    assert_eq!(parse["error"]["code"], -32700, "{parse}");
+    // Before initialize, methods are refused (the SDK's rule).
+    let early = exchange(
+        r#"{"jsonrpc":"2.0","id":5,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}"#,
+    )
+    .await;
+    assert_eq!(early["error"]["code"], -32600, "{early}");
+    let init = exchange(
+        r#"{"jsonrpc":"2.0","id":6,"method":"initialize","params":{"protocolVersion":1}}"#,
+    )
+    .await;
+    assert_eq!(init["id"], 6);
+    assert_eq!(init["result"]["protocolVersion"], 1, "{init}");
+    let unknown =
+        exchange(r#"{"jsonrpc":"2.0","id":7,"method":"no/such_method","params":{}}"#).await;
+    assert_eq!(unknown["id"], 7);
+    assert_eq!(unknown["error"]["code"], -32601, "{unknown}");
+    let bad = exchange(r#"{"jsonrpc":"2.0","id":8,"method":"session/prompt","params":{"sessionId":"nope","prompt":[{"type":"text","text":"hi"}]}}"#).await;
+    assert_eq!(bad["id"], 8);
+    assert_eq!(bad["error"]["code"], -32602, "{bad}");
+    assert!(
+        bad["error"]["data"].as_str().unwrap().contains("sessionId"),
+        "{bad}"
+    );
+    let cwd = tmp.path().display().to_string();
+    let new = exchange(
+        &serde_json::json!({"jsonrpc": "2.0", "id": 9, "method": "session/new",
+        "params": {"cwd": cwd, "mcpServers": []}})
+        .to_string(),
+    )
+    .await;
+    assert_eq!(new["id"], 9);
+    assert!(new["result"]["sessionId"].is_string(), "{new}");
+    drop(stdin);
+    assert_eq!(
+        within("stdout to close", lines.next_line()).await.unwrap(),
+        None,
+        "nothing more on stdout"
+    );
+    let status = within("the agent to exit", child.wait()).await.unwrap();
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_killed_mid_approval_is_loaded_replayed_and_resumed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = scripted_config(tmp.path());
+    let cwd = tmp.path().to_path_buf();
+
+    // The first agent is killed while the editor is being asked.
+    let (mut first, transport) = spawn_agent(tmp.path(), &config, &[]);
+    let mut asked = None;
+    // The connection breaks with the agent (a broken pipe): that is the point.
+    let _ = connect(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let turn = cx.send_request(prompt(&session, "what time is it?"));
+        let (req, responder) = inbox.ask("the permission request").await;
+        first.child.kill().await.unwrap();
+        asked = Some((session, req.tool_call.tool_call_id.0.to_string()));
+        turn.detach();
+        // Never answered: the agent is gone, and a dropped responder would
+        // write its error to the dead pipe.
+        std::mem::forget(responder);
+    })
+    .await;
+    let (session, call) = asked.expect("the first agent asked");
+    first.assert_only_protocol();
+
+    let (second, transport) = spawn_agent(tmp.path(), &config, &[]);
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        within(
+            "session/load",
+            cx.send_request(LoadSessionRequest::new(session.clone(), cwd.clone()))
+                .block_task(),
+        )
+        .await
+        .expect("session/load");
+        // The history came first, before the answer.
+        let replay = inbox.drain();
+        assert!(
+            matches!(&replay[0], SessionUpdate::UserMessageChunk(c)
+                if matches!(&c.content, ContentBlock::Text(t) if t.text == "what time is it?")),
+            "{replay:?}"
+        );
+        assert_eq!(agent_text(&replay), "Let me check the clock.");
+        assert!(
+            replay.iter().any(
+                |u| matches!(u, SessionUpdate::ToolCall(t) if t.tool_call_id.0.as_ref() == call)
+            ),
+            "{replay:?}"
+        );
+        // The pending call is asked again; allowed, the turn goes on.
+        let (req, responder) = inbox.ask("the pending call asked again").await;
+        assert_eq!(req.tool_call.tool_call_id.0.as_ref(), call);
+        responder
+            .respond(choose(PermissionOptionKind::AllowOnce, &req))
+            .unwrap();
+        let rest = inbox
+            .updates_until("the resumed turn's answer", |u| {
+                matches!(u, SessionUpdate::AgentMessageChunk(_))
+            })
+            .await;
+        assert!(
+            rest.iter()
+                .any(|u| is_final_update(u, &call, ToolCallStatus::Completed)),
+            "{rest:?}"
+        );
+        // And the session takes the next prompt.
+        let turn = cx.send_request(prompt(&session, "again"));
+        let (req, responder) = inbox.ask("the next prompt's permission request").await;
+        responder
+            .respond(choose(PermissionOptionKind::AllowOnce, &req))
+            .unwrap();
+        let answer = within("the next prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        assert!(agent_text(&inbox.drain()).contains("Second look: "));
+    })
+    .await;
+    let mut second = second;
+    within("the agent to exit", second.child.wait())
+        .await
+        .unwrap();
+    second.assert_only_protocol();
+}
+
+/// An OpenAI-compatible server: the first request streams one word and
+/// then never ends; later ones answer `Again.` in full.
+async fn stalling_provider() -> (String, mpsc::UnboundedReceiver<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        let mut n = 0;
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            n += 1;
+            read_request(&mut conn).await;
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
+            let chunk = |content: &str, finish: Option<&str>| {
+                format!(
+                    "data: {}\n\n",
+                    serde_json::json!({"id": "c", "object": "chat.completion.chunk", "choices": [
+                        {"index": 0, "delta": {"content": content}, "finish_reason": finish}]})
+                )
+            };
+            if n == 1 {
+                let body = format!("{head}{}", chunk("Hel", None));
+                conn.write_all(body.as_bytes()).await.unwrap();
+                conn.flush().await.unwrap();
+                held.push(conn);
+                let _ = tx.send(());
+            } else {
+                let body = format!("{head}{}data: [DONE]\n\n", chunk("Again.", Some("stop")));
+                let _ = conn.write_all(body.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            }
+        }
+    });
+    (url, rx)
+}
+
+async fn read_request(conn: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    loop {
+        let n = conn.read(&mut tmp).await.unwrap();
+        if n == 0 {
+            return;
+        }
+        buf.extend_from_slice(&tmp[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_during_a_stream_stops_the_turn_and_keeps_the_session() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (url, mut requested) = stalling_provider().await;
+    let config = tmp.path().join("openai.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[provider]
+kind = "openai"
+base_url = "{url}"
+model = "stub"
+api_key_env = "ACP_TEST_KEY"
+
+[[agents]]
+name = "assistant"
+tools = []
+"#
+        ),
+    )
+    .unwrap();
+    let (agent, transport) = spawn_agent(tmp.path(), &config, &[("ACP_TEST_KEY", "k")]);
+    let cwd = tmp.path().to_path_buf();
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let turn = cx.send_request(prompt(&session, "talk"));
+        within("the provider request", requested.recv())
+            .await
+            .unwrap();
+        let first = inbox.update("the first streamed chunk").await;
+        assert_eq!(agent_text(&[first]), "Hel");
+        cx.send_notification(CancelNotification::new(session.clone()))
+            .unwrap();
+        let answer = within("the cancelled prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::Cancelled);
+
+        let answer = within(
+            "the next prompt's answer",
+            cx.send_request(prompt(&session, "again")).block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        assert_eq!(agent_text(&inbox.drain()), "Again.");
+    })
+    .await;
+    let mut agent = agent;
+    within("the agent to exit", agent.child.wait())
+        .await
+        .unwrap();
+    agent.assert_only_protocol();
+}
+
+/// A lead agent delegating to a reviewer that needs approval: the
+/// reviewer's request reaches the editor from the root, titled with the path
+/// of sessions, and the editor's answer lets the tree finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subagents_approval_reaches_the_editor_with_its_session_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = tmp.path().join("tree.json");
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"agents": {
+            "lead": [
+                {"text": "Asking the reviewer.", "tool_calls": [{"name": "delegate_task",
+                    "arguments": {"agent": "reviewer", "goal": "Read the clock."}}]},
+                {"text": "The reviewer said: {{tool_result}}"}
+            ],
+            "reviewer": [
+                {"text": "Reading.", "tool_calls": [{"name": "current_time", "arguments": {}}]},
+                {"text": "It is {{tool_result}}"}
+            ]
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let config = tmp.path().join("tree.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[provider]
+kind = "scripted"
+scenario = "{}"
+
+[[agents]]
+name = "lead"
+tools = ["current_time"]
+approval = "per_tool"
+subagents = ["reviewer"]
+child_approval = "propagate"
+
+[[agents]]
+name = "reviewer"
+tools = ["current_time"]
+approval = "always"
+"#,
+            scenario.display()
+        ),
+    )
+    .unwrap();
+    let (agent, transport) = spawn_agent_as(tmp.path(), &config, "lead");
+    let cwd = tmp.path().to_path_buf();
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let turn = cx.send_request(prompt(&session, "check"));
+        let (req, responder) = inbox.ask("the subagent's permission request").await;
+        assert_eq!(req.session_id.0.as_ref(), session, "asked at the root");
+        let title = req.tool_call.fields.title.clone().unwrap_or_default();
+        assert!(
+            title.starts_with(&format!("current_time (subagent session {session} > ")),
+            "{title}"
+        );
+        responder
+            .respond(choose(PermissionOptionKind::AllowOnce, &req))
+            .unwrap();
+        let answer = within("the lead's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        let text = agent_text(&inbox.drain());
+        assert!(text.contains("The reviewer said: "), "{text}");
+    })
+    .await;
+    let mut agent = agent;
+    within("the agent to exit", agent.child.wait())
+        .await
+        .unwrap();
+    agent.assert_only_protocol();
+}
+
+/// An agent that reads a file and writes another through the editor.
+fn editor_config(dir: &Path) -> PathBuf {
+    let scenario = dir.join("editor.json");
+    let notes = dir.join("notes.txt").display().to_string();
+    let out = dir.join("out.txt").display().to_string();
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"agents": {"editor": [
+            {"text": "Reading.", "tool_calls": [{"name": "read_text_file", "arguments": {"path": notes}}]},
+            {"text": "Writing.", "tool_calls": [{"name": "write_text_file",
+                "arguments": {"path": out, "content": "hello"}}]},
+            {"text": "Done: {{tool_result}}"}
+        ]}})
+        .to_string(),
+    )
+    .unwrap();
+    let config = dir.join("editor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[provider]
+kind = "scripted"
+scenario = "{}"
+
+[[agents]]
+name = "editor"
+tools = ["read_text_file", "write_text_file"]
+approval = "per_tool"
+"#,
+            scenario.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// With `fs` advertised, the file tools run in the editor: reading as is,
+/// writing after the editor's permission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_editors_file_tools_run_in_the_editor_under_approval() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = editor_config(tmp.path());
+    let (agent, transport) = spawn_agent_as(tmp.path(), &config, "editor");
+    let cwd = tmp.path().to_path_buf();
+    client(transport, async |cx, mut inbox| {
+        let fs = FileSystemCapabilities::new()
+            .read_text_file(true)
+            .write_text_file(true);
+        initialize_with(&cx, ClientCapabilities::new().fs(fs)).await;
+        let session = new_session(&cx, &cwd).await;
+        let turn = cx.send_request(prompt(&session, "edit"));
+        // Reading is not asked; writing is.
+        let (req, responder) = inbox.ask("the write's permission request").await;
+        assert_eq!(req.tool_call.fields.kind, Some(ToolKind::Edit));
+        match inbox.files.try_recv() {
+            Ok(FileRequest::Read(r)) => {
+                assert_eq!(r.session_id.0.as_ref(), session);
+                assert_eq!(r.path, cwd.join("notes.txt"));
+            }
+            other => panic!("the read did not reach the editor first: {other:?}"),
+        }
+        assert!(
+            inbox.files.try_recv().is_err(),
+            "nothing written before approval"
+        );
+        responder
+            .respond(choose(PermissionOptionKind::AllowOnce, &req))
+            .unwrap();
+        let answer = within("the prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        match inbox.files.try_recv() {
+            Ok(FileRequest::Write(w)) => {
+                assert_eq!(w.path, cwd.join("out.txt"));
+                assert_eq!(w.content, "hello");
+            }
+            other => panic!("no write reached the editor: {other:?}"),
+        }
+        let updates = inbox.drain();
+        let read_result = format!("contents of {}", cwd.join("notes.txt").display());
+        assert!(
+            updates
+                .iter()
+                .any(|u| matches!(u, SessionUpdate::ToolCallUpdate(t)
+                if t.fields.status == Some(ToolCallStatus::Completed)
+                    && t.fields.raw_output == Some(serde_json::json!({"content": read_result})))),
+            "{updates:?}"
+        );
+        assert!(agent_text(&updates).contains("\"written\""), "{updates:?}");
+    })
+    .await;
+    let mut agent = agent;
+    within("the agent to exit", agent.child.wait())
+        .await
+        .unwrap();
+    agent.assert_only_protocol();
+}
+
+/// Without `fs`, the session does not have the file tools: the model's
+/// calls fail as unavailable and nothing reaches the editor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fs_capabilities_the_file_tools_are_out_of_scope() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = editor_config(tmp.path());
+    let (agent, transport) = spawn_agent_as(tmp.path(), &config, "editor");
+    let cwd = tmp.path().to_path_buf();
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let answer = within(
+            "the prompt's answer",
+            cx.send_request(prompt(&session, "edit")).block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        assert!(inbox.asks.try_recv().is_err(), "nothing asked");
+        assert!(
+            inbox.files.try_recv().is_err(),
+            "nothing reached the editor"
+        );
+        let failed = inbox
+            .drain()
+            .into_iter()
+            .filter(|u| {
+                matches!(u, SessionUpdate::ToolCallUpdate(t)
+                if t.fields.status == Some(ToolCallStatus::Failed))
+            })
+            .count();
+        assert_eq!(failed, 2);
+    })
+    .await;
+    let mut agent = agent;
+    within("the agent to exit", agent.child.wait())
+        .await
+        .unwrap();
+    agent.assert_only_protocol();
+}
+
+/// Cancelling while the editor is being asked: the editor answers the
+/// request `cancelled`, the call is settled by the interrupt, the prompt
+/// answers `cancelled`, and the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_during_a_permission_request_keeps_the_session() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = scripted_config(tmp.path());
+    let (agent, transport) = spawn_agent(tmp.path(), &config, &[]);
+    let cwd = tmp.path().to_path_buf();
+    let session = client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let turn = cx.send_request(prompt(&session, "what time is it?"));
+        let (req, responder) = inbox.ask("the permission request").await;
+        let call = req.tool_call.tool_call_id.0.to_string();
+        cx.send_notification(CancelNotification::new(session.clone()))
+            .unwrap();
+        responder
+            .respond(RequestPermissionResponse::new(
+                RequestPermissionOutcome::Cancelled,
+            ))
+            .unwrap();
+        let answer = within("the cancelled prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::Cancelled);
+        assert!(
+            inbox
+                .drain()
+                .iter()
+                .any(|u| is_final_update(u, &call, ToolCallStatus::Failed)),
+            "the call ended"
+        );
+        // The script goes on with its answer, which sees the call's end.
+        let answer = within(
+            "the next prompt's answer",
+            cx.send_request(prompt(&session, "again")).block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        assert!(agent_text(&inbox.drain()).starts_with("The clock says: "));
+        session
+    })
+    .await;
+    let mut agent = agent;
+    within("the agent to exit", agent.child.wait())
+        .await
+        .unwrap();
+    agent.assert_only_protocol();
+    // Nothing was decided for the cancelled call: no decision on record.
+    let store = store(tmp.path());
+    let id: SessionId = session.parse().unwrap();
+    let events = store.events_after(id, 0, usize::MAX).await.unwrap();
+    let decided = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::DecisionRecorded { .. }))
+        .count();
+    assert_eq!(decided, 0, "a cancelled request decides nothing");
+}

@@ -106,10 +106,10 @@ async function startSignedIn() {
     return;
   }
   const c = claims(getToken());
+  if (!armExpiry(c.exp)) return;
   document.getElementById('whoami').textContent =
     [c.sub, c.tenant].filter(Boolean).join(' @ ');
   top.hidden = false;
-  armExpiry(c.exp);
   store = new InboxStore(updateCount);
   feed = new EventStream('/v1/events', {
     event(type, data) {
@@ -121,15 +121,22 @@ async function startSignedIn() {
   route();
 }
 
+/** Signs out when the token expires; false (signed out) if it already has. */
 function armExpiry(exp) {
   clearTimeout(expiryTimer);
-  if (typeof exp !== 'number') return;
+  if (typeof exp !== 'number') return true;
   const ms = exp * 1000 - Date.now();
   const message = `Your token expired at ${formatTime(exp * 1000)}. Sign in with a new one.`;
-  if (ms <= 0) return; // the server decides; a 401 will say so
+  // Already past (a slow sign-in, a sleeping laptop): no request may come to
+  // be refused (the event stream outlives its token), so say so now.
+  if (ms <= 0) {
+    signOut(message);
+    return false;
+  }
   // setTimeout's delay is a 32-bit number; a longer lifetime re-arms.
   expiryTimer = setTimeout(() => (ms > 2 ** 31 - 1 ? armExpiry(exp) : signOut(message)),
     Math.min(ms, 2 ** 31 - 1));
+  return true;
 }
 
 function setLive(state) {

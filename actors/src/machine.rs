@@ -1091,13 +1091,33 @@ impl Session {
             }
         }
         self.stop_calls(fx);
-        for call in &mut self.header.open_calls {
-            if !call.state.is_terminal() {
-                call.finish(CallState::Cancelled, json!({ "error": why }), ctx.now_ms);
-            }
-        }
+        self.cancel_open_calls(why, ctx);
         self.close_step(ctx);
         self.clear_queue();
+    }
+
+    /// Ends every call not yet terminal as cancelled with `why`, each with
+    /// its `tool_call_finished` event, so whoever follows the calls (an
+    /// inbox card, an editor's tool call) sees it end.
+    fn cancel_open_calls(&mut self, why: &str, ctx: Ctx<'_>) {
+        let result = json!({ "error": why });
+        let mut finished = Vec::new();
+        for call in &mut self.header.open_calls {
+            if !call.state.is_terminal() {
+                call.finish(CallState::Cancelled, result.clone(), ctx.now_ms);
+                finished.push(call.id.clone());
+            }
+        }
+        for call_id in finished {
+            self.emit(
+                EventKind::ToolCallFinished {
+                    call_id,
+                    state: CallState::Cancelled,
+                    result: result.clone(),
+                },
+                ctx.now_ms,
+            );
+        }
     }
 
     /// Switches the model route between turns, recorded in the transcript.
@@ -1870,15 +1890,7 @@ impl Session {
     fn stop_for_budget(&mut self, limit: &str, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
         self.stop_calls(fx);
         let reason = format!("budget exceeded: {limit}");
-        for call in &mut self.header.open_calls {
-            if !call.state.is_terminal() {
-                call.finish(
-                    CallState::Cancelled,
-                    json!({ "error": reason.clone() }),
-                    ctx.now_ms,
-                );
-            }
-        }
+        self.cancel_open_calls(&reason, ctx);
         self.close_step(ctx);
         self.emit(EventKind::Error { message: reason }, ctx.now_ms);
         self.end_turn(StopReason::BudgetExceeded, ctx, fx);

@@ -365,6 +365,12 @@ async fn interrupt_at_an_approval_closes_it_and_the_tool_never_runs() {
     until_status(&mut rx, SessionStatus::AwaitingApproval).await;
     let call = h.pending(id).await.remove(0);
     h.ov.interrupt(id).await.unwrap();
+    // Whoever shows the pending call (an inbox, an editor) sees it end.
+    let finished = until(&mut rx, |k| matches!(k, EventKind::ToolCallFinished { .. })).await;
+    assert!(
+        matches!(&finished, EventKind::ToolCallFinished { call_id, state: CallState::Cancelled, .. } if *call_id == call),
+        "{finished:?}"
+    );
     assert_eq!(turn_end(&mut rx).await, StopReason::Interrupted);
     assert!(h.pending(id).await.is_empty());
     let refused =

@@ -33,7 +33,22 @@ const ctx = {
     if (window.location.hash === hash) route();
     else window.location.hash = hash;
   },
+  /** The view's part of the document title (the pending count is kept). */
+  setTitle(title) {
+    viewTitle = title;
+    showTitle();
+  },
 };
+
+// The title is the view's, prefixed with the pending count: the count
+// changes with every event, and must not take a session's title away.
+const APP_TITLE = 'overseer approvals';
+let viewTitle = APP_TITLE;
+let pendingCount = 0;
+
+function showTitle() {
+  document.title = pendingCount > 0 ? `(${pendingCount}) ${viewTitle}` : viewTitle;
+}
 
 function stopSession() {
   if (view) view.destroy?.();
@@ -41,6 +56,7 @@ function stopSession() {
   if (feed) feed.close();
   feed = null;
   store = null;
+  pendingCount = 0;
   feedListeners.clear();
   clearTimeout(expiryTimer);
 }
@@ -149,7 +165,8 @@ function updateCount(n) {
   const badge = document.getElementById('inbox-count');
   badge.textContent = String(n);
   badge.setAttribute('aria-label', `${n} pending`);
-  document.title = n > 0 ? `(${n}) overseer approvals` : 'overseer approvals';
+  pendingCount = n;
+  showTitle();
 }
 
 function route() {
@@ -157,6 +174,8 @@ function route() {
   if (view) view.destroy?.();
   view = null;
   clear(main);
+  viewTitle = APP_TITLE;
+  showTitle();
   const hash = window.location.hash || '#/inbox';
   const session = hash.match(/^#\/s\/([^/]+)$/);
   for (const a of document.querySelectorAll('.top nav a')) a.removeAttribute('aria-current');

@@ -140,7 +140,7 @@ export function renderSession(main, id, ctx) {
 
   function renderState(s) {
     header = s;
-    document.title = `${s.title || `Session ${shortId(s.id)}`} · overseer approvals`;
+    ctx.setTitle(`${s.title || `Session ${shortId(s.id)}`} · overseer approvals`);
     title.textContent = s.title || `Session ${shortId(s.id)}`;
     append(clear(meta), [
       h('span', {}, `Agent: ${s.agent}`),

@@ -194,6 +194,9 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
+    // reqwest is built without a default TLS provider (see Cargo.toml): every
+    // case that makes an HTTP client needs one installed, as `main.rs` does.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     if std::env::args().any(|a| a == "-h" || a == "--help") {
         println!("{USAGE}");
         return ExitCode::SUCCESS;

@@ -27,7 +27,6 @@ pub const CLIENTS: usize = 64;
 
 /// Runs workload 6 at `n` sessions with [`CLIENTS`] clients.
 pub async fn run(mode: Mode, n: usize, base: &Path, failures: &mut Vec<String>) -> Res<Vec<Row>> {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let Bench {
         dir: _dir,
         backend: _backend,

@@ -37,7 +37,7 @@ use serde_json::Value;
 
 use common::cluster::{approve, create, get, pending, wait_status, Node, Settings, World};
 use common::pg::{shared, PgServer};
-use common::{Sse, PATIENCE};
+use common::{eventually, Sse};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -192,19 +192,24 @@ async fn a_killed_node_s_parked_sessions_finish_on_the_survivors() {
         node_id(&world, &survivors[0]).await.unwrap(),
         node_id(&world, &survivors[1]).await.unwrap(),
     ];
-    let taken_over = loop {
-        let owned = owners(&world, &ids).await.unwrap();
-        let by_survivors: i64 = owned
-            .iter()
-            .filter(|(n, _)| survivor_ids.contains(n))
-            .map(|(_, c)| c)
-            .sum();
-        if by_survivors == N as i64 {
-            break killed.elapsed();
-        }
-        assert!(killed.elapsed() < PATIENCE, "not taken over: {owned:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let taken_over = eventually(
+        "the survivors to take over",
+        Duration::from_millis(50),
+        || async {
+            let owned = owners(&world, &ids).await.unwrap();
+            let by_survivors: i64 = owned
+                .iter()
+                .filter(|(n, _)| survivor_ids.contains(n))
+                .map(|(_, c)| c)
+                .sum();
+            if by_survivors == N as i64 {
+                Ok(killed.elapsed())
+            } else {
+                Err(format!("owners {owned:?}"))
+            }
+        },
+    )
+    .await;
     eprintln!(
         "takeover of {N} parked sessions after kill -9: {taken_over:.2?} (lease_secs = {})",
         settings.lease_secs
@@ -279,14 +284,19 @@ async fn a_node_paused_past_its_lease_lands_no_write_and_drops_its_actors() {
     assert_eq!(live_before, N as f64);
     paused.sigstop();
     let survivor_id = node_id(&world, &survivor).await.unwrap();
-    loop {
-        let owned = owners(&world, &ids).await.unwrap();
-        if owned == vec![(survivor_id.clone(), N as i64)] {
-            break;
-        }
-        assert!(created.elapsed() < PATIENCE, "not taken over: {owned:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the survivor to take over",
+        Duration::from_millis(100),
+        || async {
+            let owned = owners(&world, &ids).await.unwrap();
+            if owned == vec![(survivor_id.clone(), N as i64)] {
+                Ok(())
+            } else {
+                Err(format!("owners {owned:?}"))
+            }
+        },
+    )
+    .await;
     for id in &ids {
         let calls = pending(&world, &survivor, id).await.unwrap();
         let (status, v) = approve(&world, &survivor, id, &calls).await.unwrap();
@@ -309,19 +319,19 @@ async fn a_node_paused_past_its_lease_lands_no_write_and_drops_its_actors() {
     }
     paused.sigcont();
     // It drops its actors.
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let live = paused.metric(&world, "overseer_live_sessions").await;
-        if matches!(live, Ok(v) if v == 0.0) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the paused node kept its actors: {live:?}\n{}",
-            paused.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the paused node to drop its actors",
+        Duration::from_millis(100),
+        || async {
+            let live = paused.metric(&world, "overseer_live_sessions").await;
+            if matches!(live, Ok(v) if v == 0.0) {
+                Ok(())
+            } else {
+                Err(format!("live sessions {live:?}\n{}", paused.log()))
+            }
+        },
+    )
+    .await;
     // Give any write it might still attempt time to be refused, then check
     // nothing of it landed: every session is exactly as the survivor left it.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -558,22 +568,26 @@ async fn cluster_status_lists_nodes_and_a_bad_database_url_is_a_start_up_error()
             .output()
             .unwrap()
     };
-    let deadline = Instant::now() + PATIENCE;
-    let nodes = loop {
-        let out = status(true);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let nodes = v["nodes"].as_array().unwrap().clone();
-        if nodes.iter().any(|n| n["alive"] == false) {
-            break nodes;
-        }
-        assert!(Instant::now() < deadline, "{v}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let nodes = eventually(
+        "a node reported dead",
+        Duration::from_millis(200),
+        || async {
+            let out = status(true);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let nodes = v["nodes"].as_array().unwrap().clone();
+            if nodes.iter().any(|n| n["alive"] == false) {
+                Ok(nodes)
+            } else {
+                Err(v.to_string())
+            }
+        },
+    )
+    .await;
     assert_eq!(nodes.len(), 2);
     let alive = nodes.iter().find(|n| n["alive"] == true).unwrap();
     assert_eq!(alive["url"], a.url.as_str());

@@ -555,3 +555,23 @@ pub async fn follow(
     }
     bail!("the awaited event never came")
 }
+
+/// Polls `check` every `every` until it gives a value; fails naming `what`
+/// and the last thing `check` saw once [`PATIENCE`] has passed. A hang
+/// guard, not a timing assertion: nothing is measured against it.
+pub async fn eventually<T, F, Fut>(what: &str, every: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(seen) if std::time::Instant::now() >= deadline => {
+                panic!("gave up after {PATIENCE:?} waiting for {what}: {seen}")
+            }
+            Err(_) => tokio::time::sleep(every).await,
+        }
+    }
+}

@@ -166,6 +166,15 @@ fn spawn(dir: &Path, config: &Path, agent: &str, env: &[(&str, &str)]) -> (Spawn
 }
 
 impl Spawned {
+    /// Waits for the agent to exit (its stdin closed) and checks that it
+    /// wrote nothing but protocol to stdout.
+    async fn exits_having_spoken_only_protocol(mut self) {
+        within("the agent to exit", self.child.wait())
+            .await
+            .unwrap();
+        self.assert_only_protocol();
+    }
+
     fn assert_only_protocol(&self) {
         let bad = self.not_protocol.lock().unwrap();
         assert!(bad.is_empty(), "non-protocol lines on stdout: {bad:?}");
@@ -814,11 +823,7 @@ tools = []
         assert_eq!(agent_text(&inbox.drain()), "Again.");
     })
     .await;
-    let mut agent = agent;
-    within("the agent to exit", agent.child.wait())
-        .await
-        .unwrap();
-    agent.assert_only_protocol();
+    agent.exits_having_spoken_only_protocol().await;
 }
 
 /// A lead agent delegating to a reviewer that needs approval: the
@@ -893,11 +898,7 @@ approval = "always"
         assert!(text.contains("The reviewer said: "), "{text}");
     })
     .await;
-    let mut agent = agent;
-    within("the agent to exit", agent.child.wait())
-        .await
-        .unwrap();
-    agent.assert_only_protocol();
+    agent.exits_having_spoken_only_protocol().await;
 }
 
 /// An agent that reads a file and writes another through the editor.
@@ -993,11 +994,7 @@ async fn the_editors_file_tools_run_in_the_editor_under_approval() {
         assert!(agent_text(&updates).contains("\"written\""), "{updates:?}");
     })
     .await;
-    let mut agent = agent;
-    within("the agent to exit", agent.child.wait())
-        .await
-        .unwrap();
-    agent.assert_only_protocol();
+    agent.exits_having_spoken_only_protocol().await;
 }
 
 /// Without `fs`, the session does not have the file tools: the model's
@@ -1034,11 +1031,7 @@ async fn without_fs_capabilities_the_file_tools_are_out_of_scope() {
         assert_eq!(failed, 2);
     })
     .await;
-    let mut agent = agent;
-    within("the agent to exit", agent.child.wait())
-        .await
-        .unwrap();
-    agent.assert_only_protocol();
+    agent.exits_having_spoken_only_protocol().await;
 }
 
 /// Cancelling while the editor is being asked: the editor answers the
@@ -1086,11 +1079,7 @@ async fn cancel_during_a_permission_request_keeps_the_session() {
         session
     })
     .await;
-    let mut agent = agent;
-    within("the agent to exit", agent.child.wait())
-        .await
-        .unwrap();
-    agent.assert_only_protocol();
+    agent.exits_having_spoken_only_protocol().await;
     // Nothing was decided for the cancelled call: no decision on record.
     let store = store(tmp.path());
     let id: SessionId = session.parse().unwrap();

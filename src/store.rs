@@ -595,11 +595,14 @@ impl CheckpointStore for SledStore {
             // blocking pool.
             codec::prepare(&checkpoint)?
         };
+        let bytes = prepared.size() as u64;
         self.send(
             |reply| Command::Checkpoint(Box::new(prepared), reply),
             format!("the checkpoint of session {id}"),
         )
-        .await
+        .await?;
+        overseer_actors::metrics::record_checkpoint_bytes(bytes);
+        Ok(())
     }
 
     async fn load(&self, id: SessionId) -> Result<Option<StoredSession>, StoreError> {

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::error::SessionError;
 use crate::machine::Session;
-use crate::model::{SessionId, Submission, ToolCallId, ToolRule, Usage};
+use crate::model::{SessionHeader, SessionId, Submission, ToolCallId, ToolRule, Usage};
 use crate::provider::{ProviderError, ProviderEvent};
 use crate::store::StoredSession;
 
@@ -45,6 +45,9 @@ pub enum SessionMsg {
     Done(RpcReplyPort<Result<(), SessionError>>),
     /// The current state.
     Get(RpcReplyPort<StoredSession>),
+    /// The current header alone: what a caller needs that does not need the
+    /// transcript (pending approvals, status) without copying it.
+    GetHeader(RpcReplyPort<SessionHeader>),
     /// The live actor of one of this session's children, spawned (under this
     /// actor's supervision) from its checkpoint if it is not live. Children
     /// are never activated anywhere else.

@@ -22,8 +22,8 @@ use crate::error::SessionError;
 use crate::machine::{Input, Session};
 use crate::messages::{OrchestratorMsg, SessionMsg};
 use crate::model::{
-    AgentConfig, Event, Notification, SessionHeader, SessionId, SessionOverrides, SessionStatus,
-    Submission, ToolCallId, ToolRule, Usage,
+    AgentConfig, CallState, Event, Notification, SessionHeader, SessionId, SessionOverrides,
+    SessionStatus, Submission, ToolCallId, ToolRule, Usage,
 };
 use crate::orchestrator::{OrchestratorActor, OrchestratorArgs};
 use crate::provider::Provider;
@@ -412,10 +412,76 @@ impl Overseer {
         &self,
         id: SessionId,
     ) -> Result<Vec<PendingApproval>, SessionError> {
-        let tree = self.tree(id).await?;
+        let header = self.header(id).await?;
         let mut out = Vec::new();
-        collect_pending(&tree, &mut Vec::new(), &mut out);
+        self.collect_pending(header, &mut Vec::new(), &mut out)
+            .await?;
         Ok(out)
+    }
+
+    /// Pending approvals of `header`'s session and of the propagating
+    /// children of its open calls, depth first. Headers only: a child that
+    /// can still ask for a decision hangs off an open call of its parent
+    /// (a finished, cancelled or interrupted call leaves its child terminal),
+    /// so neither transcripts nor finished children are read. This is the
+    /// path of every decision over HTTP; [`Overseer::tree`] walks the whole
+    /// history.
+    async fn collect_pending(
+        &self,
+        header: SessionHeader,
+        path: &mut Vec<SessionId>,
+        out: &mut Vec<PendingApproval>,
+    ) -> Result<(), SessionError> {
+        path.push(header.id);
+        let mut children = Vec::new();
+        for call in &header.open_calls {
+            if call.state == CallState::AwaitingApproval {
+                out.push(PendingApproval {
+                    session_id: header.id,
+                    path: path.clone(),
+                    call: call.clone(),
+                });
+            }
+            if let Some(child) = call.child {
+                if !children.contains(&child) {
+                    children.push(child);
+                }
+            }
+        }
+        for child in children {
+            let child = match self.header(child).await {
+                Ok(h) => h,
+                // Intent recorded, child not yet created.
+                Err(SessionError::NotFound(_)) => continue,
+                Err(e) => return Err(e),
+            };
+            if child.parent.as_ref().is_some_and(|p| p.propagate) {
+                Box::pin(self.collect_pending(child, path, out)).await?;
+            }
+        }
+        path.pop();
+        Ok(())
+    }
+
+    /// The session's current header: from its live actor, else the store.
+    pub async fn header(&self, id: SessionId) -> Result<SessionHeader, SessionError> {
+        let live = self.runtime.live.get(&id).map(|r| r.clone());
+        if let Some(actor) = live {
+            if let Ok(CallResult::Success(h)) = actor
+                .call(
+                    SessionMsg::GetHeader,
+                    Some(self.runtime.config.call_timeout),
+                )
+                .await
+            {
+                return Ok(h);
+            }
+        }
+        self.runtime
+            .store
+            .load_header(id)
+            .await?
+            .ok_or(SessionError::NotFound(id))
     }
 
     /// Cancels the session.
@@ -589,22 +655,6 @@ impl TreeNode {
         }
         out
     }
-}
-
-fn collect_pending(node: &TreeNode, path: &mut Vec<SessionId>, out: &mut Vec<PendingApproval>) {
-    path.push(node.session_id);
-    for p in &node.pending {
-        out.push(PendingApproval {
-            path: path.clone(),
-            ..p.clone()
-        });
-    }
-    for c in &node.children {
-        if c.propagates {
-            collect_pending(c, path, out);
-        }
-    }
-    path.pop();
 }
 
 fn check_size(what: &str, size: u64, limit: u64) -> Result<(), SessionError> {

@@ -239,6 +239,10 @@ impl Actor for SessionActor {
                     let _ = reply.send(state.session.to_stored());
                     Ok(())
                 }
+                SessionMsg::GetHeader(reply) => {
+                    let _ = reply.send(state.session.header.clone());
+                    Ok(())
+                }
                 SessionMsg::ActivateChild(child, reply) => {
                     state.activate_child(&myself, child, reply).await;
                     Ok(())

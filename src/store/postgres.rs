@@ -1099,6 +1099,19 @@ pub(crate) struct Prepared {
     new_events: Option<(u64, u64)>,
 }
 
+impl Prepared {
+    /// Bytes of encoded rows this checkpoint writes (for the bytes metric).
+    fn size(&self) -> u64 {
+        let rows = |v: &[String]| v.iter().map(String::len).sum::<usize>();
+        (self.header.len()
+            + self.metadata.as_ref().map_or(0, String::len)
+            + rows(&self.entries)
+            + rows(&self.blob_data)
+            + rows(&self.events)
+            + rows(&self.queued)) as u64
+    }
+}
+
 fn utf8(id: &SessionId, bytes: Vec<u8>) -> Result<String, StoreError> {
     String::from_utf8(bytes).map_err(|e| corrupt(id, format!("encoded JSON is not UTF-8: {e}")))
 }
@@ -1206,8 +1219,12 @@ impl CheckpointStore for PgStore {
         } else {
             prepare(&checkpoint, Some(epoch))?
         };
+        let bytes = prepared.size();
         match self.inner.writer.submit(prepared, self.inner.node).await? {
-            true => Ok(()),
+            true => {
+                overseer_actors::metrics::record_checkpoint_bytes(bytes);
+                Ok(())
+            }
             false => {
                 self.lost(root, epoch);
                 Err(StoreError::NotOwner {

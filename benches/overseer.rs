@@ -276,9 +276,11 @@ fn plan(args: &Args) -> Vec<Case> {
     }
     for &n in &sizes {
         add(Workload::Idle, "idle", idle_mode, n);
+        add(Workload::Idle, "hibernate", idle_mode, n);
     }
     if args.full && args.sessions.is_none() {
         add(Workload::Idle, "idle", idle_mode, 1_000_000);
+        add(Workload::Idle, "hibernate", idle_mode, 1_000_000);
     }
     for &m in &modes {
         add(Workload::Recovery, "recovery", m, recovery_n);
@@ -509,6 +511,7 @@ fn run_case(case: &str, args: &Args) -> Res<ExitCode> {
             "approve" => approve::run(mode, n, limit, &base, &mut failures).await,
             "round-trip" => approve::serial(mode, n, limit, &base, &mut failures).await,
             "idle" => idle::run(mode, n, limit, &base).await,
+            "hibernate" => idle::hibernated(mode, n, limit, &base).await,
             "checkpoint" => checkpoint::run(mode, rounds, &base).await,
             "recovery" => recovery::run(mode, n, limit, &base, &mut failures).await,
             "http" => http::run(mode, n, &base, &mut failures).await,

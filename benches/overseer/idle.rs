@@ -89,20 +89,69 @@ pub async fn run(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<Vec<Row
         "bytes",
         "<= 16384",
     );
-    let hibernated = hibernated_rss(mode, n, limit, base).await?;
+    Ok(rows.rows)
+}
+
+/// Workload 2, hibernated: RSS per hibernated session, in a process of its
+/// own (after the live case in the same process, the allocator's retained
+/// pages would make the baseline meaningless).
+pub async fn hibernated(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<Vec<Row>> {
+    let mut rows = Rows::new(NAME, Some(mode), n);
+    let h = hibernated_rss(mode, n, limit, base).await?;
     rows.add(
-        "RSS per hibernated session",
-        Some(hibernated),
+        "RSS per hibernated session (marginal, 2nd half)",
+        Some(h.marginal),
         "bytes",
-        "<= a few hundred",
+        "<= 1024",
+    );
+    rows.add(
+        "RSS per hibernated session (all, upper bound)",
+        Some(h.overall),
+        "bytes",
+        "",
+    );
+    rows.add(
+        &format!("RSS with {n} hibernated"),
+        Some(h.end_rss as f64 / (1u64 << 20) as f64),
+        "MiB",
+        if n >= 1_000_000 { "<= 2048" } else { "" },
+    );
+    rows.add(
+        "create-to-hibernated rate, first tenth",
+        h.first_rate,
+        "sessions/s",
+        "",
+    );
+    rows.add(
+        "create-to-hibernated rate, last tenth",
+        h.last_rate,
+        "sessions/s",
+        "= first tenth",
     );
     Ok(rows.rows)
 }
 
-/// RSS per session once `n` idle sessions have hibernated (actor stopped,
-/// state only on disk). The allocator may keep freed pages, so this is an
-/// upper bound on what a hibernated session costs.
-async fn hibernated_rss(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<f64> {
+/// What hibernated sessions cost, from [`hibernated_rss`].
+struct Hibernated {
+    /// RSS growth over the second half of the sessions, per session: what
+    /// one more hibernated session costs once the allocator has reused
+    /// what the first half's actors freed. Not an upper bound.
+    marginal: f64,
+    /// RSS growth over all of them, per session (an upper bound: it also
+    /// counts pages the allocator kept from the actors before they stopped).
+    overall: f64,
+    /// RSS at the end.
+    end_rss: u64,
+    /// Sessions per second created and hibernated, in the first tenth and in
+    /// the last: creating the last costs what the first did if they match.
+    first_rate: Option<f64>,
+    last_rate: Option<f64>,
+}
+
+/// Creates `n` sessions in ten chunks, each left to hibernate (actor
+/// stopped, state only on disk) before the next, and reads RSS after each
+/// chunk.
+async fn hibernated_rss(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<Hibernated> {
     let config = RuntimeConfig {
         idle_hibernate: Some(Duration::from_millis(500)),
         ..RuntimeConfig::default()
@@ -118,8 +167,22 @@ async fn hibernated_rss(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<
     wait_hibernated(&ov, WARM_UP).await?;
     settle().await;
     let before = rss_bytes()?;
-    idle_sessions(&ov, &probe, WARM_UP, n, limit).await?;
-    wait_hibernated(&ov, WARM_UP + n).await?;
+    let chunk = n.div_ceil(10).max(1);
+    let mut reached = 0;
+    let mut middle = None;
+    let mut rates = Vec::new();
+    while reached < n {
+        let size = chunk.min(n - reached);
+        let t = Instant::now();
+        idle_sessions(&ov, &probe, WARM_UP + reached, size, limit).await?;
+        wait_hibernated(&ov, WARM_UP + reached + size).await?;
+        rates.push(rate(size, t.elapsed()));
+        reached += size;
+        if middle.is_none() && reached * 2 >= n {
+            settle().await;
+            middle = Some((reached, rss_bytes()?));
+        }
+    }
     settle().await;
     let after = rss_bytes()?;
     eprintln!(
@@ -129,7 +192,14 @@ async fn hibernated_rss(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<
         ov.runtime().live.len()
     );
     ov.shutdown().await?;
-    Ok(after.saturating_sub(before) as f64 / n.max(1) as f64)
+    let (half, at_half) = middle.unwrap_or((0, before));
+    Ok(Hibernated {
+        marginal: after.saturating_sub(at_half) as f64 / (n - half).max(1) as f64,
+        overall: after.saturating_sub(before) as f64 / n.max(1) as f64,
+        end_rss: after,
+        first_rate: rates.first().copied().flatten(),
+        last_rate: rates.last().copied().flatten(),
+    })
 }
 
 /// Waits (bounded) until `n` sessions have hibernated.
@@ -142,7 +212,10 @@ async fn wait_hibernated(ov: &overseer::actors::Overseer, n: usize) -> Res<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Err(format!("only some of {n} sessions hibernated within a minute").into())
+    Err(
+        format!("only some of {n} sessions hibernated within a minute of the last one going idle")
+            .into(),
+    )
 }
 
 /// Creates sessions `from+1 ..= from+n` and waits until each awaits input.

@@ -1090,3 +1090,83 @@ async fn cancel_during_a_permission_request_keeps_the_session() {
         .count();
     assert_eq!(decided, 0, "a cancelled request decides nothing");
 }
+
+/// A model that refuses the first prompt (proposing a call it then
+/// withdraws) and answers the second.
+fn refusing_config(dir: &Path) -> PathBuf {
+    let scenario = dir.join("refusing.json");
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"agents": {"assistant": [
+            {"text": "I can't help with that.", "finish": "refusal",
+                "tool_calls": [{"name": "current_time", "arguments": {}}]},
+            {"text": "Happy to help with this one."}
+        ]}})
+        .to_string(),
+    )
+    .unwrap();
+    let config = dir.join("refusing.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[provider]
+kind = "scripted"
+scenario = "{}"
+
+[[agents]]
+name = "assistant"
+tools = ["current_time"]
+approval = "always"
+"#,
+            scenario.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// A refusal is the prompt's stop reason, nothing of it runs, and the
+/// session takes the next prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_stops_the_prompt_with_refusal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = refusing_config(tmp.path());
+    let (agent, transport) = spawn_agent(tmp.path(), &config, &[]);
+    let cwd = tmp.path().to_path_buf();
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let answer = within(
+            "the refused prompt's answer",
+            cx.send_request(prompt(&session, "something forbidden"))
+                .block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::Refusal);
+        let updates = inbox.drain();
+        assert!(
+            agent_text(&updates).contains("I can't help with that."),
+            "{updates:?}"
+        );
+        assert!(
+            !updates
+                .iter()
+                .any(|u| matches!(u, SessionUpdate::ToolCall(_))),
+            "a refused answer's call was shown: {updates:?}"
+        );
+        assert!(inbox.asks.try_recv().is_err(), "a refused call was asked");
+        let answer = within(
+            "the next prompt's answer",
+            cx.send_request(prompt(&session, "something fine"))
+                .block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        assert!(agent_text(&inbox.drain()).contains("Happy to help"));
+    })
+    .await;
+    agent.exits_having_spoken_only_protocol().await;
+}

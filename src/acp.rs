@@ -4,6 +4,7 @@
 //! as `session/update` notifications, calls that need approval become
 //! `session/request_permission`, and `session/cancel` interrupts the turn.
 //! Agents may list the editor's file tools (`fs.rs`), which the client runs.
+//! The client's MCP servers become the session's own (`mcp.rs`).
 //!
 //! The runtime is the one `overseer run` builds (`service::open`: the
 //! configured store, providers and tools), in-process. This module owns only
@@ -18,6 +19,7 @@ mod agent;
 mod error;
 mod follow;
 mod fs;
+mod mcp;
 mod permission;
 mod transport;
 mod updates;

@@ -20,11 +20,11 @@ use std::time::Duration;
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     CancelNotification, ClientCapabilities, ContentBlock, FileSystemCapabilities, Implementation,
-    InitializeRequest, LoadSessionRequest, NewSessionRequest, PermissionOptionKind, PromptRequest,
-    ReadTextFileRequest, ReadTextFileResponse, RequestPermissionOutcome, RequestPermissionRequest,
-    RequestPermissionResponse, SelectedPermissionOutcome, SessionNotification, SessionUpdate,
-    StopReason, TextContent, ToolCallStatus, ToolKind, Usage, WriteTextFileRequest,
-    WriteTextFileResponse,
+    InitializeRequest, LoadSessionRequest, McpServer, McpServerStdio, NewSessionRequest,
+    PermissionOptionKind, PromptRequest, ReadTextFileRequest, ReadTextFileResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse,
+    SelectedPermissionOutcome, SessionNotification, SessionUpdate, StopReason, TextContent,
+    ToolCallStatus, ToolKind, Usage, WriteTextFileRequest, WriteTextFileResponse,
 };
 use agent_client_protocol::v1::{ConnectionTo, Responder};
 use agent_client_protocol::{Agent, Client, Lines};
@@ -33,6 +33,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::LinesStream;
+
+mod common;
 
 use overseer::store::{Durability, SledStore};
 use overseer_actors::model::{EventKind, SessionId, ToolRule, TranscriptEntry};
@@ -1089,4 +1091,286 @@ async fn cancel_during_a_permission_request_keeps_the_session() {
         .filter(|e| matches!(e.kind, EventKind::DecisionRecorded { .. }))
         .count();
     assert_eq!(decided, 0, "a cancelled request decides nothing");
+}
+
+/// A model that refuses the first prompt (proposing a call it then
+/// withdraws) and answers the second.
+fn refusing_config(dir: &Path) -> PathBuf {
+    let scenario = dir.join("refusing.json");
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"agents": {"assistant": [
+            {"text": "I can't help with that.", "finish": "refusal",
+                "tool_calls": [{"name": "current_time", "arguments": {}}]},
+            {"text": "Happy to help with this one."}
+        ]}})
+        .to_string(),
+    )
+    .unwrap();
+    let config = dir.join("refusing.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[provider]
+kind = "scripted"
+scenario = "{}"
+
+[[agents]]
+name = "assistant"
+tools = ["current_time"]
+approval = "always"
+"#,
+            scenario.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// A refusal is the prompt's stop reason, nothing of it runs, and the
+/// session takes the next prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_stops_the_prompt_with_refusal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = refusing_config(tmp.path());
+    let (agent, transport) = spawn_agent(tmp.path(), &config, &[]);
+    let cwd = tmp.path().to_path_buf();
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let answer = within(
+            "the refused prompt's answer",
+            cx.send_request(prompt(&session, "something forbidden"))
+                .block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::Refusal);
+        let updates = inbox.drain();
+        assert!(
+            agent_text(&updates).contains("I can't help with that."),
+            "{updates:?}"
+        );
+        assert!(
+            !updates
+                .iter()
+                .any(|u| matches!(u, SessionUpdate::ToolCall(_))),
+            "a refused answer's call was shown: {updates:?}"
+        );
+        assert!(inbox.asks.try_recv().is_err(), "a refused call was asked");
+        let answer = within(
+            "the next prompt's answer",
+            cx.send_request(prompt(&session, "something fine"))
+                .block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        assert!(agent_text(&inbox.drain()).contains("Happy to help"));
+    })
+    .await;
+    agent.exits_having_spoken_only_protocol().await;
+}
+
+/// An agent whose own tools are none: it writes and reads a note with the
+/// tools of the editor's filesystem server, then (after a reload) reads it
+/// again.
+fn mcp_config(dir: &Path, notes: &Path) -> PathBuf {
+    let scenario = dir.join("mcp.json");
+    let path = notes.display().to_string();
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"agents": {"assistant": [
+            {"text": "Writing.", "tool_calls": [{"name": "files__write_file",
+                "arguments": {"path": path, "content": "from the editor's server"}}]},
+            {"text": "Reading.", "tool_calls": [{"name": "files__read_text_file",
+                "arguments": {"path": path}}]},
+            {"text": "It says: {{tool_result}}"},
+            {"tool_calls": [{"name": "files__read_text_file", "arguments": {"path": path}}]},
+            {"text": "Still: {{tool_result}}"}
+        ]}})
+        .to_string(),
+    )
+    .unwrap();
+    let config = dir.join("mcp.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[provider]
+kind = "scripted"
+scenario = "{}"
+
+[[agents]]
+name = "assistant"
+tools = []
+approval = "per_tool"
+"#,
+            scenario.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// The editor's `@modelcontextprotocol/server-filesystem`, serving `root`.
+async fn filesystem_server(root: &Path) -> McpServer {
+    common::npm::installed().await;
+    let js = common::npm::tests_dir()
+        .join("node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    assert!(js.is_file(), "{} is missing", js.display());
+    McpServer::Stdio(
+        McpServerStdio::new("files", "node")
+            .args(vec![js.display().to_string(), root.display().to_string()]),
+    )
+}
+
+/// Processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(needle) {
+                found.push(cmdline);
+            }
+        }
+    }
+    found
+}
+
+/// The editor's MCP servers are the session's own: their tools are in its
+/// scope under the usual approval rules, their results reach the model and
+/// the editor follows the calls; a server that cannot start is a JSON-RPC
+/// error naming it (and the agent goes on); the servers stop with the
+/// connection, and a `session/load` that passes them again connects them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_editors_mcp_servers_are_the_sessions_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("shared");
+    std::fs::create_dir(&root).unwrap();
+    let notes = root.join("notes.txt");
+    let config = mcp_config(tmp.path(), &notes);
+    let server = filesystem_server(&root).await;
+    let cwd = tmp.path().to_path_buf();
+
+    let (agent, transport) = spawn_agent(tmp.path(), &config, &[]);
+    let session = client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        // A server whose command does not exist: refused, naming it.
+        let broken = McpServer::Stdio(McpServerStdio::new("broken", "/nonexistent/mcp-server"));
+        let refused = within(
+            "session/new with a broken server",
+            cx.send_request(NewSessionRequest::new(&cwd).mcp_servers(vec![broken]))
+                .block_task(),
+        )
+        .await
+        .expect_err("a session with a server that cannot start");
+        let said = format!(
+            "{} {}",
+            refused.message,
+            refused.data.clone().unwrap_or_default()
+        );
+        assert!(said.contains("'broken'"), "{said}");
+        assert!(said.contains("failed to start"), "{said}");
+
+        let session = within(
+            "session/new with the filesystem server",
+            cx.send_request(NewSessionRequest::new(&cwd).mcp_servers(vec![server.clone()]))
+                .block_task(),
+        )
+        .await
+        .expect("session/new")
+        .session_id
+        .0
+        .to_string();
+        let turn = cx.send_request(prompt(&session, "keep a note"));
+        // Writing is asked (the server does not say it is read-only).
+        let (req, responder) = inbox.ask("the write's permission request").await;
+        assert_eq!(
+            req.tool_call.fields.title.as_deref(),
+            Some("files__write_file")
+        );
+        responder
+            .respond(choose(PermissionOptionKind::AllowOnce, &req))
+            .unwrap();
+        let answer = within("the prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        assert!(inbox.asks.try_recv().is_err(), "reading was asked");
+        let updates = inbox.drain();
+        assert!(
+            agent_text(&updates).contains("It says: from the editor's server"),
+            "the read's result did not reach the model: {updates:?}"
+        );
+        let read = updates
+            .iter()
+            .find_map(|u| match u {
+                SessionUpdate::ToolCall(t) if t.title == "files__read_text_file" => {
+                    Some(t.tool_call_id.0.to_string())
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no tool_call for the read: {updates:?}"));
+        assert!(
+            updates
+                .iter()
+                .any(|u| is_final_update(u, &read, ToolCallStatus::Completed)),
+            "{updates:?}"
+        );
+        session
+    })
+    .await;
+    agent.exits_having_spoken_only_protocol().await;
+    assert_eq!(
+        std::fs::read_to_string(&notes).unwrap(),
+        "from the editor's server"
+    );
+    // The server's process ended with the connection.
+    let needle = root.display().to_string();
+    common::eventually(
+        "the editor's server to end with the agent",
+        Duration::from_millis(100),
+        || async {
+            let left = processes_mentioning(&needle);
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("still running: {left:?}"))
+            }
+        },
+    )
+    .await;
+
+    // A later agent reconnects the server the client passes again.
+    let (agent, transport) = spawn_agent(tmp.path(), &config, &[]);
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        within(
+            "session/load",
+            cx.send_request(
+                LoadSessionRequest::new(session.clone(), &cwd).mcp_servers(vec![server.clone()]),
+            )
+            .block_task(),
+        )
+        .await
+        .expect("session/load");
+        let answer = within(
+            "the prompt after the load",
+            cx.send_request(prompt(&session, "read it again"))
+                .block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        let updates = inbox.drain();
+        assert!(
+            agent_text(&updates).contains("Still: from the editor's server"),
+            "{updates:?}"
+        );
+    })
+    .await;
+    agent.exits_having_spoken_only_protocol().await;
 }

@@ -1827,6 +1827,43 @@ async fn an_answer_cut_at_the_length_limit_ends_the_turn_with_max_tokens() {
     }
 }
 
+/// Each wire format's refusal ends the turn with `refusal`, the text kept
+/// and nothing run.
+#[tokio::test]
+async fn a_refusal_ends_the_turn_with_refusal() {
+    for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
+        let events = match kind {
+            ProviderKind::Openai => vec![
+                oa_role(),
+                oa_text("I can't help with that."),
+                oa_finish("content_filter"),
+                oa_usage(9, 6),
+                OA_DONE.to_owned(),
+            ],
+            _ => vec![
+                an_start(9),
+                an_text_start(0),
+                an_text(0, "I can't help with that."),
+                an_stop(0),
+                an_delta("refusal", 6),
+                an_message_stop(),
+            ],
+        };
+        let server = TestServer::start(move |_, _| sse(events.clone())).await;
+        let ov = launcher_overseer(built(&route(kind, &server))).await;
+        let (stop, transcript) = first_turn(&ov, "Something forbidden").await;
+        assert_eq!(stop, StopReason::Refusal, "{kind}: {transcript:#?}");
+        assert!(
+            matches!(transcript.last(), Some(TranscriptEntry::Assistant {
+                text, finish_reason: Some(FinishReason::Refusal), ..
+            }) if text == "I can't help with that."),
+            "{kind}: {transcript:#?}"
+        );
+        assert_eq!(server.count(), 1, "{kind}: the turn ended there");
+        ov.shutdown().await.unwrap();
+    }
+}
+
 fn city_schema() -> Value {
     json!({
         "type": "object",

@@ -760,9 +760,15 @@ impl Session {
         }
         let step = self.header.step;
         let truncated = partial.finish == Some(FinishReason::Length);
+        let refused = partial.finish == Some(FinishReason::Refusal);
         // An answer cut at the length limit may hold cut tool calls: none is
-        // run (and none is recorded without a result).
-        let calls = if truncated { Vec::new() } else { partial.calls };
+        // run (and none is recorded without a result); nor is any of an
+        // answer the model itself withdrew.
+        let calls = if truncated || refused {
+            Vec::new()
+        } else {
+            partial.calls
+        };
         let mut records = Vec::with_capacity(calls.len());
         let mut proposed = Vec::with_capacity(calls.len());
         let salt = self.header.last_event_seq << 16;
@@ -791,6 +797,11 @@ impl Session {
         });
         if truncated {
             self.end_turn(StopReason::MaxTokens, ctx, fx);
+            return;
+        }
+        // Not an answer: no output schema is checked against it.
+        if refused {
+            self.end_turn(StopReason::Refusal, ctx, fx);
             return;
         }
         if records.is_empty() {

@@ -55,6 +55,10 @@ pub struct CreateSession {
     pub auto_complete: bool,
     /// Per-session changes to the agent's preset.
     pub overrides: SessionOverrides,
+    /// Tools of the session's own, added to its scope after the overrides
+    /// narrowed the agent's: each must be among the tools given to this id
+    /// with [`Overseer::set_session_tools`] first.
+    pub session_tools: Vec<String>,
 }
 
 /// The in-process API of overseer. Cheap to clone.
@@ -185,7 +189,7 @@ impl Overseer {
             .agents
             .get(&req.agent)
             .ok_or_else(|| SessionError::UnknownAgent(req.agent.clone()))?;
-        let config = req.overrides.apply(agent)?;
+        let mut config = req.overrides.apply(agent)?;
         let limits = &self.runtime.config.limits;
         if let Some(title) = &req.title {
             check_size("title", title.len() as u64, limits.max_title_bytes)?;
@@ -205,6 +209,26 @@ impl Overseer {
         let Some(_creating) = CreatingGuard::claim(&self.runtime, id) else {
             return Err(SessionError::AlreadyExists(id));
         };
+        if !req.session_tools.is_empty() {
+            let tools = self.runtime.tools_for(id);
+            let missing: Vec<&str> = req
+                .session_tools
+                .iter()
+                .filter(|t| tools.spec(t).is_none())
+                .map(String::as_str)
+                .collect();
+            if !missing.is_empty() {
+                return Err(SessionError::Invalid(format!(
+                    "session_tools: no such tool for session {id}: {}",
+                    missing.join(", ")
+                )));
+            }
+            for tool in &req.session_tools {
+                if !config.tools.contains(tool) {
+                    config.tools.push(tool.clone());
+                }
+            }
+        }
         self.create_checked(id, req, config, agent).await
     }
 
@@ -232,7 +256,7 @@ impl Overseer {
                     text,
                     message_id: None,
                 },
-                self.runtime.ctx(),
+                self.runtime.ctx_with(&self.runtime.tools_for(id)),
             )?;
         }
         // A new tree's lease, in a store shared by several nodes (§15).
@@ -492,6 +516,26 @@ impl Overseer {
     /// Marks the session completed.
     pub async fn done(&self, id: SessionId) -> Result<(), SessionError> {
         self.runtime.route(id, SessionMsg::Done).await
+    }
+
+    /// Gives session `id` tools of its own (an edge's per-session MCP
+    /// servers, say), on top of the runtime's, in place of any it had. Set
+    /// them before creating the session (see [`CreateSession::session_tools`])
+    /// or resuming it; they are held until [`Overseer::clear_session_tools`],
+    /// and a session without them fails their calls as not available.
+    pub fn set_session_tools(
+        &self,
+        id: SessionId,
+        tools: Vec<Arc<dyn crate::tool::Tool>>,
+    ) -> Result<(), SessionError> {
+        self.runtime
+            .set_session_tools(id, tools)
+            .map_err(|e| SessionError::Invalid(e.to_string()))
+    }
+
+    /// Drops session `id`'s own tools (see [`Overseer::set_session_tools`]).
+    pub fn clear_session_tools(&self, id: SessionId) {
+        self.runtime.clear_session_tools(id);
     }
 
     /// Stops the current turn (stream, tools, pending approvals, the

@@ -140,6 +140,9 @@ pub struct Runtime {
     pub(crate) tenant_live: DashMap<String, usize>,
     /// Sessions created per tenant on the current day (UTC): (day, count).
     tenant_created: DashMap<String, (i64, u64)>,
+    /// The tools of sessions that have tools of their own (an edge's
+    /// per-session MCP servers): `tools` plus theirs.
+    session_tools: DashMap<SessionId, ToolRegistry>,
 }
 
 /// Wall-clock milliseconds read as the wall clock at start plus the tokio
@@ -192,7 +195,34 @@ impl Runtime {
             clock: Clock::new(),
             tenant_live: DashMap::new(),
             tenant_created: DashMap::new(),
+            session_tools: DashMap::new(),
         }
+    }
+
+    /// The tools session `id` sees: the runtime's, plus its own if it has
+    /// any (cheap: registries share their maps).
+    pub(crate) fn tools_for(&self, id: SessionId) -> ToolRegistry {
+        self.session_tools
+            .get(&id)
+            .map_or_else(|| self.tools.clone(), |t| t.value().clone())
+    }
+
+    /// Gives session `id` tools of its own on top of the runtime's, in
+    /// place of any it had.
+    pub(crate) fn set_session_tools(
+        &self,
+        id: SessionId,
+        extra: Vec<Arc<dyn crate::tool::Tool>>,
+    ) -> Result<(), crate::tool::ToolRegistryError> {
+        let tools = self.tools.extended(extra)?;
+        self.session_tools.insert(id, tools);
+        Ok(())
+    }
+
+    /// Takes session `id`'s own tools away; its calls of them then fail as
+    /// not available.
+    pub(crate) fn clear_session_tools(&self, id: SessionId) {
+        self.session_tools.remove(&id);
     }
 
     /// Now, in ms since the epoch, on the runtime's clock.
@@ -306,9 +336,9 @@ impl Runtime {
 
     /// The context of a transition happening now, for a session whose
     /// model route is `model`.
-    pub(crate) fn ctx_for(&self, model: &str) -> Ctx<'_> {
+    pub(crate) fn ctx_for<'a>(&'a self, tools: &'a ToolRegistry, model: &str) -> Ctx<'a> {
         Ctx {
-            tools: &self.tools,
+            tools,
             now_ms: self.now_ms(),
             seed: rand_seed(),
             limits: self.config.limits,
@@ -319,9 +349,14 @@ impl Runtime {
 
     /// [`Runtime::ctx_for`] where no step starts (no window needed).
     pub(crate) fn ctx(&self) -> Ctx<'_> {
+        self.ctx_with(&self.tools)
+    }
+
+    /// [`Runtime::ctx`] with a session's `tools`.
+    pub(crate) fn ctx_with<'a>(&'a self, tools: &'a ToolRegistry) -> Ctx<'a> {
         Ctx {
             context_window: None,
-            ..self.ctx_for("")
+            ..self.ctx_for(tools, "")
         }
     }
 

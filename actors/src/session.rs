@@ -468,7 +468,10 @@ impl SessionState {
         input: Input,
     ) -> Result<Result<(), SessionError>, ActorProcessingErr> {
         let before = self.session.header.status;
-        let ctx = self.runtime.ctx_for(&self.session.header.config.model);
+        let tools = self.runtime.tools_for(self.session.header.id);
+        let ctx = self
+            .runtime
+            .ctx_for(&tools, &self.session.header.config.model);
         let effects = match self.session.apply(input, ctx) {
             Ok(fx) => fx,
             Err(e) => return Ok(Err(e)),
@@ -630,7 +633,7 @@ impl SessionState {
     ) {
         crate::fault_point!(BeforeToolDispatch, &self.session.header);
         let header = &self.session.header;
-        let Some(tool) = self.runtime.tools.get(&name) else {
+        let Some(tool) = self.runtime.tools_for(header.id).get(&name) else {
             self.report_to_self(
                 myself,
                 SessionMsg::ToolFinished {

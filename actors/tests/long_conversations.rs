@@ -653,6 +653,28 @@ async fn a_childs_output_reaches_the_parent() {
 // ---- finish reason and model switch -------------------------------------------
 
 #[tokio::test]
+async fn a_refusal_ends_the_turn_with_refusal_and_runs_nothing() {
+    let steps = json!([
+        {"text": "I can't help with that.", "finish": "refusal",
+            "tool_calls": [{"name": "echo", "arguments": {}}]},
+        {"text": "fine"}
+    ]);
+    let h = harness(agent(&["echo"]), steps).await;
+    let (id, mut rx) = h.start("something forbidden").await;
+    assert_eq!(turn_end(&mut rx).await, StopReason::Refusal);
+    let s = h.ov.state(id).await.unwrap();
+    assert_eq!(s.header.last_stop_reason, Some(StopReason::Refusal));
+    assert_eq!(s.header.status, SessionStatus::AwaitingInput);
+    let transcript = h.transcript(id).await;
+    assert!(transcript.iter().any(|e| matches!(e,
+        TranscriptEntry::Assistant { finish_reason: Some(f), tool_calls, .. }
+            if *f == overseer_actors::provider::FinishReason::Refusal && tool_calls.is_empty())));
+    assert!(tool_results(&transcript).is_empty(), "a refused call ran");
+    h.ov.send_message(id, "something fine").await.unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+}
+
+#[tokio::test]
 async fn an_answer_cut_at_the_length_limit_ends_the_turn_with_max_tokens() {
     let steps =
         json!([{"text": "a long answer that was cut", "finish": "length"}, {"text": "fine"}]);

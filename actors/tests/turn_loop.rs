@@ -676,3 +676,94 @@ async fn concurrent_creates_of_one_id_create_it_once() {
         .into_iter()
         .any(|r| r == Err(SessionError::AlreadyExists(id))));
 }
+
+// ---- a session's own tools ---------------------------------------------------
+
+/// A tool only some sessions have (as an edge's per-session MCP server's).
+struct Own(overseer_actors::tool::ToolSpec);
+
+#[async_trait::async_trait]
+impl overseer_actors::tool::Tool for Own {
+    fn spec(&self) -> &overseer_actors::tool::ToolSpec {
+        &self.0
+    }
+    async fn call(
+        &self,
+        ctx: overseer_actors::tool::ToolContext,
+        _arguments: Value,
+    ) -> Result<Value, overseer_actors::tool::ToolError> {
+        Ok(json!({"mine_for": ctx.session_id.to_string()}))
+    }
+}
+
+fn own_tool() -> Arc<dyn overseer_actors::tool::Tool> {
+    Arc::new(Own(overseer_actors::tool::ToolSpec::new(
+        "mine__say",
+        "A session's own tool",
+        object_schema(),
+    )))
+}
+
+/// A session's own tools are in its scope and run; another session of the
+/// same agent does not have them, a create naming tools it was not given is
+/// refused, and once they are taken away their calls fail as not available.
+#[tokio::test]
+async fn a_sessions_own_tools_are_its_alone() {
+    let call_then_answer = json!([
+        {"tool_calls": [{"name": "mine__say", "arguments": {}}]},
+        {"text": "said {{tool_result}}"},
+        {"tool_calls": [{"name": "mine__say", "arguments": {}}]},
+        {"text": "then {{tool_result}}"}
+    ]);
+    let h = harness(agent(&[]), call_then_answer).await;
+    let create = |id, session_tools: Vec<String>| CreateSession {
+        agent: "a".into(),
+        tenant: "t".into(),
+        prompt: Some("say it".into()),
+        id: Some(id),
+        session_tools,
+        ..CreateSession::default()
+    };
+
+    let mine = overseer_actors::model::SessionId::generate();
+    let refused =
+        h.ov.create_session(create(mine, vec!["mine__say".into()]))
+            .await;
+    assert!(
+        matches!(&refused, Err(SessionError::Invalid(m)) if m.contains("mine__say")),
+        "{refused:?}"
+    );
+    h.ov.set_session_tools(mine, vec![own_tool()]).unwrap();
+    let mut rx = h.ov.subscribe(mine);
+    h.ov.create_session(create(mine, vec!["mine__say".into()]))
+        .await
+        .unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let s = h.ov.state(mine).await.unwrap();
+    assert!(s.header.config.tools.contains(&"mine__say".to_owned()));
+    let results = tool_results(&h.transcript(mine).await);
+    assert_eq!(results[0].1, CallState::Completed, "{results:?}");
+    assert_eq!(results[0].2, json!({"mine_for": mine.to_string()}));
+
+    let other = overseer_actors::model::SessionId::generate();
+    let mut rx2 = h.ov.subscribe(other);
+    h.ov.create_session(create(other, vec![])).await.unwrap();
+    assert_eq!(turn_end(&mut rx2).await, StopReason::EndTurn);
+    let results = tool_results(&h.transcript(other).await);
+    assert_eq!(
+        results[0].1,
+        CallState::Failed,
+        "another session ran it: {results:?}"
+    );
+
+    h.ov.clear_session_tools(mine);
+    h.ov.send_message(mine, "again").await.unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    let results = tool_results(&h.transcript(mine).await);
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[1].1, CallState::Failed, "{results:?}");
+    assert!(
+        results[1].2.to_string().contains("not available"),
+        "{results:?}"
+    );
+}

@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, Implementation, InitializeRequest,
-    InitializeResponse, LoadSessionRequest, LoadSessionResponse, NewSessionRequest,
-    NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse, SessionNotification,
+    InitializeResponse, LoadSessionRequest, LoadSessionResponse, McpCapabilities,
+    NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse,
+    SessionNotification,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, ConnectTo, Error};
@@ -26,6 +27,7 @@ use overseer_actors::{CreateSession, Overseer, SessionError};
 
 use super::follow::{Link, TurnOutcome};
 use super::fs;
+use super::mcp::{self, SessionServers};
 use super::{updates, AcpError};
 use crate::cli::CLI_TENANT;
 
@@ -42,6 +44,9 @@ struct State {
     conn: fs::ClientSlot,
     /// Which of those tools the client advertised: (read, write).
     fs_caps: Mutex<(bool, bool)>,
+    /// The client's MCP servers of each session, connected while the
+    /// connection lasts.
+    servers: Mutex<HashMap<SessionId, SessionServers>>,
 }
 
 impl State {
@@ -58,6 +63,15 @@ impl State {
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
             .cloned()
+    }
+
+    fn keep_servers(&self, id: SessionId, servers: Option<SessionServers>) {
+        if let Some(servers) = servers {
+            self.servers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id, servers);
+        }
     }
 
     fn open(&self, id: SessionId, link: Link) {
@@ -82,6 +96,7 @@ pub(crate) async fn serve(
         sessions: Mutex::new(HashMap::new()),
         conn,
         fs_caps: Mutex::new((false, false)),
+        servers: Mutex::new(HashMap::new()),
     });
     let (s1, s2, s3, s4, s5) = (
         state.clone(),
@@ -148,12 +163,14 @@ pub(crate) async fn serve(
         )
         .connect_to(transport)
         .await;
-    // Followers stop with the connection.
+    // Followers stop with the connection, and so do the client's servers.
     state
         .sessions
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clear();
+    let servers = std::mem::take(&mut *state.servers.lock().unwrap_or_else(|p| p.into_inner()));
+    drop(servers);
     served.map_err(|e| AcpError::Connection(format!("{e:?}")))
 }
 
@@ -172,7 +189,8 @@ fn initialize(state: &State, req: InitializeRequest) -> InitializeResponse {
         .agent_capabilities(
             AgentCapabilities::new()
                 .load_session(true)
-                .prompt_capabilities(PromptCapabilities::new()),
+                .prompt_capabilities(PromptCapabilities::new())
+                .mcp_capabilities(McpCapabilities::new().http(true)),
         )
         .agent_info(
             Implementation::new("overseer", env!("CARGO_PKG_VERSION")).title("overseer".to_owned()),
@@ -213,17 +231,15 @@ async fn new_session(
     cx: ConnectionTo<Client>,
 ) -> Result<NewSessionResponse, Error> {
     check_cwd(&req.cwd)?;
-    if !req.mcp_servers.is_empty() {
-        tracing::warn!(
-            count = req.mcp_servers.len(),
-            "the client's MCP servers are not connected (not supported yet)"
-        );
-    }
+    let configs = mcp::configs(&req.mcp_servers)?;
     let overrides = SessionOverrides {
         tools: narrowed_tools(state),
         ..SessionOverrides::default()
     };
     let id = SessionId::generate();
+    // Dropped (their tools taken away) if the session is not created.
+    let servers = mcp::connect(&state.overseer, id, &configs).await?;
+    let names: Vec<&str> = configs.iter().map(|c| c.name.as_str()).collect();
     // Subscribed before the session exists: no event is missed.
     let rx = state.overseer.subscribe(id);
     state
@@ -232,14 +248,23 @@ async fn new_session(
             agent: state.agent.clone(),
             tenant: CLI_TENANT.into(),
             created_by: Some(state.by()),
-            metadata: json!({ "acp": { "cwd": req.cwd.display().to_string(), "client": state.by() } }),
+            metadata: json!({ "acp": {
+                "cwd": req.cwd.display().to_string(),
+                "client": state.by(),
+                mcp::METADATA_KEY: names,
+            } }),
             id: Some(id),
             overrides,
+            session_tools: servers
+                .as_ref()
+                .map(|s| s.tools.clone())
+                .unwrap_or_default(),
             ..CreateSession::default()
         })
         .await
         .map_err(session_error)?;
     tracing::info!(session = %id, "session/new");
+    state.keep_servers(id, servers);
     let link = Link::start(state.overseer.clone(), cx, id, rx, 0, &[], state.by());
     state.open(id, link);
     Ok(NewSessionResponse::new(id.to_string()))
@@ -288,10 +313,26 @@ async fn load_session(
             stored.header.status
         )));
     }
+    // The servers it was created with that the client passed again.
+    let recorded = mcp::recorded(&stored.metadata);
+    let (configs, ignored): (Vec<_>, Vec<_>) = mcp::configs(&req.mcp_servers)?
+        .into_iter()
+        .partition(|c| recorded.contains(&c.name));
+    for c in &ignored {
+        tracing::warn!(session = %id, mcp_server = %c.name, "not one of the session's MCP servers (its scope was fixed when it was created): not connected");
+    }
+    for name in recorded
+        .iter()
+        .filter(|n| !configs.iter().any(|c| &c.name == *n))
+    {
+        tracing::warn!(session = %id, mcp_server = %name, "the client did not pass this MCP server of the session again: its tools are unavailable");
+    }
+    let servers = mcp::connect(&state.overseer, id, &configs).await?;
     for update in updates::replay(&stored.transcript) {
         cx.send_notification(SessionNotification::new(id.to_string(), update))?;
     }
     tracing::info!(session = %id, status = %stored.header.status, "session/load");
+    state.keep_servers(id, servers);
     let overseer = state.overseer.clone();
     let cx = cx.clone();
     let by = state.by();

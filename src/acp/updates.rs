@@ -12,9 +12,6 @@ use overseer_actors::model::{CallState, StopReason, ToolCallRecord, TranscriptEn
 
 /// The ACP stop reason of a turn that ended with `reason`; `None` for a turn
 /// that failed (answered as a JSON-RPC error with the session's message).
-///
-/// overseer has no refusal outcome of its own: a provider's content filter
-/// ends the turn as any answer does, so `refusal` is never sent.
 pub(crate) fn stop_reason(reason: StopReason) -> Option<acp::StopReason> {
     match reason {
         StopReason::EndTurn => Some(acp::StopReason::EndTurn),
@@ -22,6 +19,7 @@ pub(crate) fn stop_reason(reason: StopReason) -> Option<acp::StopReason> {
         // Both cap the model requests one prompt may make.
         StopReason::MaxSteps | StopReason::BudgetExceeded => Some(acp::StopReason::MaxTurnRequests),
         StopReason::Interrupted | StopReason::Cancelled => Some(acp::StopReason::Cancelled),
+        StopReason::Refusal => Some(acp::StopReason::Refusal),
         StopReason::Error => None,
     }
 }
@@ -150,6 +148,7 @@ mod tests {
             ),
             (StopReason::Interrupted, Some(acp::StopReason::Cancelled)),
             (StopReason::Cancelled, Some(acp::StopReason::Cancelled)),
+            (StopReason::Refusal, Some(acp::StopReason::Refusal)),
             (StopReason::Error, None),
         ];
         for (ours, theirs) in rows {

@@ -188,6 +188,8 @@ pub(super) async fn create(
         id: keyed_id,
         auto_complete: body.auto_complete,
         overrides,
+        // An HTTP client has no tools of its own to give a session.
+        session_tools: Vec::new(),
     };
     let overseer = state.overseer();
     let id = match keyed_id {

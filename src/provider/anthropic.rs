@@ -592,6 +592,7 @@ impl EventDecoder {
             Some("tool_use") if !self.called_tools && self.answer.is_some() => FinishReason::Stop,
             Some("tool_use") => FinishReason::ToolCalls,
             Some("max_tokens" | "model_context_window_exceeded") => FinishReason::Length,
+            Some("refusal") => FinishReason::Refusal,
             _ => FinishReason::Other,
         }));
         Ok(out)

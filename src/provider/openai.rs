@@ -487,6 +487,7 @@ fn finish_reason(reason: &str) -> FinishReason {
         "stop" => FinishReason::Stop,
         "tool_calls" | "function_call" => FinishReason::ToolCalls,
         "length" => FinishReason::Length,
+        "content_filter" => FinishReason::Refusal,
         _ => FinishReason::Other,
     }
 }

@@ -117,6 +117,8 @@ pub enum StopReason {
     MaxTokens,
     /// Someone stopped the turn (`interrupt`); the session goes on.
     Interrupted,
+    /// The model refused to answer; the session goes on.
+    Refusal,
 }
 
 impl StopReason {
@@ -130,6 +132,7 @@ impl StopReason {
             Self::Error => "error",
             Self::MaxTokens => "max_tokens",
             Self::Interrupted => "interrupted",
+            Self::Refusal => "refusal",
         }
     }
 }

@@ -30,6 +30,9 @@ pub enum FinishReason {
     ToolCalls,
     /// The output hit the provider's length limit.
     Length,
+    /// The model declined to answer (OpenAI's `content_filter`, Anthropic's
+    /// `refusal`).
+    Refusal,
     /// Anything else the provider reported.
     Other,
 }

@@ -14,6 +14,9 @@
 //!   none of its writes lands, it drops its actors, each call ran once;
 //! - the database restarted under load: the nodes reconnect, requests in
 //!   flight succeed or get 503, nothing acknowledged is lost;
+//! - an event stream followed on a node that never owns the session,
+//!   resumed with `Last-Event-ID` on another survivor after the owner was
+//!   killed: every later event exactly once, in order, to the session's end;
 //! - `overseer store copy` from a sled directory with finished, parked and
 //!   delegating sessions: the copies are equal, the parked ones finish on the
 //!   cluster, and a second copy copies nothing.
@@ -624,4 +627,125 @@ async fn cluster_status_lists_nodes_and_a_bad_database_url_is_a_start_up_error()
         assert!(stderr.contains(expect), "{url}: {stderr}");
         assert!(!stderr.contains(":pw@"), "{stderr}");
     }
+}
+
+/// Opens the event stream of `id` on `node`, resuming after `last` if given.
+/// Its own client: a stream outlives the test client's request timeout.
+async fn stream(world: &World, node: &Node, id: &str, last: Option<u64>) -> anyhow::Result<Sse> {
+    let mut req = reqwest::Client::new()
+        .get(format!("{}/v1/sessions/{id}/events", node.url))
+        .bearer_auth(world.token());
+    if let Some(last) = last {
+        req = req.header("Last-Event-ID", last.to_string());
+    }
+    Sse::from_request(req).await
+}
+
+/// The stored events of a stream, as (id, type, data).
+fn stored(msgs: &[common::SseMsg]) -> Vec<(u64, String, Value)> {
+    msgs.iter()
+        .filter_map(|m| Some((m.id?, m.event.clone(), m.data.clone())))
+        .collect()
+}
+
+/// A client follows a session parked on node A from node B (which never
+/// owns it); A is killed; the client resumes on another survivor with
+/// `Last-Event-ID` before anyone has taken the session over, a survivor
+/// takes it, the call is approved and the session done: the resumed stream
+/// carries every later event exactly once and in order up to the session's
+/// end, and together with
+/// what the client had seen it is the session's whole log. A second client
+/// that never disconnected (on B) sees the whole log too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_stream_resumes_by_id_on_a_survivor_across_an_owner_change() {
+    let _turn = SERIAL.lock().await;
+    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    let mut a = world.node().unwrap();
+    let b = world.node().unwrap();
+    let c = world.node().unwrap();
+    let id = create(&world, &a, 7).await.unwrap();
+    pending(&world, &a, &id).await.unwrap();
+
+    // The client, on B: everything up to the approval request.
+    let mut first = stream(&world, &b, &id, None).await.unwrap();
+    let before = first.until_type("approval_requested").await.unwrap();
+    let last_seen = *common::ids(&before).last().unwrap();
+    drop(first);
+    // A second client on B that stays connected throughout.
+    let mut steady = stream(&world, &b, &id, None).await.unwrap();
+    let steady_before = steady.until_type("approval_requested").await.unwrap();
+    assert_eq!(stored(&steady_before), stored(&before));
+
+    let a_id = node_id(&world, &a).await.unwrap();
+    a.kill9();
+    // The client reconnects to C while the session still belongs to the
+    // dead node (its lease has not run out yet).
+    let mut resumed = stream(&world, &c, &id, Some(last_seen)).await.unwrap();
+    let survivors = [
+        node_id(&world, &b).await.unwrap(),
+        node_id(&world, &c).await.unwrap(),
+    ];
+    let ids = [id.clone()];
+    let owner = eventually(
+        "a survivor to take the session over",
+        Duration::from_millis(100),
+        || async {
+            let owned = owners(&world, &ids).await.unwrap();
+            match owned.as_slice() {
+                [(n, 1)] if survivors.contains(n) => Ok(n.clone()),
+                _ => Err(format!("owners {owned:?} (dead node {a_id})")),
+            }
+        },
+    )
+    .await;
+    eprintln!("taken over by {owner}");
+    // Approved through the survivor the client is connected to.
+    let calls = pending(&world, &c, &id).await.unwrap();
+    let (status, v) = approve(&world, &c, &id, &calls).await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    wait_status(&world, &b, &id, "awaiting_input")
+        .await
+        .unwrap();
+    // And to its end, asked of the other survivor.
+    let (status, v) = common::send(
+        world
+            .client
+            .post(format!("{}/v1/sessions/{id}/done", b.url))
+            .bearer_auth(world.token())
+            .json(&serde_json::json!({})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+    let end = |m: &common::SseMsg| m.event == "status_changed" && m.data["status"] == "completed";
+    let after = resumed.until(end).await.unwrap();
+    let steady_after = steady.until(end).await.unwrap();
+
+    let after_ids = common::ids(&after);
+    assert!(
+        after_ids.first().is_some_and(|&f| f == last_seen + 1),
+        "the resumed stream starts right after {last_seen}: {after_ids:?}"
+    );
+    // The whole log, read afresh once the turn has ended.
+    let mut whole = stream(&world, &b, &id, None).await.unwrap();
+    let whole = stored(&whole.until(end).await.unwrap());
+    let want: Vec<u64> = (1..=whole.last().unwrap().0).collect();
+    assert_eq!(
+        whole.iter().map(|e| e.0).collect::<Vec<_>>(),
+        want,
+        "the stored log has no hole"
+    );
+    let mut seen = stored(&before);
+    seen.extend(stored(&after));
+    assert_eq!(
+        seen, whole,
+        "seen before the kill + resumed = the whole log"
+    );
+    let mut steady_seen = stored(&steady_before);
+    steady_seen.extend(stored(&steady_after));
+    assert_eq!(steady_seen, whole, "the stream that stayed connected");
+    let session = wait_status(&world, &c, &id, "completed").await.unwrap();
+    assert_eq!(session["last_event_seq"].as_u64(), Some(want.len() as u64));
+    let ledger = world.ledger();
+    assert_eq!(ledger.get("n7"), Some(&1), "{ledger:?}");
 }

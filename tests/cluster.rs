@@ -17,6 +17,9 @@
 //! - an event stream followed on a node that never owns the session,
 //!   resumed with `Last-Event-ID` on another survivor after the owner was
 //!   killed: every later event exactly once, in order, to the session's end;
+//! - sessions parked at an approval with a timeout on a node killed before
+//!   the deadline: the survivor that takes them over fires their timers
+//!   (the calls are denied by `system`, never run, the turns end);
 //! - `overseer store copy` from a sled directory with finished, parked and
 //!   delegating sessions: the copies are equal, the parked ones finish on the
 //!   cluster, and a second copy copies nothing.
@@ -748,4 +751,99 @@ async fn an_event_stream_resumes_by_id_on_a_survivor_across_an_owner_change() {
     assert_eq!(session["last_event_seq"].as_u64(), Some(want.len() as u64));
     let ledger = world.ledger();
     assert_eq!(ledger.get("n7"), Some(&1), "{ledger:?}");
+}
+
+/// Status of each session, as the database says.
+async fn statuses(world: &World, ids: &[String]) -> anyhow::Result<Vec<String>> {
+    let (client, conn) = tokio_postgres::connect(&world.database, tokio_postgres::NoTls).await?;
+    let task = tokio::spawn(conn);
+    let mut out = Vec::new();
+    for id in ids {
+        let id: uuid::Uuid = id.parse()?;
+        let row = client
+            .query_one("SELECT status FROM sessions WHERE id = $1", &[&id])
+            .await?;
+        out.push(row.get(0));
+    }
+    drop(client);
+    let _ = task.await;
+    Ok(out)
+}
+
+/// Sessions parked at an approval with a timeout on node A; A is killed
+/// before the deadline; nobody decides. The survivor that takes them over
+/// arms their timers again (for what is left of the recorded deadline), and
+/// each times out as on a single node: the call is denied by `system`, never
+/// runs, the model is told, and the turn ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_survivor_fires_the_approval_timers_of_the_sessions_it_took_over() {
+    let _turn = SERIAL.lock().await;
+    let settings = Settings {
+        // Past the takeover (lease 4 s): the survivor must arm the timers
+        // itself for the rest of the deadline.
+        approval_timeout_secs: 10,
+        ..Settings::default()
+    };
+    let world = World::new(shared().database().await.unwrap(), &settings).unwrap();
+    let mut doomed = world.node().unwrap();
+    let survivor = world.node().unwrap();
+    const N: usize = 5;
+    let ids: Vec<String> = futures::stream::iter(0..N)
+        .map(|i| {
+            let world = &world;
+            let doomed = &doomed;
+            async move {
+                let id = create(world, doomed, i).await?;
+                pending(world, doomed, &id).await?;
+                anyhow::Ok(id)
+            }
+        })
+        .buffer_unordered(N)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    doomed.kill9();
+    // What the dead node left: every session still waiting for a decision
+    // (its timers had not fired).
+    let left = statuses(&world, &ids).await.unwrap();
+    assert!(
+        left.iter().all(|s| s == "awaiting_approval"),
+        "the timers fired on the killed node already (test setup too slow?): {left:?}"
+    );
+    let survivor_id = node_id(&world, &survivor).await.unwrap();
+    // Nobody touches the sessions: no request, no decision.
+    eventually(
+        "the survivor to take the sessions over and time their approvals out",
+        Duration::from_millis(200),
+        || async {
+            let now = statuses(&world, &ids).await.unwrap();
+            let owned = owners(&world, &ids).await.unwrap();
+            if now.iter().all(|s| s == "awaiting_input")
+                && owned == vec![(survivor_id.clone(), N as i64)]
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "statuses {now:?}, owners {owned:?}\n{}",
+                    survivor.log()
+                ))
+            }
+        },
+    )
+    .await;
+    for id in &ids {
+        let s = get(&world, &survivor, &format!("/v1/sessions/{id}"))
+            .await
+            .unwrap();
+        let transcript = s["transcript"].to_string();
+        assert!(
+            transcript.contains("No approval decision received")
+                && transcript.contains("\"system\""),
+            "{id} timed out, decided by the system: {s}"
+        );
+    }
+    let ledger = world.ledger();
+    assert!(ledger.is_empty(), "no timed-out call ran: {ledger:?}");
 }

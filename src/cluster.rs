@@ -120,6 +120,11 @@ impl Cluster {
             metrics::counter!(name).increment(0);
         }
         metrics::gauge!(overseer_actors::metrics::CLUSTER_SESSIONS_OWNED).set(0.0);
+        // Listening before serving: a stream opened on this node must not
+        // miss what other nodes announce before the relay would listen.
+        let listening = relay::connect(&store).await.map_err(|e| {
+            ClusterError::Join(format!("cannot listen for other nodes' events: {e}"))
+        })?;
         let cluster = Self {
             inner: Arc::new(Inner {
                 store,
@@ -138,6 +143,7 @@ impl Cluster {
             tokio::spawn(relay::run(
                 cluster.inner.store.clone(),
                 cluster.inner.overseer.clone(),
+                listening,
             )),
         ];
         if let Ok(mut t) = cluster.inner.tasks.lock() {

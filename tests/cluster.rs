@@ -847,3 +847,155 @@ async fn a_survivor_fires_the_approval_timers_of_the_sessions_it_took_over() {
     let ledger = world.ledger();
     assert!(ledger.is_empty(), "no timed-out call ran: {ledger:?}");
 }
+
+/// A reader of the tenant stream (`/v1/events`), whose event ids are
+/// `<stream>-<seq>`.
+struct TenantStream {
+    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<axum::body::Bytes>> + Send>>,
+    buf: String,
+}
+
+impl TenantStream {
+    async fn open(world: &World, node: &Node) -> anyhow::Result<Self> {
+        let resp = reqwest::Client::new()
+            .get(format!("{}/v1/events", node.url))
+            .bearer_auth(world.token())
+            .send()
+            .await?;
+        anyhow::ensure!(
+            resp.status() == 200,
+            "tenant stream answered {}",
+            resp.status()
+        );
+        Ok(Self {
+            body: Box::pin(resp.bytes_stream()),
+            buf: String::new(),
+        })
+    }
+
+    /// The next event's type and data.
+    async fn next(&mut self) -> anyhow::Result<(String, Value)> {
+        let next = async {
+            loop {
+                if let Some(end) = self.buf.find("\n\n") {
+                    let block: String = self.buf.drain(..end + 2).collect();
+                    let (mut event, mut data) = (None, Vec::new());
+                    for line in block.lines() {
+                        if let Some(v) = line.strip_prefix("event:") {
+                            event = Some(v.trim().to_owned());
+                        } else if let Some(v) = line.strip_prefix("data:") {
+                            data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+                        }
+                    }
+                    let Some(event) = event else { continue };
+                    return anyhow::Ok((event, serde_json::from_str(&data.join("\n"))?));
+                }
+                match self.body.next().await {
+                    Some(chunk) => self.buf.push_str(std::str::from_utf8(&chunk?)?),
+                    None => anyhow::bail!("the tenant stream ended"),
+                }
+            }
+        };
+        tokio::time::timeout(common::PATIENCE, next)
+            .await
+            .map_err(|_| anyhow::anyhow!("no tenant event within {:?}", common::PATIENCE))?
+    }
+
+    /// Events up to and including the first that satisfies `pred`.
+    async fn until(
+        &mut self,
+        pred: impl Fn(&str, &Value) -> bool,
+    ) -> anyhow::Result<Vec<(String, Value)>> {
+        let mut out = Vec::new();
+        loop {
+            let (event, data) = self.next().await?;
+            let done = pred(&event, &data);
+            out.push((event, data));
+            if done {
+                return Ok(out);
+            }
+        }
+    }
+}
+
+/// The tenant stream on one node carries the tenant's sessions that run on
+/// another: a session created and parked on A shows up on B's stream with
+/// its inbox card, and its approval on A (and the turn's end) follows; B's
+/// snapshot (`/v1/approvals`) lists it meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_tenant_stream_on_any_node_carries_sessions_running_on_others() {
+    let _turn = SERIAL.lock().await;
+    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    let a = world.node().unwrap();
+    let b = world.node().unwrap();
+    let mut feed = TenantStream::open(&world, &b).await.unwrap();
+    let (first, data) = feed.next().await.unwrap();
+    assert_eq!(first, "reset", "{data}");
+
+    let id = create(&world, &a, 11).await.unwrap();
+    let calls = pending(&world, &a, &id).await.unwrap();
+    let of = |data: &Value| data["session_id"] == id.as_str();
+    let asked = feed
+        .until(|event, data| event == "approval_requested" && of(data))
+        .await
+        .unwrap();
+    let (_, card) = asked.last().unwrap();
+    assert_eq!(card["approval"]["call_id"], calls[0].as_str(), "{card}");
+    let snapshot = get(&world, &b, "/v1/approvals").await.unwrap();
+    assert!(snapshot.to_string().contains(&calls[0]), "{snapshot}");
+
+    let (status, v) = approve(&world, &a, &id, &calls).await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    let rest = feed
+        .until(|event, data| {
+            event == "status_changed" && of(data) && data["status"] == "awaiting_input"
+        })
+        .await
+        .unwrap();
+    let kinds: Vec<&str> = rest
+        .iter()
+        .filter(|(_, d)| of(d))
+        .map(|(e, _)| e.as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"decision_recorded") && kinds.contains(&"tool_call_finished"),
+        "{kinds:?}"
+    );
+    // Each of the session's events once, in order.
+    let seqs: Vec<u64> = asked
+        .iter()
+        .chain(&rest)
+        .filter(|(_, d)| of(d))
+        .filter_map(|(_, d)| d["seq"].as_u64())
+        .collect();
+    let want: Vec<u64> = (seqs[0]..seqs[0] + seqs.len() as u64).collect();
+    assert_eq!(seqs, want);
+}
+
+/// Announcements made while a node's relay was disconnected cannot be
+/// replayed for sessions nobody names: after the database comes back, the
+/// tenant stream tells its clients to reload their snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_tenant_stream_resets_when_the_relay_lost_its_connection() {
+    let _turn = SERIAL.lock().await;
+    // Its own server: this test restarts it.
+    let server = PgServer::start().unwrap();
+    let world = World::new(server.database().await.unwrap(), &Settings::default()).unwrap();
+    let node = world.node().unwrap();
+    let mut feed = TenantStream::open(&world, &node).await.unwrap();
+    let (first, data) = feed.next().await.unwrap();
+    assert_eq!(
+        (first.as_str(), &data["reason"]),
+        ("reset", &Value::from("new_client"))
+    );
+    server.pg_stop().unwrap();
+    server.pg_start().unwrap();
+    let (event, data) = feed.next().await.unwrap();
+    assert_eq!(event, "reset", "{data}");
+    assert_eq!(data["reason"], "events_missed", "{data}");
+    // And it goes on: a session created now shows up.
+    let id = create(&world, &node, 12).await.unwrap();
+    feed.until(|event, data| event == "approval_requested" && data["session_id"] == id.as_str())
+        .await
+        .unwrap();
+}

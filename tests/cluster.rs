@@ -20,6 +20,9 @@
 //! - sessions parked at an approval with a timeout on a node killed before
 //!   the deadline: the survivor that takes them over fires their timers
 //!   (the calls are denied by `system`, never run, the turns end);
+//! - the tenant stream (`/v1/events`) on one node carries the sessions that
+//!   run on another, and resets its clients after the relay lost its
+//!   connection;
 //! - `overseer store copy` from a sled directory with finished, parked and
 //!   delegating sessions: the copies are equal, the parked ones finish on the
 //!   cluster, and a second copy copies nothing.

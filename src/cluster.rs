@@ -4,7 +4,9 @@
 //! It owns the behaviour of a node among others, over the rows the
 //! PostgreSQL store keeps (`crate::store::postgres`):
 //!
-//! - **Membership**: a heartbeat every `heartbeat_secs`; a node whose
+//! - **Membership**: a heartbeat every `heartbeat_secs`, on a database
+//!   connection of its own (a pool busy with checkpoints never delays it,
+//!   and nothing else in its loop waits on the pool); a node whose
 //!   heartbeat is older than `lease_secs` is dead. A node stops acting on its
 //!   leases before that by its own clock: when its last successful heartbeat
 //!   is too old (paused, partitioned, database unreachable) it forgets every
@@ -118,6 +120,11 @@ impl Cluster {
             metrics::counter!(name).increment(0);
         }
         metrics::gauge!(overseer_actors::metrics::CLUSTER_SESSIONS_OWNED).set(0.0);
+        // Listening before serving: a stream opened on this node must not
+        // miss what other nodes announce before the relay would listen.
+        let listening = relay::connect(&store).await.map_err(|e| {
+            ClusterError::Join(format!("cannot listen for other nodes' events: {e}"))
+        })?;
         let cluster = Self {
             inner: Arc::new(Inner {
                 store,
@@ -136,6 +143,7 @@ impl Cluster {
             tokio::spawn(relay::run(
                 cluster.inner.store.clone(),
                 cluster.inner.overseer.clone(),
+                listening,
             )),
         ];
         if let Ok(mut t) = cluster.inner.tasks.lock() {
@@ -200,9 +208,14 @@ async fn heartbeats(inner: std::sync::Weak<Inner>) {
             let live = &node.overseer.runtime().live;
             node.store
                 .sweep_leases(Duration::from_secs(60), |root| live.contains_key(&root));
-            if let Err(e) = node.store.prune_nodes(Duration::from_secs(86_400)).await {
-                tracing::debug!(error = %e, "pruning old node rows failed");
-            }
+            // On the pool, so not in this loop: a busy pool must not hold up
+            // the next heartbeat.
+            let store = node.store.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.prune_nodes(Duration::from_secs(86_400)).await {
+                    tracing::debug!(error = %e, "pruning old node rows failed");
+                }
+            });
         }
         drop(node);
         tokio::time::sleep(every).await;

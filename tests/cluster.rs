@@ -14,6 +14,15 @@
 //!   none of its writes lands, it drops its actors, each call ran once;
 //! - the database restarted under load: the nodes reconnect, requests in
 //!   flight succeed or get 503, nothing acknowledged is lost;
+//! - an event stream followed on a node that never owns the session,
+//!   resumed with `Last-Event-ID` on another survivor after the owner was
+//!   killed: every later event exactly once, in order, to the session's end;
+//! - sessions parked at an approval with a timeout on a node killed before
+//!   the deadline: the survivor that takes them over fires their timers
+//!   (the calls are denied by `system`, never run, the turns end);
+//! - the tenant stream (`/v1/events`) on one node carries the sessions that
+//!   run on another, and resets its clients after the relay lost its
+//!   connection;
 //! - `overseer store copy` from a sled directory with finished, parked and
 //!   delegating sessions: the copies are equal, the parked ones finish on the
 //!   cluster, and a second copy copies nothing.
@@ -624,4 +633,372 @@ async fn cluster_status_lists_nodes_and_a_bad_database_url_is_a_start_up_error()
         assert!(stderr.contains(expect), "{url}: {stderr}");
         assert!(!stderr.contains(":pw@"), "{stderr}");
     }
+}
+
+/// Opens the event stream of `id` on `node`, resuming after `last` if given.
+/// Its own client: a stream outlives the test client's request timeout.
+async fn stream(world: &World, node: &Node, id: &str, last: Option<u64>) -> anyhow::Result<Sse> {
+    let mut req = reqwest::Client::new()
+        .get(format!("{}/v1/sessions/{id}/events", node.url))
+        .bearer_auth(world.token());
+    if let Some(last) = last {
+        req = req.header("Last-Event-ID", last.to_string());
+    }
+    Sse::from_request(req).await
+}
+
+/// The stored events of a stream, as (id, type, data).
+fn stored(msgs: &[common::SseMsg]) -> Vec<(u64, String, Value)> {
+    msgs.iter()
+        .filter_map(|m| Some((m.id?, m.event.clone(), m.data.clone())))
+        .collect()
+}
+
+/// A client follows a session parked on node A from node B (which never
+/// owns it); A is killed; the client resumes on another survivor with
+/// `Last-Event-ID` before anyone has taken the session over, a survivor
+/// takes it, the call is approved and the session done: the resumed stream
+/// carries every later event exactly once and in order up to the session's
+/// end, and together with
+/// what the client had seen it is the session's whole log. A second client
+/// that never disconnected (on B) sees the whole log too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_event_stream_resumes_by_id_on_a_survivor_across_an_owner_change() {
+    let _turn = SERIAL.lock().await;
+    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    let mut a = world.node().unwrap();
+    let b = world.node().unwrap();
+    let c = world.node().unwrap();
+    let id = create(&world, &a, 7).await.unwrap();
+    pending(&world, &a, &id).await.unwrap();
+
+    // The client, on B: everything up to the approval request.
+    let mut first = stream(&world, &b, &id, None).await.unwrap();
+    let before = first.until_type("approval_requested").await.unwrap();
+    let last_seen = *common::ids(&before).last().unwrap();
+    drop(first);
+    // A second client on B that stays connected throughout.
+    let mut steady = stream(&world, &b, &id, None).await.unwrap();
+    let steady_before = steady.until_type("approval_requested").await.unwrap();
+    assert_eq!(stored(&steady_before), stored(&before));
+
+    let a_id = node_id(&world, &a).await.unwrap();
+    a.kill9();
+    // The client reconnects to C while the session still belongs to the
+    // dead node (its lease has not run out yet).
+    let mut resumed = stream(&world, &c, &id, Some(last_seen)).await.unwrap();
+    let survivors = [
+        node_id(&world, &b).await.unwrap(),
+        node_id(&world, &c).await.unwrap(),
+    ];
+    let ids = [id.clone()];
+    let owner = eventually(
+        "a survivor to take the session over",
+        Duration::from_millis(100),
+        || async {
+            let owned = owners(&world, &ids).await.unwrap();
+            match owned.as_slice() {
+                [(n, 1)] if survivors.contains(n) => Ok(n.clone()),
+                _ => Err(format!("owners {owned:?} (dead node {a_id})")),
+            }
+        },
+    )
+    .await;
+    eprintln!("taken over by {owner}");
+    // Approved through the survivor the client is connected to.
+    let calls = pending(&world, &c, &id).await.unwrap();
+    let (status, v) = approve(&world, &c, &id, &calls).await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    wait_status(&world, &b, &id, "awaiting_input")
+        .await
+        .unwrap();
+    // And to its end, asked of the other survivor.
+    let (status, v) = common::send(
+        world
+            .client
+            .post(format!("{}/v1/sessions/{id}/done", b.url))
+            .bearer_auth(world.token())
+            .json(&serde_json::json!({})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{v}");
+    let end = |m: &common::SseMsg| m.event == "status_changed" && m.data["status"] == "completed";
+    let after = resumed.until(end).await.unwrap();
+    let steady_after = steady.until(end).await.unwrap();
+
+    let after_ids = common::ids(&after);
+    assert!(
+        after_ids.first().is_some_and(|&f| f == last_seen + 1),
+        "the resumed stream starts right after {last_seen}: {after_ids:?}"
+    );
+    // The whole log, read afresh once the turn has ended.
+    let mut whole = stream(&world, &b, &id, None).await.unwrap();
+    let whole = stored(&whole.until(end).await.unwrap());
+    let want: Vec<u64> = (1..=whole.last().unwrap().0).collect();
+    assert_eq!(
+        whole.iter().map(|e| e.0).collect::<Vec<_>>(),
+        want,
+        "the stored log has no hole"
+    );
+    let mut seen = stored(&before);
+    seen.extend(stored(&after));
+    assert_eq!(
+        seen, whole,
+        "seen before the kill + resumed = the whole log"
+    );
+    let mut steady_seen = stored(&steady_before);
+    steady_seen.extend(stored(&steady_after));
+    assert_eq!(steady_seen, whole, "the stream that stayed connected");
+    let session = wait_status(&world, &c, &id, "completed").await.unwrap();
+    assert_eq!(session["last_event_seq"].as_u64(), Some(want.len() as u64));
+    let ledger = world.ledger();
+    assert_eq!(ledger.get("n7"), Some(&1), "{ledger:?}");
+}
+
+/// Status of each session, as the database says.
+async fn statuses(world: &World, ids: &[String]) -> anyhow::Result<Vec<String>> {
+    let (client, conn) = tokio_postgres::connect(&world.database, tokio_postgres::NoTls).await?;
+    let task = tokio::spawn(conn);
+    let mut out = Vec::new();
+    for id in ids {
+        let id: uuid::Uuid = id.parse()?;
+        let row = client
+            .query_one("SELECT status FROM sessions WHERE id = $1", &[&id])
+            .await?;
+        out.push(row.get(0));
+    }
+    drop(client);
+    let _ = task.await;
+    Ok(out)
+}
+
+/// Sessions parked at an approval with a timeout on node A; A is killed
+/// before the deadline; nobody decides. The survivor that takes them over
+/// arms their timers again (for what is left of the recorded deadline), and
+/// each times out as on a single node: the call is denied by `system`, never
+/// runs, the model is told, and the turn ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_survivor_fires_the_approval_timers_of_the_sessions_it_took_over() {
+    let _turn = SERIAL.lock().await;
+    let settings = Settings {
+        // Past the takeover (lease 4 s): the survivor must arm the timers
+        // itself for the rest of the deadline.
+        approval_timeout_secs: 10,
+        ..Settings::default()
+    };
+    let world = World::new(shared().database().await.unwrap(), &settings).unwrap();
+    let mut doomed = world.node().unwrap();
+    let survivor = world.node().unwrap();
+    const N: usize = 5;
+    let ids: Vec<String> = futures::stream::iter(0..N)
+        .map(|i| {
+            let world = &world;
+            let doomed = &doomed;
+            async move {
+                let id = create(world, doomed, i).await?;
+                pending(world, doomed, &id).await?;
+                anyhow::Ok(id)
+            }
+        })
+        .buffer_unordered(N)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    doomed.kill9();
+    // What the dead node left: every session still waiting for a decision
+    // (its timers had not fired).
+    let left = statuses(&world, &ids).await.unwrap();
+    assert!(
+        left.iter().all(|s| s == "awaiting_approval"),
+        "the timers fired on the killed node already (test setup too slow?): {left:?}"
+    );
+    let survivor_id = node_id(&world, &survivor).await.unwrap();
+    // Nobody touches the sessions: no request, no decision.
+    eventually(
+        "the survivor to take the sessions over and time their approvals out",
+        Duration::from_millis(200),
+        || async {
+            let now = statuses(&world, &ids).await.unwrap();
+            let owned = owners(&world, &ids).await.unwrap();
+            if now.iter().all(|s| s == "awaiting_input")
+                && owned == vec![(survivor_id.clone(), N as i64)]
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "statuses {now:?}, owners {owned:?}\n{}",
+                    survivor.log()
+                ))
+            }
+        },
+    )
+    .await;
+    for id in &ids {
+        let s = get(&world, &survivor, &format!("/v1/sessions/{id}"))
+            .await
+            .unwrap();
+        let transcript = s["transcript"].to_string();
+        assert!(
+            transcript.contains("No approval decision received")
+                && transcript.contains("\"system\""),
+            "{id} timed out, decided by the system: {s}"
+        );
+    }
+    let ledger = world.ledger();
+    assert!(ledger.is_empty(), "no timed-out call ran: {ledger:?}");
+}
+
+/// A reader of the tenant stream (`/v1/events`), whose event ids are
+/// `<stream>-<seq>`.
+struct TenantStream {
+    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<axum::body::Bytes>> + Send>>,
+    buf: String,
+}
+
+impl TenantStream {
+    async fn open(world: &World, node: &Node) -> anyhow::Result<Self> {
+        let resp = reqwest::Client::new()
+            .get(format!("{}/v1/events", node.url))
+            .bearer_auth(world.token())
+            .send()
+            .await?;
+        anyhow::ensure!(
+            resp.status() == 200,
+            "tenant stream answered {}",
+            resp.status()
+        );
+        Ok(Self {
+            body: Box::pin(resp.bytes_stream()),
+            buf: String::new(),
+        })
+    }
+
+    /// The next event's type and data.
+    async fn next(&mut self) -> anyhow::Result<(String, Value)> {
+        let next = async {
+            loop {
+                if let Some(end) = self.buf.find("\n\n") {
+                    let block: String = self.buf.drain(..end + 2).collect();
+                    let (mut event, mut data) = (None, Vec::new());
+                    for line in block.lines() {
+                        if let Some(v) = line.strip_prefix("event:") {
+                            event = Some(v.trim().to_owned());
+                        } else if let Some(v) = line.strip_prefix("data:") {
+                            data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
+                        }
+                    }
+                    let Some(event) = event else { continue };
+                    return anyhow::Ok((event, serde_json::from_str(&data.join("\n"))?));
+                }
+                match self.body.next().await {
+                    Some(chunk) => self.buf.push_str(std::str::from_utf8(&chunk?)?),
+                    None => anyhow::bail!("the tenant stream ended"),
+                }
+            }
+        };
+        tokio::time::timeout(common::PATIENCE, next)
+            .await
+            .map_err(|_| anyhow::anyhow!("no tenant event within {:?}", common::PATIENCE))?
+    }
+
+    /// Events up to and including the first that satisfies `pred`.
+    async fn until(
+        &mut self,
+        pred: impl Fn(&str, &Value) -> bool,
+    ) -> anyhow::Result<Vec<(String, Value)>> {
+        let mut out = Vec::new();
+        loop {
+            let (event, data) = self.next().await?;
+            let done = pred(&event, &data);
+            out.push((event, data));
+            if done {
+                return Ok(out);
+            }
+        }
+    }
+}
+
+/// The tenant stream on one node carries the tenant's sessions that run on
+/// another: a session created and parked on A shows up on B's stream with
+/// its inbox card, and its approval on A (and the turn's end) follows; B's
+/// snapshot (`/v1/approvals`) lists it meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_tenant_stream_on_any_node_carries_sessions_running_on_others() {
+    let _turn = SERIAL.lock().await;
+    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    let a = world.node().unwrap();
+    let b = world.node().unwrap();
+    let mut feed = TenantStream::open(&world, &b).await.unwrap();
+    let (first, data) = feed.next().await.unwrap();
+    assert_eq!(first, "reset", "{data}");
+
+    let id = create(&world, &a, 11).await.unwrap();
+    let calls = pending(&world, &a, &id).await.unwrap();
+    let of = |data: &Value| data["session_id"] == id.as_str();
+    let asked = feed
+        .until(|event, data| event == "approval_requested" && of(data))
+        .await
+        .unwrap();
+    let (_, card) = asked.last().unwrap();
+    assert_eq!(card["approval"]["call_id"], calls[0].as_str(), "{card}");
+    let snapshot = get(&world, &b, "/v1/approvals").await.unwrap();
+    assert!(snapshot.to_string().contains(&calls[0]), "{snapshot}");
+
+    let (status, v) = approve(&world, &a, &id, &calls).await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    let rest = feed
+        .until(|event, data| {
+            event == "status_changed" && of(data) && data["status"] == "awaiting_input"
+        })
+        .await
+        .unwrap();
+    let kinds: Vec<&str> = rest
+        .iter()
+        .filter(|(_, d)| of(d))
+        .map(|(e, _)| e.as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"decision_recorded") && kinds.contains(&"tool_call_finished"),
+        "{kinds:?}"
+    );
+    // Each of the session's events once, in order.
+    let seqs: Vec<u64> = asked
+        .iter()
+        .chain(&rest)
+        .filter(|(_, d)| of(d))
+        .filter_map(|(_, d)| d["seq"].as_u64())
+        .collect();
+    let want: Vec<u64> = (seqs[0]..seqs[0] + seqs.len() as u64).collect();
+    assert_eq!(seqs, want);
+}
+
+/// Announcements made while a node's relay was disconnected cannot be
+/// replayed for sessions nobody names: after the database comes back, the
+/// tenant stream tells its clients to reload their snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_tenant_stream_resets_when_the_relay_lost_its_connection() {
+    let _turn = SERIAL.lock().await;
+    // Its own server: this test restarts it.
+    let server = PgServer::start().unwrap();
+    let world = World::new(server.database().await.unwrap(), &Settings::default()).unwrap();
+    let node = world.node().unwrap();
+    let mut feed = TenantStream::open(&world, &node).await.unwrap();
+    let (first, data) = feed.next().await.unwrap();
+    assert_eq!(
+        (first.as_str(), &data["reason"]),
+        ("reset", &Value::from("new_client"))
+    );
+    server.pg_stop().unwrap();
+    server.pg_start().unwrap();
+    let (event, data) = feed.next().await.unwrap();
+    assert_eq!(event, "reset", "{data}");
+    assert_eq!(data["reason"], "events_missed", "{data}");
+    // And it goes on: a session created now shows up.
+    let id = create(&world, &node, 12).await.unwrap();
+    feed.until(|event, data| event == "approval_requested" && data["session_id"] == id.as_str())
+        .await
+        .unwrap();
 }

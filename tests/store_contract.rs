@@ -10,7 +10,8 @@
 //! tenant listing and the recovery listing, the bounded walk over every
 //! session (`scan`), purging a terminal session whole (refused for one that
 //! is not). PostgreSQL-only behaviour (fencing, purge and ownership, blobs
-//! left behind, migrations, start-up errors, group commit) follows.
+//! left behind, migrations, start-up errors, group commit, the heartbeat's own
+//! connection) follows.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -811,6 +812,96 @@ async fn a_node_past_its_own_lease_refuses_to_write() {
     let err = store.checkpoint(sim.checkpoint()).await.unwrap_err();
     assert!(err.is_not_owner(), "{err:?}");
     assert!(store.claim(sim.id()).await.unwrap_err().is_not_owner());
+}
+
+/// A pool taken up by statements waiting on a lock (as under a burst of
+/// checkpoints) does not hold up the heartbeat: it renews on a connection of
+/// its own; and when that connection is lost, the next heartbeat makes a
+/// new one and renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_renew_while_the_pool_is_taken_up_and_reconnect_after_a_loss() {
+    let url = shared().database().await.unwrap();
+    let store = PgStore::open(
+        &url,
+        PgOptions {
+            pool_size: 2,
+            lease: Duration::from_secs(60),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    // Longer than the pool waits for a free connection: a heartbeat that
+    // needs one fails, one that does not succeeds.
+    let patience = Duration::from_secs(30);
+    let me = format!("http://node-{}", store.node_id());
+    store.heartbeat(&me, patience).await.unwrap();
+    let beat_at = format!(
+        "SELECT (EXTRACT(EPOCH FROM heartbeat_at) * 1000000)::bigint FROM nodes WHERE id = '{}'",
+        store.node_id()
+    );
+    let scalar = |sql: String| {
+        let url = url.clone();
+        async move { PgServer::scalar(&url, &sql).await.unwrap() }
+    };
+
+    let (locker, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    locker
+        .batch_execute("BEGIN; LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    // Both pooled connections now wait on the lock.
+    let roots = [SessionId::generate(), SessionId::generate()];
+    let claims: Vec<_> = roots
+        .iter()
+        .map(|&root| {
+            let store = store.clone();
+            tokio::spawn(async move { store.claim(root).await })
+        })
+        .collect();
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE datname = current_database() AND application_name = 'overseer'
+                     AND wait_event_type = 'Lock'"
+        .to_owned();
+    assert!(
+        wait_for(patience, || async {
+            (scalar(waiting.clone()).await == 2).then_some(())
+        })
+        .await,
+        "both pooled connections never waited on the lock"
+    );
+    let before = scalar(beat_at.clone()).await;
+    store
+        .heartbeat(&me, patience)
+        .await
+        .expect("a heartbeat while the pool is taken up");
+    let renewed = scalar(beat_at.clone()).await;
+    assert!(renewed > before, "{renewed} > {before}");
+    assert!(store.lease_valid());
+
+    // The heartbeat's connection is lost (killed on the server side).
+    let killed = scalar(format!(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+           WHERE datname = current_database() AND application_name = '{}') t",
+        overseer::store::postgres::HEARTBEAT_APPLICATION
+    ))
+    .await;
+    assert_eq!(killed, 1, "the heartbeat has one connection of its own");
+    store
+        .heartbeat(&me, patience)
+        .await
+        .expect("a heartbeat after its connection was lost");
+    let again = scalar(beat_at.clone()).await;
+    assert!(again > renewed, "{again} > {renewed}");
+
+    // The waiting claims go through once the lock is released.
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    for claim in claims {
+        assert!(claim.await.unwrap().unwrap());
+    }
 }
 
 async fn wait_for<F, Fut, T>(patience: Duration, mut f: F) -> bool

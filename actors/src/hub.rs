@@ -1,6 +1,7 @@
 //! Live event fan-out: one broadcast channel per session that has
 //! subscribers, and one channel of every session's durable events (for a
-//! tenant-wide view, which the edge filters by tenant).
+//! tenant-wide view, which the edge filters by tenant; in cluster mode the
+//! relay adds other nodes' events to it, and says when it missed some).
 //!
 //! Owns delivery to in-process subscribers only. It deliberately stores
 //! nothing: the durable event log is in the store, and a subscriber that lags
@@ -12,7 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
 use crate::model::{Event, Notification, SessionId};
 
@@ -38,6 +39,9 @@ pub struct EventHub {
     /// [`EventHub::subscribe_all`]. Sending costs a clone per event only
     /// while someone listens.
     all: broadcast::Sender<Event>,
+    /// Counts the times the all-sessions channel missed events it cannot
+    /// give again ([`EventHub::missed_all`]).
+    all_missed: Arc<watch::Sender<u64>>,
 }
 
 impl Default for EventHub {
@@ -46,6 +50,7 @@ impl Default for EventHub {
             channels: Arc::default(),
             sweep_at: Arc::new(AtomicUsize::new(MIN_SWEEP)),
             all: broadcast::channel(ALL_SESSIONS_BUFFER).0,
+            all_missed: Arc::new(watch::channel(0).0),
         }
     }
 }
@@ -92,6 +97,25 @@ impl EventHub {
     /// channel of the node, and nobody watches all sessions type at once.
     pub fn subscribe_all(&self) -> broadcast::Receiver<Event> {
         self.all.subscribe()
+    }
+
+    /// Whether anyone subscribes to every session's events (cluster mode
+    /// relays other nodes' events to the all-sessions channel only then).
+    pub fn all_watched(&self) -> bool {
+        self.all.receiver_count() > 0
+    }
+
+    /// Tells all-sessions subscribers that events were missed and will not
+    /// come (cluster mode: the relay lost its connection to the database
+    /// and with it the announcements made meanwhile); they start over from
+    /// a snapshot.
+    pub fn missed_all(&self) {
+        self.all_missed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Changes whenever [`EventHub::missed_all`] is called.
+    pub fn all_missed(&self) -> watch::Receiver<u64> {
+        self.all_missed.subscribe()
     }
 
     /// Number of sessions with a channel (for metrics and tests).

@@ -1,4 +1,5 @@
-//! The relay of events between nodes: one `LISTEN` connection per node.
+//! The relay of events between nodes: one `LISTEN` connection per node,
+//! made before the node serves.
 //!
 //! Every group of checkpoints announces, once committed, the sessions that
 //! got new events and their first and last sequence (`overseer_events`).
@@ -9,6 +10,14 @@
 //! already sent by sequence number and fill any hole from the store). After
 //! the connection is lost and made again, every listened-to session is
 //! caught up from the store. It holds no state beyond its connection.
+//!
+//! The tenant-wide views (`/v1/events`) take every session's events from
+//! the hub's all-sessions channel: while something listens there, the
+//! announced events of sessions whose actors run elsewhere are read and
+//! published to it too, so a tenant's stream on any node carries the whole
+//! cluster's sessions. Announcements lost with the connection cannot be
+//! replayed for sessions nobody names, so after a reconnection those views
+//! are told to start over from their snapshot (`EventHub::missed_all`).
 
 use std::time::Duration;
 
@@ -19,27 +28,24 @@ use tokio_postgres::AsyncMessage;
 
 use crate::store::postgres::{PgStore, EVENTS_CHANNEL};
 
-/// The relay loop: (re)connects, listens, relays.
-pub(super) async fn run(store: PgStore, overseer: Overseer) {
-    let mut pause = Duration::from_millis(100);
-    loop {
-        match listen(&store, &overseer).await {
-            Ok(()) => pause = Duration::from_millis(100),
-            Err(e) => {
-                tracing::warn!(error = %e, "event relay connection lost; reconnecting");
-                pause = (pause * 2).min(Duration::from_secs(2));
-            }
-        }
-        tokio::time::sleep(pause).await;
-    }
+/// The `application_name` of a node's relay connection.
+pub(super) const RELAY_APPLICATION: &str = "overseer-relay";
+
+/// A connection that listens for announcements, and what it heard.
+pub(super) struct Listening {
+    client: tokio_postgres::Client,
+    heard: tokio::sync::mpsc::UnboundedReceiver<String>,
+    driver: tokio::task::JoinHandle<()>,
 }
 
-async fn listen(store: &PgStore, overseer: &Overseer) -> Result<(), tokio_postgres::Error> {
-    let (client, mut connection) = store
-        .connection_config()
-        .connect(tokio_postgres::NoTls)
-        .await?;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+/// Connects and listens. A node does this once before it serves (so no
+/// stream it serves can miss an announcement made before it listened),
+/// then [`run`] takes over.
+pub(super) async fn connect(store: &PgStore) -> Result<Listening, tokio_postgres::Error> {
+    let mut config = store.connection_config();
+    config.application_name(RELAY_APPLICATION);
+    let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
+    let (tx, heard) = tokio::sync::mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
@@ -57,28 +63,112 @@ async fn listen(store: &PgStore, overseer: &Overseer) -> Result<(), tokio_postgr
             }
         }
     });
-    client
+    if let Err(e) = client
         .batch_execute(&format!("LISTEN {EVENTS_CHANNEL}"))
-        .await?;
-    // Whatever was announced while this node was not listening.
-    for id in overseer.runtime().hub.watched() {
+        .await
+    {
+        driver.abort();
+        return Err(e);
+    }
+    Ok(Listening {
+        client,
+        heard,
+        driver,
+    })
+}
+
+/// The relay loop: relays what `first` hears until its connection ends,
+/// then reconnects, listens and relays again.
+pub(super) async fn run(store: PgStore, overseer: Overseer, first: Listening) {
+    let mut pause = Duration::from_millis(100);
+    let mut next = Some(first);
+    let mut again = false;
+    loop {
+        let listening = match next.take() {
+            Some(l) => Ok(l),
+            None => connect(&store).await,
+        };
+        match listening {
+            Ok(l) => {
+                relay(&overseer, l, again).await;
+                pause = Duration::from_millis(100);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "event relay connection lost; reconnecting");
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
+        again = true;
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// Relays what one connection hears, until it ends. `again`: a connection
+/// made after another one ended (announcements may have been missed).
+async fn relay(overseer: &Overseer, listening: Listening, again: bool) {
+    let Listening {
+        client,
+        mut heard,
+        driver,
+    } = listening;
+    // Whatever was announced while this node was not listening: each
+    // listened-to session from the store; the tenant-wide views cannot know
+    // which sessions to read, so they start over from their snapshot.
+    let hub = &overseer.runtime().hub;
+    for id in hub.watched() {
         catch_up(overseer, id, None).await;
     }
-    while let Some(payload) = rx.recv().await {
+    if again {
+        hub.missed_all();
+    }
+    while let Some(payload) = heard.recv().await {
         for item in payload.split(',') {
             let mut parts = item.split(' ');
-            let (Some(id), Some(first)) = (parts.next(), parts.next()) else {
+            let (Some(id), Some(first), Some(last)) = (parts.next(), parts.next(), parts.next())
+            else {
                 continue;
             };
-            let (Ok(id), Ok(first)) = (id.parse::<SessionId>(), first.parse::<u64>()) else {
+            let (Ok(id), Ok(first), Ok(last)) = (
+                id.parse::<SessionId>(),
+                first.parse::<u64>(),
+                last.parse::<u64>(),
+            ) else {
                 continue;
             };
-            catch_up(overseer, id, Some(first)).await;
+            if hub.is_watched(id) {
+                catch_up(overseer, id, Some(first)).await;
+            } else {
+                announce(overseer, id, first, last).await;
+            }
         }
     }
     driver.abort();
     drop(client);
-    Ok(())
+}
+
+/// Gives the tenant-wide views (the hub's all-sessions channel) the events
+/// `first..=last` of a session nobody here listens to on its own, if
+/// anything listens to all sessions and its actor is not here (then it
+/// published them itself).
+async fn announce(overseer: &Overseer, id: SessionId, first: u64, last: u64) {
+    let runtime = overseer.runtime();
+    if !runtime.hub.all_watched() || runtime.live.contains_key(&id) || last < first {
+        return;
+    }
+    let count = usize::try_from(last - first + 1).unwrap_or(usize::MAX);
+    match runtime
+        .store
+        .events_after(id, first.saturating_sub(1), count)
+        .await
+    {
+        Ok(events) => {
+            for e in events {
+                // With no channel of its own, only the all-sessions one hears it.
+                runtime.hub.publish(id, Notification::Event(e));
+            }
+        }
+        Err(e) => tracing::debug!(session_id = %id, error = %e, "cannot relay events"),
+    }
 }
 
 /// Publishes to local listeners the stored events of `id` they have not had

@@ -28,8 +28,11 @@
 //! last listener left, so a client that blinks resumes instead of
 //! reloading. It deliberately keeps nothing durable: a restart is a reset.
 //!
-//! Cluster note: the hub is per node, so this stream carries the events of
-//! sessions whose actors run on this node.
+//! Cluster mode: the hub is per node, and the relay (`crate::cluster`) adds
+//! to its all-sessions channel the events other nodes checkpointed, so this
+//! stream carries the tenant's sessions wherever they run; when the relay
+//! lost announcements (its connection broke) the feeds get a `reset`
+//! (`events_missed`).
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -205,9 +208,10 @@ impl TenantFeeds {
         // Subscribed here, before the first listener is answered, so no
         // event published after that answer can be missed.
         let events = runtime.hub.subscribe_all();
+        let missed = runtime.hub.all_missed();
         let feeds = self.clone();
         let runtime = Arc::downgrade(runtime);
-        tokio::spawn(async move { feeds.run(events, runtime, shutdown).await });
+        tokio::spawn(async move { feeds.run(events, missed, runtime, shutdown).await });
     }
 
     fn feed(&self, tenant: &str) -> Option<Arc<Feed>> {
@@ -288,6 +292,7 @@ impl TenantFeeds {
     async fn run(
         self: Arc<Self>,
         mut events: broadcast::Receiver<Event>,
+        mut missed: watch::Receiver<u64>,
         runtime: Weak<Runtime>,
         mut shutdown: watch::Receiver<bool>,
     ) {
@@ -298,6 +303,14 @@ impl TenantFeeds {
                 _ = shutdown.changed() => return,
                 _ = sweep.tick() => {
                     self.sweep();
+                    continue;
+                }
+                changed = missed.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    tracing::info!("events of other nodes were missed; tenant streams reload their snapshot");
+                    self.reset_all("events_missed");
                     continue;
                 }
                 r = events.recv() => r,

@@ -29,6 +29,10 @@
 //!   names and the lease of a tree left empty. Only the owner of a live
 //!   tree purges it (it alone knows whether the session's actor still runs).
 //!
+//! The heartbeat renews this node's membership on a connection of its own,
+//! never waiting for the pool: a node busy writing must not lose its
+//! sessions for want of a connection.
+//!
 //! Transient failures (the database restarting, a dropped connection) are
 //! retried for a while, writes included: a checkpoint statement is
 //! idempotent (upserts of the same rows, a delete of the same range), so
@@ -67,6 +71,9 @@ pub const DATABASE_URL_ENV: &str = "OVERSEER_DATABASE_URL";
 /// The channel on which checkpoints announce new events to other nodes.
 pub const EVENTS_CHANNEL: &str = "overseer_events";
 
+/// The `application_name` of a node's heartbeat connection.
+pub const HEARTBEAT_APPLICATION: &str = "overseer-heartbeat";
+
 /// Default of [`PgOptions::pool_size`] (`[store] pool_size`).
 pub const DEFAULT_POOL_SIZE: usize = 16;
 
@@ -79,7 +86,8 @@ pub struct PgOptions {
     /// `fsync`: a checkpoint is confirmed once its commit is flushed
     /// (`synchronous_commit = on`); `os`: once committed (`off`).
     pub durability: Durability,
-    /// Most connections this node opens.
+    /// Most connections the pool opens (checkpoints, reads, claims); the
+    /// heartbeat and the event relay each have one more of their own.
     pub pool_size: usize,
     /// A node whose heartbeat is older than this is dead (`[cluster]
     /// lease_secs`); this node stops writing earlier than that, by its own
@@ -229,6 +237,10 @@ struct Inner {
     leases: DashMap<SessionId, Lease>,
     clock: NodeClock,
     writer: Writer,
+    /// The heartbeat's own connection, outside the pool (see
+    /// [`PgStore::heartbeat`]); empty until the first heartbeat and after a
+    /// failed one.
+    heartbeat_conn: std::sync::Mutex<Option<tokio_postgres::Client>>,
     /// Request-response exchanges with the database this store waited on.
     round_trips: Arc<AtomicU64>,
 }
@@ -388,6 +400,7 @@ impl PgStore {
                 leases: DashMap::new(),
                 clock: NodeClock::new(),
                 writer,
+                heartbeat_conn: std::sync::Mutex::new(None),
                 round_trips,
             }),
         })
@@ -440,21 +453,52 @@ impl PgStore {
     /// success this node may act on its leases until `lease` minus a margin
     /// after the heartbeat *started*, by its own clock: it stops before any
     /// other node can see it as dead.
+    ///
+    /// The heartbeat has a connection of its own, outside the pool: a pool
+    /// taken up by checkpoint writers (a burst, statements waiting on locks)
+    /// must not make a node miss its own renewal, drop every session and
+    /// have them taken over while it is merely busy. A connection found
+    /// closed, or that fails, is replaced (once within the call, so a
+    /// database restart between two heartbeats costs no renewal).
     pub async fn heartbeat(&self, url: &str, timeout: Duration) -> Result<(), StoreError> {
         let started = Instant::now();
         let work = async {
-            let client = self.client().await?;
-            client
-                .execute(
-                    "INSERT INTO nodes (id, url) VALUES ($1, $2)
-                     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), url = EXCLUDED.url",
-                    &[&self.inner.node, &url],
-                )
-                .await
-                .map_err(map_pg)
+            // Taken out of its slot while in use (no lock held across an
+            // await); put back only after it worked, so a call cut short by
+            // the timeout leaves a fresh connection to the next one.
+            let kept = self
+                .inner
+                .heartbeat_conn
+                .lock()
+                .ok()
+                .and_then(|mut slot| slot.take())
+                .filter(|c| !c.is_closed());
+            let client = match kept {
+                Some(client) => match self.beat(&client, url).await {
+                    Ok(()) => Some(client),
+                    Err(e) if transient(&e) => {
+                        tracing::debug!(error = %e, "the heartbeat connection was lost; reconnecting");
+                        None
+                    }
+                    Err(e) => return Err(map_pg(e)),
+                },
+                None => None,
+            };
+            let client = match client {
+                Some(client) => client,
+                None => {
+                    let client = self.heartbeat_connection().await?;
+                    self.beat(&client, url).await.map_err(map_pg)?;
+                    client
+                }
+            };
+            if let Ok(mut slot) = self.inner.heartbeat_conn.lock() {
+                *slot = Some(client);
+            }
+            Ok(())
         };
         match tokio::time::timeout(timeout, work).await {
-            Ok(Ok(_)) => {
+            Ok(Ok(())) => {
                 let lease = self.inner.options.lease;
                 let margin = (lease / 5).max(Duration::from_millis(500)).min(lease / 2);
                 self.inner.clock.extend_to(started + lease - margin);
@@ -466,6 +510,36 @@ impl PgStore {
                 timeout.as_millis()
             ))),
         }
+    }
+
+    /// The heartbeat statement.
+    async fn beat(
+        &self,
+        client: &tokio_postgres::Client,
+        url: &str,
+    ) -> Result<(), tokio_postgres::Error> {
+        client
+            .execute(
+                "INSERT INTO nodes (id, url) VALUES ($1, $2)
+                 ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), url = EXCLUDED.url",
+                &[&self.inner.node, &url],
+            )
+            .await
+            .map(|_| ())
+    }
+
+    /// A new connection for the heartbeat, named `overseer-heartbeat` in
+    /// `pg_stat_activity`; it closes when its client is dropped.
+    async fn heartbeat_connection(&self) -> Result<tokio_postgres::Client, StoreError> {
+        let mut config = self.inner.config.clone();
+        config.application_name(HEARTBEAT_APPLICATION);
+        let (client, connection) = config.connect(NoTls).await.map_err(map_pg)?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "the heartbeat connection ended");
+            }
+        });
+        Ok(client)
     }
 
     /// Whether this node may act on its leases now (its last heartbeat is

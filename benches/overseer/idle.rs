@@ -194,7 +194,9 @@ async fn hibernated_rss(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<
     ov.shutdown().await?;
     let (half, at_half) = middle.unwrap_or((0, before));
     Ok(Hibernated {
-        marginal: after.saturating_sub(at_half) as f64 / (n - half).max(1) as f64,
+        // Signed: once sled's cache is full and the allocator reuses what
+        // stopped actors freed, RSS may even fall a little.
+        marginal: (after as f64 - at_half as f64) / (n - half).max(1) as f64,
         overall: after.saturating_sub(before) as f64 / n.max(1) as f64,
         end_rss: after,
         first_rate: rates.first().copied().flatten(),

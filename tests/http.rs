@@ -1781,7 +1781,11 @@ async fn a_tool_rule_is_set_by_the_tokens_subject_and_checked() -> Result {
     let path = format!("/v1/sessions/{id}/rules");
 
     let refused = expect_error(
-        s.post(&path, &t, &json!({"tool": "launch_rockets", "rule": "allow"})),
+        s.post(
+            &path,
+            &t,
+            &json!({"tool": "launch_rockets", "rule": "allow"}),
+        ),
         400,
         "invalid_request",
     )
@@ -1789,14 +1793,22 @@ async fn a_tool_rule_is_set_by_the_tokens_subject_and_checked() -> Result {
     let message = refused["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("'launch_rockets'"), "{message}");
     expect_error(
-        s.post(&path, &t, &json!({"tool": "write_record", "rule": "sometimes"})),
+        s.post(
+            &path,
+            &t,
+            &json!({"tool": "write_record", "rule": "sometimes"}),
+        ),
         400,
         "invalid_body",
     )
     .await?;
     let writer = token("acme", "wes", &["sessions:read", "sessions:write"]);
     expect_error(
-        s.post(&path, &writer, &json!({"tool": "write_record", "rule": "allow"})),
+        s.post(
+            &path,
+            &writer,
+            &json!({"tool": "write_record", "rule": "allow"}),
+        ),
         403,
         "forbidden",
     )
@@ -1812,12 +1824,8 @@ async fn a_tool_rule_is_set_by_the_tokens_subject_and_checked() -> Result {
     )
     .await?;
 
-    let (status, header) = send(s.post(
-        &path,
-        &t,
-        &json!({"tool": "write_record", "rule": "allow"}),
-    ))
-    .await?;
+    let (status, header) =
+        send(s.post(&path, &t, &json!({"tool": "write_record", "rule": "allow"}))).await?;
     assert_eq!(status, 200, "{header}");
     assert_eq!(header["tool_rules"], json!({"write_record": "allow"}));
     let (_, state) = send(s.get(&format!("/v1/sessions/{id}"), &t)).await?;

@@ -288,6 +288,8 @@ async fn new_session(
         .map_err(session_error)?;
     tracing::info!(session = %id, "session/new");
     state.keep_servers(id, servers);
+    // Streaming before the client can prompt: no delta of the turn is lost.
+    let rx = rx.connected().await;
     let link = Link::start(state.sessions.clone(), cx, id, rx, 0, &[], state.by());
     state.open(id, link);
     Ok(NewSessionResponse::new(id.to_string()))
@@ -361,6 +363,7 @@ async fn load_session(
         Some(overseer) => mcp::connect(overseer, id, &configs).await?,
         None => None,
     };
+    let rx = rx.after(stored.header.last_event_seq).connected().await;
     for update in updates::replay(&stored.transcript) {
         cx.send_notification(SessionNotification::new(id.to_string(), update))?;
     }

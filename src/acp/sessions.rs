@@ -35,6 +35,8 @@ use crate::cli::client::{Client, ClientError};
 const FEED_BUFFER: usize = 1024;
 /// Pause before a remote event stream that ended is opened again.
 const RECONNECT: Duration = Duration::from_secs(1);
+/// Longest [`Feed::connected`] waits for the server's stream to open.
+const CONNECT_WAIT: Duration = Duration::from_secs(10);
 
 /// The sessions the agent serves.
 #[derive(Clone)]
@@ -330,6 +332,18 @@ pub(crate) struct RemoteFeed {
     live: Option<(mpsc::Receiver<Option<Notification>>, JoinHandle<()>)>,
 }
 
+impl RemoteFeed {
+    /// The reader's channel, starting the reader on first use.
+    fn live(&mut self) -> &mut mpsc::Receiver<Option<Notification>> {
+        let (rx, _) = self.live.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::channel(FEED_BUFFER);
+            let reader = tokio::spawn(read_remote(self.client.clone(), self.id, self.after, tx));
+            (rx, reader)
+        });
+        rx
+    }
+}
+
 impl Drop for RemoteFeed {
     fn drop(&mut self) {
         if let Some((_, reader)) = &self.live {
@@ -348,6 +362,19 @@ impl Feed {
         self
     }
 
+    /// Opens a remote feed now and waits (boundedly) until the server
+    /// streams it: from then on the server has subscribed, so no live text
+    /// delta of a turn started afterwards is missed. A feed that cannot
+    /// open says so on its first [`Feed::recv`].
+    pub(crate) async fn connected(mut self) -> Self {
+        if let Self::Remote(r) = &mut self {
+            // The reader's first item is its connected marker, so nothing
+            // else is consumed here.
+            let _ = tokio::time::timeout(CONNECT_WAIT, r.live().recv()).await;
+        }
+        self
+    }
+
     /// The next notification, with the errors of a broadcast receiver:
     /// `Lagged` when some may have been lost (read the store; resend the
     /// step's text from its stored message), `Closed` at the end. A remote
@@ -356,18 +383,11 @@ impl Feed {
     pub(crate) async fn recv(&mut self) -> Result<Notification, broadcast::error::RecvError> {
         match self {
             Self::Local(rx) => rx.recv().await,
-            Self::Remote(r) => {
-                let (rx, _) = r.live.get_or_insert_with(|| {
-                    let (tx, rx) = mpsc::channel(FEED_BUFFER);
-                    let reader = tokio::spawn(read_remote(r.client.clone(), r.id, r.after, tx));
-                    (rx, reader)
-                });
-                match rx.recv().await {
-                    Some(Some(note)) => Ok(note),
-                    Some(None) => Err(broadcast::error::RecvError::Lagged(0)),
-                    None => Err(broadcast::error::RecvError::Closed),
-                }
-            }
+            Self::Remote(r) => match r.live().recv().await {
+                Some(Some(note)) => Ok(note),
+                Some(None) => Err(broadcast::error::RecvError::Lagged(0)),
+                None => Err(broadcast::error::RecvError::Closed),
+            },
         }
     }
 }

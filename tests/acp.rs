@@ -2,7 +2,9 @@
 //! `agent-client-protocol` crate's client side) drives the built binary as
 //! a child process over its stdin/stdout, on a fresh data directory, with a
 //! scripted provider (or, to cancel mid-stream, an OpenAI-compatible
-//! loopback server whose first answer never ends).
+//! loopback server whose first answer never ends). The `with_server_*`
+//! tests run `overseer acp --server URL` against an `overseer serve` process
+//! on loopback, with a token minted by `overseer token`.
 //!
 //! Every line the agent writes to stdout must be a JSON-RPC 2.0 message: the
 //! transport checks each one, and every test ends by asserting none failed

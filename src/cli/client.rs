@@ -1,5 +1,6 @@
 //! `overseer sessions list|show|approve|cancel|interrupt|model`: a client of
-//! a running server, over its HTTP API.
+//! a running server, over its HTTP API. Its [`Client`] is also what
+//! `overseer acp --server` speaks to a server through.
 //!
 //! Owns turning commands into requests and answers into lines on stdout.
 //! `list` and `show` also read a store directory directly with `--data DIR`

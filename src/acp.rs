@@ -7,7 +7,11 @@
 //! The client's MCP servers become the session's own (`mcp.rs`).
 //!
 //! The runtime is the one `overseer run` builds (`service::open`: the
-//! configured store, providers and tools), in-process. This module owns only
+//! configured store, providers and tools), in-process; with `--server URL`
+//! it is a running `overseer serve` (or cluster) instead, reached over its
+//! HTTP API and event stream with `OVERSEER_TOKEN` (`sessions.rs`), so an
+//! editor attaches to shared, durable sessions. There the editor's file
+//! tools and MCP servers are not offered (the server cannot reach them). This module owns only
 //! the mapping between ACP and the [`Overseer`](overseer_actors::Overseer)
 //! API; it deliberately holds no session logic (every action goes through
 //! that API, exactly as an HTTP client's would) and no JSON-RPC codec (the
@@ -21,6 +25,7 @@ mod follow;
 mod fs;
 mod mcp;
 mod permission;
+mod sessions;
 mod transport;
 mod updates;
 
@@ -41,7 +46,8 @@ use crate::tools::builtin_registry;
 #[command(
     after_help = "Speaks the Agent Client Protocol (v1) on stdin/stdout; an editor starts it as \
 an agent server. Logs go to stderr. Sessions live in the store under --data, so a later process \
-can load them (session/load) and continue where they stopped, pending approvals included."
+can load them (session/load) and continue where they stopped, pending approvals included. With \
+--server URL the sessions live in that running overseer serve instead (token from OVERSEER_TOKEN)."
 )]
 pub struct AcpArgs {
     /// Config file (default: ./config/overseer.toml if present, else the
@@ -54,11 +60,20 @@ pub struct AcpArgs {
     /// Data directory of the store (overrides store.data_dir).
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
+    /// Keep sessions in the running `overseer serve` (or cluster) at this
+    /// URL, over its HTTP API, with the token in `OVERSEER_TOKEN`, instead of
+    /// a local store. The editor's file tools and MCP servers are not
+    /// offered then: the server cannot reach them, and no config is read.
+    #[arg(long, value_name = "URL", conflicts_with = "data")]
+    pub server: Option<String>,
 }
 
 /// `overseer acp`: checks the config and the agent, then serves one ACP
 /// connection on stdin/stdout until the client closes it.
 pub fn run(args: AcpArgs) -> Result<(), AcpError> {
+    if let Some(url) = args.server.clone() {
+        return run_remote(url, args.agent);
+    }
     // The editor's file tools exist here only: agents may list them.
     let client: fs::ClientSlot = Arc::default();
     let tools = builtin_registry()?.extended(fs::tools(&client))?;
@@ -106,7 +121,13 @@ async fn serve(
             if n > 0 {
                 tracing::info!(sessions = n, "recovered interrupted sessions");
             }
-            agent::serve(overseer.clone(), agent, client, transport::stdio()).await
+            agent::serve(
+                sessions::Sessions::Local(overseer.clone()),
+                agent,
+                client,
+                transport::stdio(),
+            )
+            .await
         }
         Err(e) => Err(AcpError::Session(e)),
     };
@@ -115,4 +136,41 @@ async fn serve(
     served?;
     shutdown?;
     Ok(())
+}
+
+/// `overseer acp --server URL`: checks that the server answers this token
+/// and has the agent (so a wrong token or URL is one line at start, not an
+/// error on every request), then serves the connection.
+fn run_remote(url: String, agent: String) -> Result<(), AcpError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(AcpError::Runtime)?;
+    let client = crate::cli::client::Client::from_env(&url);
+    let result = rt.block_on(async move {
+        let server = |message: String| AcpError::Server {
+            url: client.base().to_owned(),
+            message,
+        };
+        let listed = client
+            .call(reqwest::Method::GET, "/v1/agents", None)
+            .await
+            .map_err(|e| server(e.to_string()))?;
+        let names: Vec<&str> = listed["agents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["name"].as_str())
+            .collect();
+        if !names.contains(&agent.as_str()) {
+            return Err(server(format!(
+                "unknown agent '{agent}' (the server has: {})",
+                names.join(", ")
+            )));
+        }
+        let sessions = sessions::Sessions::Remote(client.clone());
+        agent::serve(sessions, agent, Arc::default(), transport::stdio()).await
+    });
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    result
 }

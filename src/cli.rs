@@ -10,7 +10,7 @@
 //! client's would) and no output beyond the terminal: `serve` and the HTTP
 //! client commands belong next to the HTTP edge.
 
-mod client;
+pub(crate) mod client;
 mod cluster;
 mod run;
 mod serve;

@@ -12,13 +12,15 @@
 //!
 //! Shapes: `GET /v1/sessions/{id}` and the 201 of a create answer the
 //! session header's fields plus its `transcript`; list rows, cancel, done,
-//! interrupt and model answer the header alone (acting on a long session does not ship its
+//! interrupt, model and rules answer the header alone (acting on a long session does not ship its
 //! history back); approvals answer `{session_id, status, pending: [...]}`.
 //!
 //! Scopes per route: reads (`GET` of sessions, tree, approvals, events,
 //! agents, and the tenant-wide `/v1/approvals` and `/v1/events`) need
 //! `sessions:read`; create, message, cancel, done, interrupt and model
-//! need `sessions:write`; deciding approvals needs `approvals:write`;
+//! need `sessions:write`; deciding approvals and setting a session's
+//! standing rule for a tool (`POST /v1/sessions/{id}/rules`) need
+//! `approvals:write`;
 //! `admin` implies all three. `admin` does not cross tenants. `/healthz`,
 //! `/readyz` and the approval inbox's page (`/`, `/ui/*`: static files, no
 //! data) are unauthenticated. `/metrics` needs `admin` unless
@@ -391,6 +393,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sessions/{id}/done", post(sessions::done))
         .route("/v1/sessions/{id}/interrupt", post(sessions::interrupt))
         .route("/v1/sessions/{id}/model", post(sessions::set_model))
+        .route("/v1/sessions/{id}/rules", post(sessions::set_rule))
         .route("/v1/sessions/{id}/events", get(events::stream))
         .route("/v1/approvals", get(inbox::list))
         .route("/v1/events", get(tenant_events::stream))

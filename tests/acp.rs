@@ -2,7 +2,9 @@
 //! `agent-client-protocol` crate's client side) drives the built binary as
 //! a child process over its stdin/stdout, on a fresh data directory, with a
 //! scripted provider (or, to cancel mid-stream, an OpenAI-compatible
-//! loopback server whose first answer never ends).
+//! loopback server whose first answer never ends). The `with_server_*`
+//! tests run `overseer acp --server URL` against an `overseer serve` process
+//! on loopback, with a token minted by `overseer token`.
 //!
 //! Every line the agent writes to stdout must be a JSON-RPC 2.0 message: the
 //! transport checks each one, and every test ends by asserting none failed
@@ -121,8 +123,20 @@ fn spawn(dir: &Path, config: &Path, agent: &str, env: &[(&str, &str)]) -> (Spawn
         .arg(config)
         .arg("--data")
         .arg(dir.join("data"))
-        .current_dir(dir)
-        .stdin(Stdio::piped())
+        .current_dir(dir);
+    attach(cmd, env)
+}
+
+/// `overseer acp --server URL` with `OVERSEER_TOKEN` set to `token`.
+fn spawn_remote(dir: &Path, url: &str, token: &str) -> (Spawned, Transport) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_overseer"));
+    cmd.args(["acp", "--server", url]).current_dir(dir);
+    attach(cmd, &[("OVERSEER_TOKEN", token)])
+}
+
+/// Starts `cmd` (an `overseer acp`) with `env` and a transport on its stdio.
+fn attach(mut cmd: Command, env: &[(&str, &str)]) -> (Spawned, Transport) {
+    cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .env("RUST_LOG", "debug")
@@ -1373,4 +1387,335 @@ async fn the_editors_mcp_servers_are_the_sessions_own() {
     })
     .await;
     agent.exits_having_spoken_only_protocol().await;
+}
+
+// ---- overseer acp --server ------------------------------------------------
+
+/// Updates until the text streamed since the call contains `needle`.
+async fn text_until(inbox: &mut Inbox, what: &str, needle: &str) -> Vec<SessionUpdate> {
+    let mut got = Vec::new();
+    while !agent_text(&got).contains(needle) {
+        got.push(inbox.update(what).await);
+    }
+    got
+}
+
+/// The HS256 secret of the servers these tests start.
+const SERVE_SECRET: &str = "acp-remote-secret-acp-remote-secret!";
+
+/// A running `overseer serve`: its process (killed on drop) and base URL.
+struct Served {
+    _child: Child,
+    url: String,
+}
+
+/// Starts `overseer serve --config config` on a free loopback port (data in
+/// `dir/served`) and waits for its "listening on" line.
+async fn serve(dir: &Path, config: &Path, env: &[(&str, &str)]) -> Served {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_overseer"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .arg("--data")
+        .arg(dir.join("served"))
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("OVERSEER_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("OVERSEER_JWT_SECRET", SERVE_SECRET);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn overseer serve");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = within("the server to listen", async {
+        loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("serve exited before listening");
+            if let Some(addr) = line.strip_prefix("listening on ") {
+                break format!("http://{addr}");
+            }
+        }
+    })
+    .await;
+    // Keep draining stderr so the server never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Served { _child: child, url }
+}
+
+/// A token of tenant `acme` for `sub`, minted by `overseer token`.
+fn serve_token(sub: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_overseer"))
+        .args(["token", "--tenant", "acme", "--sub", sub, "--scopes"])
+        .arg("sessions:read,sessions:write,approvals:write")
+        .env("OVERSEER_JWT_SECRET", SERVE_SECRET)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// `GET path` on the server as `token`.
+async fn served_get(url: &str, path: &str, token: &str) -> serde_json::Value {
+    // reqwest is built without a default TLS provider (as in main.rs).
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let resp = reqwest::Client::new()
+        .get(format!("{url}{path}"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "GET {path}: {}", resp.status());
+    resp.json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_server_sessions_live_in_the_server_and_another_agent_loads_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = scripted_config(tmp.path());
+    let served = serve(tmp.path(), &config, &[]).await;
+    let token = serve_token("alice");
+    let cwd = tmp.path().to_path_buf();
+
+    let (agent, transport) = spawn_remote(tmp.path(), &served.url, &token);
+    let session = client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        // The editor's MCP servers cannot run in the server: refused, named.
+        let refused = within(
+            "session/new with mcpServers",
+            cx.send_request(
+                NewSessionRequest::new(&cwd).mcp_servers(vec![McpServer::Stdio(
+                    McpServerStdio::new("notes", "/bin/true"),
+                )]),
+            )
+            .block_task(),
+        )
+        .await
+        .expect_err("mcpServers refused in remote mode");
+        let data = refused
+            .data
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        assert!(
+            data.contains("--server") && data.contains("notes"),
+            "{refused:?}"
+        );
+        let session = new_session(&cx, &cwd).await;
+
+        // allow-once: asked, the tool runs, the turn ends.
+        let turn = cx.send_request(prompt(&session, "what time is it?"));
+        let (req, responder) = inbox.ask("the first permission request").await;
+        assert_eq!(req.tool_call.fields.title.as_deref(), Some("current_time"));
+        let call = req.tool_call.tool_call_id.0.to_string();
+        responder
+            .respond(choose(PermissionOptionKind::AllowOnce, &req))
+            .unwrap();
+        let answer = within("the first prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        let updates = text_until(&mut inbox, "the first answer's text", "The clock says").await;
+        assert!(
+            updates
+                .iter()
+                .any(|u| is_final_update(u, &call, ToolCallStatus::Completed)),
+            "{updates:?}"
+        );
+
+        // allow-always: asked once; the next call is not.
+        let turn = cx.send_request(prompt(&session, "again"));
+        let (req, responder) = inbox.ask("the second permission request").await;
+        responder
+            .respond(choose(PermissionOptionKind::AllowAlways, &req))
+            .unwrap();
+        let answer = within("the second prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        let answer = within(
+            "the third prompt's answer (not asked)",
+            cx.send_request(prompt(&session, "once more")).block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        text_until(&mut inbox, "the third answer's text", "Third look").await;
+        assert!(
+            inbox.asks.try_recv().is_err(),
+            "the allowed tool was asked again"
+        );
+        session
+    })
+    .await;
+    agent.exits_having_spoken_only_protocol().await;
+
+    // A second editor attaches to the same session in the server.
+    let (second, transport) = spawn_remote(tmp.path(), &served.url, &token);
+    let loaded = session.clone();
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        within(
+            "session/load",
+            cx.send_request(LoadSessionRequest::new(loaded.clone(), &cwd))
+                .block_task(),
+        )
+        .await
+        .expect("session/load");
+        let replay = inbox.drain();
+        let text = agent_text(&replay);
+        assert!(
+            text.contains("The clock says") && text.contains("Third look"),
+            "the replay: {replay:?}"
+        );
+        let answer = within(
+            "the loaded session's prompt",
+            cx.send_request(prompt(&loaded, "and again")).block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        text_until(&mut inbox, "the fourth answer's text", "Fourth look").await;
+        assert!(
+            inbox.asks.try_recv().is_err(),
+            "the rule holds in the server"
+        );
+    })
+    .await;
+    second.exits_having_spoken_only_protocol().await;
+
+    // The server holds the session, the rule and who decided: the token's
+    // subject.
+    let state = served_get(&served.url, &format!("/v1/sessions/{session}"), &token).await;
+    assert_eq!(
+        state["tool_rules"],
+        serde_json::json!({"current_time": "allow"})
+    );
+    assert_eq!(state["metadata"]["acp"]["cwd"], cwd.display().to_string());
+    let rule = state["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["role"] == "tool_rule_set")
+        .expect("a tool_rule_set entry");
+    assert_eq!(rule["by"], "alice", "{rule}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_server_cancel_during_a_stream_stops_the_turn_and_keeps_the_session() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (url, mut requested) = stalling_provider().await;
+    let config = tmp.path().join("openai.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[provider]
+kind = "openai"
+base_url = "{url}"
+model = "stub"
+api_key_env = "ACP_TEST_KEY"
+
+[[agents]]
+name = "assistant"
+tools = []
+"#
+        ),
+    )
+    .unwrap();
+    let served = serve(tmp.path(), &config, &[("ACP_TEST_KEY", "k")]).await;
+    let (agent, transport) = spawn_remote(tmp.path(), &served.url, &serve_token("alice"));
+    let cwd = tmp.path().to_path_buf();
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let turn = cx.send_request(prompt(&session, "talk"));
+        within("the provider request", requested.recv())
+            .await
+            .unwrap();
+        let first = inbox.update("the first streamed chunk").await;
+        assert_eq!(agent_text(&[first]), "Hel");
+        cx.send_notification(CancelNotification::new(session.clone()))
+            .unwrap();
+        let answer = within("the cancelled prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::Cancelled);
+
+        let answer = within(
+            "the next prompt's answer",
+            cx.send_request(prompt(&session, "again")).block_task(),
+        )
+        .await
+        .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        let updates = text_until(&mut inbox, "the next answer's text", "Again.").await;
+        assert_eq!(agent_text(&updates), "Again.");
+    })
+    .await;
+    agent.exits_having_spoken_only_protocol().await;
+}
+
+/// Runs `overseer acp --server url` with `token` and no client: it must
+/// stop at once with one clear line on stderr and nothing on stdout.
+async fn refused_at_start(dir: &Path, url: &str, token: &str) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_overseer"));
+    cmd.args(["acp", "--server", url])
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .kill_on_drop(true);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("OVERSEER_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("OVERSEER_TOKEN", token);
+    let out = within("the refused agent to exit", cmd.output())
+        .await
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_server_a_wrong_token_or_an_unreachable_server_is_one_line_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = scripted_config(tmp.path());
+    let served = serve(tmp.path(), &config, &[]).await;
+
+    let stderr = refused_at_start(tmp.path(), &served.url, "not-a-token").await;
+    assert!(
+        stderr.starts_with(&format!(
+            "error: --server {}: server answered 401",
+            served.url
+        )),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+
+    // A port nothing listens on.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let url = format!("http://{addr}");
+    let stderr = refused_at_start(tmp.path(), &url, &serve_token("alice")).await;
+    assert!(
+        stderr.starts_with(&format!(
+            "error: --server {url}: cannot reach {url}/v1/agents"
+        )),
+        "{stderr}"
+    );
 }

@@ -1770,3 +1770,75 @@ async fn the_model_route_is_switched_between_turns_only_to_a_configured_route() 
     assert_eq!(created["config"]["model"], "fast");
     s.stop().await
 }
+
+/// `POST /v1/sessions/{id}/rules`: a standing rule for one of the session's
+/// tools, set by the token's subject (an editor's allow-always over HTTP).
+#[tokio::test]
+async fn a_tool_rule_is_set_by_the_tokens_subject_and_checked() -> Result {
+    let s = Server::start().await?;
+    let t = token("acme", "alice", ALL);
+    let (id, _call) = s.create_pending(&t).await?;
+    let path = format!("/v1/sessions/{id}/rules");
+
+    let refused = expect_error(
+        s.post(
+            &path,
+            &t,
+            &json!({"tool": "launch_rockets", "rule": "allow"}),
+        ),
+        400,
+        "invalid_request",
+    )
+    .await?;
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("'launch_rockets'"), "{message}");
+    expect_error(
+        s.post(
+            &path,
+            &t,
+            &json!({"tool": "write_record", "rule": "sometimes"}),
+        ),
+        400,
+        "invalid_body",
+    )
+    .await?;
+    let writer = token("acme", "wes", &["sessions:read", "sessions:write"]);
+    expect_error(
+        s.post(
+            &path,
+            &writer,
+            &json!({"tool": "write_record", "rule": "allow"}),
+        ),
+        403,
+        "forbidden",
+    )
+    .await?;
+    expect_error(
+        s.post(
+            &path,
+            &token("globex", "gus", ALL),
+            &json!({"tool": "write_record", "rule": "allow"}),
+        ),
+        404,
+        "not_found",
+    )
+    .await?;
+
+    let (status, header) =
+        send(s.post(&path, &t, &json!({"tool": "write_record", "rule": "allow"}))).await?;
+    assert_eq!(status, 200, "{header}");
+    assert_eq!(header["tool_rules"], json!({"write_record": "allow"}));
+    let (_, state) = send(s.get(&format!("/v1/sessions/{id}"), &t)).await?;
+    let set = state["transcript"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["role"] == "tool_rule_set")
+        .context("a tool_rule_set entry")?;
+    assert_eq!(
+        (&set["tool"], &set["rule"], &set["by"]),
+        (&json!("write_record"), &json!("allow"), &json!("alice")),
+        "{set}"
+    );
+    s.stop().await
+}

@@ -1,6 +1,6 @@
 //! The ACP methods of the agent: `initialize`, `session/new`,
 //! `session/load`, `session/prompt` and `session/cancel`, each mapped onto
-//! the [`Overseer`] API. A request that cannot be served is answered with a
+//! [`Sessions`] (the in-process runtime, or a server over HTTP). A request that cannot be served is answered with a
 //! JSON-RPC error naming what was wrong, and the connection goes on; every
 //! method not listed here is the crate's `method not found`.
 //!
@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use agent_client_protocol::schema::ProtocolVersion;
 use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, Implementation, InitializeRequest,
-    InitializeResponse, LoadSessionRequest, LoadSessionResponse, McpCapabilities,
+    InitializeResponse, LoadSessionRequest, LoadSessionResponse, McpCapabilities, McpServer,
     NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse,
     SessionNotification,
 };
@@ -23,23 +23,24 @@ use agent_client_protocol::{Agent, Client, ConnectTo, Error};
 use serde_json::json;
 
 use overseer_actors::model::{SessionId, SessionOverrides, SessionStatus};
-use overseer_actors::{CreateSession, Overseer, SessionError};
+use overseer_actors::CreateSession;
 
 use super::follow::{Link, TurnOutcome};
 use super::fs;
 use super::mcp::{self, SessionServers};
+use super::sessions::{Sessions, SessionsError};
 use super::{updates, AcpError};
 use crate::cli::CLI_TENANT;
 
 /// What every handler shares.
 struct State {
-    overseer: Overseer,
+    sessions: Sessions,
     /// The agent new sessions run.
     agent: String,
     /// The client's name (from `initialize`), for the audit trail.
     client: Mutex<String>,
     /// Sessions this connection has open.
-    sessions: Mutex<HashMap<SessionId, Arc<Link>>>,
+    links: Mutex<HashMap<SessionId, Arc<Link>>>,
     /// The connection the editor's file tools speak on.
     conn: fs::ClientSlot,
     /// Which of those tools the client advertised: (read, write).
@@ -58,7 +59,7 @@ impl State {
     }
 
     fn link(&self, id: SessionId) -> Option<Arc<Link>> {
-        self.sessions
+        self.links
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&id)
@@ -75,7 +76,7 @@ impl State {
     }
 
     fn open(&self, id: SessionId, link: Link) {
-        self.sessions
+        self.links
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, Arc::new(link));
@@ -84,16 +85,16 @@ impl State {
 
 /// Serves one client on `transport` until it closes the connection.
 pub(crate) async fn serve(
-    overseer: Overseer,
+    sessions: Sessions,
     agent: String,
     conn: fs::ClientSlot,
     transport: impl ConnectTo<Agent> + 'static,
 ) -> Result<(), AcpError> {
     let state = Arc::new(State {
-        overseer,
+        sessions,
         agent,
         client: Mutex::new("client".to_owned()),
-        sessions: Mutex::new(HashMap::new()),
+        links: Mutex::new(HashMap::new()),
         conn,
         fs_caps: Mutex::new((false, false)),
         servers: Mutex::new(HashMap::new()),
@@ -165,7 +166,7 @@ pub(crate) async fn serve(
         .await;
     // Followers stop with the connection, and so do the client's servers.
     state
-        .sessions
+        .links
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clear();
@@ -176,6 +177,9 @@ pub(crate) async fn serve(
 
 fn initialize(state: &State, req: InitializeRequest) -> InitializeResponse {
     let caps = &req.client_capabilities.fs;
+    // A server cannot reach this editor's files, nor connect its MCP
+    // servers: in remote mode neither is offered.
+    let local = state.sessions.local().is_some();
     *state.fs_caps.lock().unwrap_or_else(|p| p.into_inner()) =
         (caps.read_text_file, caps.write_text_file);
     if let Some(info) = &req.client_info {
@@ -190,7 +194,7 @@ fn initialize(state: &State, req: InitializeRequest) -> InitializeResponse {
             AgentCapabilities::new()
                 .load_session(true)
                 .prompt_capabilities(PromptCapabilities::new())
-                .mcp_capabilities(McpCapabilities::new().http(true)),
+                .mcp_capabilities(McpCapabilities::new().http(local)),
         )
         .agent_info(
             Implementation::new("overseer", env!("CARGO_PKG_VERSION")).title("overseer".to_owned()),
@@ -201,11 +205,28 @@ fn invalid(message: impl Into<String>) -> Error {
     Error::invalid_params().data(json!(message.into()))
 }
 
-fn session_error(e: SessionError) -> Error {
-    match e {
-        SessionError::NotFound(id) => invalid(format!("no session {id}")),
-        SessionError::Invalid(m) => invalid(m),
-        other => Error::internal_error().data(json!(other.to_string())),
+fn session_error(e: SessionsError) -> Error {
+    e.into()
+}
+
+/// In remote mode the client's MCP servers would have to run in the server:
+/// refused rather than silently dropped.
+fn check_remote_mcp(state: &State, servers: &[McpServer]) -> Result<(), Error> {
+    if state.sessions.local().is_none() && !servers.is_empty() {
+        return Err(invalid(format!(
+            "mcpServers: overseer acp --server cannot connect the editor's MCP servers ({}): sessions run in the server, which cannot reach them; pass an empty list, or configure the servers on the server",
+            servers.iter().map(mcp_name).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(())
+}
+
+fn mcp_name(s: &McpServer) -> String {
+    match s {
+        McpServer::Http(h) => h.name.clone(),
+        McpServer::Sse(h) => h.name.clone(),
+        McpServer::Stdio(h) => h.name.clone(),
+        _ => "?".to_owned(),
     }
 }
 
@@ -231,6 +252,7 @@ async fn new_session(
     cx: ConnectionTo<Client>,
 ) -> Result<NewSessionResponse, Error> {
     check_cwd(&req.cwd)?;
+    check_remote_mcp(state, &req.mcp_servers)?;
     let configs = mcp::configs(&req.mcp_servers)?;
     let overrides = SessionOverrides {
         tools: narrowed_tools(state),
@@ -238,12 +260,13 @@ async fn new_session(
     };
     let id = SessionId::generate();
     // Dropped (their tools taken away) if the session is not created.
-    let servers = mcp::connect(&state.overseer, id, &configs).await?;
+    let servers = match state.sessions.local() {
+        Some(overseer) => mcp::connect(overseer, id, &configs).await?,
+        None => None,
+    };
     let names: Vec<&str> = configs.iter().map(|c| c.name.as_str()).collect();
-    // Subscribed before the session exists: no event is missed.
-    let rx = state.overseer.subscribe(id);
-    state
-        .overseer
+    let (id, rx) = state
+        .sessions
         .create_session(CreateSession {
             agent: state.agent.clone(),
             tenant: CLI_TENANT.into(),
@@ -265,7 +288,9 @@ async fn new_session(
         .map_err(session_error)?;
     tracing::info!(session = %id, "session/new");
     state.keep_servers(id, servers);
-    let link = Link::start(state.overseer.clone(), cx, id, rx, 0, &[], state.by());
+    // Streaming before the client can prompt: no delta of the turn is lost.
+    let rx = rx.connected().await;
+    let link = Link::start(state.sessions.clone(), cx, id, rx, 0, &[], state.by());
     state.open(id, link);
     Ok(NewSessionResponse::new(id.to_string()))
 }
@@ -274,7 +299,11 @@ async fn new_session(
 /// advertise; `None` when nothing is taken away.
 fn narrowed_tools(state: &State) -> Option<Vec<String>> {
     let (read, write) = *state.fs_caps.lock().unwrap_or_else(|p| p.into_inner());
-    let agent = state.overseer.agents().find(|a| a.name == state.agent)?;
+    let agent = state
+        .sessions
+        .local()?
+        .agents()
+        .find(|a| a.name == state.agent)?;
     let kept: Vec<String> = agent
         .tools
         .iter()
@@ -301,10 +330,13 @@ async fn load_session(
             "session {id} is already open on this connection"
         )));
     }
-    let rx = state.overseer.subscribe(id);
-    let stored = state.overseer.state(id).await.map_err(session_error)?;
-    // Sessions of other tenants (a shared store) are not this agent's.
-    if stored.header.tenant != CLI_TENANT || stored.header.parent.is_some() {
+    check_remote_mcp(state, &req.mcp_servers)?;
+    let rx = state.sessions.subscribe(id);
+    let stored = state.sessions.state(id).await.map_err(session_error)?;
+    // Sessions of other tenants (a shared store) are not this agent's (a
+    // server answers only its token's tenant's).
+    let local = state.sessions.local();
+    if (local.is_some() && stored.header.tenant != CLI_TENANT) || stored.header.parent.is_some() {
         return Err(invalid(format!("no session {id}")));
     }
     if stored.header.status.is_terminal() {
@@ -327,18 +359,22 @@ async fn load_session(
     {
         tracing::warn!(session = %id, mcp_server = %name, "the client did not pass this MCP server of the session again: its tools are unavailable");
     }
-    let servers = mcp::connect(&state.overseer, id, &configs).await?;
+    let servers = match local {
+        Some(overseer) => mcp::connect(overseer, id, &configs).await?,
+        None => None,
+    };
+    let rx = rx.after(stored.header.last_event_seq).connected().await;
     for update in updates::replay(&stored.transcript) {
         cx.send_notification(SessionNotification::new(id.to_string(), update))?;
     }
     tracing::info!(session = %id, status = %stored.header.status, "session/load");
     state.keep_servers(id, servers);
-    let overseer = state.overseer.clone();
+    let sessions = state.sessions.clone();
     let cx = cx.clone();
     let by = state.by();
     Ok((id, move || {
         Link::start(
-            overseer,
+            sessions,
             cx,
             id,
             rx,
@@ -386,7 +422,7 @@ async fn prompt(
     link: &Link,
     text: String,
 ) -> Result<PromptResponse, Error> {
-    let before = state.overseer.state(id).await.map_err(session_error)?;
+    let before = state.sessions.state(id).await.map_err(session_error)?;
     let h = &before.header;
     if h.status.is_terminal() {
         return Err(invalid(format!("session {id} is {}", h.status)));
@@ -401,7 +437,7 @@ async fn prompt(
     let done = link
         .wait_for(turn)
         .map_err(|_| invalid(format!("session {id} already has a prompt running")))?;
-    if let Err(e) = state.overseer.send_message(id, text).await {
+    if let Err(e) = state.sessions.send_message(id, text).await {
         link.stop_waiting();
         return Err(session_error(e));
     }
@@ -439,7 +475,7 @@ async fn cancel(state: &State, raw: &str) {
         tracing::warn!(session = %id, "session/cancel for a session not open here");
         return;
     }
-    if let Err(e) = state.overseer.interrupt(id).await {
+    if let Err(e) = state.sessions.interrupt(id).await {
         tracing::warn!(session = %id, "cannot interrupt the turn: {e}");
     }
 }

@@ -33,6 +33,15 @@ pub enum AcpError {
     /// The session API failed (recovery, shutdown).
     #[error(transparent)]
     Session(#[from] SessionError),
+    /// `--server`: the server could not be used (unreachable, the token
+    /// refused, the agent unknown there).
+    #[error("--server {url}: {message}")]
+    Server {
+        /// The server's URL.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
     /// The connection to the client failed (transport or protocol).
     #[error("ACP connection: {0}")]
     Connection(String),

@@ -21,14 +21,15 @@ use overseer_actors::model::{
     CallState, Event, EventKind, Notification, SessionId, SessionStatus, StopReason, ToolCallId,
     ToolCallRecord, Usage,
 };
-use overseer_actors::Overseer;
 
 use super::permission::{self, Ask};
+use super::sessions::{Feed, Sessions};
 use super::updates;
 
 /// How often the follower reads the session's stored events besides the
 /// live stream: an actor restarted after a checkpoint never publishes that
-/// checkpoint's events, and the store has them.
+/// checkpoint's events, and the store has them. (In remote mode this reads
+/// nothing: the server's stream fills its own gaps.)
 const STORE_POLL: Duration = Duration::from_secs(1);
 
 /// How a turn ended, for the prompt waiting for it.
@@ -78,10 +79,10 @@ impl Link {
     /// before `after_seq` was read, so nothing falls in between). `open`:
     /// its calls already waiting for a decision, asked first.
     pub(crate) fn start(
-        overseer: Overseer,
+        sessions: Sessions,
         cx: ConnectionTo<Client>,
         id: SessionId,
-        rx: broadcast::Receiver<Notification>,
+        rx: Feed,
         after_seq: u64,
         open: &[ToolCallRecord],
         by: String,
@@ -101,7 +102,7 @@ impl Link {
         }
         let waiter = Arc::new(Mutex::new(None));
         let follower = Follower {
-            overseer: overseer.clone(),
+            sessions: sessions.clone(),
             cx: cx.clone(),
             id,
             ask: ask_tx.clone(),
@@ -113,15 +114,15 @@ impl Link {
             last_error: None,
         };
         let children = tokio::spawn(watch_children(
-            overseer.clone(),
+            sessions.clone(),
             id,
-            overseer.subscribe(id),
+            sessions.subscribe(id).after(after_seq),
             ask_tx,
         ));
         Self {
             waiter,
-            follower: tokio::spawn(follower.run(rx)),
-            approver: tokio::spawn(permission::approve(overseer, cx, id, ask_rx, by)),
+            follower: tokio::spawn(follower.run(rx.after(after_seq))),
+            approver: tokio::spawn(permission::approve(sessions, cx, id, ask_rx, by)),
             children,
         }
     }
@@ -145,7 +146,7 @@ impl Link {
 }
 
 struct Follower {
-    overseer: Overseer,
+    sessions: Sessions,
     cx: ConnectionTo<Client>,
     id: SessionId,
     ask: mpsc::UnboundedSender<Ask>,
@@ -164,7 +165,7 @@ struct Follower {
 }
 
 impl Follower {
-    async fn run(mut self, mut rx: broadcast::Receiver<Notification>) {
+    async fn run(mut self, mut rx: Feed) {
         let mut poll = tokio::time::interval(STORE_POLL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         poll.reset();
@@ -193,11 +194,7 @@ impl Follower {
     }
 
     async fn catch_up(&mut self) {
-        match self
-            .overseer
-            .events_after(self.id, self.last_seq, usize::MAX)
-            .await
-        {
+        match self.sessions.events_after(self.id, self.last_seq).await {
             Ok(events) => events.into_iter().for_each(|e| self.event(e)),
             Err(e) => tracing::warn!(session = %self.id, "cannot read stored events: {e}"),
         }
@@ -312,9 +309,9 @@ impl Follower {
 /// own calls are announced by its events), each once. Looks whenever the
 /// root starts waiting, which it does while a propagating child waits.
 async fn watch_children(
-    overseer: Overseer,
+    sessions: Sessions,
     root: SessionId,
-    mut rx: broadcast::Receiver<Notification>,
+    mut rx: Feed,
     ask: mpsc::UnboundedSender<Ask>,
 ) {
     let mut seen = HashSet::new();
@@ -342,11 +339,11 @@ async fn watch_children(
         // The child's request may land a moment after the root's status
         // changed; a second look catches it without polling forever.
         for _ in 0..2 {
-            let Ok(list) = overseer.pending_approvals(root).await else {
+            let Ok(list) = sessions.pending_approvals(root).await else {
                 break;
             };
-            for p in list.into_iter().filter(|p| p.session_id != root) {
-                if seen.insert(p.call.id.clone()) {
+            for p in list.into_iter().filter(|p| p.session != root) {
+                if seen.insert(p.call.clone()) {
                     let path = p
                         .path
                         .iter()
@@ -354,10 +351,10 @@ async fn watch_children(
                         .collect::<Vec<_>>()
                         .join(" > ");
                     let _ = ask.send(Ask::of(
-                        p.session_id,
-                        p.call.id.clone(),
-                        &p.call.name,
-                        p.call.run_arguments(),
+                        p.session,
+                        p.call,
+                        &p.name,
+                        &p.arguments,
                         Some(path),
                     ));
                 }

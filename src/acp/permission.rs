@@ -2,8 +2,9 @@
 //! decision is put to the client, one at a time, with allow-once,
 //! allow-always, reject-once and reject-always. The choice becomes a
 //! decision submitted at the root session, audited as from the ACP client
-//! (`acp:<client name>`); an always-choice first becomes the owning
-//! session's standing rule for that tool (`Overseer::set_tool_rule`), so it
+//! (`acp:<client name>`; in remote mode as the server's token subject, which
+//! the server takes from the token); an always-choice first becomes the
+//! owning session's standing rule for that tool (`set_tool_rule`), so it
 //! holds for later calls, and after a restart.
 //!
 //! A cancelled request (the client cancelled the prompt) decides nothing:
@@ -21,8 +22,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use overseer_actors::model::{Decision, SessionId, Submission, ToolCallId, ToolRule};
-use overseer_actors::Overseer;
 
+use super::sessions::Sessions;
 use super::updates;
 
 /// Option ids, as the client returns them.
@@ -89,7 +90,7 @@ fn options() -> Vec<PermissionOption> {
 /// Asks the client about each call of `root`'s tree in turn, and submits
 /// the answers. `by` names the client in the audit trail.
 pub(crate) async fn approve(
-    overseer: Overseer,
+    sessions: Sessions,
     cx: ConnectionTo<Client>,
     root: SessionId,
     mut asks: mpsc::UnboundedReceiver<Ask>,
@@ -138,7 +139,7 @@ pub(crate) async fn approve(
         };
         if let Some(rule) = rule {
             rules.insert((ask.session, ask.name.clone()), rule);
-            if let Err(e) = overseer
+            if let Err(e) = sessions
                 .set_tool_rule(ask.session, &ask.name, rule, Some(by.clone()))
                 .await
             {
@@ -158,7 +159,7 @@ pub(crate) async fn approve(
         };
         let mut submission = Submission::one(ask.call.clone(), decision);
         submission.approved_by = Some(by.clone());
-        if let Err(e) = overseer.submit(root, submission).await {
+        if let Err(e) = sessions.submit(root, submission).await {
             // Decided elsewhere (cancel, timeout): the events tell the rest.
             tracing::info!(call = %ask.call.as_str(), "decision not submitted: {e}");
         }

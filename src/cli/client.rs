@@ -1,5 +1,6 @@
 //! `overseer sessions list|show|approve|cancel|interrupt|model`: a client of
-//! a running server, over its HTTP API.
+//! a running server, over its HTTP API. Its [`Client`] is also what
+//! `overseer acp --server` speaks to a server through.
 //!
 //! Owns turning commands into requests and answers into lines on stdout.
 //! `list` and `show` also read a store directory directly with `--data DIR`
@@ -161,14 +162,67 @@ pub fn sessions(args: SessionsArgs) -> Result<(), CliError> {
     rt.block_on(run(args))
 }
 
-struct Client {
+/// A client of a server's HTTP API: plain JSON calls with the bearer token
+/// (also what `overseer acp --server` speaks through).
+#[derive(Clone)]
+pub(crate) struct Client {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
 }
 
 impl Client {
-    async fn call(
+    /// A client of the server at `base`, with `OVERSEER_TOKEN` if set.
+    pub(crate) fn from_env(base: &str) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            base: base.to_owned(),
+            token: std::env::var("OVERSEER_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty()),
+        }
+    }
+
+    /// The server's base URL.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// `GET path` as a stream (Server-Sent Events), resuming after the
+    /// event `last_event_id`; an error status is an error.
+    pub(crate) async fn stream(
+        &self,
+        path: &str,
+        last_event_id: u64,
+    ) -> Result<reqwest::Response, ClientError> {
+        let url = format!("{}{path}", self.base.trim_end_matches('/'));
+        let mut req = self
+            .http
+            .get(&url)
+            .header("accept", "text/event-stream")
+            .header("last-event-id", last_event_id.to_string());
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|source| ClientError::Transport {
+            url: url.clone(),
+            source,
+        })?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+            .unwrap_or(text);
+        Err(ClientError::Server { status, message })
+    }
+
+    /// One JSON call; an error status is an error carrying the server's
+    /// message.
+    pub(crate) async fn call(
         &self,
         method: reqwest::Method,
         path: &str,
@@ -292,13 +346,7 @@ fn print(line: &str) -> Result<(), CliError> {
 }
 
 async fn run(args: SessionsArgs) -> Result<(), CliError> {
-    let client = Client {
-        http: reqwest::Client::new(),
-        base: args.url.clone(),
-        token: std::env::var("OVERSEER_TOKEN")
-            .ok()
-            .filter(|t| !t.is_empty()),
-    };
+    let client = Client::from_env(&args.url);
     match args.command {
         SessionsCommand::List { status, agent, .. } => {
             let mut cursor: Option<String> = None;

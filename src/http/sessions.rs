@@ -1,5 +1,6 @@
 //! Handlers of the session resources: create, list, show, tree, messages,
-//! approvals, cancel, done, interrupt, model switch, and the agent list.
+//! approvals, standing tool rules, cancel, done, interrupt, model switch,
+//! and the agent list.
 //!
 //! This module owns the JSON shapes of requests and responses and the order
 //! of checks of every route: scope first, then tenant ownership (a session of
@@ -15,7 +16,8 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use overseer_actors::model::{
-    Decision, SessionHeader, SessionId, SessionStatus, Submission, ToolCallId, TranscriptEntry,
+    Decision, SessionHeader, SessionId, SessionStatus, Submission, ToolCallId, ToolRule,
+    TranscriptEntry,
 };
 use overseer_actors::store::StoredSession;
 use overseer_actors::{CreateSession, SessionError};
@@ -523,6 +525,34 @@ pub(super) async fn decide(
     state.overseer().submit(id, submission).await?;
     let header = owned_header(&state, &principal, id).await?;
     Ok(Json(pending_json(&state, &header).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RuleBody {
+    tool: String,
+    rule: ToolRule,
+}
+
+/// `POST /v1/sessions/{id}/rules` `{tool, rule: "allow"|"reject"}` → 200
+/// with the session's header: the session's later calls of that tool are
+/// approved or denied without asking (an editor's allow-always or
+/// reject-always). Recorded in the transcript as set by the token's
+/// subject, and kept across restarts. A tool the session does not have is a
+/// 400 naming it. Deciding for later calls is deciding approvals, hence the
+/// scope `approvals:write`.
+pub(super) async fn set_rule(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Approve>,
+    SessionPath(id): SessionPath,
+    ApiJson(body): ApiJson<RuleBody>,
+) -> Result<Json<Value>, ApiError> {
+    owned_header(&state, &principal, id).await?;
+    state
+        .overseer()
+        .set_tool_rule(id, &body.tool, body.rule, Some(principal.sub.clone()))
+        .await?;
+    header_json(&state, &principal, id).await
 }
 
 // ---- cancel, done -------------------------------------------------------------------

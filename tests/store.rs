@@ -21,6 +21,8 @@ use overseer_actors::model::{
 use overseer_actors::store::{Checkpoint, CheckpointStore, StoredSession};
 use serde_json::json;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_overseer");
 
 /// The longest any single wait may take before the test fails. It only turns
@@ -832,19 +834,6 @@ fn log_lines(dir: &Path, containing: &str) -> usize {
         .count()
 }
 
-/// Polls `check` until it holds, a bounded number of times.
-async fn until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// What must hold of a store that went through a full disk: every confirmed
 /// checkpoint is there, and each failed one is there whole or not at all.
 /// Returns each session as the store now holds it.
@@ -920,10 +909,14 @@ async fn full_disk_on_the_fault_point() {
     assert_eq!(log_lines(dir.path(), "stopped taking writes"), 1);
 
     store.simulate_full_disk(false);
-    until("the store takes writes again", || {
-        let store = store.clone();
-        async move { store.health_check().await.is_ok() }
-    })
+    common::eventually(
+        "the store to take writes again",
+        Duration::from_millis(20),
+        || {
+            let store = store.clone();
+            async move { store.health_check().await.map_err(|e| e.to_string()) }
+        },
+    )
     .await;
     assert_eq!(api.readyz().await, 200);
     assert_eq!(log_lines(dir.path(), "stopped taking writes"), 1);
@@ -1188,11 +1181,17 @@ async fn a_server_on_a_full_tmpfs_recovers_when_space_returns() {
     assert_eq!(readyz().await, 503);
 
     std::fs::remove_file(&ballast).unwrap();
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while readyz().await != 200 {
-        assert!(std::time::Instant::now() < deadline, "never ready again");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually(
+        "/readyz to answer 200 again",
+        Duration::from_millis(50),
+        || async {
+            match readyz().await {
+                200 => Ok(()),
+                other => Err(format!("/readyz answered {other}")),
+            }
+        },
+    )
+    .await;
     let (status, _) = create(1000).await;
     assert_eq!(status, 201, "a write after recovery");
     for id in &confirmed {

@@ -489,23 +489,31 @@ impl Overseer {
 
     /// The session's current header: from its live actor, else the store.
     pub async fn header(&self, id: SessionId) -> Result<SessionHeader, SessionError> {
-        let live = self.runtime.live.get(&id).map(|r| r.clone());
-        if let Some(actor) = live {
-            if let Ok(CallResult::Success(h)) = actor
-                .call(
-                    SessionMsg::GetHeader,
-                    Some(self.runtime.config.call_timeout),
-                )
-                .await
-            {
-                return Ok(h);
-            }
+        if let Some(h) = self.ask_live(id, SessionMsg::GetHeader).await {
+            return Ok(h);
         }
         self.runtime
             .store
             .load_header(id)
             .await?
             .ok_or(SessionError::NotFound(id))
+    }
+
+    /// What the live actor of `id` answers to `msg`; `None` when the session
+    /// has no actor or it did not answer in time (the caller reads the store).
+    async fn ask_live<T: Send + 'static>(
+        &self,
+        id: SessionId,
+        msg: impl FnOnce(ractor::RpcReplyPort<T>) -> SessionMsg,
+    ) -> Option<T> {
+        let actor = self.runtime.live.get(&id).map(|r| r.clone())?;
+        match actor
+            .call(msg, Some(self.runtime.config.call_timeout))
+            .await
+        {
+            Ok(CallResult::Success(v)) => Some(v),
+            _ => None,
+        }
     }
 
     /// Cancels the session.
@@ -577,14 +585,8 @@ impl Overseer {
 
     /// The session's current state (from its actor when live, else from disk).
     pub async fn state(&self, id: SessionId) -> Result<StoredSession, SessionError> {
-        let live = self.runtime.live.get(&id).map(|r| r.clone());
-        if let Some(actor) = live {
-            if let Ok(CallResult::Success(s)) = actor
-                .call(SessionMsg::Get, Some(self.runtime.config.call_timeout))
-                .await
-            {
-                return Ok(s);
-            }
+        if let Some(s) = self.ask_live(id, SessionMsg::Get).await {
+            return Ok(s);
         }
         self.runtime
             .store

@@ -322,13 +322,7 @@ async fn watch_children(
             true
         } else {
             match rx.recv().await {
-                Ok(Notification::Event(e)) => matches!(
-                    e.kind,
-                    EventKind::StatusChanged {
-                        status: SessionStatus::AwaitingApproval
-                    }
-                ),
-                Ok(_) => false,
+                Ok(n) => n.starts_awaiting_approval(),
                 Err(broadcast::error::RecvError::Lagged(_)) => true,
                 Err(broadcast::error::RecvError::Closed) => return,
             }

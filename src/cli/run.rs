@@ -703,13 +703,7 @@ async fn watch_children(
     let mut seen = std::collections::HashSet::new();
     loop {
         let look = match rx.recv().await {
-            Ok(Notification::Event(e)) => matches!(
-                e.kind,
-                EventKind::StatusChanged {
-                    status: SessionStatus::AwaitingApproval
-                }
-            ),
-            Ok(_) => false,
+            Ok(n) => n.starts_awaiting_approval(),
             // Missed events: look anyway.
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,

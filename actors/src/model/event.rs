@@ -172,3 +172,19 @@ pub enum Notification {
         text: String,
     },
 }
+
+impl Notification {
+    /// Whether this is the session starting to wait for a decision: the
+    /// moment a watcher of propagated (subagent) approvals looks again.
+    pub fn starts_awaiting_approval(&self) -> bool {
+        matches!(
+            self,
+            Notification::Event(Event {
+                kind: EventKind::StatusChanged {
+                    status: SessionStatus::AwaitingApproval
+                },
+                ..
+            })
+        )
+    }
+}

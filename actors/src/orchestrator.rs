@@ -76,7 +76,11 @@ impl Actor for OrchestratorActor {
                 let result = state.spawn(&myself, *session).await;
                 let _ = reply.send(result);
             }
-            OrchestratorMsg::Restart { id, reason } => state.restart(&myself, id, reason).await,
+            // Boxed: rare, and its future (~7.5 KB) would otherwise be
+            // allocated and copied with every message's.
+            OrchestratorMsg::Restart { id, reason } => {
+                Box::pin(state.restart(&myself, id, reason)).await
+            }
             OrchestratorMsg::CancelOrphan(id, reply) => {
                 let result = if state.runtime.live.contains_key(&id) {
                     // Activated meanwhile by its parent: not an orphan.

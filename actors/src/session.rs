@@ -244,7 +244,9 @@ impl Actor for SessionActor {
                     Ok(())
                 }
                 SessionMsg::ActivateChild(child, reply) => {
-                    state.activate_child(&myself, child, reply).await;
+                    // Boxed, like every rare path with a large future (see
+                    // `execute`): the common messages' futures stay small.
+                    Box::pin(state.activate_child(&myself, child, reply)).await;
                     Ok(())
                 }
                 SessionMsg::Provider { attempt, event } => {
@@ -323,7 +325,7 @@ impl Actor for SessionActor {
                     .await
                     .map(|_| ()),
                 SessionMsg::RestartChild(child) => {
-                    state.restart_child(&myself, child).await;
+                    Box::pin(state.restart_child(&myself, child)).await;
                     Ok(())
                 }
                 #[cfg(feature = "fault-injection")]
@@ -358,9 +360,7 @@ impl Actor for SessionActor {
                     }
                     if let Some(child) = state.children.remove(&cell.get_id()) {
                         state.forget_child_actor(&child);
-                        state
-                            .on_child_failed(&myself, child.id, err.to_string())
-                            .await;
+                        Box::pin(state.on_child_failed(&myself, child.id, err.to_string())).await;
                     } else if let Some((call_id, attempt, _)) = state.tools.remove(&cell.get_id()) {
                         tracing::warn!(tool_call_id = %call_id, "tool crashed: {err}");
                         let input = Input::ToolFinished {
@@ -374,7 +374,7 @@ impl Actor for SessionActor {
                 SupervisionEvent::ActorTerminated(cell, _, _) => {
                     if let Some(child) = state.children.remove(&cell.get_id()) {
                         state.forget_child_actor(&child);
-                        state.child_stopped(&myself, child.id).await;
+                        Box::pin(state.child_stopped(&myself, child.id)).await;
                     } else {
                         state.tools.remove(&cell.get_id());
                     }
@@ -561,10 +561,12 @@ impl SessionState {
                 args,
                 grant,
             } => {
-                self.delegate(myself, call_id, attempt, child, args, grant)
-                    .await
+                // Boxed: spawning a child is rare and its future is large
+                // (~9 KB); inline, every message's future would carry it,
+                // allocated and copied per message (`benches/PROFILE.md`).
+                Box::pin(self.delegate(myself, call_id, attempt, child, args, grant)).await
             }
-            Effect::CancelChild(child) => self.cancel_child(child).await,
+            Effect::CancelChild(child) => Box::pin(self.cancel_child(child)).await,
             Effect::ArmApprovalTimer {
                 call_id,
                 deadline_ms,

@@ -394,7 +394,7 @@ async fn store_check_passes_a_healthy_store_and_names_each_damage() {
     let out = overseer(&["store", "check"], dir.path());
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
-    assert!(stdout.contains("layout version 2"), "{stdout}");
+    assert!(stdout.contains("layout version 3"), "{stdout}");
     assert!(stdout.contains("6 session(s)"), "{stdout}");
     assert!(stdout.contains("18 transcript entries"), "{stdout}");
     assert!(stdout.trim_end().ends_with("healthy"), "{stdout}");
@@ -772,11 +772,107 @@ async fn a_version_1_store_gains_its_blob_references_when_first_served() {
     let out = overseer(&["store", "check"], dir.path());
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}");
-    assert!(stdout.contains("layout version 2"), "{stdout}");
+    assert!(stdout.contains("layout version 3"), "{stdout}");
     assert!(
         stdout.contains("1 blob(s), 1 blob reference(s)"),
         "{stdout}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_2_store_keeps_its_one_event_rows_readable_beside_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    let mut sim = Sim::new("acme");
+    sim.user("hello");
+    sim.status(SessionStatus::Running);
+    store.checkpoint(sim.checkpoint()).await.unwrap();
+    drop(store);
+    let key = |seq: u64| {
+        let mut key = sim.id().as_bytes().to_vec();
+        key.extend_from_slice(&seq.to_be_bytes());
+        key
+    };
+    // What a version 2 binary left: one row per event, the layout stamped
+    // 2, and the rows of a checkpoint a crash cut short before its header
+    // (events 3 to 5, which no header commits).
+    {
+        let db = open_raw(dir.path());
+        let events = db.open_tree("events").unwrap();
+        events.clear().unwrap();
+        for event in &sim.events {
+            events
+                .insert(key(event.seq), serde_json::to_vec(event).unwrap())
+                .unwrap();
+        }
+        for seq in 3..=5 {
+            let leftover = Event {
+                session_id: sim.id(),
+                seq,
+                at_ms: 1,
+                kind: EventKind::TurnStarted { turn: 99 },
+            };
+            events
+                .insert(key(seq), serde_json::to_vec(&leftover).unwrap())
+                .unwrap();
+        }
+        db.open_tree("meta")
+            .unwrap()
+            .insert("format_version", &2u32.to_be_bytes()[..])
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let out = overseer(&["store", "check"], dir.path());
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("layout version 2"));
+
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    assert_eq!(
+        store.events_after(sim.id(), 0, 100).await.unwrap(),
+        sim.events
+    );
+    // Two checkpoints in the new layout, the first shorter than the
+    // leftover it replaces: each is one row, and the log reads across the
+    // old rows and the new ones, from anywhere.
+    sim.emit(EventKind::TurnStarted { turn: 1 });
+    sim.status(SessionStatus::AwaitingInput);
+    store.checkpoint(sim.checkpoint()).await.unwrap();
+    for turn in 2..=4 {
+        sim.emit(EventKind::TurnStarted { turn });
+    }
+    store.checkpoint(sim.checkpoint()).await.unwrap();
+    assert_eq!(sim.events.len(), 7);
+    for after in 0..=7 {
+        for limit in [1, 2, 3, 100] {
+            let page = store.events_after(sim.id(), after, limit).await.unwrap();
+            let want: Vec<Event> = sim
+                .events
+                .iter()
+                .filter(|e| e.seq > after)
+                .take(limit)
+                .cloned()
+                .collect();
+            assert_eq!(page, want, "after {after}, limit {limit}");
+        }
+    }
+    drop(store);
+    {
+        let db = open_raw(dir.path());
+        let events = db.open_tree("events").unwrap();
+        let keys: Vec<u64> = events
+            .iter()
+            .map(|row| {
+                let (key, _) = row.unwrap();
+                u64::from_be_bytes(key[16..24].try_into().unwrap())
+            })
+            .collect();
+        assert_eq!(keys, [1, 2, 3, 5], "two old rows and two batches");
+    }
+    let out = overseer(&["store", "check"], dir.path());
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("layout version 3"), "{stdout}");
+    assert!(stdout.contains("and 7 events"), "{stdout}");
 }
 
 /// Opens a closed store directory with sled directly, waiting for the lock a

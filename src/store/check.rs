@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use overseer_actors::model::{Event, SessionId, SCHEMA_VERSION};
+use overseer_actors::model::{SessionId, SCHEMA_VERSION};
 
 use super::open::{self, catch_sled_panic, OpenError, Purpose, Trees, COMMIT_KEY};
 use super::{codec, sidecar, StoreOptions, FORMAT_KEY, FORMAT_VERSION};
@@ -315,18 +315,19 @@ fn check_events(trees: &Trees, id: &SessionId, last: u64) -> Result<(), String> 
         return Ok(());
     }
     let mut expected = 1;
-    for item in trees
-        .events
-        .range(codec::seq_key(id, 1)..=codec::seq_key(id, last))
-    {
-        let (key, value) = item.map_err(|e| format!("reading its events: {e}"))?;
-        let seq = codec::seq_of(&key).ok_or("a malformed event key")?;
-        if seq != expected {
-            return Err(format!("event {expected} is missing"));
-        }
-        serde_json::from_slice::<Event>(&value)
-            .map_err(|e| format!("event {seq} is unreadable: {e}"))?;
-        expected += 1;
+    let mut gap = None;
+    trees
+        .committed_events(id, 1, last, |event| {
+            if event.seq != expected {
+                gap = Some(expected);
+                return false;
+            }
+            expected += 1;
+            true
+        })
+        .map_err(|e| detail(&e))?;
+    if let Some(missing) = gap {
+        return Err(format!("event {missing} is missing"));
     }
     if expected <= last {
         return Err(format!(

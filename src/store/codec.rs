@@ -8,7 +8,8 @@
 use std::sync::Arc;
 
 use overseer_actors::model::{
-    QueuedMessage, SessionHeader, SessionId, SessionStatus, TranscriptEntry, SCHEMA_VERSION,
+    Event, EventKind, QueuedMessage, SessionHeader, SessionId, SessionStatus, TranscriptEntry,
+    SCHEMA_VERSION,
 };
 use overseer_actors::store::{Checkpoint, StoreError};
 use serde::{Deserialize, Serialize};
@@ -186,7 +187,9 @@ pub(super) struct Prepared {
     pub(super) terminal: bool,
     pub(super) header: IVec,
     pub(super) entries: Vec<([u8; 24], IVec)>,
-    pub(super) events: Vec<([u8; 24], IVec)>,
+    /// The checkpoint's events as one row (see [`encode_events`]), if it
+    /// has any.
+    pub(super) events: Option<([u8; 24], IVec)>,
     /// `(sha256 hex, result JSON)` of tool results over [`BLOB_THRESHOLD`].
     pub(super) blobs: Vec<(String, IVec)>,
     /// Newly queued messages.
@@ -206,7 +209,7 @@ impl Prepared {
                 .iter()
                 .map(|(_, v)| v.len() + 24)
                 .sum::<usize>()
-            + self.events.iter().map(|(_, v)| v.len() + 24).sum::<usize>()
+            + self.events.as_ref().map_or(0, |(_, v)| v.len() + 24)
             + self
                 .blobs
                 .iter()
@@ -240,13 +243,7 @@ pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
         let value = encode_entry(&id, entry, &mut blobs)?;
         entries.push((seq_key(&id, *idx), IVec::from(value)));
     }
-    let mut events = Vec::with_capacity(cp.events.len());
-    for event in &cp.events {
-        let value = serde_json::to_vec(event)
-            .map_err(|e| corrupt(id, format!("cannot encode event {}: {e}", event.seq)))?;
-        // Keyed by the checkpoint's session, which owns the event by construction.
-        events.push((seq_key(&id, event.seq), IVec::from(value)));
-    }
+    let events = encode_events(&id, &cp.events)?;
     let mut queued = Vec::with_capacity(cp.queued.len());
     for (seq, message) in &cp.queued {
         let value = serde_json::to_vec(message)
@@ -275,6 +272,58 @@ pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
         dequeued: cp.dequeued.clone().map(|seq| seq_key(&id, seq)).collect(),
         metadata,
     })
+}
+
+/// One stored event of a batch row: the session and the sequence number
+/// are the row key's, so only the time and what happened are stored.
+type StoredEventOut<'a> = (i64, &'a EventKind);
+type StoredEventIn = (i64, EventKind);
+
+/// Encodes one checkpoint's events (seq ascending, contiguous, all of the
+/// checkpoint's session) as one row keyed by the first event's sequence
+/// number (layout version 3): a JSON array of `[at_ms, kind]` pairs. One
+/// row per checkpoint rather than per event cuts the store's inserts by
+/// half, and leaving out what the key already says (session id, seq) cuts
+/// each event by about 70 bytes (`benches/PROFILE.md`).
+pub(super) fn encode_events(
+    id: &SessionId,
+    events: &[Event],
+) -> Result<Option<([u8; 24], IVec)>, StoreError> {
+    let Some(first) = events.first() else {
+        return Ok(None);
+    };
+    let stored: Vec<StoredEventOut<'_>> = events.iter().map(|e| (e.at_ms, &e.kind)).collect();
+    let value = serde_json::to_vec(&stored)
+        .map_err(|e| corrupt(id, format!("cannot encode events from {}: {e}", first.seq)))?;
+    Ok(Some((seq_key(id, first.seq), IVec::from(value))))
+}
+
+/// Decodes one row of the `events` tree keyed by `seq`: a batch of layout
+/// version 3 (a JSON array, its events numbered from `seq`), or a single
+/// event as layouts 1 and 2 stored them (a JSON object), which stays
+/// readable beside the batches written after an upgrade.
+pub(super) fn decode_events(
+    id: &SessionId,
+    seq: u64,
+    bytes: &[u8],
+) -> Result<Vec<Event>, StoreError> {
+    if bytes.first() == Some(&b'[') {
+        let stored: Vec<StoredEventIn> = serde_json::from_slice(bytes)
+            .map_err(|e| corrupt(id, format!("unreadable events from {seq}: {e}")))?;
+        return Ok(stored
+            .into_iter()
+            .zip(seq..)
+            .map(|((at_ms, kind), seq)| Event {
+                session_id: *id,
+                seq,
+                at_ms,
+                kind,
+            })
+            .collect());
+    }
+    let event: Event = serde_json::from_slice(bytes)
+        .map_err(|e| corrupt(id, format!("unreadable event {seq}: {e}")))?;
+    Ok(vec![event])
 }
 
 /// What a version 1 header kept that now lives beside it: the queued

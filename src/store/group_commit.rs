@@ -849,7 +849,7 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                 for (k, v) in &p.entries {
                     writes.transcript.push((k[..].into(), Some(v.clone())));
                 }
-                for (k, v) in &p.events {
+                if let Some((k, v)) = &p.events {
                     writes.events.push((k[..].into(), Some(v.clone())));
                 }
                 for (k, v) in &p.queued {
@@ -1134,7 +1134,7 @@ mod tests {
             terminal: false,
             header: sled::IVec::from(vec![n]),
             entries: Vec::new(),
-            events: Vec::new(),
+            events: None,
             blobs: Vec::new(),
             queued: Vec::new(),
             dequeued: Vec::new(),

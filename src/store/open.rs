@@ -37,6 +37,8 @@ pub(super) struct Trees {
     pub(super) db: sled::Db,
     pub(super) sessions: Tree,
     pub(super) transcript: Tree,
+    /// `id ‖ seq` → the events of one checkpoint, numbered from `seq`
+    /// (layout 3; a single event in rows written by layouts 1 and 2).
     pub(super) events: Tree,
     /// `id ‖ seq` → a queued message (schema 2).
     pub(super) queue: Tree,
@@ -314,7 +316,10 @@ fn check_format(meta: &Tree, dir: &Path) -> Result<Option<u32>, StoreError> {
 /// blob a transcript row names gets its reference, so that a purge never
 /// deletes a blob a session written before the upgrade still uses. Stamped
 /// only once complete and flushed, so an upgrade cut short is redone (its
-/// writes are idempotent). A new directory has nothing to convert.
+/// writes are idempotent). Version 2 has nothing to convert: its one-event
+/// rows stay readable beside the batches version 3 writes, and the stamp
+/// keeps an older binary (which would take a batch for a corrupt event)
+/// from opening the directory. A new directory has nothing to convert.
 fn upgrade(trees: &Trees, found: Option<u32>, dir: &Path) -> Result<(), StoreError> {
     let write = |what: &str, e: sled::Error| {
         StoreError::Io(format!(
@@ -343,6 +348,15 @@ fn upgrade(trees: &Trees, found: Option<u32>, dir: &Path) -> Result<(), StoreErr
             "upgraded the store to format version {FORMAT_VERSION}"
         );
     }
+    if found.is_some_and(|v| v < 3) {
+        let removed = drop_uncommitted_events(trees)
+            .map_err(|e| write("removing events no header commits", e))?;
+        tracing::info!(
+            dir = %dir.display(),
+            rows = removed,
+            "upgraded the store to format version {FORMAT_VERSION}: removed event rows no header commits"
+        );
+    }
     trees.db.flush().map_err(|e| write("flushing", e))?;
     trees
         .meta
@@ -350,6 +364,38 @@ fn upgrade(trees: &Trees, found: Option<u32>, dir: &Path) -> Result<(), StoreErr
         .map_err(|e| write("writing the format version", e))?;
     trees.db.flush().map_err(|e| write("flushing", e))?;
     Ok(())
+}
+
+/// Removes the event rows past each session's `last_event_seq`: what a
+/// crash left of a checkpoint cut short before its header. Layouts 1 and 2
+/// wrote one row per event, so such leftovers could lie inside the range of
+/// a later batch (layout 3 keys a batch by its first event, which a
+/// leftover of its own layout always shares, so the batch replaces it);
+/// reading finds the row holding an event as the last one keyed at or below
+/// it, and must not find a leftover there.
+fn drop_uncommitted_events(trees: &Trees) -> Result<u64, sled::Error> {
+    let mut removed = 0;
+    for item in trees.sessions.iter() {
+        let (key, header) = item?;
+        let (Some(id), Ok(peek)) = (
+            codec::id_from(&key),
+            serde_json::from_slice::<codec::Peek>(&header),
+        ) else {
+            continue;
+        };
+        // A header without the bound commits no event: leave its rows for
+        // `store check` to report rather than guess.
+        let Some(past) = peek.last_event_seq.and_then(|last| last.checked_add(1)) else {
+            continue;
+        };
+        let range = codec::seq_key(&id, past)..=codec::seq_key(&id, u64::MAX);
+        for row in trees.events.range(range) {
+            let (key, _) = row?;
+            trees.events.remove(key)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }
 
 /// Opens sled, waiting briefly while the directory's lock is still held: a

@@ -410,6 +410,18 @@ impl Runtime {
         if let Some(r) = self.live.get(&id) {
             return Ok(r.clone());
         }
+        // Boxed: waking a session from the store is the rare path and its
+        // future is large (~4 KB); inline, every message routed to a live
+        // session would allocate and copy it.
+        Box::pin(self.activate_from_store(id, admission)).await
+    }
+
+    /// The slow path of [`Runtime::activate_with`]: the session is not live.
+    async fn activate_from_store(
+        &self,
+        id: SessionId,
+        admission: Admission,
+    ) -> Result<ActorRef<SessionMsg>, SessionError> {
         if admission == Admission::Check {
             self.admit()?;
         }

@@ -10,7 +10,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod acp;
-mod alloc;
+pub mod alloc;
 pub mod auth;
 pub mod cli;
 pub mod cluster;

@@ -1404,11 +1404,17 @@ mod tests {
         sim.user("one more");
         sim.user("and another");
         sim.emit(EventKind::TurnStarted { turn: 1 });
+        sim.emit(EventKind::TurnStarted { turn: 2 });
+        sim.emit(EventKind::TurnStarted { turn: 3 });
         let cp = sim.checkpoint();
         assert_eq!(cp.entries.len(), 2);
         store.checkpoint(cp).await.unwrap();
         assert_eq!(trees.transcript.len(), transcript + 2);
-        assert_eq!(trees.events.len(), events + 1);
+        assert_eq!(
+            trees.events.len(),
+            events + 1,
+            "a checkpoint's events are one row"
+        );
         assert_eq!(trees.sessions.len(), 2);
         assert_eq!(trees.tenants.len(), 2);
 

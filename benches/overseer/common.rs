@@ -173,6 +173,18 @@ pub fn rate(n: usize, d: Duration) -> Option<f64> {
     (s > 0.0).then(|| n as f64 / s)
 }
 
+/// Lets background work (sled's flusher, finished tasks, hibernation)
+/// quiesce for `ms`, then has the allocator return the pages freed
+/// meanwhile, so that the RSS read next counts what is live rather than
+/// what a burst of finished work left to age out (jemalloc's background
+/// thread would return those within its 10 s decay anyway).
+pub async fn settle(ms: u64) {
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    if !overseer::alloc::release_freed_memory() {
+        eprintln!("  jemalloc did not release freed pages: RSS includes them");
+    }
+}
+
 /// Resident set size of this process, in bytes.
 pub fn rss_bytes() -> Res<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;

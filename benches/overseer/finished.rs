@@ -34,7 +34,8 @@ use overseer::actors::RuntimeConfig;
 use serde_json::json;
 
 use crate::common::{
-    bounded, cache_mb, finish, memory, park, rate, rss_bytes, Backend, Bench, Mode, Res, Row, Rows,
+    bounded, cache_mb, finish, memory, park, rate, rss_bytes, settle, Backend, Bench, Mode, Res,
+    Row, Rows,
 };
 
 /// Workload name in the table.
@@ -100,7 +101,7 @@ pub async fn run(
     };
 
     failures.extend(round(WARM_UP.min(n)).await?);
-    settle().await;
+    settle(500).await;
     let before = rss_bytes()?;
     let mut done = 0;
     let mut after = Vec::with_capacity(SAMPLES);
@@ -116,7 +117,7 @@ pub async fn run(
             }
             done += keys;
         }
-        settle().await;
+        settle(500).await;
         let rss = rss_bytes()?;
         eprintln!(
             "  {done} finished: RSS {} MiB, live actors {}",
@@ -165,7 +166,7 @@ pub async fn store_only(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<
         }
     };
     round(0, WARM_UP.min(n)).await?;
-    settle().await;
+    settle(500).await;
     let before = rss_bytes()?;
     let (mut done, mut after) = (0, Vec::with_capacity(SAMPLES));
     let t = Instant::now();
@@ -174,7 +175,7 @@ pub async fn store_only(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<
             round(WARM_UP + done, keys).await?;
             done += keys;
         }
-        settle().await;
+        settle(500).await;
         let rss = rss_bytes()?;
         eprintln!("  {done} written: RSS {} MiB", rss >> 20);
         after.push((done, rss));
@@ -349,10 +350,4 @@ fn report(
     );
     extra(&mut rows);
     Ok(rows.rows)
-}
-
-/// Lets background work (sled's flusher, finished tasks, hibernation)
-/// quiesce before reading RSS.
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(500)).await;
 }

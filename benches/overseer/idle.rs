@@ -15,8 +15,8 @@ use overseer::actors::model::SessionStatus;
 use overseer::actors::RuntimeConfig;
 
 use crate::common::{
-    bounded, create_request, memory, rate, rss_bytes, Bench, Mode, Probe, Reached, Res, Row, Rows,
-    Want, IDLE_AGENT,
+    bounded, create_request, memory, rate, rss_bytes, settle, Bench, Mode, Probe, Reached, Res,
+    Row, Rows, Want, IDLE_AGENT,
 };
 
 /// Workload name in the table.
@@ -40,7 +40,7 @@ pub async fn run(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<Vec<Row
     } = Bench::start("idle", mode, base, RuntimeConfig::default()).await?;
 
     idle_sessions(&ov, &probe, 0, WARM_UP, limit).await?;
-    settle().await;
+    settle(300).await;
     let before = rss_bytes()?;
     let t = Instant::now();
     // In chunks, so a run bigger than the machine stops before the OOM killer
@@ -61,7 +61,7 @@ pub async fn run(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<Vec<Row
         }
     }
     let elapsed = t.elapsed();
-    settle().await;
+    settle(300).await;
     let after = rss_bytes()?;
     eprintln!(
         "  {reached} idle sessions in {elapsed:.2?}; RSS {} -> {} MiB",
@@ -165,7 +165,7 @@ async fn hibernated_rss(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<
     } = Bench::start("hibernate", mode, base, config).await?;
     idle_sessions(&ov, &probe, 0, WARM_UP, limit).await?;
     wait_hibernated(&ov, WARM_UP).await?;
-    settle().await;
+    settle(300).await;
     let before = rss_bytes()?;
     let chunk = n.div_ceil(10).max(1);
     let mut reached = 0;
@@ -179,11 +179,11 @@ async fn hibernated_rss(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<
         rates.push(rate(size, t.elapsed()));
         reached += size;
         if middle.is_none() && reached * 2 >= n {
-            settle().await;
+            settle(300).await;
             middle = Some((reached, rss_bytes()?));
         }
     }
-    settle().await;
+    settle(300).await;
     let after = rss_bytes()?;
     eprintln!(
         "  {n} hibernated sessions; RSS {} -> {} MiB, live actors {}",
@@ -243,10 +243,4 @@ async fn idle_sessions(
     })
     .await?;
     Ok(())
-}
-
-/// Lets background work (sled's flusher, finished tasks) quiesce before
-/// reading RSS.
-async fn settle() {
-    tokio::time::sleep(Duration::from_millis(300)).await;
 }

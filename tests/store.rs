@@ -427,9 +427,11 @@ async fn store_check_passes_a_healthy_store_and_names_each_damage() {
             .remove(key(gone_entry, 1))
             .unwrap()
             .unwrap();
+        // Events 1 and 2 are the first checkpoint's row, event 3 the
+        // second's: one row per checkpoint.
         db.open_tree("events")
             .unwrap()
-            .remove(key(gone_event, 2))
+            .remove(key(gone_event, 3))
             .unwrap()
             .unwrap();
         let mut tenant_key = b"acme\0".to_vec();
@@ -458,7 +460,7 @@ async fn store_check_passes_a_healthy_store_and_names_each_damage() {
         "{stdout}"
     );
     assert!(
-        stdout.contains(&format!("session {gone_event}: event 2 is missing")),
+        stdout.contains(&format!("session {gone_event}: event 3 is missing")),
         "{stdout}"
     );
     assert!(

@@ -92,9 +92,7 @@ use open::{Purpose, Trees};
 
 /// The layout version of the trees above (not the snapshot `schema_version`,
 /// which versions the JSON inside them). 3: `events` holds one row per
-/// checkpoint (earlier versions: one per event, still read), and a header
-/// row references its agent configuration in `configs` (earlier versions
-/// hold it inline, still read).
+/// checkpoint (earlier versions: one per event, still read).
 const FORMAT_VERSION: u32 = 3;
 
 /// Most commands (checkpoints, flushes) queued for or being written by the
@@ -317,46 +315,9 @@ impl Trees {
             .get(id.as_bytes())
             .map_err(|e| io(format_args!("reading session {id}"), e))?
         {
-            Some(bytes) => self.decode_header(id, &bytes).map(Some),
+            Some(bytes) => codec::decode_header(id, &bytes).map(Some),
             None => Ok(None),
         }
-    }
-
-    /// A stored header's JSON with its configuration in place: a row of
-    /// layout 3 references it in `configs`, older rows hold it inline.
-    pub(super) fn header_json<'a>(
-        &self,
-        id: &SessionId,
-        row: &'a [u8],
-    ) -> Result<std::borrow::Cow<'a, [u8]>, StoreError> {
-        let Some((hash, at)) = codec::config_ref(id, row)? else {
-            return Ok(std::borrow::Cow::Borrowed(row));
-        };
-        let config = self
-            .configs
-            .get(codec::config_key(id, &hash))
-            .map_err(|e| io(format_args!("reading the configuration of session {id}"), e))?
-            .ok_or_else(|| {
-                corrupt(
-                    id,
-                    format!(
-                        "the header references configuration {} but it is not stored",
-                        hex::encode(hash)
-                    ),
-                )
-            })?;
-        Ok(std::borrow::Cow::Owned(codec::join_config(
-            row, at, &config,
-        )))
-    }
-
-    /// Decodes a stored header, configuration included.
-    pub(super) fn decode_header(
-        &self,
-        id: &SessionId,
-        row: &[u8],
-    ) -> Result<SessionHeader, StoreError> {
-        codec::decode_header(id, &self.header_json(id, row)?)
     }
 
     fn session(&self, id: &SessionId) -> Result<Option<StoredSession>, StoreError> {
@@ -367,7 +328,6 @@ impl Trees {
         else {
             return Ok(None);
         };
-        let bytes = self.header_json(id, &bytes)?;
         let mut header = codec::decode_header(id, &bytes)?;
         let legacy = codec::legacy_parts(id, &header, &bytes)?;
         // Only the entries the header accounts for: entries are written before
@@ -569,7 +529,7 @@ impl Trees {
             // A header of a newer schema fails the listing (as it fails a
             // load): boot recovery must not silently skip sessions.
             if wanted(&codec::peek(id, bytes)?) {
-                out.push(self.decode_header(id, bytes)?);
+                out.push(codec::decode_header(id, bytes)?);
             }
             Ok(())
         };
@@ -621,7 +581,7 @@ impl Trees {
         {
             let (key, bytes) = item.map_err(|e| io("scanning sessions", e))?;
             let id = codec::id_from(&key).ok_or_else(|| corrupt("sessions", "malformed key"))?;
-            out.push(self.decode_header(&id, &bytes)?);
+            out.push(codec::decode_header(&id, &bytes)?);
         }
         Ok(out)
     }
@@ -1462,72 +1422,6 @@ mod tests {
         store.checkpoint(sim.checkpoint()).await.unwrap();
         assert_eq!(trees.transcript.len(), transcript + 2);
         assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
-    }
-
-    #[tokio::test]
-    async fn the_configuration_is_stored_once_beside_the_header_and_read_back_in_place() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(dir.path());
-        let mut sim = Sim::new("acme");
-        // Strings that look like the field the row's reference replaces.
-        sim.header.title = Some(r#"a "config":{"x":1} title"#.into());
-        sim.header.config.instructions = r#"Braces } { and quotes " \" inside "config":{"#.into();
-        for i in 0..3 {
-            sim.user(&format!("m{i}"));
-            store.checkpoint(sim.checkpoint()).await.unwrap();
-        }
-        let generation = store.current();
-        let trees = &generation.trees;
-        assert_eq!(trees.configs.len(), 1, "written once, not per checkpoint");
-        let row = trees.sessions.get(sim.id().as_bytes()).unwrap().unwrap();
-        let inline = serde_json::to_vec(&sim.header).unwrap();
-        let config = serde_json::to_vec(&sim.header.config).unwrap();
-        assert_eq!(row.len(), inline.len() - config.len() + 18);
-        assert!(!row.windows(12).any(|w| w == b"instructions"));
-        assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
-        assert_eq!(
-            store.load_header(sim.id()).await.unwrap().unwrap(),
-            sim.header
-        );
-
-        // A changed configuration is a new row; the header takes it.
-        sim.header.config.model = "other".into();
-        store.checkpoint(sim.checkpoint()).await.unwrap();
-        assert_eq!(trees.configs.len(), 2);
-        assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
-        let listed = store.list_tenant("acme", None, 10).await.unwrap();
-        assert_eq!(listed, vec![sim.header.clone()]);
-        drop(generation);
-        drop(store);
-
-        // A new process does not know what is stored: it writes the row
-        // again, under the same key.
-        let store = open(dir.path());
-        sim.user("again");
-        store.checkpoint(sim.checkpoint()).await.unwrap();
-        assert_eq!(store.current().trees.configs.len(), 2);
-        assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
-
-        // A purge takes every configuration of the session.
-        sim.status(SessionStatus::Completed);
-        store.checkpoint(sim.checkpoint()).await.unwrap();
-        store.purge(sim.id()).await.unwrap();
-        assert_eq!(store.current().trees.configs.len(), 0);
-    }
-
-    #[tokio::test]
-    async fn a_header_whose_configuration_is_missing_is_corrupt_and_says_so() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(dir.path());
-        let mut sim = Sim::new("acme");
-        store.checkpoint(sim.checkpoint()).await.unwrap();
-        store.current().trees.configs.clear().unwrap();
-        let err = store.load(sim.id()).await.unwrap_err();
-        assert!(
-            matches!(&err, StoreError::Corrupt { session, detail }
-                if *session == sim.id().to_string() && detail.contains("references configuration")),
-            "{err}"
-        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

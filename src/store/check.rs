@@ -195,7 +195,7 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
         if peek.schema_version > SCHEMA_VERSION {
             continue;
         }
-        let header = match trees.decode_header(&id, &bytes) {
+        let header = match codec::decode_header(&id, &bytes) {
             Ok(header) => header,
             Err(e) => {
                 report.problem(format!("session {id}: {}", detail(&e)));

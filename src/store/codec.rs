@@ -185,12 +185,7 @@ pub(super) struct Prepared {
     pub(super) active: bool,
     /// Whether the header's status is terminal (the writer then forgets it).
     pub(super) terminal: bool,
-    /// The header's row: its JSON with the agent configuration replaced by
-    /// a reference to [`Prepared::config`] (see [`split_config`]).
     pub(super) header: IVec,
-    /// The configuration the header references, written only when the
-    /// session's stored rows may not hold it yet.
-    pub(super) config: StoredConfig,
     pub(super) entries: Vec<([u8; 24], IVec)>,
     /// The checkpoint's events as one row (see [`encode_events`]), if it
     /// has any.
@@ -209,7 +204,6 @@ impl Prepared {
     /// Bytes this checkpoint will insert, to bound the size of one group.
     pub(super) fn size(&self) -> usize {
         self.header.len()
-            + self.config.json.len()
             + self
                 .entries
                 .iter()
@@ -243,7 +237,6 @@ pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
     let id = cp.header.id;
     let header = serde_json::to_vec(&cp.header)
         .map_err(|e| corrupt(id, format!("cannot encode header: {e}")))?;
-    let (header, config) = split_config(&id, &header)?;
     let mut blobs = Vec::new();
     let mut entries = Vec::with_capacity(cp.entries.len());
     for (idx, entry) in &cp.entries {
@@ -272,7 +265,6 @@ pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
         active: is_active(cp.header.status),
         terminal: cp.header.status.is_terminal(),
         header: IVec::from(header),
-        config,
         entries,
         events,
         blobs,
@@ -280,139 +272,6 @@ pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
         dequeued: cp.dequeued.clone().map(|seq| seq_key(&id, seq)).collect(),
         metadata,
     })
-}
-
-/// A session's agent configuration as stored beside its header (layout
-/// 3): in `configs` under `id ‖ hash`, the hash being the first 8 bytes of
-/// the SHA-256 of its JSON. A third of the header was this configuration,
-/// rewritten unchanged at every checkpoint; now a checkpoint writes it only
-/// when it changed, and a row's content never changes under its key, so a
-/// header can never meet a configuration it was not written with.
-#[derive(Debug, Clone)]
-pub(super) struct StoredConfig {
-    pub(super) hash: [u8; 8],
-    pub(super) json: IVec,
-}
-
-impl StoredConfig {
-    pub(super) fn key(&self, id: &SessionId) -> [u8; 24] {
-        config_key(id, &self.hash)
-    }
-}
-
-/// `id ‖ hash`: the key of one configuration of a session in `configs`.
-pub(super) fn config_key(id: &SessionId, hash: &[u8; 8]) -> [u8; 24] {
-    let mut key = [0u8; 24];
-    key[..16].copy_from_slice(id.as_bytes());
-    key[16..].copy_from_slice(hash);
-    key
-}
-
-/// What a header's `config` field starts with in its JSON. Only the first
-/// occurrence is the header's own: the fields serialized before it (ids,
-/// tenant, agent, title, parent link, status, times) hold no object named
-/// `config`, and a string holding these bytes has its quotes escaped.
-const CONFIG_FIELD: &[u8] = b"\"config\":";
-
-/// Splits a header's JSON into its row (the `config` object replaced by the
-/// hex of its hash, a JSON string) and the configuration itself.
-pub(super) fn split_config(
-    id: &SessionId,
-    json: &[u8],
-) -> Result<(Vec<u8>, StoredConfig), StoreError> {
-    let span = find(json, CONFIG_FIELD)
-        .map(|at| at + CONFIG_FIELD.len())
-        .and_then(|start| Some(start..start + object_len(json.get(start..)?)?))
-        .ok_or_else(|| corrupt(id, "cannot find the configuration in the encoded header"))?;
-    let config = &json[span.clone()];
-    let mut hash = [0u8; 8];
-    hash.copy_from_slice(&Sha256::digest(config)[..8]);
-    let mut row = Vec::with_capacity(json.len() - config.len() + 18);
-    row.extend_from_slice(&json[..span.start]);
-    row.push(b'"');
-    row.extend_from_slice(hex::encode(hash).as_bytes());
-    row.push(b'"');
-    row.extend_from_slice(&json[span.end..]);
-    Ok((
-        row,
-        StoredConfig {
-            hash,
-            json: IVec::from(config),
-        },
-    ))
-}
-
-/// The hash a header row references its configuration by, or `None` for a
-/// row that holds it inline (layouts 1 and 2, and a header of layout 3 that
-/// was never split).
-pub(super) fn config_ref(
-    id: &SessionId,
-    row: &[u8],
-) -> Result<Option<([u8; 8], std::ops::Range<usize>)>, StoreError> {
-    let Some(start) = find(row, CONFIG_FIELD).map(|at| at + CONFIG_FIELD.len()) else {
-        return Ok(None);
-    };
-    if row.get(start) != Some(&b'"') {
-        return Ok(None);
-    }
-    let end = start + 18;
-    let hex_part = row
-        .get(start + 1..end - 1)
-        .filter(|_| row.get(end - 1) == Some(&b'"'))
-        .ok_or_else(|| corrupt(id, "malformed configuration reference in the header"))?;
-    let mut hash = [0u8; 8];
-    hex::decode_to_slice(hex_part, &mut hash).map_err(|e| {
-        corrupt(
-            id,
-            format!("malformed configuration reference in the header: {e}"),
-        )
-    })?;
-    Ok(Some((hash, start..end)))
-}
-
-/// A header row with its configuration put back in place of the reference.
-pub(super) fn join_config(row: &[u8], at: std::ops::Range<usize>, config: &[u8]) -> Vec<u8> {
-    let mut json = Vec::with_capacity(row.len() + config.len());
-    json.extend_from_slice(&row[..at.start]);
-    json.extend_from_slice(config);
-    json.extend_from_slice(&row[at.end..]);
-    json
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-/// The length of the JSON object `json` starts with (through its closing
-/// brace), or `None` if it does not start with one or it is not closed.
-fn object_len(json: &[u8]) -> Option<usize> {
-    if json.first() != Some(&b'{') {
-        return None;
-    }
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for (i, &b) in json.iter().enumerate() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return Some(i + 1);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
 }
 
 /// One stored event of a batch row: the session and the sequence number

@@ -698,10 +698,6 @@ struct Known {
     /// `None`: the stored header is undecodable, so the index entries are
     /// rewritten unconditionally (readers cross-check them against headers).
     active: Option<bool>,
-    /// The hash of the configuration the stored rows are known to hold;
-    /// `None` (read from disk): written again, which is harmless (a key's
-    /// content never changes).
-    config: Option<[u8; 8]>,
 }
 
 /// The header state of sessions the writer itself committed recently, so that
@@ -760,7 +756,6 @@ struct Writes {
     events: Vec<Write>,
     queue: Vec<Write>,
     metadata: Vec<Write>,
-    configs: Vec<Write>,
     tenants_added: Vec<Write>,
     active_added: Vec<Write>,
     sessions: Vec<Write>,
@@ -779,7 +774,7 @@ struct Writes {
 /// lock), since nothing needs atomicity within one tree: plain inserts, in an
 /// order that makes the `sessions` header the commit record of a checkpoint:
 ///
-/// 1. `blobs`, `blob_refs`, `transcript`, `events`, `configs`, and the index entries a session gains;
+/// 1. `blobs`, `blob_refs`, `transcript`, `events`, and the index entries a session gains;
 /// 2. `sessions`: the headers;
 /// 3. the index entries a session loses.
 ///
@@ -822,9 +817,6 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
         };
         match previous.and_then(|previous| check(trees, p, previous, &blobs_in_group)) {
             Ok((previous, new_blobs)) => {
-                let config_held = previous
-                    .as_ref()
-                    .is_some_and(|k| k.config == Some(p.config.hash));
                 before.entry(p.id).or_insert(previous);
                 after.insert(
                     p.id,
@@ -832,14 +824,8 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                         schema_version: p.schema_version,
                         tenant: Some(p.tenant.clone()),
                         active: Some(p.active),
-                        config: Some(p.config.hash),
                     }),
                 );
-                if !config_held {
-                    writes
-                        .configs
-                        .push((p.config.key(&p.id)[..].into(), Some(p.config.json.clone())));
-                }
                 if p.terminal {
                     terminal.insert(p.id);
                 } else {
@@ -993,7 +979,6 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         events,
         queue,
         metadata,
-        configs,
         tenants_added,
         active_added,
         sessions,
@@ -1008,7 +993,6 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         (&trees.events, events, "events"),
         (&trees.queue, queue, "queue"),
         (&trees.metadata, metadata, "metadata"),
-        (&trees.configs, configs, "configs"),
         (&trees.tenants, tenants_added, "tenants"),
         (&trees.active, active_added, "active"),
         (&trees.sessions, sessions, "sessions"),
@@ -1049,7 +1033,7 @@ fn crashed_before(trees: &Trees, n: usize) -> bool {
 
 /// Where the `sessions` writes (the commit records) are in [`write`]'s order.
 #[cfg(test)]
-const SESSIONS_WRITES: usize = 9;
+const SESSIONS_WRITES: usize = 8;
 
 #[cfg(not(test))]
 fn crashed_before(_: &Trees, _: usize) -> bool {
@@ -1105,13 +1089,11 @@ fn stored_previous(trees: &Trees, p: &Prepared) -> Result<Previous, StoreError> 
             schema_version: peek.schema_version,
             active: Some(peek.is_active()),
             tenant: peek.tenant,
-            config: None,
         },
         Err(_) => Known {
             schema_version: 0,
             tenant: None,
             active: None,
-            config: None,
         },
     };
     Ok(Some(known))
@@ -1132,7 +1114,6 @@ mod tests {
             events: open("events"),
             queue: open("queue"),
             metadata: open("metadata"),
-            configs: open("configs"),
             tenants: open("tenants"),
             active: open("active"),
             blobs: open("blobs"),
@@ -1152,10 +1133,6 @@ mod tests {
             active,
             terminal: false,
             header: sled::IVec::from(vec![n]),
-            config: codec::StoredConfig {
-                hash: [n; 8],
-                json: sled::IVec::from(&b"{}"[..]),
-            },
             entries: Vec::new(),
             events: None,
             blobs: Vec::new(),

@@ -44,9 +44,6 @@ pub(super) struct Trees {
     pub(super) queue: Tree,
     /// `id` → the session's metadata, written once (schema 2).
     pub(super) metadata: Tree,
-    /// `id ‖ hash` → one agent configuration a header of the session
-    /// references (layout 3; see `codec::StoredConfig`).
-    pub(super) configs: Tree,
     pub(super) tenants: Tree,
     pub(super) active: Tree,
     pub(super) blobs: Tree,
@@ -249,7 +246,6 @@ pub(super) fn open(
             events: tree("events")?,
             queue: tree("queue")?,
             metadata: tree("metadata")?,
-            configs: tree("configs")?,
             tenants: tree("tenants")?,
             active: tree("active")?,
             blobs: tree("blobs")?,

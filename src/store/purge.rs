@@ -50,9 +50,7 @@ pub(super) fn purge(trees: &Trees, id: &SessionId) -> Result<bool, PurgeError> {
         .map_err(|e| io(format_args!("purging session {id}: reading its header"), e))?;
     let tenant = match stored {
         Some(bytes) => {
-            let header = trees
-                .decode_header(id, &bytes)
-                .map_err(PurgeError::Refused)?;
+            let header = codec::decode_header(id, &bytes).map_err(PurgeError::Refused)?;
             if !header.status.is_terminal() {
                 return Err(PurgeError::Refused(StoreError::NotTerminal {
                     session: *id,
@@ -142,7 +140,6 @@ fn remove_rows(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeE
         (&trees.transcript, "transcript"),
         (&trees.events, "events"),
         (&trees.queue, "queue"),
-        (&trees.configs, "configurations"),
     ] {
         remove_prefix(tree, prefix)
             .map_err(|e| io(format_args!("purging session {id}: removing its {name}"), e))?;

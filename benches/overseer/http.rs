@@ -124,7 +124,7 @@ pub async fn run(mode: Mode, n: usize, base: &Path, failures: &mut Vec<String>) 
         "approvals/s",
         "",
     );
-    let p99 = if mode == Mode::Fsync { "<= 5" } else { "" };
+    let p99 = if mode == Mode::Fsync { "<= 10" } else { "" };
     rows.latency("round trip over HTTP", &mut rtts, "", p99);
     rows.add(
         "tools run exactly once",

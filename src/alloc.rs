@@ -33,7 +33,7 @@ static MALLOC_CONF: &[u8; 23] = b"background_thread:true\0";
 /// RSS after it); `false` if jemalloc refused.
 pub fn release_freed_memory() -> bool {
     // MALLCTL_ARENAS_ALL: the `arena.<i>.purge` index that means every arena.
-    const PURGE_ALL: &[u8] = b"arena.4096.purge\0";
+    const PURGE_ALL: &std::ffi::CStr = c"arena.4096.purge";
     // SAFETY: a NUL-terminated name of a control that takes no value, with
     // null old/new pointers and lengths, as jemalloc documents for it.
     let rc = unsafe {
@@ -59,7 +59,7 @@ mod tests {
         // buffer whose length is passed along.
         let rc = unsafe {
             tikv_jemalloc_sys::mallctl(
-                b"opt.background_thread\0".as_ptr().cast(),
+                c"opt.background_thread".as_ptr(),
                 (&mut on as *mut bool).cast(),
                 &mut len,
                 std::ptr::null_mut(),

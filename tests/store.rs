@@ -417,21 +417,16 @@ async fn store_check_passes_a_healthy_store_and_names_each_damage() {
         .map(Sim::id);
     {
         let db = open_raw(dir.path());
-        let key = |id: SessionId, n: u64| {
-            let mut key = id.as_bytes().to_vec();
-            key.extend_from_slice(&n.to_be_bytes());
-            key
-        };
         db.open_tree("transcript")
             .unwrap()
-            .remove(key(gone_entry, 1))
+            .remove(seq_key(gone_entry, 1))
             .unwrap()
             .unwrap();
         // Events 1 and 2 are the first checkpoint's row, event 3 the
         // second's: one row per checkpoint.
         db.open_tree("events")
             .unwrap()
-            .remove(key(gone_event, 3))
+            .remove(seq_key(gone_event, 3))
             .unwrap()
             .unwrap();
         let mut tenant_key = b"acme\0".to_vec();
@@ -754,15 +749,9 @@ async fn a_version_1_store_gains_its_blob_references_when_first_served() {
         let db = open_raw(dir.path());
         db.open_tree("blob_refs").unwrap().clear().unwrap();
         db.drop_tree("blob_refs").unwrap();
-        db.open_tree("meta")
-            .unwrap()
-            .insert("format_version", &1u32.to_be_bytes()[..])
-            .unwrap();
-        db.flush().unwrap();
+        stamp_layout(&db, 1);
     }
-    let out = overseer(&["store", "check"], dir.path());
-    assert!(out.status.success(), "{}", text(&out.stdout));
-    assert!(text(&out.stdout).contains("layout version 1"));
+    check_passes_at_layout(dir.path(), 1);
 
     let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
     store.purge(a.id()).await.unwrap();
@@ -790,11 +779,7 @@ async fn a_version_2_store_keeps_its_one_event_rows_readable_beside_batches() {
     sim.status(SessionStatus::Running);
     store.checkpoint(sim.checkpoint()).await.unwrap();
     drop(store);
-    let key = |seq: u64| {
-        let mut key = sim.id().as_bytes().to_vec();
-        key.extend_from_slice(&seq.to_be_bytes());
-        key
-    };
+    let key = |seq: u64| seq_key(sim.id(), seq);
     // What a version 2 binary left: one row per event, the layout stamped
     // 2, and the rows of a checkpoint a crash cut short before its header
     // (events 3 to 5, which no header commits).
@@ -818,15 +803,9 @@ async fn a_version_2_store_keeps_its_one_event_rows_readable_beside_batches() {
                 .insert(key(seq), serde_json::to_vec(&leftover).unwrap())
                 .unwrap();
         }
-        db.open_tree("meta")
-            .unwrap()
-            .insert("format_version", &2u32.to_be_bytes()[..])
-            .unwrap();
-        db.flush().unwrap();
+        stamp_layout(&db, 2);
     }
-    let out = overseer(&["store", "check"], dir.path());
-    assert!(out.status.success(), "{}", text(&out.stdout));
-    assert!(text(&out.stdout).contains("layout version 2"));
+    check_passes_at_layout(dir.path(), 2);
 
     let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
     assert_eq!(
@@ -875,6 +854,34 @@ async fn a_version_2_store_keeps_its_one_event_rows_readable_beside_batches() {
     assert!(out.status.success(), "{stdout}");
     assert!(stdout.contains("layout version 3"), "{stdout}");
     assert!(stdout.contains("and 7 events"), "{stdout}");
+}
+
+/// `id ‖ big-endian n`: the key of transcript entry or event row `n`.
+fn seq_key(id: SessionId, n: u64) -> Vec<u8> {
+    let mut key = id.as_bytes().to_vec();
+    key.extend_from_slice(&n.to_be_bytes());
+    key
+}
+
+/// Stamps a closed store directory with an older layout version, as the
+/// binary that wrote it would have left it.
+fn stamp_layout(db: &sled::Db, version: u32) {
+    db.open_tree("meta")
+        .unwrap()
+        .insert("format_version", &version.to_be_bytes()[..])
+        .unwrap();
+    db.flush().unwrap();
+}
+
+/// `overseer store check` passes `dir` and reports its layout `version`.
+fn check_passes_at_layout(dir: &Path, version: u32) {
+    let out = overseer(&["store", "check"], dir);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(&format!("layout version {version}")),
+        "{stdout}"
+    );
 }
 
 /// Opens a closed store directory with sled directly, waiting for the lock a

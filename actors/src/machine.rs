@@ -210,6 +210,45 @@ pub enum Effect {
     Delta(String),
 }
 
+/// The timer of a call waiting for a decision, as of `now_ms`.
+fn approval_timer(call: &ToolCallRecord, timeout_secs: u64, now_ms: i64) -> Effect {
+    // Snapshots from before deadlines were recorded have none: their timer
+    // runs a full timeout from now.
+    let deadline_ms = call
+        .approval_deadline_ms
+        .unwrap_or_else(|| now_ms.saturating_add((timeout_secs as i64).saturating_mul(1000)));
+    Effect::ArmApprovalTimer {
+        call_id: call.id.clone(),
+        deadline_ms,
+        after: Duration::from_millis(deadline_ms.saturating_sub(now_ms).max(0) as u64),
+    }
+}
+
+/// What resuming this session after a restart would do, when that is
+/// nothing but arming approval timers: the session waits for decisions
+/// (`awaiting_approval`, some call awaits one) and nothing of it runs (no
+/// call is running, so no tool to sort and no child to resume). `None` for
+/// any other session, which needs its actor to resume.
+///
+/// Boot recovery uses it to leave such a session on disk, as if it had
+/// hibernated, instead of loading it and spawning its actor: it arms these
+/// timers, and the first decision (or a timeout) activates the session.
+/// `machine::tests::a_parked_session_resumes_to_its_timers_alone` checks
+/// that it agrees with [`Input::Resume`].
+pub fn resume_of_parked(header: &SessionHeader, now_ms: i64) -> Option<Vec<Effect>> {
+    let calls = &header.open_calls;
+    let parked = header.status == SessionStatus::AwaitingApproval
+        && calls.iter().any(|c| c.state == CallState::AwaitingApproval)
+        && calls.iter().all(|c| c.state != CallState::Running);
+    parked.then(|| {
+        calls
+            .iter()
+            .filter(|c| c.state == CallState::AwaitingApproval)
+            .map(|c| approval_timer(c, header.config.approval_timeout_secs, now_ms))
+            .collect()
+    })
+}
+
 /// What the process knows of a dispatched call whose result the session has
 /// not recorded (the in-memory half of the effect journal, §9).
 #[derive(Debug, Clone, PartialEq)]
@@ -1707,19 +1746,11 @@ impl Session {
     }
 
     fn arm_timer(&self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
-        let call = &self.header.open_calls[i];
-        // Snapshots from before deadlines were recorded have none: their
-        // timer runs a full timeout from now.
-        let deadline_ms = call.approval_deadline_ms.unwrap_or_else(|| {
-            ctx.now_ms.saturating_add(
-                (self.header.config.approval_timeout_secs as i64).saturating_mul(1000),
-            )
-        });
-        fx.push(Effect::ArmApprovalTimer {
-            call_id: call.id.clone(),
-            deadline_ms,
-            after: Duration::from_millis(deadline_ms.saturating_sub(ctx.now_ms).max(0) as u64),
-        });
+        fx.push(approval_timer(
+            &self.header.open_calls[i],
+            self.header.config.approval_timeout_secs,
+            ctx.now_ms,
+        ));
     }
 
     /// Moves the open step's finished calls into the transcript, in proposal order.
@@ -2074,6 +2105,62 @@ mod tests {
 
     fn approve(s: &Session) -> Input {
         Input::Decide(Submission::one(pending_id(s), Decision::approve()))
+    }
+
+    #[test]
+    fn a_parked_session_resumes_to_its_timers_alone() {
+        type Then = Option<fn(&Session) -> Input>;
+        let hi = || vec![msg("hi")];
+        let rows: Vec<(&str, Vec<Input>, Then, Option<Vec<&str>>)> = vec![
+            (
+                "one call awaits a decision",
+                [hi(), calls(&["ask"])].concat(),
+                None,
+                Some(vec!["timer +30000ms @30000"]),
+            ),
+            (
+                "two calls await decisions",
+                [hi(), calls(&["ask", "ask"])].concat(),
+                None,
+                Some(vec!["timer +30000ms @30000", "timer +30000ms @30000"]),
+            ),
+            (
+                "one of two is approved, the other awaits",
+                [hi(), calls(&["ask", "ask"])].concat(),
+                Some(approve),
+                Some(vec!["timer +30000ms @30000"]),
+            ),
+            ("a tool runs", [hi(), calls(&["free"])].concat(), None, None),
+            ("the provider call is in flight", hi(), None, None),
+            (
+                "the turn ended",
+                [hi(), vec![Input::StreamEnded(Ok(()))]].concat(),
+                None,
+                None,
+            ),
+            ("never started", vec![], None, None),
+        ];
+        let tools = registry();
+        for (name, inputs, then, want) in rows {
+            let mut s = session();
+            drive(&mut s, &tools, inputs).unwrap();
+            if let Some(then) = then {
+                let input = then(&s);
+                drive(&mut s, &tools, vec![input]).unwrap();
+            }
+            let parked = resume_of_parked(&s.header, NOW);
+            let want = want.map(|w| w.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>());
+            assert_eq!(parked.as_deref().map(shape), want, "{name}");
+            if let Some(parked) = parked {
+                // Resuming in an actor would do exactly that and write
+                // nothing: leaving the session on disk loses nothing.
+                let resumed = s
+                    .apply(Input::Resume { journal: vec![] }, ctx(&tools, 42))
+                    .unwrap();
+                assert_eq!(shape(&resumed), shape(&parked), "{name}");
+                assert!(!s.is_dirty(), "{name}: resuming changed the session");
+            }
+        }
     }
 
     #[test]

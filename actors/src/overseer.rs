@@ -144,13 +144,17 @@ impl Overseer {
         self.runtime.agents.values()
     }
 
-    /// Activates every session that was mid-turn (running or awaiting
+    /// Recovers every session that was mid-turn (running or awaiting
     /// approval) when the previous process stopped. Sessions awaiting input
-    /// stay on disk until touched. Roots are activated here; each resumes
-    /// its own children, under its own supervision. A child whose parent
-    /// will not resume it (the parent ended, or a crash came between the two
+    /// stay on disk until touched. A root that only waits for decisions
+    /// (nothing of it runs: see [`crate::machine::resume_of_parked`]) stays
+    /// on disk too, as if it had hibernated: its approval timers are armed
+    /// and its approvals counted, and the first decision or timeout
+    /// activates it. Every other root is activated here; each resumes its
+    /// own children, under its own supervision. A child whose parent will
+    /// not resume it (the parent ended, or a crash came between the two
     /// checkpoints of a cancel) is cancelled, so no approval is orphaned.
-    /// Returns how many roots were activated.
+    /// Returns how many roots were recovered (activated or left parked).
     pub async fn recover(&self) -> Result<usize, SessionError> {
         let headers = self
             .runtime
@@ -171,6 +175,16 @@ impl Overseer {
             self.runtime.cancel_in_store(id).await?;
         }
         let n = roots.len();
+        // Parked roots cost a header read (done above) and their timers:
+        // ready after a restart does not wait for loading every session
+        // that waits for a person, nor does memory hold their actors.
+        let by_id: BTreeMap<SessionId, &SessionHeader> =
+            headers.iter().map(|h| (h.id, h)).collect();
+        roots.retain(|id| {
+            by_id
+                .get(id)
+                .is_none_or(|h| !self.runtime.recover_parked(h))
+        });
         // Loads overlap; spawns are serialised by the orchestrator anyway.
         let mut activations = futures::stream::iter(roots)
             .map(|id| self.runtime.activate(id))

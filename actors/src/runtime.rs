@@ -24,9 +24,9 @@ use crate::error::SessionError;
 use crate::hub::EventHub;
 use crate::journal::Journal;
 use crate::limits::Limits;
-use crate::machine::{Ctx, Input, Session};
+use crate::machine::{Ctx, Effect, Input, Session};
 use crate::messages::{OrchestratorMsg, SessionMsg};
-use crate::model::{now_ms, AgentConfig, Notification, SessionId, ToolCallId};
+use crate::model::{now_ms, AgentConfig, Notification, SessionHeader, SessionId, ToolCallId};
 use crate::provider::Provider;
 use crate::store::{CheckpointStore, StoredSession};
 use crate::supervision::{Decision, RestartPolicy, Restarts};
@@ -658,6 +658,30 @@ impl Runtime {
                 tracing::error!(session_id = %id, "could not resume a stopped session: {e}");
             }
         });
+    }
+
+    /// Boot recovery of a root that only waits for decisions: arms its
+    /// approval timers and counts its approvals, as its actor's resume
+    /// would, and leaves it on disk. `false` (nothing done) when the
+    /// session needs its actor to resume.
+    pub(crate) fn recover_parked(self: &Arc<Self>, header: &SessionHeader) -> bool {
+        let Some(timers) = crate::machine::resume_of_parked(header, self.now_ms()) else {
+            return false;
+        };
+        let mut pending = 0;
+        for timer in timers {
+            if let Effect::ArmApprovalTimer {
+                call_id,
+                deadline_ms,
+                after,
+            } = timer
+            {
+                self.arm_approval_timer(header.id, call_id, deadline_ms, after);
+                pending += 1;
+            }
+        }
+        crate::metrics::set_pending(header.id, pending);
+        true
     }
 
     /// Arms the approval timer of a call (see [`crate::timers`]): it fires

@@ -81,24 +81,102 @@ async fn an_approval_timeout_fires_while_hibernated() {
 }
 
 /// Stops the first runtime (as a crashed process would, its in-memory
-/// journal is gone) and recovers the same store in a fresh one.
-async fn crash_and_recover(
+/// journal is gone) and recovers the same store in a fresh one, whose echo
+/// tool counts its runs in `runs`.
+async fn restart(
     h: &Harness,
     agent: overseer_actors::model::AgentConfig,
     steps: serde_json::Value,
+    runs: std::sync::Arc<std::sync::atomic::AtomicU32>,
 ) -> overseer_actors::Overseer {
     h.ov.shutdown().await.unwrap();
     let ov = overseer_actors::Overseer::start(
         vec![agent],
         std::sync::Arc::new(h.store.clone()),
         scripted(steps),
-        tools(Default::default(), Default::default()),
+        tools(runs, Default::default()),
         RuntimeConfig::default(),
     )
     .await
     .unwrap();
     assert_eq!(ov.recover().await.unwrap(), 1);
     ov
+}
+
+async fn crash_and_recover(
+    h: &Harness,
+    agent: overseer_actors::model::AgentConfig,
+    steps: serde_json::Value,
+) -> overseer_actors::Overseer {
+    restart(h, agent, steps, Default::default()).await
+}
+
+/// A session that only waits for a person costs nothing to recover: it is
+/// not loaded and gets no actor (as if hibernated), its approval timer is
+/// armed, and its decision activates it.
+#[tokio::test]
+async fn a_session_parked_at_a_restart_stays_on_disk_until_its_decision() {
+    use overseer_actors::model::{Decision, Submission};
+    let h = harness(agent(&["echo"]), echo_then_answer()).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let ov = restart(&h, agent(&["echo"]), echo_then_answer(), runs.clone()).await;
+    assert!(
+        !ov.runtime().live.contains_key(&id),
+        "recovery spawned an actor for a session that waits for a decision"
+    );
+    assert_eq!(
+        ov.runtime().bookkeeping().timers,
+        1,
+        "its approval timer is armed"
+    );
+    let pending = ov.pending_approvals(id).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    let mut rx = ov.subscribe(id);
+    ov.submit(
+        id,
+        Submission::one(pending[0].call.id.clone(), Decision::approve()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        final_text(&transcript(&ov, id).await),
+        r#"Result: {"echo":{"text":"hi"}}"#
+    );
+    assert_eq!(
+        ov.runtime().bookkeeping().timers,
+        0,
+        "the decision disarmed it"
+    );
+}
+
+/// Its timer, armed by recovery from the recorded deadline, activates it.
+#[tokio::test(start_paused = true)]
+async fn a_session_parked_at_a_restart_times_out_at_its_recorded_deadline() {
+    let mut a = agent(&["echo"]);
+    a.approval_timeout_secs = 120;
+    let h = harness(a.clone(), echo_then_answer()).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let ov = crash_and_recover(&h, a, echo_then_answer()).await;
+    assert!(!ov.runtime().live.contains_key(&id));
+    let mut rx = ov.subscribe(id);
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(
+        final_text(&transcript(&ov, id).await),
+        "Result: Tool not run: the approval request timed out (No approval decision received within 120 s)"
+    );
+}
+
+async fn transcript(
+    ov: &overseer_actors::Overseer,
+    id: overseer_actors::model::SessionId,
+) -> Vec<overseer_actors::model::TranscriptEntry> {
+    let s = ov.state(id).await.unwrap();
+    s.transcript.iter().map(|e| (**e).clone()).collect()
 }
 
 #[tokio::test]

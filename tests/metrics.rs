@@ -313,15 +313,16 @@ async fn metrics_count_a_session_through_approval_restart_and_completion() -> Re
     assert!(count(&parked, m::CHECKPOINT_SECONDS, &[]) >= 2.0);
     assert_eq!(parked.type_of(m::CHECKPOINT_SECONDS), Some("histogram"));
 
-    // A restart: the session comes back from disk with its approval still
-    // pending, counted once, not twice nor zero times.
+    // A restart: the session only waits for a decision, so recovery leaves
+    // it on disk (no actor, not live) with its approval still pending,
+    // counted once, not twice nor zero times; the decision activates it.
     let dir = s.stop_keep_data().await?;
     let s = Server::start_in(dir, common::hs256(), HttpOptions::default()).await?;
     let back = eventually(&s, &admin, "the old actor's gauge is gone", |sc| {
-        live(sc, "awaiting_approval") == 1.0
+        live(sc, "awaiting_approval") == 0.0
     })
     .await?;
-    assert_eq!(back.sum(m::SESSION_ACTIVATIONS_TOTAL, &[]), 1.0);
+    assert_eq!(back.sum(m::SESSION_ACTIVATIONS_TOTAL, &[]), 0.0);
     assert_eq!(back.sum(m::PENDING_APPROVALS, &[]), 1.0);
 
     // Approve it, and follow it to the end of its turn.

@@ -278,7 +278,7 @@ impl SledStore {
     async fn send(
         &self,
         make: impl FnOnce(Reply) -> Command,
-        what: String,
+        what: impl FnOnce() -> String,
     ) -> Result<(), StoreError> {
         let slot = self
             .inner
@@ -297,7 +297,10 @@ impl SledStore {
         // If this future is dropped after the submit, the command still
         // completes; only its outcome goes unobserved.
         rx.await.map_err(|_| {
-            StoreError::Io(format!("the store writer stopped before confirming {what}"))
+            StoreError::Io(format!(
+                "the store writer stopped before confirming {}",
+                what()
+            ))
         })?
     }
 
@@ -643,7 +646,7 @@ impl CheckpointStore for SledStore {
         let bytes = prepared.size() as u64;
         self.send(
             |reply| Command::Checkpoint(Box::new(prepared), reply),
-            format!("the checkpoint of session {id}"),
+            || format!("the checkpoint of session {id}"),
         )
         .await?;
         overseer_actors::metrics::record_checkpoint_bytes(bytes);
@@ -696,7 +699,7 @@ impl CheckpointStore for SledStore {
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
-        self.send(Command::Flush, "a flush".into()).await
+        self.send(Command::Flush, || "a flush".into()).await
     }
 
     /// Has the writer write a fresh value under `health_check` in `meta`,
@@ -707,7 +710,7 @@ impl CheckpointStore for SledStore {
     /// writes (see `group_commit`) it fails at once; it succeeds again once
     /// the store has recovered on its own.
     async fn health_check(&self) -> Result<(), StoreError> {
-        self.send(Command::Health, "a health check".into()).await
+        self.send(Command::Health, || "a health check".into()).await
     }
 
     /// Done by the writer, like a checkpoint (and under `fsync` confirmed
@@ -715,7 +718,7 @@ impl CheckpointStore for SledStore {
     async fn purge(&self, id: SessionId) -> Result<(), StoreError> {
         self.send(
             |reply| Command::Purge(id, reply),
-            format!("the purge of session {id}"),
+            || format!("the purge of session {id}"),
         )
         .await
     }

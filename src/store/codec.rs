@@ -222,13 +222,48 @@ impl Prepared {
 
 /// Whether encoding `cp` may take long enough (megabytes of tool result to
 /// serialize and hash) that it should leave the async runtime's threads.
-/// Only tool results are unbounded; every other field is small.
+/// Only tool results are unbounded; every other field is small. A result is
+/// sized by a walk that stops once it passes [`LARGE_RESULT`], so the common
+/// small result is encoded in place: the hop to the blocking pool (a thread
+/// wake-up and a task) costs more than encoding it.
 pub(super) fn may_be_large(cp: &Checkpoint) -> bool {
-    cp.header.open_calls.iter().any(|c| c.result.is_some())
-        || cp
-            .entries
-            .iter()
-            .any(|(_, e)| matches!(**e, TranscriptEntry::ToolResult { .. }))
+    let results = cp
+        .header
+        .open_calls
+        .iter()
+        .filter_map(|c| c.result.as_ref())
+        .chain(cp.entries.iter().filter_map(|(_, e)| match &**e {
+            TranscriptEntry::ToolResult { call } => call.result.as_ref(),
+            _ => None,
+        }));
+    let mut budget = LARGE_RESULT;
+    results.into_iter().any(|r| !fits(r, &mut budget))
+}
+
+/// Tool results (all of one checkpoint's together) up to about this many
+/// bytes of JSON are encoded on the caller's thread.
+const LARGE_RESULT: usize = 16 * 1024;
+
+/// Whether `v`'s JSON fits in `budget` bytes, roughly (strings by their
+/// length, scalars and punctuation by a few bytes each), spending what it
+/// measured; it stops as soon as it does not fit.
+fn fits(v: &serde_json::Value, budget: &mut usize) -> bool {
+    use serde_json::Value;
+    let cost = match v {
+        Value::String(s) => s.len() + 2,
+        Value::Array(a) => a.len() + 2,
+        Value::Object(o) => o.keys().map(|k| k.len() + 4).sum::<usize>() + 2,
+        _ => 8,
+    };
+    let Some(left) = budget.checked_sub(cost) else {
+        return false;
+    };
+    *budget = left;
+    match v {
+        Value::Array(a) => a.iter().all(|x| fits(x, budget)),
+        Value::Object(o) => o.values().all(|x| fits(x, budget)),
+        _ => true,
+    }
 }
 
 /// Encodes a checkpoint. Only the new entries and events are encoded, so the
@@ -417,4 +452,44 @@ pub(super) fn decode_entry(
         .map_err(|e| corrupt(id, format!("unreadable blob {hash} of entry {idx}: {e}")))?;
     call.result = Some(result);
     Ok(Arc::new(TranscriptEntry::ToolResult { call }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use overseer_actors::model::{AgentConfig, SessionHeader, ToolCallRecord};
+    use serde_json::{json, Value};
+
+    fn with_result(result: Value) -> Checkpoint {
+        let id = SessionId::generate();
+        let config = AgentConfig::new("a", &["echo"]).effective();
+        let header = SessionHeader::new(id, "t".into(), "a".into(), config, 0);
+        let call: ToolCallRecord = serde_json::from_value(json!({
+            "id": "c1", "name": "echo", "arguments": {}, "state": "completed",
+            "requires_approval": false, "proposed_at_ms": 0, "result": result
+        }))
+        .unwrap();
+        Checkpoint {
+            header,
+            entries: vec![(0, Arc::new(TranscriptEntry::ToolResult { call }))],
+            events: vec![],
+            metadata: None,
+            queued: vec![],
+            dequeued: 0..0,
+        }
+    }
+
+    #[test]
+    fn only_a_large_tool_result_leaves_the_callers_thread() {
+        let small = json!({"echo": {"text": "hi"}, "n": [1, 2, 3]});
+        assert!(!may_be_large(&with_result(small)));
+        let long_string = json!({"body": "x".repeat(LARGE_RESULT)});
+        assert!(may_be_large(&with_result(long_string)));
+        let many_small: Vec<Value> = (0..LARGE_RESULT / 4).map(|n| json!([n])).collect();
+        assert!(may_be_large(&with_result(Value::Array(many_small))));
+        let just_under = json!({"body": "x".repeat(LARGE_RESULT - 64)});
+        assert!(!may_be_large(&with_result(just_under)));
+    }
 }

@@ -311,6 +311,51 @@ impl SledStore {
     }
 }
 
+/// Rows decoded at once by one thread at least (below it, one thread
+/// decodes them all: starting threads would cost more).
+const DECODE_CHUNK: usize = 4096;
+
+/// Decodes `rows` with `decode`, in order, keeping what it returns: on as
+/// many threads as the machine has when there are many (boot recovery
+/// decodes every active header before the service is ready, and nothing
+/// else runs then), on this one otherwise.
+fn decode_all<R: Sync, T: Send>(
+    rows: &[R],
+    decode: impl Fn(&R) -> Result<Option<T>, StoreError> + Sync,
+) -> Result<Vec<T>, StoreError> {
+    let decode_part = |part: &[R]| -> Result<Vec<T>, StoreError> {
+        let mut out = Vec::with_capacity(part.len());
+        for row in part {
+            out.extend(decode(row)?);
+        }
+        Ok(out)
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = rows.len().div_ceil(threads).max(DECODE_CHUNK);
+    if chunk >= rows.len() {
+        return decode_part(rows);
+    }
+    std::thread::scope(|scope| {
+        let mut parts = Vec::new();
+        for part in rows.chunks(chunk) {
+            let decode_part = &decode_part;
+            let handle = std::thread::Builder::new()
+                .name("overseer-decode".into())
+                .spawn_scoped(scope, move || decode_part(part))
+                .map_err(|e| io("starting a thread to decode headers", e))?;
+            parts.push(handle);
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        for part in parts {
+            let part = part
+                .join()
+                .map_err(|_| StoreError::Io("a thread decoding headers panicked".into()))?;
+            out.extend(part?);
+        }
+        Ok(out)
+    })
+}
+
 impl Trees {
     fn header(&self, id: &SessionId) -> Result<Option<SessionHeader>, StoreError> {
         match self
@@ -525,24 +570,19 @@ impl Trees {
     }
 
     fn by_status(&self, statuses: &[SessionStatus]) -> Result<Vec<SessionSummary>, StoreError> {
-        let wanted =
-            |peek: &codec::Peek| statuses.is_empty() || statuses.iter().any(|s| peek.status_is(*s));
-        let mut out = Vec::new();
-        let mut consider = |id: &SessionId, bytes: &[u8]| -> Result<(), StoreError> {
-            // A header of a newer schema fails the listing (as it fails a
-            // load): boot recovery must not silently skip sessions.
-            if wanted(&codec::peek(id, bytes)?) {
-                out.push(codec::decode_header(id, bytes)?);
-            }
-            Ok(())
+        // A header of a newer schema fails the listing (as it fails a
+        // load): boot recovery must not silently skip sessions.
+        let wanted = |header: SessionHeader| {
+            (statuses.is_empty() || statuses.contains(&header.status)).then_some(header)
         };
         let via_index = !statuses.is_empty() && statuses.iter().all(|s| codec::is_active(*s));
         if via_index {
             // Boot recovery: only the sessions it resumes, not every session
             // ever stored. The index is a superset: it may name a session
             // whose header says otherwise (a crash between a checkpoint's
-            // writes) or that has no header yet; `consider` filters on the
+            // writes) or that has no header yet; `wanted` filters on the
             // header.
+            let mut rows = Vec::new();
             for key in self.active.iter().keys() {
                 let key = key.map_err(|e| io("reading the active index", e))?;
                 let id =
@@ -552,16 +592,26 @@ impl Trees {
                     .get(&key)
                     .map_err(|e| io(format_args!("reading session {id}"), e))?
                 {
-                    consider(&id, &bytes)?;
+                    rows.push((id, bytes));
                 }
             }
-        } else {
-            for item in self.sessions.iter() {
-                let (key, bytes) = item.map_err(|e| io("listing sessions", e))?;
-                let id =
-                    codec::id_from(&key).ok_or_else(|| corrupt("sessions", "malformed key"))?;
-                consider(&id, &bytes)?;
+            return decode_all(&rows, |(id, bytes)| {
+                codec::decode_header(id, bytes).map(wanted)
+            });
+        }
+        let mut out = Vec::new();
+        for item in self.sessions.iter() {
+            let (key, bytes) = item.map_err(|e| io("listing sessions", e))?;
+            let id = codec::id_from(&key).ok_or_else(|| corrupt("sessions", "malformed key"))?;
+            // Over every stored session most headers are not wanted: a
+            // peek is cheaper than decoding them.
+            if !statuses.is_empty() {
+                let peek = codec::peek(&id, &bytes)?;
+                if !statuses.iter().any(|s| peek.status_is(*s)) {
+                    continue;
+                }
             }
+            out.extend(wanted(codec::decode_header(&id, &bytes)?));
         }
         Ok(out)
     }
@@ -920,6 +970,27 @@ mod tests {
     /// The queue of commands to the writer is bounded: with room for 4,
     /// 200 concurrent checkpoints wait for slots (asynchronously) and all
     /// complete, none lost.
+    #[test]
+    fn many_headers_decode_on_several_threads_in_order_and_fail_as_one() {
+        let rows: Vec<u64> = (0..3 * DECODE_CHUNK as u64).collect();
+        let keep = |n: &u64| Ok((n % 3 != 0).then_some(n * 2));
+        let want: Vec<u64> = rows.iter().filter(|n| *n % 3 != 0).map(|n| n * 2).collect();
+        assert_eq!(decode_all(&rows, keep).unwrap(), want);
+        // A few rows: on this thread, same answer.
+        assert_eq!(decode_all(&rows[..10], keep).unwrap(), want[..6].to_vec());
+        // One bad row anywhere fails the whole listing.
+        let bad = rows.len() as u64 - 5;
+        let err = decode_all(&rows, |n: &u64| {
+            if *n == bad {
+                Err(StoreError::Io(format!("row {n} is bad")))
+            } else {
+                Ok(Some(*n))
+            }
+        })
+        .unwrap_err();
+        assert_eq!(err, StoreError::Io(format!("row {bad} is bad")));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_writer_queue_is_bounded_and_back_pressures() {
         let dir = tempfile::tempdir().unwrap();

@@ -2110,8 +2110,11 @@ mod tests {
     #[test]
     fn a_parked_session_resumes_to_its_timers_alone() {
         type Then = Option<fn(&Session) -> Input>;
+        // Name, inputs, one more input built from the state they left, and
+        // the timers a parked session resumes to (`None`: not parked).
+        type Row = (&'static str, Vec<Input>, Then, Option<Vec<&'static str>>);
         let hi = || vec![msg("hi")];
-        let rows: Vec<(&str, Vec<Input>, Then, Option<Vec<&str>>)> = vec![
+        let rows: Vec<Row> = vec![
             (
                 "one call awaits a decision",
                 [hi(), calls(&["ask"])].concat(),

@@ -451,6 +451,16 @@ impl Overseer {
         id: SessionId,
     ) -> Result<Vec<PendingApproval>, SessionError> {
         let header = self.header(id).await?;
+        self.pending_approvals_in(header).await
+    }
+
+    /// [`Overseer::pending_approvals`] from a header the caller has just
+    /// read (the HTTP edge reads it to check the tenant): one ask of the
+    /// session less.
+    pub async fn pending_approvals_in(
+        &self,
+        header: SessionHeader,
+    ) -> Result<Vec<PendingApproval>, SessionError> {
         let mut out = Vec::new();
         self.collect_pending(header, &mut Vec::new(), &mut out)
             .await?;

@@ -71,15 +71,18 @@ fn to_json<T: Serialize>(value: &T) -> Value {
 }
 
 /// The header of `id` if it exists and belongs to the caller's tenant; a
-/// 404 otherwise, identical in both cases.
+/// 404 otherwise, identical in both cases. Asked of the session's live
+/// actor when it has one (a message, not a store read and a decode on the
+/// blocking pool: every request about a session starts here).
 pub(super) async fn owned_header(
     state: &AppState,
     principal: &Principal,
     id: SessionId,
 ) -> Result<SessionHeader, ApiError> {
-    match state.overseer().runtime().store.load_header(id).await? {
-        Some(h) if h.tenant == principal.tenant => Ok(h),
-        _ => Err(ApiError::session_not_found(id)),
+    match state.overseer().header(id).await {
+        Ok(h) if h.tenant == principal.tenant => Ok(h),
+        Ok(_) | Err(SessionError::NotFound(_)) => Err(ApiError::session_not_found(id)),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -450,10 +453,11 @@ pub(super) async fn message(
 /// Every call decidable at `id` (its own, and those of descendants whose
 /// requests propagate to it), each with the path of sessions that leads to
 /// it: `{session_id, status, pending: [...]}`.
-async fn pending_json(state: &AppState, header: &SessionHeader) -> Result<Value, ApiError> {
+async fn pending_json(state: &AppState, header: SessionHeader) -> Result<Value, ApiError> {
+    let (id, status) = (header.id, header.status);
     let pending: Vec<Value> = state
         .overseer()
-        .pending_approvals(header.id)
+        .pending_approvals_in(header)
         .await?
         .into_iter()
         .map(|p| {
@@ -469,7 +473,7 @@ async fn pending_json(state: &AppState, header: &SessionHeader) -> Result<Value,
             })
         })
         .collect();
-    Ok(json!({"session_id": header.id, "status": header.status, "pending": pending}))
+    Ok(json!({"session_id": id, "status": status, "pending": pending}))
 }
 
 /// `GET /v1/sessions/{id}/approvals`.
@@ -479,7 +483,7 @@ pub(super) async fn pending(
     SessionPath(id): SessionPath,
 ) -> Result<Json<Value>, ApiError> {
     let header = owned_header(&state, &principal, id).await?;
-    Ok(Json(pending_json(&state, &header).await?))
+    Ok(Json(pending_json(&state, header).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -524,7 +528,7 @@ pub(super) async fn decide(
     };
     state.overseer().submit(id, submission).await?;
     let header = owned_header(&state, &principal, id).await?;
-    Ok(Json(pending_json(&state, &header).await?))
+    Ok(Json(pending_json(&state, header).await?))
 }
 
 #[derive(Debug, Deserialize)]

@@ -163,9 +163,14 @@ impl Overseer {
             .await?;
         let active: std::collections::BTreeSet<SessionId> = headers.iter().map(|h| h.id).collect();
         let mut roots = Vec::new();
+        let mut parked = 0;
         let mut orphans = Vec::new();
         for h in &headers {
             match &h.parent {
+                // Costs its header (read above) and its timers: ready after
+                // a restart does not wait for loading every session that
+                // waits for a person, nor does memory hold their actors.
+                None if self.runtime.recover_parked(h) => parked += 1,
                 None => roots.push(h.id),
                 Some(link) if !active.contains(&link.session_id) => orphans.push(h.id),
                 Some(_) => {}
@@ -174,17 +179,7 @@ impl Overseer {
         for id in orphans {
             self.runtime.cancel_in_store(id).await?;
         }
-        let n = roots.len();
-        // Parked roots cost a header read (done above) and their timers:
-        // ready after a restart does not wait for loading every session
-        // that waits for a person, nor does memory hold their actors.
-        let by_id: BTreeMap<SessionId, &SessionHeader> =
-            headers.iter().map(|h| (h.id, h)).collect();
-        roots.retain(|id| {
-            by_id
-                .get(id)
-                .is_none_or(|h| !self.runtime.recover_parked(h))
-        });
+        let n = roots.len() + parked;
         // Loads overlap; spawns are serialised by the orchestrator anyway.
         let mut activations = futures::stream::iter(roots)
             .map(|id| self.runtime.activate(id))

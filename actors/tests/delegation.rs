@@ -418,16 +418,7 @@ async fn a_tree_killed_mid_delegation_recovers_and_finishes() {
         1,
         "only the root is recovered directly"
     );
-    let pending = ov.pending_approvals(id).await.unwrap();
-    assert_eq!(pending.len(), 1);
-    let mut rx = ov.subscribe(id);
-    ov.submit(
-        id,
-        Submission::one(pending[0].call.id.clone(), Decision::approve()),
-    )
-    .await
-    .unwrap();
-    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(approve_the_pending_call(&ov, id).await, StopReason::EndTurn);
     assert!(final_text(
         &ov.state(id)
             .await

@@ -116,7 +116,6 @@ async fn crash_and_recover(
 /// armed, and its decision activates it.
 #[tokio::test]
 async fn a_session_parked_at_a_restart_stays_on_disk_until_its_decision() {
-    use overseer_actors::model::{Decision, Submission};
     let h = harness(agent(&["echo"]), echo_then_answer()).await;
     let (id, mut rx) = h.start("go").await;
     until_status(&mut rx, SessionStatus::AwaitingApproval).await;
@@ -131,19 +130,10 @@ async fn a_session_parked_at_a_restart_stays_on_disk_until_its_decision() {
         1,
         "its approval timer is armed"
     );
-    let pending = ov.pending_approvals(id).await.unwrap();
-    assert_eq!(pending.len(), 1);
-    let mut rx = ov.subscribe(id);
-    ov.submit(
-        id,
-        Submission::one(pending[0].call.id.clone(), Decision::approve()),
-    )
-    .await
-    .unwrap();
-    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(approve_the_pending_call(&ov, id).await, StopReason::EndTurn);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(
-        final_text(&transcript(&ov, id).await),
+        final_text(&transcript_of(&ov, id).await),
         r#"Result: {"echo":{"text":"hi"}}"#
     );
     assert_eq!(
@@ -166,17 +156,9 @@ async fn a_session_parked_at_a_restart_times_out_at_its_recorded_deadline() {
     let mut rx = ov.subscribe(id);
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
     assert_eq!(
-        final_text(&transcript(&ov, id).await),
+        final_text(&transcript_of(&ov, id).await),
         "Result: Tool not run: the approval request timed out (No approval decision received within 120 s)"
     );
-}
-
-async fn transcript(
-    ov: &overseer_actors::Overseer,
-    id: overseer_actors::model::SessionId,
-) -> Vec<overseer_actors::model::TranscriptEntry> {
-    let s = ov.state(id).await.unwrap();
-    s.transcript.iter().map(|e| (**e).clone()).collect()
 }
 
 #[tokio::test]

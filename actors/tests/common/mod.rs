@@ -205,9 +205,29 @@ impl Harness {
     }
 
     pub async fn transcript(&self, id: SessionId) -> Vec<TranscriptEntry> {
-        let s = self.ov.state(id).await.unwrap();
-        s.transcript.iter().map(|e| (**e).clone()).collect()
+        transcript_of(&self.ov, id).await
     }
+}
+
+/// The transcript of `id` as `ov` sees it.
+pub async fn transcript_of(ov: &Overseer, id: SessionId) -> Vec<TranscriptEntry> {
+    let s = ov.state(id).await.unwrap();
+    s.transcript.iter().map(|e| (**e).clone()).collect()
+}
+
+/// Approves the one call pending at `id` (its own or a descendant's) and
+/// waits for the turn to end.
+pub async fn approve_the_pending_call(ov: &Overseer, id: SessionId) -> StopReason {
+    let pending = ov.pending_approvals(id).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    let mut rx = ov.subscribe(id);
+    ov.submit(
+        id,
+        Submission::one(pending[0].call.id.clone(), Decision::approve()),
+    )
+    .await
+    .unwrap();
+    turn_end(&mut rx).await
 }
 
 /// The longest any one wait of a test may take, in wall-clock time. It only

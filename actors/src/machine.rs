@@ -1185,10 +1185,10 @@ impl Session {
         if model.trim().is_empty() {
             return Err(SessionError::Invalid("model: must not be empty".into()));
         }
-        let from = std::mem::replace(&mut self.header.config.model, model.clone());
-        if from == model {
+        if self.header.config.model == model {
             return Ok(());
         }
+        let from = std::mem::replace(&mut self.header.config.make_mut().model, model.clone());
         self.push_entry(TranscriptEntry::ModelChanged {
             from: from.clone(),
             to: model.clone(),

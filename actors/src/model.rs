@@ -11,6 +11,7 @@ pub(crate) mod decision;
 mod event;
 mod overrides;
 mod session;
+mod shared_config;
 mod transcript;
 mod usage;
 
@@ -23,6 +24,7 @@ pub use session::{
     QueueIndex, QueuedMessage, RecentMessage, SessionHeader, SessionId, SessionStatus, StopReason,
     ToolRule, DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DELEGATION_DEPTH, SCHEMA_VERSION,
 };
+pub use shared_config::SharedConfig;
 pub use transcript::{FinishReason, ProposedCall, TranscriptEntry};
 pub use usage::Usage;
 

@@ -26,7 +26,9 @@ use crate::journal::Journal;
 use crate::limits::Limits;
 use crate::machine::{Ctx, Effect, Input, Session};
 use crate::messages::{OrchestratorMsg, SessionMsg};
-use crate::model::{now_ms, AgentConfig, Notification, SessionHeader, SessionId, ToolCallId};
+use crate::model::{
+    now_ms, AgentConfig, Notification, SessionHeader, SessionId, SharedConfig, ToolCallId,
+};
 use crate::provider::Provider;
 use crate::store::{CheckpointStore, StoredSession};
 use crate::supervision::{Decision, RestartPolicy, Restarts};
@@ -143,6 +145,9 @@ pub struct Runtime {
     /// The tools of sessions that have tools of their own (an edge's
     /// per-session MCP servers): `tools` plus theirs.
     session_tools: DashMap<SessionId, ToolRegistry>,
+    /// Per configured agent, the configuration its live sessions share (see
+    /// [`Runtime::share_config`]).
+    configs: DashMap<String, SharedConfig>,
 }
 
 /// Wall-clock milliseconds read as the wall clock at start plus the tokio
@@ -196,6 +201,29 @@ impl Runtime {
             tenant_live: DashMap::new(),
             tenant_created: DashMap::new(),
             session_tools: DashMap::new(),
+            configs: DashMap::new(),
+        }
+    }
+
+    /// Makes `header`'s configuration the one other live sessions of its
+    /// agent share, when it is equal to theirs, so that a thousand sessions
+    /// of an agent hold its instructions and tool lists once. Only
+    /// configured agents are kept, one configuration each (the latest one
+    /// that differed), so what this holds is bounded by the configuration
+    /// file, not by the sessions.
+    pub(crate) fn share_config(&self, header: &mut SessionHeader) {
+        if !self.agents.contains_key(&header.agent) {
+            return;
+        }
+        // Cloned out: no map guard is held while the map is written below.
+        let shared = self.configs.get(&header.agent).map(|c| c.clone());
+        match shared {
+            Some(shared) if shared.ptr_eq(&header.config) => {}
+            Some(shared) if shared == header.config => header.config = shared,
+            _ => {
+                self.configs
+                    .insert(header.agent.clone(), header.config.clone());
+            }
         }
     }
 

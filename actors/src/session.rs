@@ -102,12 +102,14 @@ impl Actor for SessionActor {
         _myself: ActorRef<Self::Msg>,
         args: SessionArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let h = &args.session.header;
+        let mut session = args.session;
+        args.runtime.share_config(&mut session.header);
+        let h = &session.header;
         let span = tracing::info_span!("session", session_id = %h.id, root_session_id = %h.root_id, agent = %h.agent);
-        let gauges = crate::metrics::SessionGauges::start(&args.session);
+        let gauges = crate::metrics::SessionGauges::start(&session);
         args.runtime.tenant_live_changed(&h.tenant, true);
         Ok(SessionState {
-            session: args.session,
+            session,
             runtime: args.runtime,
             parent: args.parent,
             stream: None,

@@ -697,7 +697,7 @@ async fn the_model_changes_between_turns_and_is_recorded() {
     let h = harness_with(agent(&[]), provider).await;
     let (id, mut rx) = h.start("hi").await;
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
-    let before = h.ov.state(id).await.unwrap().header.config.model;
+    let before = h.ov.state(id).await.unwrap().header.config.model.clone();
     h.ov.set_model(id, "bigger").await.unwrap();
     let kind = until(&mut rx, |k| matches!(k, EventKind::ModelChanged { .. })).await;
     assert_eq!(
@@ -719,6 +719,49 @@ async fn the_model_changes_between_turns_and_is_recorded() {
         .any(|e| matches!(e, TranscriptEntry::ModelChanged { to, .. } if to == "bigger")));
     // Not mid-turn, and not to nothing.
     assert!(h.ov.set_model(id, " ").await.is_err());
+}
+
+async fn stored_model(h: &Harness, id: SessionId) -> String {
+    let header = h.store.load_header(id).await.unwrap().unwrap();
+    header.config.model.clone()
+}
+
+/// Live sessions of one agent hold its configuration once (the runtime
+/// shares it); a session that switches model gets a copy of its own, and the
+/// others keep theirs.
+#[tokio::test]
+async fn sessions_of_one_agent_share_its_configuration_until_one_changes_it() {
+    let h = harness(
+        agent(&[]),
+        json!([{"text": "1"}, {"text": "2"}, {"text": "3"}]),
+    )
+    .await;
+    let (a, mut rx_a) = h.start("hi").await;
+    assert_eq!(turn_end(&mut rx_a).await, StopReason::EndTurn);
+    let (b, mut rx_b) = h.start("hi").await;
+    assert_eq!(turn_end(&mut rx_b).await, StopReason::EndTurn);
+    let config_a = h.ov.header(a).await.unwrap().config;
+    let config_b = h.ov.header(b).await.unwrap().config;
+    assert!(
+        config_a.ptr_eq(&config_b),
+        "two copies of one configuration"
+    );
+
+    h.ov.set_model(a, "bigger").await.unwrap();
+    let switched = h.ov.header(a).await.unwrap().config;
+    let config_b = h.ov.header(b).await.unwrap().config;
+    assert_eq!(switched.model, "bigger");
+    assert!(!switched.ptr_eq(&config_b));
+    assert_eq!(config_b.model, agent(&[]).model);
+    // What the store has is what each session runs under.
+    assert_eq!(stored_model(&h, a).await, "bigger");
+    assert_eq!(stored_model(&h, b).await, agent(&[]).model);
+
+    // A new session of the agent shares the agent's, not the switched one.
+    let (c, mut rx_c) = h.start("hi").await;
+    assert_eq!(turn_end(&mut rx_c).await, StopReason::EndTurn);
+    let config_c = h.ov.header(c).await.unwrap().config;
+    assert!(config_c.ptr_eq(&config_b));
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{ToolCallRecord, Usage};
+use super::{SharedConfig, ToolCallRecord, Usage};
 
 /// The checkpoint format version this binary writes and the newest it reads.
 ///
@@ -504,8 +504,9 @@ pub struct SessionHeader {
     /// Complete (instead of awaiting input) when a turn ends with an empty inbox.
     #[serde(default)]
     pub auto_complete: bool,
-    /// What the session runs under.
-    pub config: EffectiveConfig,
+    /// What the session runs under (shared with the other sessions that
+    /// run under the same, see [`SharedConfig`]).
+    pub config: SharedConfig,
     /// Cumulative usage of this session alone.
     pub usage: Usage,
     /// Usage reported by finished children (their whole subtrees).
@@ -589,7 +590,7 @@ impl SessionHeader {
         id: SessionId,
         tenant: String,
         agent: String,
-        config: EffectiveConfig,
+        config: impl Into<SharedConfig>,
         now_ms: i64,
     ) -> Self {
         Self {
@@ -605,7 +606,7 @@ impl SessionHeader {
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
             auto_complete: false,
-            config,
+            config: config.into(),
             usage: Usage::default(),
             children_usage: Usage::default(),
             turn: 0,

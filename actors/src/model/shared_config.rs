@@ -1,0 +1,173 @@
+//! [`SharedConfig`]: a session's [`EffectiveConfig`] held behind an `Arc`,
+//! with its JSON kept once it has been written.
+//!
+//! Every session records the configuration it runs under in its header (so
+//! that a later change to the agent's preset does not change it), and the
+//! header is cloned and serialized at every checkpoint. Most sessions of an
+//! agent run under the very same configuration, though, and it changes at
+//! most once or twice in a session's life (a model switch). Sharing it makes
+//! a header clone an `Arc` increment instead of a deep copy of the
+//! instructions and tool lists, lets the sessions of one agent share one copy
+//! in memory (the runtime interns it, `Runtime::share_config`), and lets the
+//! JSON of the configuration be produced once per configuration instead of
+//! once per checkpoint: the stored bytes are exactly what serializing the
+//! configuration gives, so the checkpoint format does not change.
+//!
+//! This module deliberately owns no policy on which configurations are
+//! shared: that is the runtime's.
+
+use std::ops::Deref;
+use std::sync::{Arc, OnceLock};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
+
+use super::EffectiveConfig;
+
+/// A shared, copy-on-write [`EffectiveConfig`]; reads go through `Deref`,
+/// changes through [`SharedConfig::make_mut`].
+#[derive(Clone)]
+pub struct SharedConfig(Arc<Inner>);
+
+struct Inner {
+    config: EffectiveConfig,
+    /// The configuration's JSON, made at its first serialization. Only ever
+    /// set for this exact value: [`SharedConfig::make_mut`] drops it.
+    json: OnceLock<Box<RawValue>>,
+}
+
+impl SharedConfig {
+    /// The configuration, to change: a copy of its own if another session
+    /// shares it, and in either case without the JSON made before the change.
+    pub fn make_mut(&mut self) -> &mut EffectiveConfig {
+        let inner = Arc::make_mut(&mut self.0);
+        inner.json = OnceLock::new();
+        &mut inner.config
+    }
+
+    /// Whether both are the same shared value (not merely equal).
+    pub fn ptr_eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Clone for Inner {
+    fn clone(&self) -> Self {
+        Self {
+            config: self.config.clone(),
+            json: OnceLock::new(),
+        }
+    }
+}
+
+impl From<EffectiveConfig> for SharedConfig {
+    fn from(config: EffectiveConfig) -> Self {
+        Self(Arc::new(Inner {
+            config,
+            json: OnceLock::new(),
+        }))
+    }
+}
+
+impl Deref for SharedConfig {
+    type Target = EffectiveConfig;
+
+    fn deref(&self) -> &EffectiveConfig {
+        &self.0.config
+    }
+}
+
+impl PartialEq for SharedConfig {
+    fn eq(&self, other: &Self) -> bool {
+        self.ptr_eq(other) || self.0.config == other.0.config
+    }
+}
+
+impl PartialEq<EffectiveConfig> for SharedConfig {
+    fn eq(&self, other: &EffectiveConfig) -> bool {
+        self.0.config == *other
+    }
+}
+
+impl std::fmt::Debug for SharedConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.config.fmt(f)
+    }
+}
+
+impl Serialize for SharedConfig {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if let Some(raw) = self.0.json.get() {
+            return raw.serialize(serializer);
+        }
+        match serde_json::value::to_raw_value(&self.0.config) {
+            Ok(raw) => self.0.json.get_or_init(|| raw).serialize(serializer),
+            // Cannot happen for this type (string keys, no failing
+            // serializer); the plain path reports whatever it was.
+            Err(_) => self.0.config.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SharedConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        EffectiveConfig::deserialize(deserializer).map(Self::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::AgentConfig;
+
+    fn config() -> EffectiveConfig {
+        let mut agent = AgentConfig::new("a", &["t1", "t2"]);
+        agent.instructions = "Be \"brief\".\nNo tabs:\t".into();
+        agent.effective()
+    }
+
+    #[test]
+    fn serializes_exactly_as_the_configuration_itself_every_time() {
+        let plain = serde_json::to_string(&config()).unwrap();
+        let shared = SharedConfig::from(config());
+        // The first serialization makes the JSON, the second reuses it.
+        assert_eq!(serde_json::to_string(&shared).unwrap(), plain);
+        assert!(shared.0.json.get().is_some());
+        assert_eq!(serde_json::to_string(&shared).unwrap(), plain);
+        // Inside a value and through `to_value`, the same.
+        assert_eq!(
+            serde_json::to_value(&shared).unwrap(),
+            serde_json::to_value(config()).unwrap()
+        );
+        let back: SharedConfig = serde_json::from_str(&plain).unwrap();
+        assert_eq!(back, config());
+    }
+
+    #[test]
+    fn a_change_is_serialized_and_leaves_the_other_sharers_alone() {
+        let mut mine = SharedConfig::from(config());
+        let theirs = mine.clone();
+        assert!(mine.ptr_eq(&theirs));
+        let before = serde_json::to_string(&mine).unwrap();
+
+        mine.make_mut().model = "other".into();
+        assert!(!mine.ptr_eq(&theirs));
+        assert_eq!(theirs.model, config().model);
+        assert_eq!(serde_json::to_string(&theirs).unwrap(), before);
+        let mut expected = config();
+        expected.model = "other".into();
+        assert_eq!(
+            serde_json::to_string(&mine).unwrap(),
+            serde_json::to_string(&expected).unwrap()
+        );
+
+        // Changed again while no one else shares it: the JSON made in
+        // between must not survive either.
+        mine.make_mut().max_steps = 3;
+        expected.max_steps = 3;
+        assert_eq!(
+            serde_json::to_string(&mine).unwrap(),
+            serde_json::to_string(&expected).unwrap()
+        );
+    }
+}

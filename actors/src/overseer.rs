@@ -238,7 +238,10 @@ impl Overseer {
                 }
             }
         }
-        self.create_checked(id, req, config, agent).await
+        // Boxed: the rest (the first checkpoint, spawning the actor) is a
+        // 5 KB future, which every caller's future (an HTTP request's, a
+        // batch of creates) would otherwise carry inline and copy.
+        Box::pin(self.create_checked(id, req, config, agent)).await
     }
 
     async fn create_checked(

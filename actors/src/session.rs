@@ -211,138 +211,7 @@ impl Actor for SessionActor {
         // Boxed: ractor keeps this future inside the actor's message loop,
         // which lives as long as the actor, so its size is held by every
         // live session, idle or not (see `the_futures_of_every_message_stay_small`).
-        let result = Box::pin(
-            async {
-                match msg {
-                    SessionMsg::Send(text, message_id, reply) => {
-                        state
-                            .rpc(&myself, Input::Message { text, message_id }, reply)
-                            .await
-                    }
-                    SessionMsg::Decide(sub, reply) => {
-                        state.rpc(&myself, Input::Decide(sub), reply).await?;
-                        crate::fault_point!(AfterDecisionAck, &state.session.header);
-                        Ok(())
-                    }
-                    SessionMsg::Cancel(reply) => state.rpc(&myself, Input::Cancel, reply).await,
-                    SessionMsg::CancelFromParent => {
-                        state.transition(&myself, Input::Cancel).await.map(|_| ())
-                    }
-                    SessionMsg::Done(reply) => state.rpc(&myself, Input::Done, reply).await,
-                    SessionMsg::Interrupt(reply) => {
-                        state.rpc(&myself, Input::Interrupt, reply).await
-                    }
-                    SessionMsg::SetModel(model, reply) => {
-                        state.rpc(&myself, Input::SetModel { model }, reply).await
-                    }
-                    SessionMsg::SetToolRule((tool, rule, by), reply) => {
-                        let input = Input::SetToolRule { tool, rule, by };
-                        state.rpc(&myself, input, reply).await
-                    }
-                    SessionMsg::ExpireInput(idle_since_ms) => state
-                        .transition(&myself, Input::ExpireInput { idle_since_ms })
-                        .await
-                        .map(|_| ()),
-                    SessionMsg::Get(reply) => {
-                        let _ = reply.send(state.session.to_stored());
-                        Ok(())
-                    }
-                    SessionMsg::GetHeader(reply) => {
-                        let _ = reply.send(state.session.header.clone());
-                        Ok(())
-                    }
-                    SessionMsg::ActivateChild(child, reply) => {
-                        // Boxed, like every rare path with a large future (see
-                        // `execute`): the common messages' futures stay small.
-                        Box::pin(state.activate_child(&myself, child, reply)).await;
-                        Ok(())
-                    }
-                    SessionMsg::Provider { attempt, event } => {
-                        if attempt != state.stream_attempt {
-                            return Ok(());
-                        }
-                        crate::fault_point!(MidStream, &state.session.header);
-                        state
-                            .transition(&myself, Input::Provider(event))
-                            .await
-                            .map(|_| ())
-                    }
-                    SessionMsg::StreamEnded { attempt, result } => {
-                        if attempt != state.stream_attempt {
-                            return Ok(());
-                        }
-                        state.stream = None;
-                        state
-                            .transition(&myself, Input::StreamEnded(result))
-                            .await
-                            .map(|_| ())
-                    }
-                    SessionMsg::ToolFinished {
-                        call_id,
-                        attempt,
-                        result,
-                    } => {
-                        state
-                            .tools
-                            .retain(|_, (id, a, _)| !(id == &call_id && *a == attempt));
-                        state
-                            .transition(
-                                &myself,
-                                Input::ToolFinished {
-                                    call_id,
-                                    attempt,
-                                    result,
-                                },
-                            )
-                            .await
-                            .map(|_| ())
-                    }
-                    SessionMsg::ApprovalTimeout {
-                        call_id,
-                        deadline_ms,
-                    } => state
-                        .transition(
-                            &myself,
-                            Input::ApprovalTimedOut {
-                                call_id,
-                                deadline_ms,
-                            },
-                        )
-                        .await
-                        .map(|_| ()),
-                    SessionMsg::Hibernate(_) | SessionMsg::HibernateIfIdle => Ok(()),
-                    SessionMsg::ChildFinished {
-                        call_id,
-                        attempt,
-                        result,
-                        usage,
-                    } => state
-                        .transition(
-                            &myself,
-                            Input::ChildFinished {
-                                call_id,
-                                attempt,
-                                result,
-                                usage,
-                            },
-                        )
-                        .await
-                        .map(|_| ()),
-                    SessionMsg::ChildWaiting { call_id, waiting } => state
-                        .transition(&myself, Input::ChildWaiting { call_id, waiting })
-                        .await
-                        .map(|_| ()),
-                    SessionMsg::RestartChild(child) => {
-                        Box::pin(state.restart_child(&myself, child)).await;
-                        Ok(())
-                    }
-                    #[cfg(feature = "fault-injection")]
-                    SessionMsg::InjectedPanic => panic!("injected fault at DuringTool"),
-                }
-            }
-            .instrument(span),
-        )
-        .await;
+        let result = Box::pin(state.on_message(&myself, msg).instrument(span)).await;
         state.arm_idle_timer(&myself);
         result
     }
@@ -357,49 +226,7 @@ impl Actor for SessionActor {
         // one of its tool-call actors stops, even normally.
         let span = state.span.clone();
         // Boxed for the reason `handle` is.
-        let result = Box::pin(
-            async {
-                match event {
-                    SupervisionEvent::ActorFailed(cell, err) => {
-                        if let Some(e) = crate::ownership::not_owner(&err) {
-                            // The tree lives on another node now (§15): this
-                            // actor goes too, and is not restarted.
-                            if let Some(child) = state.children.remove(&cell.get_id()) {
-                                state.forget_child_actor(&child);
-                            }
-                            return Err(Box::new(e) as ActorProcessingErr);
-                        }
-                        if let Some(child) = state.children.remove(&cell.get_id()) {
-                            state.forget_child_actor(&child);
-                            Box::pin(state.on_child_failed(&myself, child.id, err.to_string()))
-                                .await;
-                        } else if let Some((call_id, attempt, _)) =
-                            state.tools.remove(&cell.get_id())
-                        {
-                            tracing::warn!(tool_call_id = %call_id, "tool crashed: {err}");
-                            let input = Input::ToolFinished {
-                                call_id,
-                                attempt,
-                                result: Err(crashed(&err.to_string())),
-                            };
-                            let _ = state.transition(&myself, input).await?;
-                        }
-                    }
-                    SupervisionEvent::ActorTerminated(cell, _, _) => {
-                        if let Some(child) = state.children.remove(&cell.get_id()) {
-                            state.forget_child_actor(&child);
-                            Box::pin(state.child_stopped(&myself, child.id)).await;
-                        } else {
-                            state.tools.remove(&cell.get_id());
-                        }
-                    }
-                    _ => {}
-                }
-                Ok::<(), ActorProcessingErr>(())
-            }
-            .instrument(span),
-        )
-        .await;
+        let result = Box::pin(state.on_supervision(&myself, event).instrument(span)).await;
         // A child or tool that stopped may be what kept this session awake.
         state.arm_idle_timer(&myself);
         result
@@ -407,6 +234,175 @@ impl Actor for SessionActor {
 }
 
 impl SessionState {
+    /// What `handle` does with a message other than a hibernation request.
+    async fn on_message(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        msg: SessionMsg,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SessionMsg::Send(text, message_id, reply) => {
+                self.rpc(myself, Input::Message { text, message_id }, reply)
+                    .await
+            }
+            SessionMsg::Decide(sub, reply) => {
+                self.rpc(myself, Input::Decide(sub), reply).await?;
+                crate::fault_point!(AfterDecisionAck, &self.session.header);
+                Ok(())
+            }
+            SessionMsg::Cancel(reply) => self.rpc(myself, Input::Cancel, reply).await,
+            SessionMsg::CancelFromParent => {
+                self.transition(myself, Input::Cancel).await.map(|_| ())
+            }
+            SessionMsg::Done(reply) => self.rpc(myself, Input::Done, reply).await,
+            SessionMsg::Interrupt(reply) => self.rpc(myself, Input::Interrupt, reply).await,
+            SessionMsg::SetModel(model, reply) => {
+                self.rpc(myself, Input::SetModel { model }, reply).await
+            }
+            SessionMsg::SetToolRule((tool, rule, by), reply) => {
+                let input = Input::SetToolRule { tool, rule, by };
+                self.rpc(myself, input, reply).await
+            }
+            SessionMsg::ExpireInput(idle_since_ms) => self
+                .transition(myself, Input::ExpireInput { idle_since_ms })
+                .await
+                .map(|_| ()),
+            SessionMsg::Get(reply) => {
+                let _ = reply.send(self.session.to_stored());
+                Ok(())
+            }
+            SessionMsg::GetHeader(reply) => {
+                let _ = reply.send(self.session.header.clone());
+                Ok(())
+            }
+            SessionMsg::ActivateChild(child, reply) => {
+                // Boxed, like every rare path with a large future (see
+                // `execute`): the common messages' futures stay small.
+                Box::pin(self.activate_child(myself, child, reply)).await;
+                Ok(())
+            }
+            SessionMsg::Provider { attempt, event } => {
+                if attempt != self.stream_attempt {
+                    return Ok(());
+                }
+                crate::fault_point!(MidStream, &self.session.header);
+                self.transition(myself, Input::Provider(event))
+                    .await
+                    .map(|_| ())
+            }
+            SessionMsg::StreamEnded { attempt, result } => {
+                if attempt != self.stream_attempt {
+                    return Ok(());
+                }
+                self.stream = None;
+                self.transition(myself, Input::StreamEnded(result))
+                    .await
+                    .map(|_| ())
+            }
+            SessionMsg::ToolFinished {
+                call_id,
+                attempt,
+                result,
+            } => {
+                self.tools
+                    .retain(|_, (id, a, _)| !(id == &call_id && *a == attempt));
+                self.transition(
+                    myself,
+                    Input::ToolFinished {
+                        call_id,
+                        attempt,
+                        result,
+                    },
+                )
+                .await
+                .map(|_| ())
+            }
+            SessionMsg::ApprovalTimeout {
+                call_id,
+                deadline_ms,
+            } => self
+                .transition(
+                    myself,
+                    Input::ApprovalTimedOut {
+                        call_id,
+                        deadline_ms,
+                    },
+                )
+                .await
+                .map(|_| ()),
+            SessionMsg::Hibernate(_) | SessionMsg::HibernateIfIdle => Ok(()),
+            SessionMsg::ChildFinished {
+                call_id,
+                attempt,
+                result,
+                usage,
+            } => self
+                .transition(
+                    myself,
+                    Input::ChildFinished {
+                        call_id,
+                        attempt,
+                        result,
+                        usage,
+                    },
+                )
+                .await
+                .map(|_| ()),
+            SessionMsg::ChildWaiting { call_id, waiting } => self
+                .transition(myself, Input::ChildWaiting { call_id, waiting })
+                .await
+                .map(|_| ()),
+            SessionMsg::RestartChild(child) => {
+                Box::pin(self.restart_child(myself, child)).await;
+                Ok(())
+            }
+            #[cfg(feature = "fault-injection")]
+            SessionMsg::InjectedPanic => panic!("injected fault at DuringTool"),
+        }
+    }
+
+    /// What `handle_supervisor_evt` does with an event.
+    async fn on_supervision(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        event: SupervisionEvent,
+    ) -> Result<(), ActorProcessingErr> {
+        match event {
+            SupervisionEvent::ActorFailed(cell, err) => {
+                if let Some(e) = crate::ownership::not_owner(&err) {
+                    // The tree lives on another node now (§15): this
+                    // actor goes too, and is not restarted.
+                    if let Some(child) = self.children.remove(&cell.get_id()) {
+                        self.forget_child_actor(&child);
+                    }
+                    return Err(Box::new(e) as ActorProcessingErr);
+                }
+                if let Some(child) = self.children.remove(&cell.get_id()) {
+                    self.forget_child_actor(&child);
+                    Box::pin(self.on_child_failed(myself, child.id, err.to_string())).await;
+                } else if let Some((call_id, attempt, _)) = self.tools.remove(&cell.get_id()) {
+                    tracing::warn!(tool_call_id = %call_id, "tool crashed: {err}");
+                    let input = Input::ToolFinished {
+                        call_id,
+                        attempt,
+                        result: Err(crashed(&err.to_string())),
+                    };
+                    let _ = self.transition(myself, input).await?;
+                }
+            }
+            SupervisionEvent::ActorTerminated(cell, _, _) => {
+                if let Some(child) = self.children.remove(&cell.get_id()) {
+                    self.forget_child_actor(&child);
+                    Box::pin(self.child_stopped(myself, child.id)).await;
+                } else {
+                    self.tools.remove(&cell.get_id());
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// Nothing in flight and waiting on someone else: safe to hibernate.
     fn is_idle(&self) -> bool {
         self.session.is_settled()

@@ -95,6 +95,10 @@ impl std::fmt::Debug for SharedConfig {
     }
 }
 
+/// Writes the kept JSON as it is (serde_json's raw value, which its writer
+/// and `to_value` understand). Every serialization of a header is JSON (the
+/// checkpoint format, the API); another format would see serde_json's
+/// private raw-value struct instead.
 impl Serialize for SharedConfig {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         if let Some(raw) = self.0.json.get() {

@@ -156,16 +156,13 @@ pub(super) fn peek(id: &SessionId, bytes: &[u8]) -> Result<Peek, StoreError> {
 /// recovery decodes every active header, so a second parse each was a
 /// third of its time).
 pub(super) fn decode_header(id: &SessionId, bytes: &[u8]) -> Result<SessionHeader, StoreError> {
-    let decoded = serde_json::from_slice::<SessionHeader>(bytes);
-    if let Ok(header) = decoded {
-        if header.schema_version <= SCHEMA_VERSION {
-            return Ok(header);
+    match serde_json::from_slice::<SessionHeader>(bytes) {
+        Ok(header) if header.schema_version <= SCHEMA_VERSION => Ok(header),
+        decoded => {
+            peek(id, bytes)?;
+            decoded.map_err(|e| corrupt(id, format!("unreadable session header: {e}")))
         }
-        peek(id, bytes)?;
-        return Ok(header);
     }
-    peek(id, bytes)?;
-    decoded.map_err(|e| corrupt(id, format!("unreadable session header: {e}")))
 }
 
 /// How a transcript entry is stored. The envelope (rather than a marker value

@@ -483,7 +483,7 @@ fn request(transcript: Vec<TranscriptEntry>, tools: Vec<ToolDefinition>) -> Prov
         model: "route".into(),
         instructions: "You are terse.".into(),
         transcript: transcript.into_iter().map(Arc::new).collect(),
-        tools,
+        tools: tools.into_iter().map(Arc::new).collect(),
         output_schema: None,
         purpose: Default::default(),
     }
@@ -818,11 +818,11 @@ async fn arguments_that_never_parse_are_a_bad_response_naming_the_tool() {
 // ---- request shape ------------------------------------------------------------------------
 
 fn weather_tool() -> ToolDefinition {
-    ToolDefinition {
-        name: "get_weather".into(),
-        description: "Current weather of a city".into(),
-        parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
-    }
+    ToolDefinition::new(
+        "get_weather",
+        "Current weather of a city",
+        json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+    )
 }
 
 /// A transcript with a step that called two tools (one failed) and a
@@ -1970,11 +1970,11 @@ async fn anthropic_forces_the_answer_tool_and_its_input_is_the_output() {
             text: "hi".into(),
             at_ms: 0,
         }],
-        vec![ToolDefinition {
-            name: "final_answer".into(),
-            description: "a user's tool".into(),
-            parameters: json!({"type": "object"}),
-        }],
+        vec![ToolDefinition::new(
+            "final_answer",
+            "a user's tool",
+            json!({"type": "object"}),
+        )],
     );
     request.output_schema = Some(city_schema());
     let body = provider.request_body(&request);

@@ -2108,6 +2108,35 @@ mod tests {
     }
 
     #[test]
+    fn requests_share_the_registrys_tool_definitions_and_count_them_once() {
+        let tools = registry();
+        let s = session();
+        let (a, b) = (s.provider_request(&tools), s.provider_request(&tools));
+        let names: Vec<&str> = a.tools.iter().map(|t| t.name()).collect();
+        assert_eq!(names, ["ask", "free"], "the agent's tools, in its order");
+        for (x, y) in a.tools.iter().zip(&b.tools) {
+            assert!(Arc::ptr_eq(x, y), "{} was copied per request", x.name());
+        }
+        // The estimate counts each tool's name, description and schema as
+        // sent, the same as counting them per request did.
+        let declared: usize = a
+            .tools
+            .iter()
+            .map(|t| t.name().len() + t.description().len() + t.parameters().to_string().len())
+            .sum();
+        let entries: usize = a
+            .transcript
+            .iter()
+            .map(|e| crate::provider::entry_chars(e))
+            .sum();
+        assert!(declared > 0);
+        assert_eq!(
+            a.approx_chars(),
+            (a.instructions.len() + declared + entries) as u64
+        );
+    }
+
+    #[test]
     fn a_parked_session_resumes_to_its_timers_alone() {
         type Then = Option<fn(&Session) -> Input>;
         // Name, inputs, one more input built from the state they left, and

@@ -16,15 +16,47 @@ use serde_json::Value;
 
 use crate::model::{SessionId, TranscriptEntry, Usage};
 
-/// A tool as the model is told about it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A tool as the model is told about it. The registry builds one per tool
+/// and every request that offers the tool shares it ([`Arc`]), so building a
+/// request costs nothing in proportion to the tools' schemas; for the same
+/// reason its size in characters is counted once, here, not per estimate.
+#[derive(Debug, Clone, PartialEq)]
 pub struct ToolDefinition {
+    name: String,
+    description: String,
+    parameters: Value,
+    /// What [`ProviderRequest::approx_chars`] counts for this tool.
+    chars: usize,
+}
+
+impl ToolDefinition {
+    /// A definition of tool `name`, with what it does and the JSON Schema of
+    /// its arguments.
+    pub fn new(name: impl Into<String>, description: impl Into<String>, parameters: Value) -> Self {
+        let (name, description) = (name.into(), description.into());
+        let chars = name.len() + description.len() + parameters.to_string().len();
+        Self {
+            name,
+            description,
+            parameters,
+            chars,
+        }
+    }
+
     /// Tool name.
-    pub name: String,
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// What it does.
-    pub description: String,
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
     /// JSON Schema of its arguments.
-    pub parameters: Value,
+    pub fn parameters(&self) -> &Value {
+        &self.parameters
+    }
 }
 
 /// One inference request, built from a session snapshot (§5.1).
@@ -41,8 +73,8 @@ pub struct ProviderRequest {
     /// The transcript so far. Entries are shared, not copied, so building a
     /// request does not cost in proportion to the history.
     pub transcript: Vec<Arc<TranscriptEntry>>,
-    /// Tools in scope.
-    pub tools: Vec<ToolDefinition>,
+    /// Tools in scope (shared with the registry, see [`ToolDefinition`]).
+    pub tools: Vec<Arc<ToolDefinition>>,
     /// JSON Schema the answer must match: providers with a native mode use
     /// it (OpenAI `response_format`, Anthropic a forced tool whose input is
     /// the answer, streamed back as text).
@@ -55,11 +87,7 @@ impl ProviderRequest {
     /// Characters the request sends (instructions, tool declarations,
     /// every entry's text and arguments): the basis of token estimates.
     pub fn approx_chars(&self) -> u64 {
-        let tools: usize = self
-            .tools
-            .iter()
-            .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
-            .sum();
+        let tools: usize = self.tools.iter().map(|t| t.chars).sum();
         let entries: usize = self.transcript.iter().map(|e| entry_chars(e)).sum();
         (self.instructions.len() + tools + entries) as u64
     }

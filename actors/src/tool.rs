@@ -175,6 +175,8 @@ pub enum ToolRegistryError {
 struct Registered {
     tool: Arc<dyn Tool>,
     validator: jsonschema::Validator,
+    /// What requests offering the tool share.
+    definition: Arc<ToolDefinition>,
 }
 
 /// All tools known to the runtime, with compiled argument validators.
@@ -202,10 +204,17 @@ impl ToolRegistry {
                 }
             })?;
             let name = spec.name.clone();
-            if map
-                .insert(name.clone(), Registered { tool, validator })
-                .is_some()
-            {
+            let definition = Arc::new(ToolDefinition::new(
+                spec.name.clone(),
+                spec.description.clone(),
+                spec.parameters.clone(),
+            ));
+            let registered = Registered {
+                tool,
+                validator,
+                definition,
+            };
+            if map.insert(name.clone(), registered).is_some() {
                 return Err(ToolRegistryError::Duplicate(name));
             }
         }
@@ -236,16 +245,13 @@ impl ToolRegistry {
         self.tools.keys().map(String::as_str)
     }
 
-    /// Definitions of the named tools that exist, in the given order.
-    pub fn definitions(&self, names: &[String]) -> Vec<ToolDefinition> {
+    /// Definitions of the named tools that exist, in the given order
+    /// (shared, not copied).
+    pub fn definitions(&self, names: &[String]) -> Vec<Arc<ToolDefinition>> {
         names
             .iter()
-            .filter_map(|n| self.spec(n))
-            .map(|s| ToolDefinition {
-                name: s.name.clone(),
-                description: s.description.clone(),
-                parameters: s.parameters.clone(),
-            })
+            .filter_map(|n| self.tools.get(n))
+            .map(|r| Arc::clone(&r.definition))
             .collect()
     }
 

@@ -137,7 +137,7 @@ const ANSWER_DESCRIPTION: &str = "Give your final answer. Its input is the answe
 impl AnswerTool {
     fn for_request(request: &ProviderRequest) -> Option<Self> {
         let schema = request.output_schema.as_ref()?;
-        let taken = |name: &str| request.tools.iter().any(|t| t.name == name);
+        let taken = |name: &str| request.tools.iter().any(|t| t.name() == name);
         let mut name = ANSWER_TOOL.to_owned();
         let mut n = 2;
         while taken(&name) {
@@ -254,9 +254,9 @@ fn wire_request<'a>(
             .tools
             .iter()
             .map(|t| WireTool {
-                name: &t.name,
-                description: &t.description,
-                input_schema: &t.parameters,
+                name: t.name(),
+                description: t.description(),
+                input_schema: t.parameters(),
             })
             .chain(answer.map(|a| WireTool {
                 name: &a.name,

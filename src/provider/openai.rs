@@ -249,9 +249,9 @@ fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> Cha
             .map(|t| WireTool {
                 r#type: "function",
                 function: WireToolFunction {
-                    name: &t.name,
-                    description: &t.description,
-                    parameters: &t.parameters,
+                    name: t.name(),
+                    description: t.description(),
+                    parameters: t.parameters(),
                 },
             })
             .collect(),

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use dashmap::DashMap;
 use tokio::sync::{broadcast, watch};
 
-use crate::model::{Event, Notification, SessionId};
+use crate::model::{Event, Notification, SessionId, SessionIdHasher};
 
 /// Capacity of each subscriber's buffer. A subscriber that falls further behind
 /// gets `Lagged` and must resume from the store: a slow reader never blocks a
@@ -30,7 +30,7 @@ pub const ALL_SESSIONS_BUFFER: usize = 8192;
 /// Per-session broadcast channels, created on first subscription.
 #[derive(Clone)]
 pub struct EventHub {
-    channels: Arc<DashMap<SessionId, Channel>>,
+    channels: Arc<DashMap<SessionId, Channel, SessionIdHasher>>,
     /// Channel count at which `subscribe` next sweeps channels nobody reads
     /// (a session that never publishes again would otherwise keep its
     /// buffer forever). Doubles with the live count: amortised O(1).

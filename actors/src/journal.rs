@@ -14,12 +14,12 @@ use std::collections::HashMap;
 use dashmap::DashMap;
 
 use crate::machine::Dispatched;
-use crate::model::{CallState, SessionId, ToolCallId, ToolCallRecord};
+use crate::model::{CallState, SessionId, SessionIdHasher, ToolCallId, ToolCallRecord};
 
 /// Dispatched calls by session, then by call: (attempt, what is known).
 #[derive(Debug, Default)]
 pub struct Journal {
-    by_session: DashMap<SessionId, HashMap<ToolCallId, (u32, Dispatched)>>,
+    by_session: DashMap<SessionId, HashMap<ToolCallId, (u32, Dispatched)>, SessionIdHasher>,
 }
 
 impl Journal {

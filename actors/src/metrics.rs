@@ -32,7 +32,9 @@ use dashmap::DashMap;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
 use crate::machine::Session;
-use crate::model::{Decision, Event, EventKind, SessionId, SessionStatus, TranscriptEntry};
+use crate::model::{
+    Decision, Event, EventKind, SessionId, SessionIdHasher, SessionStatus, TranscriptEntry,
+};
 use crate::provider::{ProviderError, ProviderEvent};
 use crate::store::{Checkpoint, CheckpointStore, StoreError};
 
@@ -228,7 +230,8 @@ pub fn record_checkpoint_bytes(bytes: u64) {
 }
 
 /// Pending approvals per session, for the sessions that have any.
-static PENDING: LazyLock<DashMap<SessionId, usize>> = LazyLock::new(DashMap::new);
+static PENDING: LazyLock<DashMap<SessionId, usize, SessionIdHasher>> =
+    LazyLock::new(DashMap::default);
 
 /// Records that session `id` now has `n` pending approvals; the gauge moves
 /// by the difference with what was recorded for it before.

@@ -21,8 +21,9 @@ pub use event::{Event, EventKind, Notification};
 pub use overrides::{check_output_schema, SessionOverrides};
 pub use session::{
     AgentConfig, ApprovalPolicy, Budget, ChildApproval, ContextState, EffectiveConfig, ParentLink,
-    QueueIndex, QueuedMessage, RecentMessage, SessionHeader, SessionId, SessionStatus, StopReason,
-    ToolRule, DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DELEGATION_DEPTH, SCHEMA_VERSION,
+    QueueIndex, QueuedMessage, RecentMessage, SessionHeader, SessionId, SessionIdHasher,
+    SessionStatus, StopReason, ToolRule, DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DELEGATION_DEPTH,
+    SCHEMA_VERSION,
 };
 pub use shared_config::SharedConfig;
 pub use transcript::{FinishReason, ProposedCall, TranscriptEntry};

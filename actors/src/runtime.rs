@@ -27,7 +27,8 @@ use crate::limits::Limits;
 use crate::machine::{Ctx, Effect, Input, Session};
 use crate::messages::{OrchestratorMsg, SessionMsg};
 use crate::model::{
-    now_ms, AgentConfig, Notification, SessionHeader, SessionId, SharedConfig, ToolCallId,
+    now_ms, AgentConfig, Notification, SessionHeader, SessionId, SessionIdHasher, SharedConfig,
+    ToolCallId,
 };
 use crate::provider::Provider;
 use crate::store::{CheckpointStore, StoredSession};
@@ -115,7 +116,7 @@ pub struct Runtime {
     /// Live event fan-out.
     pub hub: EventHub,
     /// Live session actors by id.
-    pub live: DashMap<SessionId, ActorRef<SessionMsg>>,
+    pub live: DashMap<SessionId, ActorRef<SessionMsg>, SessionIdHasher>,
     /// Tunables.
     pub config: RuntimeConfig,
     /// Counters.
@@ -144,7 +145,7 @@ pub struct Runtime {
     tenant_created: DashMap<String, (i64, u64)>,
     /// The tools of sessions that have tools of their own (an edge's
     /// per-session MCP servers): `tools` plus theirs.
-    session_tools: DashMap<SessionId, ToolRegistry>,
+    session_tools: DashMap<SessionId, ToolRegistry, SessionIdHasher>,
     /// Per configured agent, the configuration its live sessions share (see
     /// [`Runtime::share_config`]).
     configs: DashMap<String, SharedConfig>,
@@ -188,7 +189,7 @@ impl Runtime {
             provider,
             tools,
             hub: EventHub::new(),
-            live: DashMap::new(),
+            live: DashMap::default(),
             config,
             metrics: Metrics::default(),
             orchestrator: std::sync::OnceLock::new(),
@@ -200,7 +201,7 @@ impl Runtime {
             clock: Clock::new(),
             tenant_live: DashMap::new(),
             tenant_created: DashMap::new(),
-            session_tools: DashMap::new(),
+            session_tools: DashMap::default(),
             configs: DashMap::new(),
         }
     }

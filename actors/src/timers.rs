@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use dashmap::DashMap;
 use tokio::task::AbortHandle;
 
-use crate::model::{SessionId, ToolCallId};
+use crate::model::{SessionId, SessionIdHasher, ToolCallId};
 
 struct Armed {
     deadline_ms: i64,
@@ -28,7 +28,7 @@ struct Armed {
 /// The armed approval timers of this process.
 #[derive(Default)]
 pub struct ApprovalTimers {
-    by_session: DashMap<SessionId, HashMap<ToolCallId, Armed>>,
+    by_session: DashMap<SessionId, HashMap<ToolCallId, Armed>, SessionIdHasher>,
     next_generation: AtomicU64,
 }
 

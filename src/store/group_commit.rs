@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use overseer_actors::model::{SessionId, SCHEMA_VERSION};
+use overseer_actors::model::{SessionId, SessionIdHasher, SCHEMA_VERSION};
 use overseer_actors::store::StoreError;
 
 use super::codec::{self, corrupt, Prepared};
@@ -710,16 +710,20 @@ struct Known {
 /// is replaced by an empty one (its memory returned), and the sessions still
 /// in use fill it again from disk, one read each.
 #[derive(Default)]
-struct Cache(HashMap<SessionId, Previous>);
+struct Cache(ById<Previous>);
+
+/// A map keyed by session id, hashed as the runtime's are (see
+/// [`SessionIdHasher`]).
+type ById<V> = HashMap<SessionId, V, SessionIdHasher>;
 
 impl Cache {
     fn get(&self, id: &SessionId) -> Option<&Previous> {
         self.0.get(id)
     }
 
-    fn commit(&mut self, known: HashMap<SessionId, Previous>, terminal: &HashSet<SessionId>) {
+    fn commit(&mut self, known: ById<Previous>, terminal: &HashSet<SessionId, SessionIdHasher>) {
         if self.0.len() + known.len() > CACHE_CAPACITY {
-            self.0 = HashMap::new();
+            self.0 = ById::default();
         }
         for (id, previous) in known {
             if terminal.contains(&id) {
@@ -739,7 +743,7 @@ impl Cache {
 
     /// After a reopen nothing known holds any more.
     fn clear(&mut self) {
-        self.0 = HashMap::new();
+        self.0 = ById::default();
     }
 }
 
@@ -803,9 +807,10 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
     let mut outcomes: Vec<Result<(), StoreError>> = Vec::with_capacity(group.len());
     // Per session in this group: its state before the group, and the state
     // its latest accepted checkpoint leaves.
-    let mut before: HashMap<SessionId, Previous> = HashMap::new();
-    let mut after: HashMap<SessionId, Previous> = HashMap::new();
-    let mut terminal: HashSet<SessionId> = HashSet::new();
+    let hasher = SessionIdHasher::default;
+    let mut before: ById<Previous> = HashMap::with_capacity_and_hasher(group.len(), hasher());
+    let mut after: ById<Previous> = HashMap::with_capacity_and_hasher(group.len(), hasher());
+    let mut terminal: HashSet<SessionId, SessionIdHasher> = HashSet::with_hasher(hasher());
     let mut blobs_in_group: HashSet<&str> = HashSet::new();
     let mut writes = Writes::default();
     let mut accepted = Vec::with_capacity(group.len());

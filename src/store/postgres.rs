@@ -52,7 +52,9 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
-use overseer_actors::model::{Event, QueuedMessage, SessionHeader, SessionId, SessionStatus};
+use overseer_actors::model::{
+    Event, QueuedMessage, SessionHeader, SessionId, SessionIdHasher, SessionStatus,
+};
 use overseer_actors::store::{
     Checkpoint, CheckpointStore, SessionSummary, StoreError, StoredSession,
 };
@@ -234,7 +236,7 @@ struct Inner {
     target: String,
     node: Uuid,
     options: PgOptions,
-    leases: DashMap<SessionId, Lease>,
+    leases: DashMap<SessionId, Lease, SessionIdHasher>,
     clock: NodeClock,
     writer: Writer,
     /// The heartbeat's own connection, outside the pool (see
@@ -397,7 +399,7 @@ impl PgStore {
                 target,
                 node: Uuid::new_v4(),
                 options,
-                leases: DashMap::new(),
+                leases: DashMap::default(),
                 clock: NodeClock::new(),
                 writer,
                 heartbeat_conn: std::sync::Mutex::new(None),

@@ -28,6 +28,13 @@ pub const DEFAULT_MAX_CHILDREN: u32 = 8;
 #[serde(transparent)]
 pub struct SessionId(pub uuid::Uuid);
 
+/// How maps keyed by [`SessionId`] hash: foldhash, seeded per map. The
+/// server generates every session id, so SipHash's defence against keys
+/// chosen to collide buys nothing there, and a session's few dozen lookups
+/// in the runtime's maps and the store writer's spent about 4% of its CPU in
+/// SipHash (`benches/PROFILE.md`, fifth pass).
+pub type SessionIdHasher = foldhash::fast::RandomState;
+
 impl SessionId {
     /// A fresh, time-ordered id (uuid v7), so keys of new sessions append.
     pub fn generate() -> Self {

@@ -912,7 +912,7 @@ mod tests {
             Checkpoint {
                 header: self.header.clone(),
                 entries,
-                events,
+                events: events.into(),
                 metadata,
                 queued: std::mem::take(&mut self.queued),
                 dequeued: std::mem::replace(&mut self.dequeued, 0..0),

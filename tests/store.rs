@@ -126,7 +126,7 @@ impl Sim {
         Checkpoint {
             header: self.header.clone(),
             entries,
-            events,
+            events: events.into(),
             metadata: None,
             queued: Vec::new(),
             dequeued: 0..0,

@@ -329,7 +329,9 @@ pub struct Session {
     /// The queue rows as of the last checkpoint (`head..next`).
     persisted_queue: (u64, u64),
     metadata_persisted: bool,
-    pending_events: Vec<Event>,
+    /// Shared with the checkpoint that writes them (not copied), and taken
+    /// back once it is durable: by then the store has let go of it.
+    pending_events: Arc<Vec<Event>>,
     dirty: bool,
     partial: Partial,
 }
@@ -346,7 +348,7 @@ impl Session {
             persisted_entries: 0,
             persisted_queue: (0, 0),
             metadata_persisted: false,
-            pending_events: Vec::new(),
+            pending_events: Arc::default(),
             dirty: true,
             partial: Partial::default(),
         };
@@ -378,7 +380,7 @@ impl Session {
             transcript: stored.transcript,
             metadata: stored.metadata,
             inbox: stored.inbox.into(),
-            pending_events: Vec::new(),
+            pending_events: Arc::default(),
             dirty: rewrite,
             partial: Partial::default(),
         }
@@ -421,7 +423,7 @@ impl Session {
                 .enumerate()
                 .map(|(i, e)| ((self.persisted_entries + i) as u64, e.clone()))
                 .collect(),
-            events: self.pending_events.clone(),
+            events: Arc::clone(&self.pending_events),
             metadata: (!self.metadata_persisted && !self.metadata.is_null())
                 .then(|| self.metadata.clone()),
             queued,
@@ -435,7 +437,7 @@ impl Session {
         self.persisted_queue = (self.header.queue.head, self.header.queue.next);
         self.metadata_persisted = true;
         self.dirty = false;
-        std::mem::take(&mut self.pending_events)
+        Arc::unwrap_or_clone(std::mem::take(&mut self.pending_events))
     }
 
     /// Undoes nothing, but forgets pending events after a failed checkpoint
@@ -1969,7 +1971,7 @@ impl Session {
 
     fn emit(&mut self, kind: EventKind, at_ms: i64) {
         self.header.last_event_seq += 1;
-        self.pending_events.push(Event {
+        Arc::make_mut(&mut self.pending_events).push(Event {
             session_id: self.header.id,
             seq: self.header.last_event_seq,
             at_ms,
@@ -2105,6 +2107,24 @@ mod tests {
 
     fn approve(s: &Session) -> Input {
         Input::Decide(Submission::one(pending_id(s), Decision::approve()))
+    }
+
+    #[test]
+    fn a_checkpoint_shares_its_events_and_hands_them_back_uncopied() {
+        let tools = registry();
+        let mut s = session();
+        s.apply(msg("hi"), ctx(&tools, 1)).unwrap();
+        let cp = s.checkpoint();
+        assert!(!cp.events.is_empty());
+        let (buffer, seqs): (*const Event, Vec<u64>) = (
+            cp.events.as_ptr(),
+            cp.events.iter().map(|e| e.seq).collect(),
+        );
+        drop(cp); // as the store does once the checkpoint is written
+        let events = s.mark_persisted();
+        assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), seqs);
+        assert_eq!(events.as_ptr(), buffer, "the events were copied");
+        assert!(s.checkpoint().events.is_empty(), "handed back once");
     }
 
     #[test]

@@ -28,8 +28,9 @@ pub struct Checkpoint {
     pub header: SessionHeader,
     /// New transcript entries with their 0-based indexes.
     pub entries: Vec<(u64, Arc<TranscriptEntry>)>,
-    /// New events (seq ascending).
-    pub events: Vec<Event>,
+    /// New events (seq ascending), shared with the session that made them
+    /// (it publishes them once the checkpoint is durable).
+    pub events: Arc<Vec<Event>>,
     /// The caller's metadata, in the one checkpoint that writes it (the
     /// first); `None` afterwards: it never changes.
     pub metadata: Option<Value>,

@@ -136,7 +136,7 @@ impl Synthetic {
         Checkpoint {
             header: self.header.clone(),
             entries,
-            events: vec![event],
+            events: Arc::new(vec![event]),
             metadata: None,
             queued: Vec::new(),
             dequeued: 0..0,

@@ -286,7 +286,7 @@ async fn one_session(store: &dyn CheckpointStore, k: usize) -> Res<()> {
             .checkpoint(Checkpoint {
                 header: header.clone(),
                 entries: vec![(i as u64, Arc::new(entry))],
-                events,
+                events: Arc::new(events),
                 metadata: None,
                 queued: Vec::new(),
                 dequeued: 0..0,

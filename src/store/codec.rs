@@ -481,7 +481,7 @@ mod tests {
         Checkpoint {
             header,
             entries: vec![(0, Arc::new(TranscriptEntry::ToolResult { call }))],
-            events: vec![],
+            events: Default::default(),
             metadata: None,
             queued: vec![],
             dequeued: 0..0,

@@ -838,7 +838,7 @@ impl PgStore {
                 .enumerate()
                 .map(|(i, e)| (i as u64, e.clone()))
                 .collect(),
-            events: events.to_vec(),
+            events: events.to_vec().into(),
             metadata: (!stored.metadata.is_null()).then(|| stored.metadata.clone()),
             queued: (stored.header.queue.head..)
                 .zip(stored.inbox.iter().cloned())
@@ -1226,7 +1226,7 @@ fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, StoreError> 
     }
     let mut event_seqs = Vec::with_capacity(cp.events.len());
     let mut events = Vec::with_capacity(cp.events.len());
-    for e in &cp.events {
+    for e in cp.events.iter() {
         event_seqs.push(signed(e.seq));
         events.push(
             serde_json::to_string(e)

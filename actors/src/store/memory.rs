@@ -64,7 +64,11 @@ impl CheckpointStore for MemStore {
                 transcript.push(entry);
             }
         }
-        inner.events.entry(id).or_default().extend(cp.events);
+        inner
+            .events
+            .entry(id)
+            .or_default()
+            .extend(cp.events.iter().cloned());
         if let Some(metadata) = cp.metadata {
             inner.metadata.insert(id, metadata);
         }
@@ -251,7 +255,8 @@ mod tests {
                 seq: 1,
                 at_ms: 1,
                 kind: EventKind::SessionCreated { agent: "a".into() },
-            }],
+            }]
+            .into(),
             metadata: Some(serde_json::json!({"k": 1})),
             queued: Vec::new(),
             dequeued: 0..0,

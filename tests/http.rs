@@ -68,6 +68,40 @@ async fn quick_start_flow_create_watch_approve_result() -> Result {
     assert_eq!(p["call_id"], call_id.as_str());
     assert_eq!(p["name"], "write_record");
     assert_eq!(p["session_path"], json!([id]));
+    // The whole shape of the answer, field by field.
+    assert_eq!(pending["session_id"], json!(id));
+    assert_eq!(pending["status"], "awaiting_approval");
+    let mut fields: Vec<&str> = p
+        .as_object()
+        .context("a pending call is an object")?
+        .keys()
+        .map(String::as_str)
+        .collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "approval_deadline_ms",
+            "arguments",
+            "call_id",
+            "name",
+            "outcome_unknown",
+            "proposed_at_ms",
+            "session_id",
+            "session_path"
+        ],
+        "{p}"
+    );
+    assert_eq!(p["session_id"], json!(id));
+    assert_eq!(p["outcome_unknown"], false);
+    assert!(p["arguments"].is_object(), "{p}");
+    let (proposed, deadline) = (
+        p["proposed_at_ms"].as_i64().context("proposed_at_ms")?,
+        p["approval_deadline_ms"]
+            .as_i64()
+            .context("approval_deadline_ms")?,
+    );
+    assert!(proposed > 0 && deadline > proposed, "{p}");
 
     let (status, after) = send(s.post(
         &format!("/v1/sessions/{id}/approvals"),

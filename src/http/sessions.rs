@@ -53,15 +53,22 @@ struct SessionView<'a> {
     transcript: Vec<&'a TranscriptEntry>,
 }
 
-/// A session as `GET /v1/sessions/{id}` shows it (also what `overseer
-/// sessions show --data` prints).
-pub(crate) fn session_json(stored: &StoredSession) -> Value {
-    to_json(&SessionView {
+/// A session as `GET /v1/sessions/{id}` shows it. Responses serialize it
+/// straight to their body: building a [`Value`] first cost as much again
+/// as writing the bytes (`benches/PROFILE.md`, fifth pass).
+fn session_view(stored: &StoredSession) -> SessionView<'_> {
+    SessionView {
         header: &stored.header,
         metadata: &stored.metadata,
         inbox: &stored.inbox,
         transcript: stored.transcript.iter().map(|e| e.as_ref()).collect(),
-    })
+    }
+}
+
+/// [`session_view`] as a value: what `overseer sessions show --data`
+/// prints, the same document the API returns.
+pub(crate) fn session_json(stored: &StoredSession) -> Value {
+    to_json(&session_view(stored))
 }
 
 /// Serializes a domain value. These types serialize infallibly (string
@@ -226,7 +233,7 @@ pub(super) async fn create(
             "idempotency_key was already used for a different request",
         ));
     }
-    let mut response = (StatusCode::CREATED, Json(session_json(&stored))).into_response();
+    let mut response = (StatusCode::CREATED, Json(session_view(&stored))).into_response();
     if let Ok(location) = HeaderValue::from_str(&format!("/v1/sessions/{id}")) {
         response.headers_mut().insert(header::LOCATION, location);
     }
@@ -375,10 +382,9 @@ pub(super) async fn show(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Read>,
     SessionPath(id): SessionPath,
-) -> Result<Json<Value>, ApiError> {
-    Ok(Json(session_json(
-        &owned_state(&state, &principal, id).await?,
-    )))
+) -> Result<Response, ApiError> {
+    let stored = owned_state(&state, &principal, id).await?;
+    Ok(Json(session_view(&stored)).into_response())
 }
 
 /// `GET /v1/sessions/{id}/tree`: the session and its subtree (§7): each
@@ -453,27 +459,49 @@ pub(super) async fn message(
 /// Every call decidable at `id` (its own, and those of descendants whose
 /// requests propagate to it), each with the path of sessions that leads to
 /// it: `{session_id, status, pending: [...]}`.
-async fn pending_json(state: &AppState, header: SessionHeader) -> Result<Value, ApiError> {
-    let (id, status) = (header.id, header.status);
-    let pending: Vec<Value> = state
-        .overseer()
-        .pending_approvals_in(header)
-        .await?
-        .into_iter()
-        .map(|p| {
-            json!({
-                "call_id": p.call.id,
-                "session_id": p.session_id,
-                "session_path": p.path,
-                "name": p.call.name,
-                "arguments": p.call.arguments,
-                "outcome_unknown": p.call.outcome_unknown,
-                "proposed_at_ms": p.call.proposed_at_ms,
-                "approval_deadline_ms": p.call.approval_deadline_ms,
+async fn pending_response(state: &AppState, header: SessionHeader) -> Result<Response, ApiError> {
+    let (session_id, status) = (header.id, header.status);
+    let pending = state.overseer().pending_approvals_in(header).await?;
+    let view = PendingView {
+        session_id,
+        status,
+        pending: pending
+            .iter()
+            .map(|p| PendingCall {
+                call_id: &p.call.id,
+                session_id: p.session_id,
+                session_path: &p.path,
+                name: &p.call.name,
+                arguments: &p.call.arguments,
+                outcome_unknown: p.call.outcome_unknown,
+                proposed_at_ms: p.call.proposed_at_ms,
+                approval_deadline_ms: p.call.approval_deadline_ms,
             })
-        })
-        .collect();
-    Ok(json!({"session_id": id, "status": status, "pending": pending}))
+            .collect(),
+    };
+    Ok(Json(view).into_response())
+}
+
+/// The answer of `GET` and `POST /v1/sessions/{id}/approvals`, serialized
+/// straight to the body (see [`session_view`]).
+#[derive(Serialize)]
+struct PendingView<'a> {
+    session_id: SessionId,
+    status: SessionStatus,
+    pending: Vec<PendingCall<'a>>,
+}
+
+/// One call waiting for a decision, as the API shows it.
+#[derive(Serialize)]
+struct PendingCall<'a> {
+    call_id: &'a ToolCallId,
+    session_id: SessionId,
+    session_path: &'a [SessionId],
+    name: &'a str,
+    arguments: &'a Value,
+    outcome_unknown: bool,
+    proposed_at_ms: i64,
+    approval_deadline_ms: Option<i64>,
 }
 
 /// `GET /v1/sessions/{id}/approvals`.
@@ -481,9 +509,9 @@ pub(super) async fn pending(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Read>,
     SessionPath(id): SessionPath,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let header = owned_header(&state, &principal, id).await?;
-    Ok(Json(pending_json(&state, header).await?))
+    pending_response(&state, header).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -505,7 +533,7 @@ pub(super) async fn decide(
     Authorized(principal, _): Authorized<Approve>,
     SessionPath(id): SessionPath,
     ApiJson(body): ApiJson<DecideBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     owned_header(&state, &principal, id).await?;
     let approved_by = match body.approved_by {
         Some(claimed) if principal.authenticated && claimed != principal.sub => {
@@ -528,7 +556,7 @@ pub(super) async fn decide(
     };
     state.overseer().submit(id, submission).await?;
     let header = owned_header(&state, &principal, id).await?;
-    Ok(Json(pending_json(&state, header).await?))
+    pending_response(&state, header).await
 }
 
 #[derive(Debug, Deserialize)]

@@ -69,6 +69,7 @@ mod inspect;
 mod open;
 pub mod postgres;
 mod purge;
+mod readers;
 mod sidecar;
 
 use std::path::Path;
@@ -89,6 +90,7 @@ use codec::corrupt;
 use gate::Gate;
 use group_commit::{Command, GroupCommit, Reply, Shared};
 use open::{Purpose, Trees};
+use readers::Readers;
 
 /// The layout version of the trees above (not the snapshot `schema_version`,
 /// which versions the JSON inside them). 3: `events` holds one row per
@@ -163,6 +165,9 @@ struct Inner {
     /// Fewest free slots seen after taking one (tests: was the bound hit?).
     #[cfg(test)]
     least_free: std::sync::atomic::AtomicUsize,
+    /// Where reads run. Dropped (its threads joined) before the writer, for
+    /// the same reason.
+    readers: Readers,
     // Dropping it joins the writer and flusher threads, which hold database
     // handles of their own: once the last `SledStore` is dropped, the
     // directory is closed (and its lock released), so it can be reopened at
@@ -215,9 +220,11 @@ impl SledStore {
             full: Default::default(),
         });
         let commit = GroupCommit::start(shared.clone(), generation, opened.commit_seq)?;
+        let readers = Readers::start(shared.clone())?;
         Ok(Self {
             inner: Arc::new(Inner {
                 shared,
+                readers,
                 commit,
                 slots: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_COMMANDS)),
                 #[cfg(test)]
@@ -257,21 +264,17 @@ impl SledStore {
         self.inner.shared.full.store(full, Ordering::Release);
     }
 
-    /// Runs a read on tokio's blocking pool. sled reads are usually served from
-    /// its cache, but a miss reads the disk (and may even wait for a flush of
-    /// the page it needs), so reads never run on a runtime thread.
+    /// Runs a read on the store's reader threads (see `readers`): a miss in
+    /// sled's cache reads the disk, so reads never run on a runtime thread.
     async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&Trees) -> Result<T, StoreError> + Send + 'static,
     {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            let generation = inner.shared.gate.get()?;
-            f(&generation.trees)
-        })
-        .await
-        .map_err(|e| io("store read task", e))?
+        self.inner
+            .readers
+            .read(move |generation| f(&generation.trees))
+            .await
     }
 
     /// Sends a command to the writer and waits for its outcome.
@@ -1774,5 +1777,59 @@ mod tests {
             serde_json::to_string(&Durability::Fsync).unwrap(),
             "\"fsync\""
         );
+    }
+
+    /// Reads run on the store's few reader threads, however many are asked
+    /// for at once, and a read that panics costs its caller an error, not a
+    /// reader: more panics than there are readers, and reads still work.
+    #[tokio::test]
+    async fn reads_run_on_a_fixed_pool_of_readers_that_outlives_a_panicking_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut sim = Sim::new("acme");
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        let readers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+        for _ in 0..=readers {
+            let err = store
+                .read::<(), _>(|_| panic!("a read that panics"))
+                .await
+                .unwrap_err();
+            assert!(err.to_string().contains("panicked"), "{err}");
+        }
+        let names = futures::future::join_all(
+            (0..64).map(|_| store.read(|_| Ok(std::thread::current().name().map(str::to_owned)))),
+        )
+        .await;
+        let names: BTreeSet<String> = names.into_iter().map(|n| n.unwrap().unwrap()).collect();
+        assert!(names.len() <= readers, "{names:?}");
+        assert!(
+            names
+                .iter()
+                .all(|n| n.starts_with("overseer-store-reader-")),
+            "{names:?}"
+        );
+        assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
+    }
+
+    /// A read waits for a closed gate from when it was asked for: one whose
+    /// time is up fails at once, naming why, instead of waiting again behind
+    /// the reads queued before it; once the gate reopens, reads go through.
+    #[tokio::test]
+    async fn a_read_whose_wait_is_over_fails_at_once_while_the_gate_is_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let gate = &store.inner.shared.gate;
+        let generation = store.current();
+        gate.withdraw(&generation);
+        let Err(err) = gate.get_by(std::time::Instant::now()) else {
+            panic!("a closed gate gave an opening");
+        };
+        assert!(err.to_string().contains("being reopened"), "{err}");
+        gate.install(generation.clone(), true, "");
+        let Ok(reopened) = gate.get_by(std::time::Instant::now()) else {
+            panic!("a reopened gate gave no opening");
+        };
+        assert!(Arc::ptr_eq(&reopened, &generation));
+        assert!(store.load(SessionId::generate()).await.unwrap().is_none());
     }
 }

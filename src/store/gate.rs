@@ -25,7 +25,7 @@ use overseer_actors::store::StoreError;
 use super::open::Generation;
 
 /// How long a read waits for a closed gate to reopen before failing.
-const READ_WAIT: Duration = Duration::from_secs(2);
+pub(super) const READ_WAIT: Duration = Duration::from_secs(2);
 
 pub(super) struct Gate {
     dir: PathBuf,
@@ -65,7 +65,12 @@ impl Gate {
     /// The opening to read from, waiting up to [`READ_WAIT`] while the gate
     /// is closed.
     pub(super) fn get(&self) -> Result<Arc<Generation>, StoreError> {
-        let deadline = Instant::now() + READ_WAIT;
+        self.get_by(Instant::now() + READ_WAIT)
+    }
+
+    /// The opening to read from, waiting until `deadline` while the gate is
+    /// closed (a read waits from when it was asked for, see `readers`).
+    pub(super) fn get_by(&self, deadline: Instant) -> Result<Arc<Generation>, StoreError> {
         let mut slot = self.slot();
         loop {
             if let Some(current) = &slot.current {

@@ -28,9 +28,11 @@
 //! what a flush does to be power-loss safe on top of sled's own, see
 //! `durable`). After a failed write or flush (a full disk) the writer reopens
 //! the directory on its own and the store takes writes again once the disk
-//! does (`group_commit`, `gate`). Encoding is in `codec`; the offline
-//! verification of `overseer store check` in `check`; reading a directory
-//! with no server (`overseer sessions list|show --data`) in `inspect`.
+//! does (`group_commit`, `gate`). Reads run on a fixed pool of reader
+//! threads (`readers`), never on a runtime thread. Encoding is in `codec`;
+//! the offline verification of `overseer store check` in `check`; reading a
+//! directory with no server (`overseer sessions list|show --data`) in
+//! `inspect`.
 //!
 //! Atomicity without sled transactions: the session's header in `sessions` is
 //! the commit record of its checkpoint. Everything else a checkpoint writes

@@ -266,8 +266,9 @@ impl SledStore {
         self.inner.shared.full.store(full, Ordering::Release);
     }
 
-    /// Runs a read on the store's reader threads (see `readers`): a miss in
-    /// sled's cache reads the disk, so reads never run on a runtime thread.
+    /// Runs a point read (one session's rows) on the store's reader threads
+    /// (see `readers`): a miss in sled's cache reads the disk, so reads never
+    /// run on a runtime thread.
     async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
@@ -277,6 +278,25 @@ impl SledStore {
             .readers
             .read(move |generation| f(&generation.trees))
             .await
+    }
+
+    /// Runs a listing (a page of headers, or every active one) on tokio's
+    /// blocking pool instead: it can take long (recovery's, or the inbox's
+    /// over every session awaiting approval, reads a header per session),
+    /// and the few readers must stay free for the point reads that activate
+    /// sessions. Listings are rare, so a thread each costs little.
+    async fn list<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Trees) -> Result<T, StoreError> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let generation = inner.shared.gate.get()?;
+            f(&generation.trees)
+        })
+        .await
+        .map_err(|e| io("store listing task", e))?
     }
 
     /// Sends a command to the writer and waits for its outcome.
@@ -731,7 +751,7 @@ impl CheckpointStore for SledStore {
         statuses: &[SessionStatus],
     ) -> Result<Vec<SessionSummary>, StoreError> {
         let statuses = statuses.to_vec();
-        self.read(move |trees| trees.by_status(&statuses)).await
+        self.list(move |trees| trees.by_status(&statuses)).await
     }
 
     async fn list_tenant(
@@ -741,7 +761,7 @@ impl CheckpointStore for SledStore {
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         let tenant = tenant.to_owned();
-        self.read(move |trees| trees.tenant(&tenant, after, limit))
+        self.list(move |trees| trees.tenant(&tenant, after, limit))
             .await
     }
 
@@ -750,7 +770,7 @@ impl CheckpointStore for SledStore {
         after: Option<SessionId>,
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
-        self.read(move |trees| trees.scan(after, limit)).await
+        self.list(move |trees| trees.scan(after, limit)).await
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
@@ -1811,6 +1831,56 @@ mod tests {
             "{names:?}"
         );
         assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
+    }
+
+    /// Listings do not queue behind point reads: with every reader busy,
+    /// recovery's listing (and a tenant's page) still goes through.
+    #[tokio::test]
+    async fn listings_go_through_while_every_reader_is_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut sim = Sim::new("acme");
+        sim.status(SessionStatus::AwaitingApproval);
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        let readers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = Arc::new(std::sync::Mutex::new(held));
+        let (busy_tx, mut busy) = tokio::sync::mpsc::unbounded_channel();
+        let mut blocked = Vec::new();
+        for _ in 0..readers {
+            let (store, held, busy_tx) = (store.clone(), held.clone(), busy_tx.clone());
+            blocked.push(tokio::spawn(async move {
+                store
+                    .read(move |_| {
+                        busy_tx.send(()).unwrap();
+                        // Each holds its reader until released.
+                        let _ = held.lock().unwrap().recv();
+                        Ok(())
+                    })
+                    .await
+            }));
+        }
+        for _ in 0..readers {
+            busy.recv().await.unwrap();
+        }
+        let listed = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            let active = store
+                .list_by_status(&[SessionStatus::AwaitingApproval])
+                .await
+                .unwrap();
+            let page = store.list_tenant("acme", None, 10).await.unwrap();
+            (active, page)
+        })
+        .await
+        .expect("a listing waited for the busy readers");
+        assert_eq!(listed.0.len(), 1);
+        assert_eq!(listed.1.len(), 1);
+        for _ in 0..readers {
+            release.send(()).unwrap();
+        }
+        for b in blocked {
+            b.await.unwrap().unwrap();
+        }
     }
 
     /// A read waits for a closed gate from when it was asked for: one whose

@@ -1,5 +1,7 @@
-//! The store's reader threads: where every read of a [`super::SledStore`]
-//! runs (a session's activation, a header, events, listings).
+//! The store's reader threads: where every point read of a
+//! [`super::SledStore`] runs (a session's rows when it is activated, a
+//! header, its events). Listings, which can take long, run on tokio's
+//! blocking pool instead, so that they never hold up an activation.
 //!
 //! A sled read is usually served from its cache, but a miss reads the disk
 //! (and may wait for a flush of the page it needs), so reads never run on a

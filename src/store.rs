@@ -1810,7 +1810,7 @@ mod tests {
         let store = open(dir.path());
         let mut sim = Sim::new("acme");
         store.checkpoint(sim.checkpoint()).await.unwrap();
-        let readers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+        let readers = readers::count();
         for _ in 0..=readers {
             let err = store
                 .read::<(), _>(|_| panic!("a read that panics"))
@@ -1842,7 +1842,7 @@ mod tests {
         let mut sim = Sim::new("acme");
         sim.status(SessionStatus::AwaitingApproval);
         store.checkpoint(sim.checkpoint()).await.unwrap();
-        let readers = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+        let readers = readers::count();
         let (release, held) = std::sync::mpsc::channel::<()>();
         let held = Arc::new(std::sync::Mutex::new(held));
         let (busy_tx, mut busy) = tokio::sync::mpsc::unbounded_channel();

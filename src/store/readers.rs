@@ -53,10 +53,9 @@ pub(super) struct Readers {
 }
 
 impl Readers {
-    /// Starts one reader per core (at least two, so that one slow read does
-    /// not hold up every other).
+    /// Starts [`count`] readers.
     pub(super) fn start(shared: Arc<Shared>) -> Result<Self, StoreError> {
-        let n = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
+        let n = count();
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         let mut readers = Self {
@@ -115,6 +114,12 @@ impl Drop for Readers {
             }
         }
     }
+}
+
+/// How many readers a store runs: one per core, at least two, so that one
+/// slow read does not hold up every other.
+pub(super) fn count() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
 }
 
 fn run(shared: &Shared, rx: &Mutex<Receiver<Job>>) {

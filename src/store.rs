@@ -167,8 +167,9 @@ struct Inner {
     /// Fewest free slots seen after taking one (tests: was the bound hit?).
     #[cfg(test)]
     least_free: std::sync::atomic::AtomicUsize,
-    /// Where reads run. Dropped (its threads joined) before the writer, for
-    /// the same reason.
+    /// Where point reads run. Its threads hold the opening too, so it is
+    /// dropped (they are joined) before the writer below, for the reason
+    /// given there.
     readers: Readers,
     // Dropping it joins the writer and flusher threads, which hold database
     // handles of their own: once the last `SledStore` is dropped, the

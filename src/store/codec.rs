@@ -273,8 +273,6 @@ fn fits(v: &serde_json::Value, budget: &mut usize) -> bool {
     }
 }
 
-/// Encodes a checkpoint. Only the new entries and events are encoded, so the
-/// cost follows what changed, not the transcript's length.
 /// Serializes `value` into a buffer of `guess` bytes to start with. The rows
 /// a checkpoint writes are a few hundred bytes to about a kilobyte, and
 /// `serde_json::to_vec` starts at 128 and doubles: three to five
@@ -289,6 +287,8 @@ fn to_json<T: Serialize + ?Sized>(value: &T, guess: usize) -> serde_json::Result
 const HEADER_GUESS: usize = 1024;
 const ROW_GUESS: usize = 512;
 
+/// Encodes a checkpoint. Only the new entries and events are encoded, so the
+/// cost follows what changed, not the transcript's length.
 pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
     let id = cp.header.id;
     let header = to_json(&cp.header, HEADER_GUESS)

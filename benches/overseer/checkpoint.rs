@@ -8,6 +8,11 @@
 //! the approve-and-execute turn, so sizes are what production writes. The
 //! three sessions are measured round-robin on one store, so each checkpoint
 //! sees the same database and only the history length differs.
+//!
+//! Under `fsync` it also measures the disk's own floor beside the store: a
+//! 4 KiB write and an `fdatasync` of a plain file in the same directory, so
+//! that the table shows how much of a checkpoint is the device and how much
+//! is the store's path to it (threads, sled).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -101,7 +106,42 @@ pub async fn run(mode: Mode, rounds: usize, base: &Path) -> Res<Vec<Row>> {
             "<= 1.5",
         );
     }
+    if mode == Mode::Fsync {
+        let path = dir.path().join("device-probe");
+        let mut device = tokio::task::spawn_blocking(move || device_floor(&path, rounds)).await??;
+        rows.latency("device: 4 KiB write + fdatasync", &mut device, "", "");
+    }
     Ok(rows.rows)
+}
+
+/// The disk's floor under one checkpoint: `rounds` times, a 4 KiB write at
+/// the next offset of a preallocated file and an `fdatasync` (what a flush
+/// asks of the device, without the store's threads or sled around it).
+fn device_floor(path: &Path, rounds: usize) -> Res<Vec<Duration>> {
+    use std::os::unix::fs::FileExt;
+    const BLOCK: usize = 4096;
+    let file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    // Preallocated and synced first, so each round measures a data write and
+    // its flush, not the file growing.
+    let warm_up = 20;
+    file.set_len(((warm_up + rounds) * BLOCK) as u64)?;
+    file.sync_all()?;
+    let block: Vec<u8> = (0..BLOCK).map(|i| (i % 251) as u8).collect();
+    let mut samples = Vec::with_capacity(rounds);
+    for round in 0..warm_up + rounds {
+        let t = Instant::now();
+        file.write_all_at(&block, (round * BLOCK) as u64)?;
+        file.sync_data()?;
+        if round >= warm_up {
+            samples.push(t.elapsed());
+        }
+    }
+    std::fs::remove_file(path)?;
+    Ok(samples)
 }
 
 /// A session written directly to the store, growing by recycled real entries.

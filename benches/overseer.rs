@@ -3,6 +3,7 @@
 //! ```text
 //! cargo bench --bench overseer -- [--sessions N] [--durability fsync|os] [--full]
 //!                                 [--out FILE.json] [--workload NAME]... [--cache-mb MB]
+//!                                 [--compression none|zstd]
 //! ```
 //!
 //! Workloads, all on the scripted provider and real sled directories in temp
@@ -68,6 +69,8 @@ usage: cargo bench --bench overseer -- [options]
                         cluster (= all three)
   --cache-mb MB         sled's page cache of every store opened (default: the store's
                         default, [store] cache_mb)
+  --compression C       how every store opened compresses its log: none (default) or
+                        zstd ([store] compression)
   --concurrency C       sessions in flight at once (default 1000)
   --rounds R            checkpoints measured per history length (default 500)
   --dir DIR             where the temp sled directories go (default: the temp dir)";
@@ -131,6 +134,7 @@ struct Args {
     rounds: Option<usize>,
     dir: Option<PathBuf>,
     cache_mb: Option<u64>,
+    compression: Option<overseer::store::Compression>,
     /// Hidden: run one case in this process and print its rows.
     case: Option<String>,
 }
@@ -185,6 +189,14 @@ fn parse_args() -> Result<Args, String> {
                     ));
                 }
                 args.cache_mb = Some(mb);
+            }
+            "--compression" => {
+                let v = value("--compression")?;
+                args.compression = Some(match v.as_str() {
+                    "none" => overseer::store::Compression::None,
+                    "zstd" => overseer::store::Compression::Zstd,
+                    _ => return Err(format!("--compression is none or zstd, not {v}")),
+                });
             }
             "--case" => args.case = Some(value("--case")?),
             other => return Err(format!("unknown argument {other}\n\n{USAGE}")),
@@ -365,6 +377,9 @@ fn run_all(args: &Args) -> Res<ExitCode> {
         if let Some(mb) = args.cache_mb {
             cmd.args(["--cache-mb", &mb.to_string()]);
         }
+        if args.compression == Some(overseer::store::Compression::Zstd) {
+            cmd.args(["--compression", "zstd"]);
+        }
         if args.full {
             cmd.arg("--full");
         }
@@ -501,6 +516,9 @@ fn run_case(case: &str, args: &Args) -> Res<ExitCode> {
     let rounds = args.rounds.unwrap_or(if args.full { 2_000 } else { 500 });
     if let Some(mb) = args.cache_mb {
         common::set_cache_mb(mb);
+    }
+    if let Some(c) = args.compression {
+        common::set_compression(c);
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -29,7 +29,7 @@ use overseer_actors::RuntimeConfig;
 
 use crate::http::{HttpLimits, HttpOptions, MAX_COUNT_LIMIT};
 use crate::provider::{ProviderKind as RouteKind, RouteConfig};
-use crate::store::{Durability, StoreOptions, DEFAULT_CACHE_MB, MAX_CACHE_MB};
+use crate::store::{Compression, Durability, StoreOptions, DEFAULT_CACHE_MB, MAX_CACHE_MB};
 use crate::tools::http_request::HttpRequestConfig;
 use crate::tools::http_tool::HttpToolConfig;
 use crate::tools::mcp::McpServerConfig;
@@ -281,6 +281,11 @@ pub struct StoreSection {
     /// Most memory sled's page cache may hold, MiB.
     #[serde(default = "default_cache_mb")]
     pub cache_mb: u64,
+    /// How a new sled directory stores its log: `none` (the default) or
+    /// `zstd` (sled only; an existing directory keeps what it was created
+    /// with).
+    #[serde(default)]
+    pub compression: Compression,
     /// Terminal sessions older than this many days are purged (unset: kept).
     #[serde(default)]
     pub retention_days: Option<u64>,
@@ -294,6 +299,7 @@ impl Default for StoreSection {
             data_dir: default_data_dir(),
             durability: Durability::default(),
             cache_mb: default_cache_mb(),
+            compression: Compression::default(),
             retention_days: None,
         }
     }
@@ -305,6 +311,7 @@ impl StoreSection {
         StoreOptions {
             durability: self.durability,
             cache_mb: self.cache_mb,
+            compression: self.compression,
         }
     }
 }
@@ -776,6 +783,7 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("OVERSEER_DATA_DIR", "store.data_dir"),
     ("OVERSEER_DURABILITY", "store.durability"),
     ("OVERSEER_STORE_CACHE_MB", "store.cache_mb"),
+    ("OVERSEER_STORE_COMPRESSION", "store.compression"),
     ("OVERSEER_MAX_RESTARTS", "runtime.max_restarts"),
     (
         "OVERSEER_RESTART_WINDOW_SECS",
@@ -858,6 +866,13 @@ impl Config {
         let mut out = Vec::new();
         if self.store.data_dir.as_os_str().is_empty() {
             out.push(Problem::new("store.data_dir", "must not be empty"));
+        }
+        if self.store.kind == StoreKind::Postgres && self.store.compression != Compression::None {
+            out.push(Problem::new(
+                "store.compression",
+                "applies to the sled store only (PostgreSQL compresses large values itself); \
+                 remove it or set it to \"none\"",
+            ));
         }
         if !(1..=MAX_CACHE_MB).contains(&self.store.cache_mb) {
             out.push(Problem::new(
@@ -1124,6 +1139,13 @@ impl Config {
             "OVERSEER_STORE_CACHE_MB",
             true,
             &mut self.store.cache_mb,
+            &mut problems,
+        );
+        env_value(
+            &get,
+            "OVERSEER_STORE_COMPRESSION",
+            false,
+            &mut self.store.compression,
             &mut problems,
         );
         env_value(
@@ -1988,6 +2010,52 @@ mcp_servers = ["fs"]
         let e = load_text(MINIMAL, env).unwrap_err().to_string();
         assert!(
             e.contains("OVERSEER_STORE_CACHE_MB (store.cache_mb): expected an integer"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn store_compression_is_validated_and_reaches_the_store_options() {
+        let c = load_text(MINIMAL, no_env).unwrap();
+        assert_eq!(c.store.options().compression, Compression::None);
+        let c = load_text(
+            &format!("[store]\ncompression = \"zstd\"\n{MINIMAL}"),
+            no_env,
+        )
+        .unwrap();
+        assert_eq!(c.store.options().compression, Compression::Zstd);
+
+        let e = parse_err("[store]\ncompression = \"lz4\"\n");
+        assert!(
+            e.contains("store.compression: unknown variant 'lz4', expected none|zstd"),
+            "{e}"
+        );
+        let env = |var: &str| match var {
+            "OVERSEER_STORE_COMPRESSION" => Some(OsString::from("zstd")),
+            _ => None,
+        };
+        assert_eq!(
+            load_text(MINIMAL, env).unwrap().store.compression,
+            Compression::Zstd
+        );
+        let env = |var: &str| match var {
+            "OVERSEER_STORE_COMPRESSION" => Some(OsString::from("gzip")),
+            _ => None,
+        };
+        let e = load_text(MINIMAL, env).unwrap_err().to_string();
+        assert!(
+            e.contains("OVERSEER_STORE_COMPRESSION (store.compression): unknown variant 'gzip'"),
+            "{e}"
+        );
+        // PostgreSQL's store has no such setting: saying it is a mistake.
+        let e = load_text(
+            &format!("[store]\nkind = \"postgres\"\ncompression = \"zstd\"\n{MINIMAL}"),
+            no_env,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("store.compression: applies to the sled store only"),
             "{e}"
         );
     }

@@ -307,6 +307,19 @@ pub fn cache_mb() -> u64 {
         .unwrap_or(overseer::store::DEFAULT_CACHE_MB)
 }
 
+/// How the stores this process creates compress their log (`--compression`).
+static COMPRESSION: std::sync::OnceLock<overseer::store::Compression> = std::sync::OnceLock::new();
+
+/// Sets the compression of every store this process creates from now on.
+pub fn set_compression(c: overseer::store::Compression) {
+    let _ = COMPRESSION.set(c);
+}
+
+/// The compression stores are created with.
+pub fn compression() -> overseer::store::Compression {
+    COMPRESSION.get().copied().unwrap_or_default()
+}
+
 impl Backend {
     /// Opens (or creates) the store in `dir`.
     pub fn open(dir: &Path, mode: Mode) -> Res<Self> {
@@ -317,6 +330,7 @@ impl Backend {
         let options = overseer::store::StoreOptions {
             durability,
             cache_mb: cache_mb(),
+            compression: compression(),
         };
         let sled = overseer::store::SledStore::open_with(dir, &options)?;
         Ok(Self {
@@ -339,14 +353,26 @@ impl Backend {
 /// Bytes of live keys and values in a closed store directory: what the
 /// sessions hold, as opposed to what sled's log occupies on disk.
 pub fn live_bytes(dir: &Path) -> Res<u64> {
-    let db = sled::Config::new().path(dir).open()?;
+    let db = sled::Config::new()
+        .path(dir)
+        .use_compression(compression() == overseer::store::Compression::Zstd)
+        .open()?;
     let mut total = 0u64;
     for name in db.tree_names() {
         let tree = db.open_tree(&name)?;
+        let (mut bytes, mut rows) = (0u64, 0u64);
         for item in tree.iter() {
             let (k, v) = item?;
-            total += (k.len() + v.len()) as u64;
+            bytes += (k.len() + v.len()) as u64;
+            rows += 1;
         }
+        if rows > 0 {
+            eprintln!(
+                "  live: {:<12} {rows:>8} rows {bytes:>12} bytes",
+                String::from_utf8_lossy(&name)
+            );
+        }
+        total += bytes;
     }
     Ok(total)
 }

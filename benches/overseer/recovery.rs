@@ -71,7 +71,11 @@ pub async fn run(
         .prefix("overseer-bench-recovery-")
         .tempdir_in(base)?;
     let exe = std::env::current_exe()?;
-    let mut child = tokio::process::Command::new(exe)
+    let mut child = tokio::process::Command::new(exe);
+    if crate::common::compression() == overseer::store::Compression::Zstd {
+        child.args(["--compression", "zstd"]);
+    }
+    let mut child = child
         .args(["--case", "park-for-recovery", "--durability", mode.as_str()])
         .args([
             "--sessions",

@@ -25,7 +25,7 @@ use sled::Tree;
 
 use super::durable::Durable;
 use super::sidecar;
-use super::{StoreOptions, FORMAT_KEY, FORMAT_VERSION};
+use super::{Compression, StoreOptions, FORMAT_KEY, FORMAT_VERSION};
 use crate::store::codec::{self, corrupt};
 
 /// The key of `meta` holding the number of the last group written.
@@ -103,6 +103,8 @@ pub(super) struct Opened {
     pub(super) generation: Generation,
     /// The number of the last group the database holds.
     pub(super) commit_seq: u64,
+    /// How the directory stores its log (what it was created with).
+    pub(super) compression: Compression,
 }
 
 /// Whether the open may write (a server) or must not (`store check`).
@@ -181,14 +183,22 @@ pub(super) fn open(
     options: &StoreOptions,
     purpose: Purpose,
 ) -> Result<Opened, OpenError> {
-    let mut config = sled::Config::new()
-        .path(dir)
-        .cache_capacity(options.cache_bytes());
-    if options.durability == super::Durability::Fsync || purpose == Purpose::Inspect {
-        // Every checkpoint is flushed explicitly; a periodic flush on top
-        // would only compete with the group commit for the disk.
-        config = config.flush_every_ms(None);
-    }
+    let config = |compression: Compression| {
+        let config = sled::Config::new()
+            .path(dir)
+            .cache_capacity(options.cache_bytes())
+            .use_compression(compression == Compression::Zstd)
+            // zstd's fastest level: most of what compressing saves at a
+            // fraction of the CPU of sled's default (5).
+            .compression_factor(1);
+        if options.durability == super::Durability::Fsync || purpose == Purpose::Inspect {
+            // Every checkpoint is flushed explicitly; a periodic flush on top
+            // would only compete with the group commit for the disk.
+            config.flush_every_ms(None)
+        } else {
+            config
+        }
+    };
     let damaged = |message: String| OpenError::Damaged {
         dir: dir.to_owned(),
         message,
@@ -197,8 +207,9 @@ pub(super) fn open(
         dir: dir.to_owned(),
         detail,
     };
-    let db = match catch_sled_panic(|| open_retrying(&config)).map_err(damaged)? {
-        Ok(db) => db,
+    let opened = catch_sled_panic(|| open_as_created(config, options.compression, dir));
+    let (db, compression) = match opened.map_err(damaged)? {
+        Ok(opened) => opened,
         Err(e) if is_lock_error(&e) => {
             return Err(OpenError::Locked {
                 dir: dir.to_owned(),
@@ -273,6 +284,7 @@ pub(super) fn open(
                 failure: Mutex::new(None),
             },
             commit_seq,
+            compression,
         })
     })
     .map_err(damaged)??;
@@ -396,6 +408,29 @@ fn drop_uncommitted_events(trees: &Trees) -> Result<u64, sled::Error> {
         }
     }
     Ok(removed)
+}
+
+/// Opens sled with the compression `wanted`, or with the other one when the
+/// directory was created with that: sled fixes it at creation and refuses
+/// the other (`Unsupported`, naming `use_compression`), and a setting meant
+/// for new directories must not make an existing one unusable.
+fn open_as_created(
+    config: impl Fn(Compression) -> sled::Config,
+    wanted: Compression,
+    dir: &Path,
+) -> sled::Result<(sled::Db, Compression)> {
+    match open_retrying(&config(wanted)) {
+        Err(sled::Error::Unsupported(message)) if message.contains("use_compression") => {
+            let found = wanted.other();
+            tracing::info!(
+                dir = %dir.display(),
+                "the store was created with compression {found:?}, which it keeps \
+                 ([store] compression applies to new directories)"
+            );
+            open_retrying(&config(found)).map(|db| (db, found))
+        }
+        other => other.map(|db| (db, wanted)),
+    }
 }
 
 /// Opens sled, waiting briefly while the directory's lock is still held: a

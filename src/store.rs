@@ -637,11 +637,23 @@ impl Trees {
         Ok(())
     }
 
-    fn by_status(&self, statuses: &[SessionStatus]) -> Result<Vec<SessionSummary>, StoreError> {
+    /// A page of [`CheckpointStore::list_by_status`]: empty only when no
+    /// session after `after` has one of `statuses`.
+    fn by_status(
+        &self,
+        statuses: &[SessionStatus],
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
         // A header of a newer schema fails the listing (as it fails a
         // load): boot recovery must not silently skip sessions.
         let wanted = |header: SessionHeader| {
             (statuses.is_empty() || statuses.contains(&header.status)).then_some(header)
+        };
+        let limit = limit.max(1);
+        let start = |after: Option<SessionId>| match after {
+            Some(id) => std::ops::Bound::Excluded(id.as_bytes().to_vec()),
+            None => std::ops::Bound::Unbounded,
         };
         let via_index = !statuses.is_empty() && statuses.iter().all(|s| codec::is_active(*s));
         if via_index {
@@ -649,26 +661,44 @@ impl Trees {
             // ever stored. The index is a superset: it may name a session
             // whose header says otherwise (a crash between a checkpoint's
             // writes) or that has no header yet; `wanted` filters on the
-            // header.
-            let mut rows = Vec::new();
-            for key in self.active.iter().keys() {
-                let key = key.map_err(|e| io("reading the active index", e))?;
-                let id =
-                    codec::id_from(&key).ok_or_else(|| corrupt("active index", "malformed key"))?;
-                if let Some(bytes) = self
-                    .sessions
-                    .get(&key)
-                    .map_err(|e| io(format_args!("reading session {id}"), e))?
+            // header, so a page of index entries may come out empty, and
+            // then the next one is read.
+            let mut after = after;
+            loop {
+                let mut rows = Vec::new();
+                let mut last = None;
+                for key in self
+                    .active
+                    .range::<Vec<u8>, _>((start(after), std::ops::Bound::Unbounded))
+                    .keys()
+                    .take(limit)
                 {
-                    rows.push((id, bytes));
+                    let key = key.map_err(|e| io("reading the active index", e))?;
+                    let id = codec::id_from(&key)
+                        .ok_or_else(|| corrupt("active index", "malformed key"))?;
+                    last = Some(id);
+                    if let Some(bytes) = self
+                        .sessions
+                        .get(&key)
+                        .map_err(|e| io(format_args!("reading session {id}"), e))?
+                    {
+                        rows.push((id, bytes));
+                    }
+                }
+                let page = decode_all(&rows, |(id, bytes)| {
+                    codec::decode_header(id, bytes).map(wanted)
+                })?;
+                match last {
+                    Some(id) if page.is_empty() => after = Some(id),
+                    _ => return Ok(page),
                 }
             }
-            return decode_all(&rows, |(id, bytes)| {
-                codec::decode_header(id, bytes).map(wanted)
-            });
         }
         let mut out = Vec::new();
-        for item in self.sessions.iter() {
+        for item in self
+            .sessions
+            .range::<Vec<u8>, _>((start(after), std::ops::Bound::Unbounded))
+        {
             let (key, bytes) = item.map_err(|e| io("listing sessions", e))?;
             let id = codec::id_from(&key).ok_or_else(|| corrupt("sessions", "malformed key"))?;
             // Over every stored session most headers are not wanted: a
@@ -680,6 +710,9 @@ impl Trees {
                 }
             }
             out.extend(wanted(codec::decode_header(&id, &bytes)?));
+            if out.len() >= limit {
+                break;
+            }
         }
         Ok(out)
     }
@@ -792,9 +825,12 @@ impl CheckpointStore for SledStore {
     async fn list_by_status(
         &self,
         statuses: &[SessionStatus],
+        after: Option<SessionId>,
+        limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         let statuses = statuses.to_vec();
-        self.list(move |trees| trees.by_status(&statuses)).await
+        self.list(move |trees| trees.by_status(&statuses, after, limit))
+            .await
     }
 
     async fn list_tenant(
@@ -853,6 +889,8 @@ mod tests {
     };
     use serde_json::json;
     use sha2::{Digest, Sha256};
+
+    use overseer_actors::store::all_by_status;
 
     use super::*;
 
@@ -1247,8 +1285,7 @@ mod tests {
             .unwrap();
         assert!(row.len() < 4096, "row is {} bytes", row.len());
         assert_eq!(
-            store
-                .list_by_status(&[SessionStatus::AwaitingApproval])
+            all_by_status(&store, &[SessionStatus::AwaitingApproval], 2)
                 .await
                 .unwrap(),
             vec![sim.header.clone()]
@@ -1483,7 +1520,7 @@ mod tests {
 
         assert_eq!(active_keys(), BTreeSet::from([sims[0].id(), sims[1].id()]));
         assert_eq!(
-            ids(store.list_by_status(&recovery).await.unwrap()),
+            ids(all_by_status(&store, &recovery, 2).await.unwrap()),
             BTreeSet::from([sims[0].id(), sims[1].id()])
         );
 
@@ -1492,17 +1529,16 @@ mod tests {
         store.checkpoint(sims[1].checkpoint()).await.unwrap();
         assert_eq!(active_keys(), BTreeSet::from([sims[0].id()]));
         assert_eq!(
-            ids(store.list_by_status(&recovery).await.unwrap()),
+            ids(all_by_status(&store, &recovery, 2).await.unwrap()),
             BTreeSet::from([sims[0].id()])
         );
         assert_eq!(
-            ids(store
-                .list_by_status(&[SessionStatus::AwaitingInput])
+            ids(all_by_status(&store, &[SessionStatus::AwaitingInput], 2)
                 .await
                 .unwrap()),
             BTreeSet::from([sims[1].id(), sims[2].id()])
         );
-        assert_eq!(store.list_by_status(&[]).await.unwrap().len(), 4);
+        assert_eq!(all_by_status(&store, &[], 2).await.unwrap().len(), 4);
 
         // Recovery does not scan `sessions`: a running header that bypassed
         // the index (written raw) is invisible to it, but not to a scan.
@@ -1518,10 +1554,62 @@ mod tests {
             )
             .unwrap();
         assert_eq!(
-            ids(store.list_by_status(&recovery).await.unwrap()),
+            ids(all_by_status(&store, &recovery, 2).await.unwrap()),
             BTreeSet::from([sims[0].id()])
         );
-        assert_eq!(store.list_by_status(&[]).await.unwrap().len(), 5);
+        assert_eq!(all_by_status(&store, &[], 2).await.unwrap().len(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_page_of_active_sessions_is_empty_only_at_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut sims = Vec::new();
+        for _ in 0..7 {
+            let mut sim = Sim::new("acme");
+            sim.status(SessionStatus::Running);
+            store.checkpoint(sim.checkpoint()).await.unwrap();
+            sims.push(sim);
+        }
+        sims.sort_by_key(Sim::id);
+        // Stale index entries ahead of the last session (a crash between a
+        // checkpoint's writes leaves such): an index entry whose header
+        // says awaiting_input, and one with no header at all.
+        let trees = store.current().trees.clone();
+        for sim in &mut sims[..5] {
+            sim.status(SessionStatus::AwaitingInput);
+            let header = serde_json::to_vec(&sim.header).unwrap();
+            trees.sessions.insert(sim.id().as_bytes(), header).unwrap();
+        }
+        trees.sessions.remove(sims[0].id().as_bytes()).unwrap();
+        assert_eq!(trees.active.len(), 7);
+
+        let recovery = [SessionStatus::Running, SessionStatus::AwaitingApproval];
+        let mut pages = Vec::new();
+        let mut after = None;
+        loop {
+            let page = store.list_by_status(&recovery, after, 2).await.unwrap();
+            let Some(last) = page.last() else { break };
+            after = Some(last.id);
+            pages.push(page.iter().map(|h| h.id).collect::<Vec<_>>());
+        }
+        // Two pages' worth of stale entries are read past, not answered
+        // as an empty page (which would end the listing); a page holds what
+        // its index entries yield, at most the limit.
+        assert!(pages.iter().all(|p| p.len() <= 2), "{pages:?}");
+        assert_eq!(pages.concat(), vec![sims[5].id(), sims[6].id()]);
+        let first = store.list_by_status(&recovery, None, 1).await.unwrap();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].id, sims[5].id());
+
+        // Over every session (the sessions tree, not the index) too: pages
+        // in id order, at most the limit each.
+        let all = store.list_by_status(&[], None, 4).await.unwrap();
+        assert_eq!(all.len(), 4);
+        let rest = store.list_by_status(&[], Some(all[3].id), 4).await.unwrap();
+        assert_eq!(rest.len(), 2);
+        let ids: Vec<_> = all.iter().chain(&rest).map(|h| h.id).collect();
+        assert_eq!(ids, sims[1..].iter().map(Sim::id).collect::<Vec<_>>());
     }
 
     #[tokio::test]
@@ -1561,8 +1649,7 @@ mod tests {
         assert_eq!(store.load(sim.id()).await.unwrap_err(), too_new);
         assert_eq!(store.load_header(sim.id()).await.unwrap_err(), too_new);
         assert_eq!(
-            store
-                .list_by_status(&[SessionStatus::Running])
+            all_by_status(&store, &[SessionStatus::Running], 2)
                 .await
                 .unwrap_err(),
             too_new
@@ -1695,8 +1782,7 @@ mod tests {
             assert_same(&store.load(sim.id()).await.unwrap().unwrap(), sim);
         }
         assert_eq!(
-            store
-                .list_by_status(&[SessionStatus::Running])
+            all_by_status(&store, &[SessionStatus::Running], 2)
                 .await
                 .unwrap()
                 .len(),
@@ -1880,7 +1966,10 @@ mod tests {
                     .is_empty());
                 assert!(store.load(fresh).await.unwrap().is_none());
                 assert!(store.events_after(fresh, 0, 100).await.unwrap().is_empty());
-                assert!(store.list_by_status(&recovery).await.unwrap().is_empty());
+                assert!(all_by_status(&store, &recovery, 2)
+                    .await
+                    .unwrap()
+                    .is_empty());
                 assert_eq!(
                     store.list_tenant("acme", None, 10).await.unwrap(),
                     vec![committed.header.clone()]
@@ -1914,7 +2003,7 @@ mod tests {
         );
         assert_eq!(store.current().trees.transcript.len(), 4);
         assert_eq!(
-            store.list_by_status(&recovery).await.unwrap(),
+            all_by_status(&store, &recovery, 2).await.unwrap(),
             vec![sim.header.clone()]
         );
     }
@@ -1995,8 +2084,7 @@ mod tests {
             busy.recv().await.unwrap();
         }
         let listed = tokio::time::timeout(std::time::Duration::from_secs(60), async {
-            let active = store
-                .list_by_status(&[SessionStatus::AwaitingApproval])
+            let active = all_by_status(&store, &[SessionStatus::AwaitingApproval], 2)
                 .await
                 .unwrap();
             let page = store.list_tenant("acme", None, 10).await.unwrap();

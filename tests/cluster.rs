@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use overseer::store::postgres::{PgOptions, PgStore};
 use overseer::store::{Durability, SledStore};
-use overseer_actors::store::CheckpointStore;
+use overseer_actors::store::{all_by_status, CheckpointStore};
 use serde_json::Value;
 
 use common::cluster::{approve, create, get, pending, wait_status, Node, Settings, World};
@@ -510,7 +510,7 @@ async fn store_copy_moves_every_session_and_the_parked_ones_finish_on_the_cluste
         let pg = PgStore::open(&database, PgOptions::default())
             .await
             .unwrap();
-        let all = sled.list_by_status(&[]).await.unwrap();
+        let all = all_by_status(&sled, &[], 2).await.unwrap();
         assert_eq!(all.len(), 6);
         for h in all {
             let a = sled.load(h.id).await.unwrap().unwrap();

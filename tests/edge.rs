@@ -361,8 +361,10 @@ impl CheckpointStore for FailingStore {
     async fn list_by_status(
         &self,
         statuses: &[SessionStatus],
+        after: Option<SessionId>,
+        limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
-        self.inner.list_by_status(statuses).await
+        self.inner.list_by_status(statuses, after, limit).await
     }
     async fn list_tenant(
         &self,

@@ -455,8 +455,10 @@ impl CheckpointStore for FullDisk {
     async fn list_by_status(
         &self,
         statuses: &[SessionStatus],
+        after: Option<SessionId>,
+        limit: usize,
     ) -> std::result::Result<Vec<SessionSummary>, StoreError> {
-        self.0.list_by_status(statuses).await
+        self.0.list_by_status(statuses, after, limit).await
     }
     async fn list_tenant(
         &self,

@@ -26,7 +26,9 @@ use overseer_actors::model::{
     AgentConfig, CallState, Event, EventKind, QueuedMessage, SessionHeader, SessionId,
     SessionStatus, ToolCallId, ToolCallRecord, TranscriptEntry, Usage, SCHEMA_VERSION,
 };
-use overseer_actors::store::{Checkpoint, CheckpointStore, StoreError, StoredSession};
+use overseer_actors::store::{
+    all_by_status, Checkpoint, CheckpointStore, StoreError, StoredSession,
+};
 use serde_json::json;
 
 use common::pg::{shared, PgServer};
@@ -334,10 +336,13 @@ async fn the_effect_journal_lives_in_the_header(store: &dyn CheckpointStore) {
     let stored = store.load(sim.id()).await.unwrap().unwrap();
     assert_eq!(stored.header.open_calls, sim.header.open_calls);
     assert_eq!(
-        store
-            .list_by_status(&[SessionStatus::Running, SessionStatus::AwaitingApproval])
-            .await
-            .unwrap(),
+        all_by_status(
+            store,
+            &[SessionStatus::Running, SessionStatus::AwaitingApproval],
+            2
+        )
+        .await
+        .unwrap(),
         vec![sim.header.clone()],
         "boot recovery finds it"
     );
@@ -380,8 +385,7 @@ async fn a_newer_schema_is_refused(store: &dyn CheckpointStore) {
     refused(store.load_header(sim.id()).await.unwrap_err());
     // Boot recovery must not skip it silently.
     refused(
-        store
-            .list_by_status(&[SessionStatus::Running])
+        all_by_status(store, &[SessionStatus::Running], 2)
             .await
             .unwrap_err(),
     );
@@ -471,14 +475,17 @@ async fn recovery_lists_only_active_sessions(store: &dyn CheckpointStore) {
             active.push(sim.header.clone());
         }
     }
-    let mut got = store
-        .list_by_status(&[SessionStatus::Running, SessionStatus::AwaitingApproval])
-        .await
-        .unwrap();
+    let mut got = all_by_status(
+        store,
+        &[SessionStatus::Running, SessionStatus::AwaitingApproval],
+        2,
+    )
+    .await
+    .unwrap();
     got.sort_by_key(|h| h.id);
     active.sort_by_key(|h| h.id);
     assert_eq!(got, active);
-    assert_eq!(store.list_by_status(&[]).await.unwrap().len(), 4);
+    assert_eq!(all_by_status(store, &[], 2).await.unwrap().len(), 4);
 }
 
 contract!(scan_walks_every_session_in_bounded_pages);
@@ -554,7 +561,7 @@ async fn purge_removes_a_terminal_session_whole(store: &dyn CheckpointStore) {
         vec![kept.header.clone()]
     );
     assert_eq!(
-        store.list_by_status(&[]).await.unwrap(),
+        all_by_status(store, &[], 2).await.unwrap(),
         vec![kept.header.clone()]
     );
     // The blob `kept` still names is still there.

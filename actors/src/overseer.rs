@@ -7,7 +7,7 @@
 //! nothing of HTTP, auth or tenancy rules beyond recording the tenant: those
 //! are the edge's (`overseer::http`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -22,8 +22,8 @@ use crate::error::SessionError;
 use crate::machine::{Input, Session};
 use crate::messages::{OrchestratorMsg, SessionMsg};
 use crate::model::{
-    AgentConfig, CallState, Event, Notification, SessionHeader, SessionId, SessionOverrides,
-    SessionStatus, Submission, ToolCallId, ToolRule, Usage,
+    AgentConfig, CallState, Event, Notification, SessionHeader, SessionId, SessionIdHasher,
+    SessionOverrides, SessionStatus, Submission, ToolCallId, ToolRule, Usage,
 };
 use crate::orchestrator::{OrchestratorActor, OrchestratorArgs};
 use crate::provider::Provider;
@@ -33,6 +33,10 @@ use crate::tool::ToolRegistry;
 
 /// Sessions loaded concurrently during boot recovery.
 const RECOVERY_CONCURRENCY: usize = 64;
+
+/// Headers boot recovery reads (and holds decoded) at once: a million
+/// parked sessions must not mean a million decoded headers in memory.
+const RECOVERY_PAGE: usize = 8192;
 
 /// A request to create a session.
 #[derive(Debug, Clone, Default)]
@@ -156,26 +160,43 @@ impl Overseer {
     /// checkpoints of a cancel) is cancelled, so no approval is orphaned.
     /// Returns how many roots were recovered (activated or left parked).
     pub async fn recover(&self) -> Result<usize, SessionError> {
-        let headers = self
-            .runtime
-            .store
-            .list_by_status(&[SessionStatus::Running, SessionStatus::AwaitingApproval])
-            .await?;
-        let active: std::collections::BTreeSet<SessionId> = headers.iter().map(|h| h.id).collect();
+        // Page by page: only ids outlive a page (a parent may come on a
+        // later page than its child, so orphans are found at the end).
+        let mut active: HashSet<SessionId, SessionIdHasher> = HashSet::default();
+        let mut children: Vec<(SessionId, SessionId)> = Vec::new();
         let mut roots = Vec::new();
         let mut parked = 0;
-        let mut orphans = Vec::new();
-        for h in &headers {
-            match &h.parent {
-                // Costs its header (read above) and its timers: ready after
-                // a restart does not wait for loading every session that
-                // waits for a person, nor does memory hold their actors.
-                None if self.runtime.recover_parked(h) => parked += 1,
-                None => roots.push(h.id),
-                Some(link) if !active.contains(&link.session_id) => orphans.push(h.id),
-                Some(_) => {}
+        let mut after = None;
+        loop {
+            let page = self
+                .runtime
+                .store
+                .list_by_status(
+                    &[SessionStatus::Running, SessionStatus::AwaitingApproval],
+                    after,
+                    RECOVERY_PAGE,
+                )
+                .await?;
+            for h in &page {
+                active.insert(h.id);
+                match &h.parent {
+                    // Costs its header (read above) and its timers: ready after
+                    // a restart does not wait for loading every session that
+                    // waits for a person, nor does memory hold their actors.
+                    None if self.runtime.recover_parked(h) => parked += 1,
+                    None => roots.push(h.id),
+                    Some(link) => children.push((h.id, link.session_id)),
+                }
+            }
+            match page.last() {
+                Some(last) => after = Some(last.id),
+                None => break,
             }
         }
+        let orphans = children
+            .into_iter()
+            .filter(|(_, parent)| !active.contains(parent))
+            .map(|(child, _)| child);
         for id in orphans {
             self.runtime.cancel_in_store(id).await?;
         }

@@ -120,6 +120,26 @@ impl StoreError {
     }
 }
 
+/// Every session whose status is one of `statuses` (all when empty), read
+/// `page` headers at a time and collected, ascending by id. For a few
+/// sessions (tests, tools): a listing over a whole store should handle each
+/// page as it comes instead of holding them all.
+pub async fn all_by_status<S: CheckpointStore + ?Sized>(
+    store: &S,
+    statuses: &[SessionStatus],
+    page: usize,
+) -> Result<Vec<SessionSummary>, StoreError> {
+    let mut out: Vec<SessionSummary> = Vec::new();
+    loop {
+        let after = out.last().map(|h| h.id);
+        let next = store.list_by_status(statuses, after, page).await?;
+        if next.is_empty() {
+            return Ok(out);
+        }
+        out.extend(next);
+    }
+}
+
 /// Durable storage of sessions and their event logs.
 ///
 /// `checkpoint` returns only once the write is as durable as the store's
@@ -145,10 +165,17 @@ pub trait CheckpointStore: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<Event>, StoreError>;
 
-    /// Headers of all sessions whose status is one of `statuses` (all when empty).
+    /// Headers of the sessions whose status is one of `statuses` (every
+    /// session when empty), ascending by id, after `after`, at most `limit`
+    /// (a page may hold fewer: only an empty one says there are no more).
+    /// Paged so that a listing over every active session (boot recovery,
+    /// the approvals inbox) holds one page of decoded headers at a time,
+    /// not all of them.
     async fn list_by_status(
         &self,
         statuses: &[SessionStatus],
+        after: Option<SessionId>,
+        limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError>;
 
     /// Headers of a tenant's sessions, ascending by id, after `cursor`, at most `limit`.

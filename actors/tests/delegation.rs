@@ -431,6 +431,56 @@ async fn a_tree_killed_mid_delegation_recovers_and_finishes() {
     .starts_with("root: "));
 }
 
+#[tokio::test]
+async fn recovery_reads_the_store_page_by_page_and_finds_a_parent_on_a_later_page() {
+    let (agents, steps) = approval_tree(ChildApproval::Propagate);
+    let h = harness_agents(agents.clone(), steps.clone(), RuntimeConfig::default()).await;
+    // The root's id sorts after every generated one, so its child (waiting
+    // for the approval) comes on an earlier page than the root itself.
+    let id: overseer_actors::model::SessionId =
+        serde_json::from_value(json!("ffffffff-ffff-7fff-bfff-ffffffffffff")).unwrap();
+    let mut rx = h.ov.subscribe(id);
+    h.ov.create_session(overseer_actors::CreateSession {
+        agent: "root".into(),
+        tenant: "t".into(),
+        prompt: Some("go".into()),
+        id: Some(id),
+        ..overseer_actors::CreateSession::default()
+    })
+    .await
+    .unwrap();
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let child = h.ov.tree(id).await.unwrap().children[0].session_id;
+    assert!(child < id);
+    h.ov.shutdown().await.unwrap();
+
+    // One header per page: recovery must still see the whole tree, and not
+    // cancel the child as an orphan before the page with its parent.
+    h.store.cap_pages(1);
+    let scenario =
+        overseer_actors::scripted::Scenario::from_json(&json!({"agents": steps}).to_string())
+            .unwrap();
+    let ov = Overseer::start(
+        agents,
+        Arc::new(h.store.clone()),
+        Arc::new(overseer_actors::scripted::ScriptedProvider::new(scenario)),
+        tools(Default::default(), Default::default()),
+        RuntimeConfig::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ov.recover().await.unwrap(), 1);
+    assert_eq!(
+        ov.state(child).await.unwrap().header.status,
+        SessionStatus::AwaitingApproval
+    );
+    assert_eq!(approve_the_pending_call(&ov, id).await, StopReason::EndTurn);
+    assert_eq!(
+        ov.state(child).await.unwrap().header.status,
+        SessionStatus::Completed
+    );
+}
+
 #[cfg(feature = "fault-injection")]
 mod faults {
     use super::*;

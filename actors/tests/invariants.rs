@@ -190,8 +190,10 @@ impl CheckpointStore for GatedStore {
     async fn list_by_status(
         &self,
         statuses: &[SessionStatus],
+        after: Option<SessionId>,
+        limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
-        self.inner.list_by_status(statuses).await
+        self.inner.list_by_status(statuses, after, limit).await
     }
     async fn list_tenant(
         &self,

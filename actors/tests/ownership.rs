@@ -18,7 +18,7 @@ use overseer_actors::model::{
     Decision, Event, SessionHeader, SessionId, SessionStatus, Submission,
 };
 use overseer_actors::store::{
-    Checkpoint, CheckpointStore, MemStore, SessionSummary, StoreError, StoredSession,
+    all_by_status, Checkpoint, CheckpointStore, MemStore, SessionSummary, StoreError, StoredSession,
 };
 use overseer_actors::{Overseer, RuntimeConfig, SessionError};
 
@@ -66,8 +66,10 @@ impl CheckpointStore for Fenced {
     async fn list_by_status(
         &self,
         statuses: &[SessionStatus],
+        after: Option<SessionId>,
+        limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
-        self.inner.list_by_status(statuses).await
+        self.inner.list_by_status(statuses, after, limit).await
     }
     async fn list_tenant(
         &self,
@@ -194,7 +196,7 @@ async fn drop_actors_stops_every_session_and_writes_nothing() {
     );
     assert_eq!(store.inner.checkpoints(), before);
     // The sessions are intact on disk and come back on the next request.
-    let id = store.inner.list_by_status(&[]).await.unwrap()[0].id;
+    let id = all_by_status(&store.inner, &[], 2).await.unwrap()[0].id;
     let call = ov.state(id).await.unwrap().header.open_calls[0].id.clone();
     ov.submit(id, Submission::one(call, Decision::approve()))
         .await

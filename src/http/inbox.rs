@@ -175,20 +175,31 @@ pub(crate) async fn lineage(
     Ok(chain)
 }
 
+/// Headers the inbox reads at once.
+const INBOX_PAGE: usize = 1024;
+
 /// Every pending approval of `tenant`, in the inbox's order.
 pub(crate) async fn tenant_approvals(
     runtime: &Arc<Runtime>,
     tenant: &str,
 ) -> Result<Vec<ApprovalItem>, StoreError> {
-    let waiting = runtime
-        .store
-        .list_by_status(&[SessionStatus::AwaitingApproval])
-        .await?;
-    let mut known: HashMap<SessionId, SessionHeader> = waiting
-        .into_iter()
-        .filter(|h| h.tenant == tenant)
-        .map(|h| (h.id, h))
-        .collect();
+    // Every tenant's waiting sessions go by, a page at a time; only this
+    // tenant's stay.
+    let mut known: HashMap<SessionId, SessionHeader> = HashMap::new();
+    let mut after = None;
+    loop {
+        let page = runtime
+            .store
+            .list_by_status(&[SessionStatus::AwaitingApproval], after, INBOX_PAGE)
+            .await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        known.extend(
+            page.into_iter()
+                .filter(|h| h.tenant == tenant)
+                .map(|h| (h.id, h)),
+        );
+    }
     let owners: Vec<SessionHeader> = known
         .values()
         .filter(|h| pending_calls(h).next().is_some())

@@ -25,20 +25,30 @@ pub struct CopyReport {
     pub events: usize,
 }
 
+/// Headers read at once.
+const COPY_PAGE: usize = 1024;
+
 /// Copies every session of `from` into `to`.
 pub async fn copy(from: &SledStore, to: &PgStore) -> Result<CopyReport, StoreError> {
     let mut report = CopyReport::default();
-    for header in from.list_by_status(&[]).await? {
-        let id = header.id;
-        let Some(stored) = from.load(id).await? else {
-            continue;
-        };
-        let events = from.events_after(id, 0, usize::MAX).await?;
-        if to.import(&stored, &events).await? {
-            report.copied += 1;
-            report.events += events.len();
-        } else {
-            report.present += 1;
+    let mut after = None;
+    // Page by page, so a large store is never held decoded at once.
+    loop {
+        let page = from.scan(after, COPY_PAGE).await?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        for header in page {
+            let id = header.id;
+            let Some(stored) = from.load(id).await? else {
+                continue;
+            };
+            let events = from.events_after(id, 0, usize::MAX).await?;
+            if to.import(&stored, &events).await? {
+                report.copied += 1;
+                report.events += events.len();
+            } else {
+                report.present += 1;
+            }
         }
     }
     Ok(report)

@@ -1358,19 +1358,30 @@ impl CheckpointStore for PgStore {
     async fn list_by_status(
         &self,
         statuses: &[SessionStatus],
+        after: Option<SessionId>,
+        limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         let names: Vec<String> = statuses.iter().map(|s| s.as_str().to_owned()).collect();
+        let after = after.map(|a| a.0);
+        let limit = signed(limit as u64);
         let rows = retrying(READ_RETRY, || async {
             let client = self.client().await?;
             if names.is_empty() {
                 client
-                    .query("SELECT id, header FROM sessions ORDER BY id", &[])
+                    .query(
+                        "SELECT id, header FROM sessions
+                         WHERE ($1::uuid IS NULL OR id > $1)
+                         ORDER BY id LIMIT $2",
+                        &[&after, &limit],
+                    )
                     .await
             } else {
                 client
                     .query(
-                        "SELECT id, header FROM sessions WHERE status = ANY($1) ORDER BY id",
-                        &[&names],
+                        "SELECT id, header FROM sessions
+                         WHERE status = ANY($1) AND ($2::uuid IS NULL OR id > $2)
+                         ORDER BY id LIMIT $3",
+                        &[&names, &after, &limit],
                     )
                     .await
             }

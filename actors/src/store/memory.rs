@@ -22,6 +22,8 @@ struct Inner {
     metadata: BTreeMap<SessionId, Value>,
     queues: BTreeMap<SessionId, BTreeMap<u64, QueuedMessage>>,
     checkpoints: u64,
+    /// Most headers a page of `list_by_status` holds, below what was asked.
+    page_cap: Option<usize>,
 }
 
 /// In-memory store. Cloning shares the data.
@@ -41,6 +43,13 @@ impl MemStore {
     /// Number of checkpoints written so far.
     pub fn checkpoints(&self) -> u64 {
         self.lock().checkpoints
+    }
+
+    /// From now on, `list_by_status` answers pages of at most `n` headers
+    /// whatever is asked (as the contract allows), so that tests can make
+    /// a listing span many pages with a few sessions.
+    pub fn cap_pages(&self, n: usize) {
+        self.lock().page_cap = Some(n.max(1));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -143,12 +152,16 @@ impl CheckpointStore for MemStore {
     async fn list_by_status(
         &self,
         statuses: &[SessionStatus],
+        after: Option<SessionId>,
+        limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         let inner = self.lock();
         Ok(inner
             .headers
             .values()
+            .filter(|h| after.is_none_or(|a| h.id > a))
             .filter(|h| statuses.is_empty() || statuses.contains(&h.status))
+            .take(inner.page_cap.map_or(limit, |cap| limit.min(cap)))
             .cloned()
             .collect())
     }

@@ -114,6 +114,16 @@ CREATE INDEX transcript_by_blob ON transcript (result_blob)
     WHERE result_blob IS NOT NULL;
 "#,
     },
+    // Boot recovery pages through the active sessions by id
+    // (`list_by_status`): in id order, a page costs its own rows instead of
+    // a sort of every active session.
+    Migration {
+        version: 3,
+        sql: r#"
+CREATE INDEX sessions_active_by_id ON sessions (id)
+    WHERE status IN ('running', 'awaiting_approval');
+"#,
+    },
 ];
 
 /// The newest schema version this binary knows.

@@ -33,7 +33,7 @@ use crate::model::{
 use crate::provider::Provider;
 use crate::store::{CheckpointStore, StoredSession};
 use crate::supervision::{Decision, RestartPolicy, Restarts};
-use crate::timers::ApprovalTimers;
+use crate::timers::{ApprovalTimers, Due};
 use crate::tool::ToolRegistry;
 
 /// Tunables of the runtime.
@@ -725,33 +725,37 @@ impl Runtime {
         if self.timers.is_armed(id, &call_id, deadline_ms) {
             return;
         }
-        let generation = self.timers.generation();
-        let rt = Arc::downgrade(self);
-        let call = call_id.clone();
-        // The task waits for its own registration, so that it can never fire
-        // (and forget its entry) before the entry exists.
-        let (registered, wait_registered) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            if wait_registered.await.is_err() {
-                return;
-            }
-            tokio::time::sleep(after).await;
-            // A runtime that was shut down has nobody to deliver to.
-            let Some(rt) = rt.upgrade() else { return };
-            rt.timers.fired(id, &call, generation);
-            if let Err(e) = rt
-                .deliver(id, || SessionMsg::ApprovalTimeout {
-                    call_id: call.clone(),
-                    deadline_ms,
-                })
-                .await
-            {
-                tracing::debug!(session_id = %id, "approval timer not delivered: {e}");
-            }
+        self.timers.start(|| {
+            let rt = Arc::downgrade(self);
+            Box::new(move |due: Due| {
+                // A runtime that was shut down has nobody to deliver to.
+                let Some(rt) = rt.upgrade() else { return };
+                // Delivering may activate the session from disk: its own
+                // task, so that one slow activation holds up no other timer.
+                tokio::spawn(async move {
+                    let Due {
+                        session,
+                        call,
+                        deadline_ms,
+                    } = due;
+                    let delivered = rt
+                        .deliver(session, || SessionMsg::ApprovalTimeout {
+                            call_id: call.clone(),
+                            deadline_ms,
+                        })
+                        .await;
+                    if let Err(e) = delivered {
+                        tracing::debug!(session_id = %session, "approval timer not delivered: {e}");
+                    }
+                });
+            })
         });
-        self.timers
-            .insert(id, call_id, deadline_ms, generation, task.abort_handle());
-        let _ = registered.send(());
+        self.timers.arm(
+            id,
+            call_id,
+            deadline_ms,
+            tokio::time::Instant::now() + after,
+        );
     }
 
     /// Marks a session failed (restart limit exceeded) in its checkpoint,

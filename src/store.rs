@@ -424,6 +424,15 @@ fn decode_all<R: Sync, T: Send>(
     })
 }
 
+/// Where a walk in id order after `after` starts (sessions' and the
+/// `active` index's keys are the bare id).
+fn after_bound(after: Option<SessionId>) -> std::ops::Bound<Vec<u8>> {
+    match after {
+        Some(id) => std::ops::Bound::Excluded(id.as_bytes().to_vec()),
+        None => std::ops::Bound::Unbounded,
+    }
+}
+
 impl Trees {
     fn header(&self, id: &SessionId) -> Result<Option<SessionHeader>, StoreError> {
         match self
@@ -651,10 +660,6 @@ impl Trees {
             (statuses.is_empty() || statuses.contains(&header.status)).then_some(header)
         };
         let limit = limit.max(1);
-        let start = |after: Option<SessionId>| match after {
-            Some(id) => std::ops::Bound::Excluded(id.as_bytes().to_vec()),
-            None => std::ops::Bound::Unbounded,
-        };
         let via_index = !statuses.is_empty() && statuses.iter().all(|s| codec::is_active(*s));
         if via_index {
             // Boot recovery: only the sessions it resumes, not every session
@@ -669,7 +674,7 @@ impl Trees {
                 let mut last = None;
                 for key in self
                     .active
-                    .range::<Vec<u8>, _>((start(after), std::ops::Bound::Unbounded))
+                    .range::<Vec<u8>, _>((after_bound(after), std::ops::Bound::Unbounded))
                     .keys()
                     .take(limit)
                 {
@@ -697,7 +702,7 @@ impl Trees {
         let mut out = Vec::new();
         for item in self
             .sessions
-            .range::<Vec<u8>, _>((start(after), std::ops::Bound::Unbounded))
+            .range::<Vec<u8>, _>((after_bound(after), std::ops::Bound::Unbounded))
         {
             let (key, bytes) = item.map_err(|e| io("listing sessions", e))?;
             let id = codec::id_from(&key).ok_or_else(|| corrupt("sessions", "malformed key"))?;
@@ -723,14 +728,10 @@ impl Trees {
         after: Option<SessionId>,
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
-        let start = match after {
-            Some(id) => std::ops::Bound::Excluded(id.as_bytes().to_vec()),
-            None => std::ops::Bound::Unbounded,
-        };
         let mut out = Vec::new();
         for item in self
             .sessions
-            .range::<Vec<u8>, _>((start, std::ops::Bound::Unbounded))
+            .range::<Vec<u8>, _>((after_bound(after), std::ops::Bound::Unbounded))
             .take(limit)
         {
             let (key, bytes) = item.map_err(|e| io("scanning sessions", e))?;

@@ -120,24 +120,35 @@ impl StoreError {
     }
 }
 
-/// Every session whose status is one of `statuses` (all when empty), read
-/// `page` headers at a time and collected, ascending by id. For a few
-/// sessions (tests, tools): a listing over a whole store should handle each
-/// page as it comes instead of holding them all.
+/// Reads every session whose status is one of `statuses` (all when empty),
+/// `page` headers at a time in id order, handing each page to `each` before
+/// the next is read: a listing over a whole store holds one page at a time.
+pub async fn each_page_by_status<S: CheckpointStore + ?Sized>(
+    store: &S,
+    statuses: &[SessionStatus],
+    page: usize,
+    mut each: impl FnMut(Vec<SessionSummary>) + Send,
+) -> Result<(), StoreError> {
+    let mut after = None;
+    loop {
+        let next = store.list_by_status(statuses, after, page).await?;
+        let Some(last) = next.last() else {
+            return Ok(());
+        };
+        after = Some(last.id);
+        each(next);
+    }
+}
+
+/// [`each_page_by_status`], collected. For a few sessions (tests, tools).
 pub async fn all_by_status<S: CheckpointStore + ?Sized>(
     store: &S,
     statuses: &[SessionStatus],
     page: usize,
 ) -> Result<Vec<SessionSummary>, StoreError> {
-    let mut out: Vec<SessionSummary> = Vec::new();
-    loop {
-        let after = out.last().map(|h| h.id);
-        let next = store.list_by_status(statuses, after, page).await?;
-        if next.is_empty() {
-            return Ok(out);
-        }
-        out.extend(next);
-    }
+    let mut out = Vec::new();
+    each_page_by_status(store, statuses, page, |p| out.extend(p)).await?;
+    Ok(out)
 }
 
 /// Durable storage of sessions and their event logs.

@@ -391,6 +391,26 @@ async fn cancelling_the_root_leaves_nothing_non_terminal_in_the_tree() {
     assert_eq!(h.echo_runs.load(Ordering::SeqCst), 0);
 }
 
+/// A new process on `store`: the same agents and scenario, nothing recovered yet.
+async fn restart(
+    agents: Vec<AgentConfig>,
+    steps: &Value,
+    store: &overseer_actors::store::MemStore,
+) -> Overseer {
+    let scenario =
+        overseer_actors::scripted::Scenario::from_json(&json!({"agents": steps}).to_string())
+            .unwrap();
+    Overseer::start(
+        agents,
+        Arc::new(store.clone()),
+        Arc::new(overseer_actors::scripted::ScriptedProvider::new(scenario)),
+        tools(Default::default(), Default::default()),
+        RuntimeConfig::default(),
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn a_tree_killed_mid_delegation_recovers_and_finishes() {
     let (agents, steps) = approval_tree(ChildApproval::Propagate);
@@ -401,18 +421,7 @@ async fn a_tree_killed_mid_delegation_recovers_and_finishes() {
 
     // A new process on the same store: recovery resumes the root, which
     // resumes its child under its own supervision.
-    let scenario =
-        overseer_actors::scripted::Scenario::from_json(&json!({"agents": steps}).to_string())
-            .unwrap();
-    let ov = Overseer::start(
-        agents,
-        Arc::new(h.store.clone()),
-        Arc::new(overseer_actors::scripted::ScriptedProvider::new(scenario)),
-        tools(Default::default(), Default::default()),
-        RuntimeConfig::default(),
-    )
-    .await
-    .unwrap();
+    let ov = restart(agents, &steps, &h.store).await;
     assert_eq!(
         ov.recover().await.unwrap(),
         1,
@@ -439,16 +448,7 @@ async fn recovery_reads_the_store_page_by_page_and_finds_a_parent_on_a_later_pag
     // for the approval) comes on an earlier page than the root itself.
     let id: overseer_actors::model::SessionId =
         serde_json::from_value(json!("ffffffff-ffff-7fff-bfff-ffffffffffff")).unwrap();
-    let mut rx = h.ov.subscribe(id);
-    h.ov.create_session(overseer_actors::CreateSession {
-        agent: "root".into(),
-        tenant: "t".into(),
-        prompt: Some("go".into()),
-        id: Some(id),
-        ..overseer_actors::CreateSession::default()
-    })
-    .await
-    .unwrap();
+    let mut rx = h.start_agent_as(id, "root", "go").await;
     until_status(&mut rx, SessionStatus::AwaitingApproval).await;
     let child = h.ov.tree(id).await.unwrap().children[0].session_id;
     assert!(child < id);
@@ -457,18 +457,7 @@ async fn recovery_reads_the_store_page_by_page_and_finds_a_parent_on_a_later_pag
     // One header per page: recovery must still see the whole tree, and not
     // cancel the child as an orphan before the page with its parent.
     h.store.cap_pages(1);
-    let scenario =
-        overseer_actors::scripted::Scenario::from_json(&json!({"agents": steps}).to_string())
-            .unwrap();
-    let ov = Overseer::start(
-        agents,
-        Arc::new(h.store.clone()),
-        Arc::new(overseer_actors::scripted::ScriptedProvider::new(scenario)),
-        tools(Default::default(), Default::default()),
-        RuntimeConfig::default(),
-    )
-    .await
-    .unwrap();
+    let ov = restart(agents, &steps, &h.store).await;
     assert_eq!(ov.recover().await.unwrap(), 1);
     assert_eq!(
         ov.state(child).await.unwrap().header.status,

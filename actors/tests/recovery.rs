@@ -280,16 +280,7 @@ mod faults {
             agent: None,
             repeat: false,
         });
-        let mut rx = h.ov.subscribe(id);
-        h.ov.create_session(overseer_actors::CreateSession {
-            agent: "a".into(),
-            tenant: "t".into(),
-            prompt: Some("go".into()),
-            id: Some(id),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        let mut rx = h.start_agent_as(id, "a", "go").await;
         until_status(&mut rx, SessionStatus::AwaitingApproval).await;
         // A fault before the approval may restart the session; the pending
         // call survives it.

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::Json;
 use overseer_actors::model::{CallState, SessionHeader, SessionId, SessionStatus, ToolCallRecord};
-use overseer_actors::store::StoreError;
+use overseer_actors::store::{each_page_by_status, StoreError};
 use overseer_actors::Runtime;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -186,20 +186,19 @@ pub(crate) async fn tenant_approvals(
     // Every tenant's waiting sessions go by, a page at a time; only this
     // tenant's stay.
     let mut known: HashMap<SessionId, SessionHeader> = HashMap::new();
-    let mut after = None;
-    loop {
-        let page = runtime
-            .store
-            .list_by_status(&[SessionStatus::AwaitingApproval], after, INBOX_PAGE)
-            .await?;
-        let Some(last) = page.last() else { break };
-        after = Some(last.id);
-        known.extend(
-            page.into_iter()
-                .filter(|h| h.tenant == tenant)
-                .map(|h| (h.id, h)),
-        );
-    }
+    each_page_by_status(
+        runtime.store.as_ref(),
+        &[SessionStatus::AwaitingApproval],
+        INBOX_PAGE,
+        |page| {
+            known.extend(
+                page.into_iter()
+                    .filter(|h| h.tenant == tenant)
+                    .map(|h| (h.id, h)),
+            );
+        },
+    )
+    .await?;
     let owners: Vec<SessionHeader> = known
         .values()
         .filter(|h| pending_calls(h).next().is_some())

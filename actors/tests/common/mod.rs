@@ -396,6 +396,16 @@ impl Harness {
         prompt: &str,
     ) -> (SessionId, broadcast::Receiver<Notification>) {
         let id = SessionId::generate();
+        (id, self.start_agent_as(id, agent, prompt).await)
+    }
+
+    /// [`Harness::start_agent`] with the session id chosen by the caller.
+    pub async fn start_agent_as(
+        &self,
+        id: SessionId,
+        agent: &str,
+        prompt: &str,
+    ) -> broadcast::Receiver<Notification> {
         let rx = self.ov.subscribe(id);
         self.ov
             .create_session(CreateSession {
@@ -407,6 +417,6 @@ impl Harness {
             })
             .await
             .unwrap();
-        (id, rx)
+        rx
     }
 }

@@ -90,8 +90,9 @@ pub struct DecisionRecord {
 }
 
 /// Shallow-merges `overrides` into `original` (which should be an object) and
-/// returns the merged arguments and the diff of changed keys.
-pub(crate) fn merge_override(original: &Value, overrides: &Map<String, Value>) -> (Value, Value) {
+/// returns the merged arguments and the diff of changed keys. Public so that
+/// a surface can show an edit's effect before it is submitted.
+pub fn merge_override(original: &Value, overrides: &Map<String, Value>) -> (Value, Value) {
     let mut merged = match original {
         Value::Object(m) => m.clone(),
         _ => Map::new(),

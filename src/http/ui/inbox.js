@@ -3,7 +3,8 @@
 // events add and remove cards), and the cards that decide them.
 
 import { api, ApiError } from './api.js';
-import { h, announce, pretty, relativeTime, shortId, nextId, isTyping, isSessionId } from './dom.js';
+import { h, announce, pretty, relativeTime, shortId, nextId, isTyping, isSessionId, warningsBlock } from './dom.js';
+import { escapedJson } from './render.js';
 
 /** Most pending approvals loaded into the page (pages of 200). */
 const MAX_LOADED = 1000;
@@ -168,7 +169,8 @@ export function approvalCard(item, ctx, { selectable = true, onSelect } = {}) {
 
   const editor = h('textarea', {
     id: argsId, class: 'args-editor', spellcheck: 'false', autocomplete: 'off',
-    'aria-describedby': `${argsHelp} ${argsError}`, value: pretty(item.arguments),
+    // Hidden characters as JSON escapes: visible, and sent back exact.
+    'aria-describedby': `${argsHelp} ${argsError}`, value: escapedJson(item.arguments),
   });
   const editorError = h('p', { id: argsError, class: 'field-error', role: 'alert' });
   const editForm = h('form', { class: 'edit', hidden: true, 'aria-label': `Edit arguments of ${label}` },
@@ -215,6 +217,7 @@ export function approvalCard(item, ctx, { selectable = true, onSelect } = {}) {
           ? h('a', { href: `#/s/${item.root_session_id}`, class: 'session-link' }, sessionLabel(item))
           : sessionLabel(item)))),
   path,
+  warningsBlock(item.warnings),
   item.description ? h('p', { class: 'description' }, item.description) : null,
   h('pre', { class: 'arguments', 'aria-label': 'Arguments' }, pretty(item.arguments)),
   item.outcome_unknown

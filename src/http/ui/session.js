@@ -5,7 +5,8 @@
 // send a message, cancel, done.
 
 import { api, ApiError, EventStream } from './api.js';
-import { h, append, clear, announce, pretty, formatTime, shortId, nextId, isSessionId } from './dom.js';
+import { h, append, clear, setText, announce, pretty, formatTime, shortId, nextId, isSessionId } from './dom.js';
+import { display } from './render.js';
 import { approvalCard } from './inbox.js';
 
 const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
@@ -42,6 +43,8 @@ class CallView {
     this.state = h('span', { class: 'state' });
     this.decision = h('div', { class: 'decision-box' });
     this.result = h('div', { class: 'result-box' });
+    // The arguments as data: the shown text is the rule's display of them.
+    this.argsValue = args;
     this.args = h('pre', { class: 'call-args', 'aria-label': 'Arguments' }, pretty(args));
     this.el = h('div', { class: 'call', dataset: { call: id } },
       h('p', {}, 'Tool call ', h('strong', { class: 'tool' }, name), ' · ', this.state),
@@ -68,7 +71,8 @@ class CallView {
   fill(call) {
     this.setState(call.state);
     if (call.effective_arguments) {
-      clear(this.args).append(pretty(call.effective_arguments));
+      this.argsValue = call.effective_arguments;
+      append(clear(this.args), pretty(call.effective_arguments));
     }
     if (call.decision) this.setDecision(call.decision);
     if (call.result !== undefined && call.result !== null) this.setResult(call.result);
@@ -140,8 +144,8 @@ export function renderSession(main, id, ctx) {
 
   function renderState(s) {
     header = s;
-    ctx.setTitle(`${s.title || `Session ${shortId(s.id)}`} · overseer approvals`);
-    title.textContent = s.title || `Session ${shortId(s.id)}`;
+    ctx.setTitle(`${display(s.title || `Session ${shortId(s.id)}`, false)} · overseer approvals`);
+    setText(title, s.title || `Session ${shortId(s.id)}`);
     append(clear(meta), [
       h('span', {}, `Agent: ${s.agent}`),
       h('span', {}, `Created ${formatTime(s.created_at_ms)}`),
@@ -177,7 +181,7 @@ export function renderSession(main, id, ctx) {
         if (!streaming) {
           streaming = entry('assistant streaming', 'assistant', h('p', { class: 'text' }));
         }
-        streaming.querySelector('.text').append(e.text);
+        append(streaming.querySelector('.text'), e.text);
         break;
       }
       case 'message_accepted':
@@ -187,7 +191,7 @@ export function renderSession(main, id, ctx) {
         const li = streaming || entry('assistant', 'assistant', h('p', { class: 'text' }));
         li.classList.remove('streaming');
         const text = li.querySelector('.text');
-        clear(text).append(e.text);
+        append(clear(text), e.text);
         if (!e.text) text.remove();
         streaming = null;
         break;
@@ -206,11 +210,10 @@ export function renderSession(main, id, ctx) {
           const diff = e.record.args_diff;
           if (diff && typeof diff === 'object' && view.args) {
             // The arguments that run: the proposal with the edited keys.
-            try {
-              const merged = JSON.parse(view.args.textContent);
-              for (const [k, change] of Object.entries(diff)) merged[k] = change.to;
-              clear(view.args).append(pretty(merged));
-            } catch { /* keep the proposal */ }
+            const merged = { ...(view.argsValue && typeof view.argsValue === 'object' ? view.argsValue : {}) };
+            for (const [k, change] of Object.entries(diff)) merged[k] = change.to;
+            view.argsValue = merged;
+            append(clear(view.args), pretty(merged));
           }
         }
         break;

@@ -22,7 +22,7 @@ use super::{
 #[derive(Debug, Clone, PartialEq)]
 pub enum PromptClosed {
     /// Decided: by whom, how, and why.
-    Decided(DecisionRecord),
+    Decided(Box<DecisionRecord>),
     /// Ended without a decision (interrupt, cancel): its state and why.
     Ended {
         /// The call's terminal state.
@@ -45,7 +45,7 @@ impl PromptClosed {
     pub fn by_event(event: &EventKind, call: &ToolCallId) -> Option<Self> {
         match event {
             EventKind::DecisionRecorded { call_id, record } if call_id == call => {
-                Some(Self::Decided(record.clone()))
+                Some(Self::Decided(Box::new(record.clone())))
             }
             EventKind::ToolCallFinished {
                 call_id,
@@ -72,7 +72,7 @@ impl PromptClosed {
             Some(c) => c,
         };
         Some(match (&call.decision, &call.result) {
-            (Some(record), _) => Self::Decided(record.clone()),
+            (Some(record), _) => Self::Decided(Box::new(record.clone())),
             (None, result) => Self::Ended {
                 state: call.state,
                 why: result.as_ref().map(reason).unwrap_or_default(),

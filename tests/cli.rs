@@ -1116,7 +1116,11 @@ impl Tty {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.stderr.recv_timeout(left) {
                 Ok(bytes) => self.seen.push_str(&String::from_utf8_lossy(&bytes)),
-                Err(_) => panic!("no {what} ({needle:?}) on stderr; so far:\n{}", self.seen),
+                Err(_) => {
+                    // A failed test leaves no process behind.
+                    let _ = self.child.kill();
+                    panic!("no {what} ({needle:?}) on stderr; so far:\n{}", self.seen)
+                }
             }
         }
     }

@@ -187,6 +187,9 @@ pub fn start(
         .arg(dir)
         .arg(exe)
         .args(flags)
+        // A full Chromium keeps files in $TMPDIR (org.chromium.Chromium.*)
+        // that a killed one leaves behind: they go where the shell cleans.
+        .env("TMPDIR", dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

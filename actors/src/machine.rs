@@ -892,16 +892,16 @@ impl Session {
 
     /// Adds what the request whose stream just ended (or was cut) spent:
     /// itself, the requests the provider made besides it (retries), and
-    /// its tokens as the provider reported them. A request cut off before it
-    /// reported its own tokens (interrupted, broken) but after it streamed
-    /// output is counted with estimates for what it did not report: its
-    /// input from the request, its output from what it streamed. Budgets
-    /// then never undercount.
+    /// its tokens as the provider reported them. A request cut off before
+    /// its finish (interrupted, broken: a finished one has reported all it
+    /// will) after it streamed output is counted with estimates for what it
+    /// did not report: its input from the request, its output from what it
+    /// streamed. Budgets then never undercount.
     fn count_request(&mut self, partial: &Partial, ctx: Ctx<'_>) {
         let mut usage = partial.usage;
         usage.provider_requests = usage.provider_requests.saturating_add(1);
         let streamed = partial.streamed_chars();
-        if streamed > 0 {
+        if partial.finish.is_none() && streamed > 0 {
             if partial.own.input_tokens == 0 {
                 let request = match self.header.context.compacting_through {
                     Some(through) => self.compaction_request(through, ctx),

@@ -508,9 +508,13 @@ pub struct ProviderSection {
     /// Seconds a stream may stay silent before it is cut.
     #[serde(default)]
     pub idle_timeout_secs: Option<u64>,
-    /// Most output tokens per request.
+    /// Most output tokens per request (see `RouteConfig::max_tokens`).
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// The longest `retry-after` honoured (see
+    /// `RouteConfig::max_retry_after_secs`). Default: 60.
+    #[serde(default)]
+    pub max_retry_after_secs: Option<u64>,
     /// The model's context window, in tokens (see `RouteConfig::context_window`).
     #[serde(default)]
     pub context_window: Option<u64>,
@@ -527,6 +531,7 @@ impl Default for ProviderSection {
             timeout_secs: None,
             idle_timeout_secs: None,
             max_tokens: None,
+            max_retry_after_secs: None,
             context_window: None,
         }
     }
@@ -550,6 +555,9 @@ impl ProviderSection {
             route.idle_timeout_secs = t;
         }
         route.max_tokens = self.max_tokens;
+        if let Some(secs) = self.max_retry_after_secs {
+            route.max_retry_after_secs = secs;
+        }
         route.context_window = self.context_window;
         if kind == RouteKind::Scripted {
             route.scenario = Some(self.scenario.clone());
@@ -974,6 +982,12 @@ impl Config {
                 "must be at least 1 (tokens)",
             ));
         }
+        if self.provider.max_retry_after_secs.is_some_and(|s| s > 3600) {
+            out.push(Problem::new(
+                "provider.max_retry_after_secs",
+                "must be at most 3600",
+            ));
+        }
         for (i, route) in self.models.iter().enumerate() {
             match &route.name {
                 None => out.push(Problem::new(
@@ -1254,26 +1268,62 @@ impl Config {
         self.agents.iter().map(|a| a.name.as_str()).collect()
     }
 
+    /// The name of the default route (`[provider]`, with any flags
+    /// applied): see `RouteConfig::label`.
+    pub fn default_route_name(&self) -> String {
+        self.provider.route().label()
+    }
+
+    /// Whether `name` is a `[[models]]` route.
+    fn is_model_table(&self, name: &str) -> bool {
+        self.models.iter().any(|m| m.name.as_deref() == Some(name))
+    }
+
+    /// The names agents give the default route: their `model` when no
+    /// `[[models]]` table has it (`"scripted"`, the default). Sessions
+    /// stored before routes had names of their own carry these.
+    pub fn default_route_aliases(&self) -> Vec<String> {
+        let default = self.default_route_name();
+        let mut names: Vec<String> = self
+            .agents
+            .iter()
+            .map(|a| a.model.clone())
+            .filter(|m| !self.is_model_table(m) && *m != default)
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
     /// Every model route a session may use: the `[[models]]` names and the
-    /// routes agents name (served by `[provider]` when no `[[models]]`
-    /// table has their name), sorted.
+    /// default route's, sorted.
     pub fn route_names(&self) -> Vec<String> {
         let mut routes: Vec<String> = self
             .models
             .iter()
             .filter_map(|m| m.name.clone())
-            .chain(self.agents.iter().map(|a| a.model.clone()))
+            .chain(std::iter::once(self.default_route_name()))
             .collect();
         routes.sort_unstable();
         routes.dedup();
         routes
     }
 
-    /// Every agent as the runtime takes it.
+    /// Every agent as the runtime takes it, its `model` naming the route
+    /// that really serves it: a `[[models]]` name, or the default route's
+    /// (so a session's configuration says `openai:llama3.2@…`, not
+    /// `scripted`, when `[provider]` serves it).
     pub fn agent_configs(&self) -> Vec<AgentConfig> {
+        let default = self.default_route_name();
         self.agents
             .iter()
-            .map(AgentSection::to_agent_config)
+            .map(|a| {
+                let mut agent = a.to_agent_config();
+                if !self.is_model_table(&agent.model) {
+                    agent.model.clone_from(&default);
+                }
+                agent
+            })
             .collect()
     }
 

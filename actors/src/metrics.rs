@@ -416,7 +416,7 @@ impl ProviderStream {
     pub(crate) fn finish(mut self, result: &Result<(), ProviderError>) {
         self.outcome = Some(match result {
             Ok(()) => "ok",
-            Err(e) => provider_error_kind(e),
+            Err(e) => e.kind(),
         });
     }
 }
@@ -428,19 +428,6 @@ impl Drop for ProviderStream {
         histogram!(PROVIDER_STREAM_SECONDS, "model" => model.clone(), "outcome" => outcome)
             .record(self.started.elapsed());
         counter!(PROVIDER_REQUESTS_TOTAL, "model" => model, "outcome" => outcome).increment(1);
-    }
-}
-
-/// A bounded label value for a provider error.
-fn provider_error_kind(e: &ProviderError) -> &'static str {
-    match e {
-        ProviderError::Auth(_) => "auth",
-        ProviderError::RateLimited { .. } => "rate_limited",
-        ProviderError::Transport(_) => "transport",
-        ProviderError::Server { .. } => "server",
-        ProviderError::BadResponse(_) => "bad_response",
-        ProviderError::ContextOverflow(_) => "context_overflow",
-        ProviderError::ScenarioExhausted(_) => "scenario_exhausted",
     }
 }
 

@@ -110,12 +110,7 @@ pub async fn approve(
     let cluster = Cluster::join(
         store.clone(),
         ov.clone(),
-        ClusterOptions {
-            advertise_url: "http://127.0.0.1:1".into(),
-            heartbeat: Duration::from_secs(2),
-            failover_concurrency: 32,
-            forward_timeout: Duration::from_secs(35),
-        },
+        ClusterOptions::new("http://127.0.0.1:1"),
     )
     .await?;
     let mut rows = Rows::new("pg-approve (1 node, in-process)", Some(mode), n);

@@ -132,9 +132,10 @@ struct Inner {
 }
 
 impl Cluster {
-    /// Joins: the first heartbeat (which must succeed), then the heartbeat,
-    /// failover and relay tasks. Failover runs at once, so a node starting
-    /// after a crash takes over what nobody owns before it serves.
+    /// Joins: the first heartbeat (which must succeed, and is refused while
+    /// a live node advertises the same URL), then the heartbeat, failover and
+    /// relay tasks. Failover runs at once, so a node starting after a crash
+    /// takes over what nobody owns before it serves.
     pub async fn join(
         store: PgStore,
         overseer: Overseer,
@@ -163,12 +164,10 @@ impl Cluster {
             },
         )
         .map_err(ClusterError::Join)?;
-        for name in [
-            overseer_actors::metrics::CLUSTER_CLAIMS_TOTAL,
-            overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL,
-            overseer_actors::metrics::CLUSTER_FORWARDED_REQUESTS_TOTAL,
-        ] {
-            metrics::counter!(name).increment(0);
+        metrics::counter!(overseer_actors::metrics::CLUSTER_CLAIMS_TOTAL).increment(0);
+        for by in ["node", "database"] {
+            metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL, "by" => by)
+                .increment(0);
         }
         metrics::gauge!(overseer_actors::metrics::CLUSTER_SESSIONS_OWNED).set(0.0);
         // Listening before serving: a stream opened on this node must not

@@ -7,11 +7,19 @@
 //! - three nodes, 300 sessions created round-robin, approvals sent to random
 //!   nodes: all finish, every tool ran exactly once, and event streams opened
 //!   on a node that does not own the session see every event;
-//! - `kill -9` of a node holding 100 parked sessions: the survivors take
-//!   them over (the test prints how long it took) and finish them on
-//!   approvals sent to them; no acknowledged decision is lost;
+//! - `kill -9` of a node holding 120 parked sessions: its three survivors
+//!   split them (none takes more than twice its share; the test prints the
+//!   spread and how long it took), each logs what it took, and they finish
+//!   them on approvals sent to them; no acknowledged decision is lost;
 //! - a node stopped (SIGSTOP) past its lease, taken over, then continued:
-//!   none of its writes lands, it drops its actors, each call ran once;
+//!   none of its writes lands, it drops its actors, each call ran once; a
+//!   second one made to skip its own-clock check (a fault point) writes,
+//!   and the database's epoch fence refuses every write;
+//! - a stopped (hung, not yet dead) owner: the other nodes serve their own
+//!   sessions and answer their probes while their forward budget waits on
+//!   it, then fail forwards to it fast; a transaction it left open is ended
+//!   by the server before its lease runs out;
+//! - a node started with a live node's `advertise_url` refuses to join;
 //! - the database restarted under load: the nodes reconnect, requests in
 //!   flight succeed or get 503, nothing acknowledged is lost;
 //! - an event stream followed on a node that never owns the session,
@@ -23,6 +31,8 @@
 //! - the tenant stream (`/v1/events`) on one node carries the sessions that
 //!   run on another, and resets its clients after the relay lost its
 //!   connection;
+//! - `overseer cluster status`: active sessions per node, dead nodes listed
+//!   and then pruned;
 //! - `overseer store copy` from a sled directory with finished, parked and
 //!   delegating sessions: the copies are equal, the parked ones finish on the
 //!   cluster, and a second copy copies nothing.
@@ -998,6 +1008,14 @@ async fn a_hung_owner_costs_the_other_nodes_neither_their_sessions_nor_their_pro
         assert_eq!(v["error"]["code"], "owner_unreachable", "{v}");
         assert!(retry_after.is_some_and(|s| s >= 1), "{v}");
     }
+    // They were answered within the lease: A still owns its session (once
+    // its lease runs out, B would take it).
+    let a_id = node_id(&world, &a).await.unwrap();
+    assert_eq!(
+        owners(&world, std::slice::from_ref(&on_a)).await.unwrap(),
+        vec![(a_id, 1)],
+        "the forwards outlived the owner's lease"
+    );
     // Now B fails forwards to A fast: not sent at all (a request that
     // happens to be the breaker's probe is sent, and waits, instead).
     eventually(
@@ -1047,6 +1065,76 @@ async fn a_hung_owner_costs_the_other_nodes_neither_their_sessions_nor_their_pro
         },
     )
     .await;
+}
+
+/// A node stopped (SIGSTOP, a hung VM) inside a transaction keeps the row
+/// locks it took; the server ends such a transaction once it has idled for
+/// half the lease (the store's connections ask for that), so a lease row it
+/// locked never blocks the takeover of its tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_left_open_by_a_stopped_node_is_ended_before_its_lease_runs_out() {
+    let _turn = SERIAL.lock().await;
+    let database = shared().database().await.unwrap();
+    let store = PgStore::open(
+        &database,
+        PgOptions {
+            lease: Duration::from_secs(2),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    // The stopped node: connected as the store connects, a lease row
+    // locked as a checkpoint locks it, then silence.
+    let (stopped, connection) = store
+        .connection_config()
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    let root = uuid::Uuid::new_v4();
+    stopped
+        .execute(
+            "INSERT INTO leases (root_id, node_id, epoch) VALUES ($1, NULL, 1)",
+            &[&root],
+        )
+        .await
+        .unwrap();
+    stopped
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM leases WHERE root_id = '{root}' FOR SHARE"
+        ))
+        .await
+        .unwrap();
+    // A takeover's update of that row goes through.
+    let (other, other_connection) = tokio_postgres::connect(&database, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let other_connection = tokio::spawn(other_connection);
+    let updated = tokio::time::timeout(
+        common::PATIENCE,
+        other.execute(
+            "UPDATE leases SET epoch = epoch + 1 WHERE root_id = $1",
+            &[&root],
+        ),
+    )
+    .await
+    .expect("the takeover waited on the stopped node's lock")
+    .unwrap();
+    assert_eq!(updated, 1);
+    // Because the server ended the stopped node's session.
+    let ended = tokio::time::timeout(common::PATIENCE, connection)
+        .await
+        .unwrap()
+        .unwrap();
+    let error = ended.expect_err("the server ended the connection");
+    assert_eq!(
+        error.code(),
+        Some(&tokio_postgres::error::SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT),
+        "{error:?}"
+    );
+    drop(other);
+    let _ = other_connection.await;
 }
 
 /// Opens the event stream of `id` on `node`, resuming after `last` if given.

@@ -31,7 +31,10 @@
 //!
 //! The heartbeat renews this node's membership on a connection of its own,
 //! never waiting for the pool: a node busy writing must not lose its
-//! sessions for want of a connection.
+//! sessions for want of a connection. Joining ([`PgStore::join`]) refuses a
+//! URL that a live node already advertises. Every connection asks the
+//! server to end a transaction left idle for half the lease, so a node
+//! stopped mid-transaction cannot hold lease rows against a takeover.
 //!
 //! Transient failures (the database restarting, a dropped connection) are
 //! retried for a while, writes included: a checkpoint statement is

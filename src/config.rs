@@ -2119,11 +2119,21 @@ mcp_servers = ["fs"]
         let e = parse_err("[cluster]\nbogus = 1\n");
         assert!(e.contains("cluster.bogus: unknown key"), "{e}");
         let e = load_text(
-            &format!("[cluster]\nheartbeat_secs = 5\nlease_secs = 10\nfailover_concurrency = 0\nadvertise_url = \"10.0.0.5:80\"\n[store]\npool_size = 1\n{MINIMAL}"),
+            &format!("[cluster]\nheartbeat_secs = 5\nlease_secs = 10\nfailover_concurrency = 0\nadvertise_url = \"10.0.0.5:80\"\nmax_in_flight_forwards = 0\ndead_node_retention_secs = 9\n[store]\npool_size = 1\n{MINIMAL}"),
             no_env,
         )
         .unwrap_err()
         .to_string();
+        assert!(
+            e.contains("cluster.max_in_flight_forwards: must be between 1 and 65535, found 0"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "cluster.dead_node_retention_secs: must be at least cluster.lease_secs (10)"
+            ),
+            "{e}"
+        );
         assert!(
             e.contains("cluster.lease_secs: must be more than twice cluster.heartbeat_secs (5)"),
             "{e}"

@@ -347,6 +347,15 @@ pub struct ClusterSection {
     /// node's sessions.
     #[serde(default = "default_failover_concurrency")]
     pub failover_concurrency: usize,
+    /// Most requests a node forwards to the owners of their sessions at
+    /// once, counted apart from `http.max_in_flight_requests` (its own
+    /// work); past it: 503 `overloaded`.
+    #[serde(default = "default_max_in_flight_forwards")]
+    pub max_in_flight_forwards: usize,
+    /// A dead node stays listed (as dead) by `overseer cluster status` this
+    /// many seconds after its last heartbeat; then its row is removed.
+    #[serde(default = "default_dead_node_retention_secs")]
+    pub dead_node_retention_secs: u64,
 }
 
 impl Default for ClusterSection {
@@ -356,8 +365,17 @@ impl Default for ClusterSection {
             lease_secs: default_lease_secs(),
             advertise_url: String::new(),
             failover_concurrency: default_failover_concurrency(),
+            max_in_flight_forwards: default_max_in_flight_forwards(),
+            dead_node_retention_secs: default_dead_node_retention_secs(),
         }
     }
+}
+
+fn default_max_in_flight_forwards() -> usize {
+    128
+}
+fn default_dead_node_retention_secs() -> u64 {
+    3_600
 }
 
 fn default_heartbeat_secs() -> u64 {
@@ -917,6 +935,26 @@ impl Config {
             out.push(Problem::new(
                 "cluster.failover_concurrency",
                 "must be at least 1",
+            ));
+        }
+        if c.max_in_flight_forwards == 0 || c.max_in_flight_forwards > crate::http::MAX_COUNT_LIMIT
+        {
+            out.push(Problem::new(
+                "cluster.max_in_flight_forwards",
+                format!(
+                    "must be between 1 and {}, found {}",
+                    crate::http::MAX_COUNT_LIMIT,
+                    c.max_in_flight_forwards
+                ),
+            ));
+        }
+        if c.dead_node_retention_secs < c.lease_secs {
+            out.push(Problem::new(
+                "cluster.dead_node_retention_secs",
+                format!(
+                    "must be at least cluster.lease_secs ({}): a node is dead only after that; found {}",
+                    c.lease_secs, c.dead_node_retention_secs
+                ),
             ));
         }
         let http = ["http://", "https://"]
@@ -2131,11 +2169,21 @@ mcp_servers = ["fs"]
         let e = parse_err("[cluster]\nbogus = 1\n");
         assert!(e.contains("cluster.bogus: unknown key"), "{e}");
         let e = load_text(
-            &format!("[cluster]\nheartbeat_secs = 5\nlease_secs = 10\nfailover_concurrency = 0\nadvertise_url = \"10.0.0.5:80\"\n[store]\npool_size = 1\n{MINIMAL}"),
+            &format!("[cluster]\nheartbeat_secs = 5\nlease_secs = 10\nfailover_concurrency = 0\nadvertise_url = \"10.0.0.5:80\"\nmax_in_flight_forwards = 0\ndead_node_retention_secs = 9\n[store]\npool_size = 1\n{MINIMAL}"),
             no_env,
         )
         .unwrap_err()
         .to_string();
+        assert!(
+            e.contains("cluster.max_in_flight_forwards: must be between 1 and 65535, found 0"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "cluster.dead_node_retention_secs: must be at least cluster.lease_secs (10)"
+            ),
+            "{e}"
+        );
         assert!(
             e.contains("cluster.lease_secs: must be more than twice cluster.heartbeat_secs (5)"),
             "{e}"

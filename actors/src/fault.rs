@@ -27,6 +27,10 @@ pub enum FaultPoint {
     MidStream,
     /// In the session actor, after a decision submission was acknowledged.
     AfterDecisionAck,
+    /// In a store, right before it flushes a group of checkpoints (the sled
+    /// store's flusher thread); with [`FaultAction::Hang`], a disk that
+    /// never answers.
+    StoreFlush,
 }
 
 impl FaultPoint {
@@ -38,6 +42,7 @@ impl FaultPoint {
             "during_tool" => Self::DuringTool,
             "mid_stream" => Self::MidStream,
             "after_decision_ack" => Self::AfterDecisionAck,
+            "store_flush" => Self::StoreFlush,
             _ => return None,
         })
     }
@@ -50,6 +55,9 @@ pub enum FaultAction {
     Panic,
     /// Abort the process (a `kill -9`).
     Abort,
+    /// Block the thread that hit the point for as long as the process
+    /// lives (a call that never returns, e.g. a wedged disk).
+    Hang,
 }
 
 /// One planned fault.
@@ -80,7 +88,7 @@ pub fn arm(plan: FaultPlan) {
         .push((plan, 0));
 }
 
-/// Arms the plan in env `OVERSEER_FAULT` = `point:nth:panic|abort`, if set.
+/// Arms the plan in env `OVERSEER_FAULT` = `point:nth:panic|abort|hang`, if set.
 /// Returns a description of what was armed, or an error naming the bad part.
 pub fn arm_from_env() -> Result<Option<String>, String> {
     let Ok(spec) = std::env::var("OVERSEER_FAULT") else {
@@ -89,7 +97,7 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
     let parts: Vec<&str> = spec.split(':').collect();
     let [point, nth, action] = parts.as_slice() else {
         return Err(format!(
-            "OVERSEER_FAULT={spec}: expected point:nth:panic|abort"
+            "OVERSEER_FAULT={spec}: expected point:nth:panic|abort|hang"
         ));
     };
     let point =
@@ -100,6 +108,7 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
     let action = match *action {
         "panic" => FaultAction::Panic,
         "abort" => FaultAction::Abort,
+        "hang" => FaultAction::Hang,
         other => return Err(format!("OVERSEER_FAULT: unknown action '{other}'")),
     };
     arm(FaultPlan {
@@ -118,8 +127,27 @@ pub fn hit(point: FaultPoint, session: SessionId, agent: &str) {
     match check(point, session, agent) {
         Some(FaultAction::Panic) => panic!("injected fault at {point:?}"),
         Some(FaultAction::Abort) => abort(point),
+        Some(FaultAction::Hang) => hang(point),
         None => {}
     }
+}
+
+/// Blocks this thread for as long as the process lives.
+pub fn hang(point: FaultPoint) -> ! {
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "injected fault: hanging at {point:?} for good"
+    );
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Counts a hit of a point outside any session (a store's) and fires a
+/// matching plan.
+pub fn hit_outside_sessions(point: FaultPoint) {
+    hit(point, SessionId(uuid::Uuid::nil()), "")
 }
 
 /// Aborts the process like a `kill -9` would end it.

@@ -17,10 +17,12 @@
 //! the session's state: terminal, busy, already decided, key reused), 408
 //! (body not received in time), 413 (body over the limit), 414 (request
 //! target too long), 415 (body without `Content-Type: application/json`),
-//! 431 (request head too large), 503 (session unavailable, server not ready
-//! or over its in-flight limit; always with `Retry-After`) and 500 (storage
-//! failure). Messages of 5xx answers are stable sentences: the underlying
-//! error (an I/O error, a path) is logged, never sent.
+//! 429 (a session's queue or a tenant's quota is full; with `Retry-After`),
+//! 431 (request head too large), 503 (session or store unavailable, server
+//! not ready or over its in-flight limit; always with `Retry-After`) and 500
+//! (an internal failure: a corrupt record, a bug). A failure of the server's
+//! own is never a 400. Messages of 5xx answers are stable sentences: the
+//! underlying error (an I/O error, a path) is logged, never sent.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -113,6 +115,18 @@ impl ApiError {
         Self::bad_request("invalid_path", rejection.body_text())
     }
 
+    /// The 503 of a request that needs the store while it cannot serve (a
+    /// full disk, an unreachable database): it recovers on its own.
+    pub fn store_unavailable() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            "the session store cannot serve right now (it recovers on its own); nothing was \
+             changed, retry shortly",
+        )
+        .with_details(json!({"retry_after_secs": STORE_RETRY_AFTER_SECS}))
+    }
+
     /// The 413 for a body over the limit.
     pub fn payload_too_large() -> Self {
         Self::new(
@@ -200,12 +214,10 @@ impl From<SessionError> for ApiError {
                 )
             }
             SessionError::Store(StoreError::Unavailable(reason)) => {
-                tracing::warn!(%reason, "database unreachable while serving a request");
-                Self::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store_unavailable",
-                    "the database is unreachable; retry shortly",
-                )
+                // The store reports its own outage (once, then a reminder a
+                // minute); a line per refused request would drown it.
+                tracing::debug!(%reason, "store unavailable while serving a request");
+                Self::store_unavailable()
             }
             SessionError::Store(store) => {
                 // The details are for operators, not for callers.
@@ -219,6 +231,15 @@ impl From<SessionError> for ApiError {
         }
     }
 }
+
+/// The `Retry-After` of a `store_unavailable` answer: the store retries
+/// every few seconds, so sooner is rarely worth it.
+pub const STORE_RETRY_AFTER_SECS: u64 = 5;
+
+/// The `Retry-After` of a 429 or 503 that names no delay of its own: a
+/// session's queue drains, and a restarting session is back, within about a
+/// second.
+const DEFAULT_RETRY_AFTER_SECS: u64 = 1;
 
 /// The code of the 503 a node answers when a session it was serving turned
 /// out to be owned by another node (cluster mode).
@@ -266,6 +287,13 @@ impl From<AuthError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let retry_after = self
+            .details
+            .as_ref()
+            .and_then(|d| d.get("retry_after_secs"))
+            .and_then(Value::as_u64)
+            .unwrap_or(DEFAULT_RETRY_AFTER_SECS)
+            .max(1);
         let mut error = json!({"code": self.code, "message": self.message});
         if let (Some(details), Some(obj)) = (self.details, error.as_object_mut()) {
             obj.insert("details".into(), details);
@@ -280,11 +308,12 @@ impl IntoResponse for ApiError {
                     .headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            StatusCode::SERVICE_UNAVAILABLE => {
-                // A restarting session is usually back within a second.
+            // Every 503 and 429 says when to come back: the delay the error
+            // names (`overloaded`, `store_unavailable`), or a second.
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => {
                 response
                     .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
             }
             _ => {}
         }

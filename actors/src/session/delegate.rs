@@ -394,7 +394,9 @@ impl SessionState {
             return;
         }
         if let Err(e) = self.resume_child(myself, child, true).await {
-            Box::pin(self.on_child_failed(myself, child, format!("resume failed: {e}"))).await;
+            let down = crate::supervision::store_down_error(&e);
+            Box::pin(self.on_child_failed(myself, child, format!("resume failed: {e}"), down))
+                .await;
         }
     }
 
@@ -405,6 +407,7 @@ impl SessionState {
         myself: &ActorRef<SessionMsg>,
         child: SessionId,
         reason: String,
+        store_down: bool,
     ) {
         let Some(call) = self.running_call_of(child) else {
             // Its call is no longer running (cancelled): nothing to resume.
@@ -413,7 +416,7 @@ impl SessionState {
         };
         match self
             .runtime
-            .on_actor_failed(&mut self.child_restarts, child, &reason)
+            .on_actor_failed(&mut self.child_restarts, child, &reason, store_down)
             .await
         {
             AfterFailure::RestartAfter(after) => {
@@ -446,7 +449,9 @@ impl SessionState {
             }
             // A respawn that fails counts as another failure.
             Err(e) => {
-                Box::pin(self.on_child_failed(myself, child, format!("restart failed: {e}"))).await
+                let down = crate::supervision::store_down_error(&e);
+                Box::pin(self.on_child_failed(myself, child, format!("restart failed: {e}"), down))
+                    .await
             }
         }
     }

@@ -232,9 +232,9 @@ impl From<SessionError> for ApiError {
     }
 }
 
-/// The `Retry-After` of a `store_unavailable` answer: the store retries
-/// every few seconds, so sooner is rarely worth it.
-pub const STORE_RETRY_AFTER_SECS: u64 = 5;
+/// The `Retry-After` of a `store_unavailable` answer: the store tries to
+/// recover every 2 s at most, so sooner is rarely worth it.
+pub const STORE_RETRY_AFTER_SECS: u64 = 2;
 
 /// The `Retry-After` of a 429 or 503 that names no delay of its own: a
 /// session's queue drains, and a restarting session is back, within about a

@@ -80,9 +80,12 @@ const MAX_GROUP_BYTES: usize = 4 * 1024 * 1024;
 /// recovery starts without waiting for the next write.
 const IDLE_TICK: Duration = Duration::from_millis(500);
 /// Delay before the second attempt to recover, doubled after each failed
-/// attempt up to [`MAX_BACKOFF`]. The first attempt is immediate.
+/// attempt up to [`MAX_BACKOFF`]. The first attempt is immediate. An
+/// attempt while the disk is still full costs one write of
+/// [`SPACE_PROBE_BYTES`] (refused), so a short ceiling is cheap, and it
+/// bounds how long after the disk takes data again writes are refused.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// How often the writer looks again whether readers and the flusher have
 /// let go of a failed opening it waits to close (sled's lock on the
 /// directory is released only then).

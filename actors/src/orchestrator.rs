@@ -148,7 +148,7 @@ impl OrchestratorState {
     ) -> Result<(ActorRef<SessionMsg>, bool), SessionError> {
         let id = session.header.id;
         if session.header.parent.is_some() {
-            return Err(SessionError::Invalid(format!(
+            return Err(SessionError::Internal(format!(
                 "session {id} is a child session: only its parent's actor starts it"
             )));
         }

@@ -101,7 +101,7 @@ impl Overseer {
         } else {
             tools
                 .extended(vec![Arc::new(crate::delegation::DelegateTask::default())])
-                .map_err(|e| SessionError::Invalid(e.to_string()))?
+                .map_err(|e| SessionError::Internal(e.to_string()))?
         };
         let runtime = Arc::new(Runtime::new(agents, store, provider, tools, config));
         let (orchestrator, join) = Actor::spawn(
@@ -112,7 +112,7 @@ impl Overseer {
             },
         )
         .await
-        .map_err(|e| SessionError::Invalid(format!("could not start the orchestrator: {e}")))?;
+        .map_err(|e| SessionError::Internal(format!("could not start the orchestrator: {e}")))?;
         let _ = runtime.orchestrator.set(orchestrator.clone());
         if let Some(janitor) = runtime.config.janitor {
             crate::janitor::spawn(Arc::downgrade(&runtime), janitor);
@@ -141,7 +141,7 @@ impl Overseer {
             .await
         {
             Ok(CallResult::Success(n)) => Ok(n),
-            _ => Err(SessionError::Invalid(
+            _ => Err(SessionError::Internal(
                 "the orchestrator did not answer".into(),
             )),
         }

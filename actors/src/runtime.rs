@@ -392,7 +392,7 @@ impl Runtime {
     pub(crate) fn orchestrator(&self) -> Result<&ActorRef<OrchestratorMsg>, SessionError> {
         self.orchestrator
             .get()
-            .ok_or(SessionError::Invalid("the runtime is not started".into()))
+            .ok_or(SessionError::Internal("the runtime is not started".into()))
     }
 
     pub(crate) fn is_shutting_down(&self) -> bool {

@@ -101,7 +101,7 @@ impl ApiError {
             JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
                 Self::payload_too_large()
             }
-            other => Self::bad_request("invalid_body", other.body_text()),
+            other => Self::bad_request("invalid_body", strip_prefix(&other.body_text())),
         }
     }
 
@@ -112,7 +112,10 @@ impl ApiError {
 
     /// Maps a rejected path.
     pub fn from_path_rejection(rejection: PathRejection) -> Self {
-        Self::bad_request("invalid_path", rejection.body_text())
+        Self::bad_request(
+            "invalid_path",
+            clip_quoted(&rejection.body_text(), &['`', '"']),
+        )
     }
 
     /// The 503 of a request that needs the store while it cannot serve (a
@@ -137,23 +140,105 @@ impl ApiError {
     }
 }
 
+/// Most characters of a client's string echoed back in an error (an id, a
+/// cursor, a key, a name): enough to recognise it, never the whole of a
+/// 1 MiB field.
+pub const ECHO_CHARS: usize = 200;
+
+/// Most ids listed in one error (`unknown_calls` and the like).
+const ECHO_IDS: usize = 50;
+
+/// `s` as echoed in an error: cut to [`ECHO_CHARS`] characters, saying how
+/// long it was.
+pub(crate) fn clip(s: &str) -> String {
+    let total = s.chars().count();
+    if total <= ECHO_CHARS {
+        return s.to_owned();
+    }
+    let kept: String = s.chars().take(ECHO_CHARS).collect();
+    format!("{kept}… ({total} characters)")
+}
+
+/// `text` with every segment quoted by one of `quotes` (a value serde or a
+/// message quotes: `` `x` ``, `"x"`, `'x'`) cut by [`clip`]. Quotes that do
+/// not pair up leave the rest as it is.
+fn clip_quoted(text: &str, quotes: &[char]) -> String {
+    let mut text = text.to_owned();
+    for &q in quotes {
+        if !text.chars().any(|c| c == q) {
+            continue;
+        }
+        let parts: Vec<&str> = text.split(q).collect();
+        let last = parts.len() - 1;
+        let mut out = String::with_capacity(text.len().min(4096));
+        for (n, part) in parts.iter().enumerate() {
+            if n > 0 {
+                out.push(q);
+            }
+            // Odd parts sit between a pair of quotes (unless the last one
+            // is unpaired).
+            if n % 2 == 1 && !(n == last && last % 2 == 1) {
+                out.push_str(&clip(part));
+            } else {
+                out.push_str(part);
+            }
+        }
+        text = out;
+    }
+    text
+}
+
+/// Most characters of an error message: a last guard against an echo no
+/// rule above caught.
+const MAX_MESSAGE_CHARS: usize = 2_000;
+
 /// Axum prefixes rejection texts with a generic sentence
 /// ("Failed to deserialize the JSON body into the target type: "); the
 /// specific part after it is what a client needs.
 fn strip_prefix(text: &str) -> String {
+    // serde quotes what it could not take (`unknown field `x``, `invalid
+    // type: string "x"`): the client's own text, cut.
+    let text = match text.split_once(": ") {
+        Some((head, rest)) if head.starts_with("Failed to") => rest,
+        _ => text,
+    };
+    // A data error starts with the path of the value (`decisions.<id>:`),
+    // whose keys can be the client's too.
     match text.split_once(": ") {
-        Some((head, rest)) if head.starts_with("Failed to") => rest.to_owned(),
-        _ => text.to_owned(),
+        Some((path, rest)) if !path.contains(' ') => {
+            format!("{}: {}", clip(path), clip_quoted(rest, &['`', '"']))
+        }
+        _ => clip_quoted(text, &['`', '"']),
     }
+}
+
+/// Ids as echoed in an error: each cut by [`clip`], at most [`ECHO_IDS`].
+fn echo_ids<T: std::fmt::Display>(ids: &[T]) -> Vec<String> {
+    ids.iter()
+        .take(ECHO_IDS)
+        .map(|id| clip(&id.to_string()))
+        .collect()
+}
+
+/// `ids` as a message lists them (see [`echo_ids`]).
+fn list_ids<T: std::fmt::Display>(ids: &[T]) -> String {
+    let mut list = echo_ids(ids).join(", ");
+    if ids.len() > ECHO_IDS {
+        list.push_str(&format!(" and {} more", ids.len() - ECHO_IDS));
+    }
+    list
 }
 
 impl From<SessionError> for ApiError {
     fn from(e: SessionError) -> Self {
-        let message = e.to_string();
+        // Client strings inside messages of the domain (a tool name, a
+        // route) are quoted: each is cut, whatever the message.
+        let message = clip_quoted(&e.to_string(), &['`', '"', '\'']);
         match e {
             SessionError::NotFound(id) => Self::session_not_found(id),
             SessionError::UnknownAgent(name) => {
-                Self::bad_request("unknown_agent", message).with_details(json!({"agent": name}))
+                Self::bad_request("unknown_agent", format!("unknown agent '{}'", clip(&name)))
+                    .with_details(json!({"agent": clip(&name)}))
             }
             SessionError::Terminal { status, .. } => {
                 Self::conflict("session_terminal", message).with_details(json!({"status": status}))
@@ -161,15 +246,24 @@ impl From<SessionError> for ApiError {
             SessionError::Busy { status, .. } => {
                 Self::conflict("session_busy", message).with_details(json!({"status": status}))
             }
-            SessionError::UnknownCalls(ids) => {
-                Self::bad_request("unknown_calls", message).with_details(json!({"call_ids": ids}))
-            }
-            SessionError::AlreadyDecided(ids) => {
-                Self::conflict("already_decided", message).with_details(json!({"call_ids": ids}))
-            }
-            SessionError::StrayMetadata(ids) => {
-                Self::bad_request("stray_metadata", message).with_details(json!({"call_ids": ids}))
-            }
+            SessionError::UnknownCalls(ids) => Self::bad_request(
+                "unknown_calls",
+                format!("unknown tool call id(s): {}", list_ids(&ids)),
+            )
+            .with_details(json!({"call_ids": echo_ids(&ids)})),
+            SessionError::AlreadyDecided(ids) => Self::conflict(
+                "already_decided",
+                format!("tool call(s) already decided: {}", list_ids(&ids)),
+            )
+            .with_details(json!({"call_ids": echo_ids(&ids)})),
+            SessionError::StrayMetadata(ids) => Self::bad_request(
+                "stray_metadata",
+                format!(
+                    "metadata given for tool call(s) not decided in this submission: {}",
+                    list_ids(&ids)
+                ),
+            )
+            .with_details(json!({"call_ids": echo_ids(&ids)})),
             SessionError::EmptySubmission => Self::bad_request("empty_submission", message),
             SessionError::InvalidOverride { call_id, error } => {
                 Self::bad_request("invalid_override", message)
@@ -178,6 +272,15 @@ impl From<SessionError> for ApiError {
             SessionError::AlreadyExists(_) => Self::conflict("already_exists", message),
             SessionError::Conflict(_) => Self::conflict("conflict", message),
             SessionError::Invalid(_) => Self::bad_request("invalid_request", message),
+            SessionError::Internal(detail) => {
+                // For the operator's log, not for the caller.
+                tracing::error!(error = %detail, "internal failure while serving a request");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "an internal error occurred; the request was not applied",
+                )
+            }
             SessionError::Unavailable { id, reason } => {
                 // The reason can be a storage error's text (a failed
                 // checkpoint): for the operator's log, not for the caller.
@@ -286,7 +389,17 @@ impl From<AuthError> for ApiError {
 }
 
 impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+    fn into_response(mut self) -> Response {
+        if self.message.chars().count() > MAX_MESSAGE_CHARS {
+            let total = self.message.chars().count();
+            self.message = format!(
+                "{}… ({total} characters)",
+                self.message
+                    .chars()
+                    .take(MAX_MESSAGE_CHARS)
+                    .collect::<String>()
+            );
+        }
         let retry_after = self
             .details
             .as_ref()

@@ -24,7 +24,7 @@ use overseer_actors::{CreateSession, SessionError};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::extract::{ApiJson, ApiQuery, Approve, Authorized, Read, SessionPath, Write};
+use super::extract::{ApiJson, ApiQuery, Approve, Authorized, NoParams, Read, SessionPath, Write};
 use super::idempotency::{digest, Outcome};
 use super::{ApiError, AppState};
 use crate::auth::Principal;
@@ -276,7 +276,8 @@ fn check_route(state: &AppState, model: &str) -> Result<(), ApiError> {
     Err(ApiError::bad_request(
         "invalid_body",
         format!(
-            "model: '{model}' is not a configured model route (configured: {})",
+            "model: '{}' is not a configured model route (configured: {})",
+            super::error::clip(model),
             routes.join(", ")
         ),
     ))
@@ -507,7 +508,10 @@ pub(super) async fn message(
                 Outcome::Mismatch => {
                     return Err(ApiError::conflict(
                         "message_id_reused",
-                        format!("message_id '{mid}' was already used with a different text"),
+                        format!(
+                            "message_id '{}' was already used with a different text",
+                            super::error::clip(&mid)
+                        ),
                     ))
                 }
                 Outcome::Failed(e) => return Err(e.into()),
@@ -607,7 +611,8 @@ pub(super) async fn decide(
             return Err(ApiError::bad_request(
                 "invalid_body",
                 format!(
-                    "approved_by: '{claimed}' differs from the token's subject '{}'; omit it, it is taken from the token",
+                    "approved_by: '{}' differs from the token's subject '{}'; omit it, it is taken from the token",
+                    super::error::clip(&claimed),
                     principal.sub
                 ),
             ))
@@ -663,6 +668,7 @@ pub(super) async fn cancel(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,
     SessionPath(id): SessionPath,
+    _: NoParams,
 ) -> Result<Json<Value>, ApiError> {
     owned_header(&state, &principal, id).await?;
     state.overseer().cancel(id).await?;
@@ -674,6 +680,7 @@ pub(super) async fn done(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,
     SessionPath(id): SessionPath,
+    _: NoParams,
 ) -> Result<Json<Value>, ApiError> {
     owned_header(&state, &principal, id).await?;
     state.overseer().done(id).await?;
@@ -689,6 +696,7 @@ pub(super) async fn interrupt(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,
     SessionPath(id): SessionPath,
+    _: NoParams,
 ) -> Result<Json<Value>, ApiError> {
     owned_header(&state, &principal, id).await?;
     state.overseer().interrupt(id).await?;

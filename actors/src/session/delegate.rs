@@ -279,7 +279,7 @@ impl SessionState {
             return Ok(None);
         };
         let Some(stored) = self.runtime.store.load(child).await? else {
-            return Err(SessionError::Invalid(format!(
+            return Err(SessionError::Internal(format!(
                 "the checkpoint of subagent session {child} is missing"
             )));
         };
@@ -444,7 +444,7 @@ impl SessionState {
         tracing::info!(session_id = %child, "restarting child session");
         match self.resume_child(myself, child, false).await {
             Ok(_) => {}
-            Err(SessionError::Invalid(missing)) => {
+            Err(SessionError::Internal(missing)) => {
                 self.child_failed(myself, &call, child, &missing)
             }
             // A respawn that fails counts as another failure.

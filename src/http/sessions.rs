@@ -510,7 +510,7 @@ pub(super) async fn message(
                         "message_id_reused",
                         format!(
                             "message_id '{}' was already used with a different text",
-                            super::error::clip(&mid)
+                            super::error::clip(mid)
                         ),
                     ))
                 }

@@ -261,3 +261,80 @@ impl Gate {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::store::open::{open, Purpose};
+    use crate::store::StoreOptions;
+
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Lines {
+        fn count(&self, needle: &str) -> usize {
+            String::from_utf8_lossy(&self.0.lock().unwrap())
+                .lines()
+                .filter(|l| l.contains(needle))
+                .count()
+        }
+    }
+
+    /// One warning when the store stops taking writes, however many
+    /// failures follow; a reminder only once [`REMINDER`] has passed since
+    /// the last line (with how many writes were refused meanwhile); one
+    /// info line when it takes writes again.
+    #[test]
+    fn an_outage_is_logged_once_then_reminded_at_most_every_minute() {
+        let dir = tempfile::tempdir().unwrap();
+        let generation = Arc::new(
+            open(dir.path(), &StoreOptions::default(), Purpose::Serve)
+                .unwrap()
+                .generation,
+        );
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let gate = Gate::new(dir.path().to_owned(), generation.clone());
+            for _ in 0..5 {
+                gate.close(&generation, "No space left on device");
+                let _ = gate.unwritable();
+                gate.remind();
+            }
+            assert_eq!(lines.count("stopped taking writes"), 1);
+            assert_eq!(lines.count("still does not take writes"), 0);
+            // A minute later by the outage's own clock.
+            {
+                let mut slot = gate.slot();
+                let outage = slot.outage.as_mut().unwrap();
+                outage.logged = Instant::now().checked_sub(REMINDER).unwrap();
+            }
+            gate.remind();
+            gate.remind();
+            assert_eq!(lines.count("still does not take writes"), 1);
+            assert_eq!(lines.count("refused=5"), 1, "the reminder counts refusals");
+            gate.install(generation.clone(), true, "");
+            gate.remind();
+            assert_eq!(lines.count("takes writes again"), 1);
+            assert_eq!(lines.count("still does not take writes"), 1);
+            assert_eq!(lines.count("stopped taking writes"), 1);
+        });
+    }
+}

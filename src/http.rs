@@ -67,6 +67,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use overseer_actors::model::SessionId;
+use overseer_actors::store::StoreError;
 use overseer_actors::{Overseer, SessionError};
 use serde_json::json;
 use tokio::sync::{watch, Semaphore};
@@ -413,14 +414,21 @@ pub fn router(state: AppState) -> Router {
         )),
         None => router,
     };
-    let router = router
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            admission::admit,
-        ))
-        .layer(axum::middleware::from_fn(ui::security_headers))
-        .layer(TraceLayer::new_for_http())
-        .with_state(state);
+    let router =
+        router
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                admission::admit,
+            ))
+            .layer(axum::middleware::from_fn(ui::security_headers))
+            // A 5xx is logged where it is decided (a storage failure as an
+            // error; a store outage by the store, once, then a reminder a
+            // minute), not once more per response: during an outage every
+            // request is a 503, and a line each would drown the log.
+            .layer(TraceLayer::new_for_http().on_failure(
+                tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+            ))
+            .with_state(state);
     match cors {
         Some(cors) => router.layer(cors),
         None => router,
@@ -482,23 +490,68 @@ async fn readyz(State(state): State<AppState>) -> Response {
         .into_response();
     }
     let store = state.overseer().runtime().store.clone();
-    let problem = match tokio::time::timeout(STORE_CHECK_TIMEOUT, store.health_check()).await {
+    let (reason, why) = match tokio::time::timeout(STORE_CHECK_TIMEOUT, store.health_check()).await
+    {
         Ok(Ok(())) => return Json(json!({"status": "ready"})).into_response(),
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => format!(
-            "the store did not complete a write within {} s",
-            STORE_CHECK_TIMEOUT.as_secs()
-        ),
+        Ok(Err(e)) => {
+            if e.is_unavailable() {
+                // The store reports its own outage (a warning, then a
+                // reminder a minute): probes every few seconds add nothing.
+                tracing::debug!(error = %e, "not ready: the store is unavailable");
+            } else {
+                tracing::warn!(error = %e, "not ready: store check failed");
+            }
+            outage_reason(&e)
+        }
+        Err(_) => {
+            tracing::warn!(
+                "not ready: the store did not complete a write within {} s",
+                STORE_CHECK_TIMEOUT.as_secs()
+            );
+            ("slow", "the store did not complete a write in time")
+        }
     };
     // The route is unauthenticated: the store's own error (paths, OS error
-    // texts) is for the operator's log, not for whoever asks.
-    tracing::warn!(error = %problem, "not ready: store check failed");
+    // texts) is for the operator's log; whoever asks gets the kind of
+    // problem only.
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "store_unavailable",
-        "the store is not writable; see the server log",
+        format!(
+            "the store does not take writes: {why}; it recovers on its own once that is fixed \
+             (details in the server log)"
+        ),
     )
+    .with_details(json!({
+        "reason": reason,
+        "retry_after_secs": crate::http::error::STORE_RETRY_AFTER_SECS,
+    }))
     .into_response()
+}
+
+/// The kind of problem behind a failed store check, as a stable code and a
+/// sentence that reveals no path or OS text: `/readyz` answers anyone.
+fn outage_reason(e: &StoreError) -> (&'static str, &'static str) {
+    let text = e.to_string();
+    let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
+    if has(&[
+        "No space left on device",
+        "StorageFull",
+        "os error 28",
+        "code: 28,",
+    ]) {
+        ("disk_full", "the disk is full")
+    } else if has(&["Disk quota exceeded", "os error 122", "code: 122,"]) {
+        ("disk_quota", "the disk quota is exceeded")
+    } else if has(&["Read-only file system", "os error 30", "code: 30,"]) {
+        ("read_only", "the file system is read-only")
+    } else if has(&["Input/output error", "os error 5)", "code: 5,"]) {
+        ("io_error", "the disk reports I/O errors")
+    } else if let StoreError::Unavailable(_) = e {
+        ("unavailable", "the store cannot be reached or written")
+    } else {
+        ("write_failed", "a test write failed")
+    }
 }
 
 async fn not_found() -> ApiError {

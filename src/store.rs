@@ -272,6 +272,15 @@ impl SledStore {
         })
     }
 
+    /// A handle that tells, without keeping the store open, what it has not
+    /// confirmed yet (for a shutdown that will not wait for ever).
+    pub fn watch(&self) -> StoreWatch {
+        StoreWatch {
+            slots: self.inner.slots.clone(),
+            shared: Arc::downgrade(&self.inner.shared),
+        }
+    }
+
     /// Number of flushes performed so far: far fewer than checkpoints under
     /// concurrent load with [`Durability::Fsync`], zero with [`Durability::Os`]
     /// unless [`CheckpointStore::flush`] is called.
@@ -365,7 +374,7 @@ impl SledStore {
         // If this future is dropped after the submit, the command still
         // completes; only its outcome goes unobserved.
         rx.await.map_err(|_| {
-            StoreError::Io(format!(
+            StoreError::Unavailable(format!(
                 "the store writer stopped before confirming {}",
                 what()
             ))
@@ -376,6 +385,28 @@ impl SledStore {
     #[cfg(test)]
     fn current(&self) -> Arc<open::Generation> {
         self.inner.shared.gate.get().unwrap()
+    }
+}
+
+/// What a [`SledStore`] has not confirmed yet, readable after it is gone
+/// (see [`SledStore::watch`]).
+#[derive(Clone)]
+pub struct StoreWatch {
+    slots: Arc<tokio::sync::Semaphore>,
+    shared: std::sync::Weak<Shared>,
+}
+
+impl StoreWatch {
+    /// Writes (checkpoints, flushes, purges, health checks) handed to the
+    /// store and not answered yet: none of them was acknowledged to anyone.
+    pub fn unconfirmed(&self) -> usize {
+        MAX_PENDING_COMMANDS.saturating_sub(self.slots.available_permits())
+    }
+
+    /// Why the store does not take writes, if it does not (and is still
+    /// open).
+    pub fn outage(&self) -> Option<String> {
+        self.shared.upgrade()?.gate.outage()
     }
 }
 
@@ -1319,6 +1350,55 @@ mod tests {
         sims
     }
 
+    /// sled 0.34 writes a snapshot to `snap.<lsn>.generating` and renames
+    /// it when complete; when the write fails (a full disk) the file stays,
+    /// and sled takes it for its newest snapshot at every later open, which
+    /// then fails as damaged: the store would never open again, not even
+    /// after space returns. `store check` names the file; a serving open
+    /// removes it and finds everything that was written.
+    #[tokio::test]
+    async fn a_snapshot_sled_never_finished_does_not_keep_the_store_from_opening() {
+        let dir = tempfile::tempdir().unwrap();
+        let sims = {
+            let store = open(dir.path());
+            write_sessions(&store, 20).await
+        };
+        // What a snapshot write cut short by a full disk leaves behind.
+        let leftover = dir.path().join("snap.7FFFFFFFFFFFFFFF.generating");
+        std::fs::write(&leftover, b"").unwrap();
+
+        let report = check(dir.path()).unwrap();
+        assert!(!report.is_healthy());
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|p| p.contains("snap.7FFFFFFFFFFFFFFF.generating")
+                    && p.contains("never finished")),
+            "{report}"
+        );
+        assert!(
+            leftover.exists(),
+            "store check must not change the directory"
+        );
+
+        let store = open(dir.path());
+        assert!(!leftover.exists());
+        for sim in &sims {
+            assert_same(&store.load(sim.id()).await.unwrap().unwrap(), sim);
+        }
+        let mut sim = sims[0].clone();
+        sim.user("and again?");
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        assert!(check_after_drop(store, dir.path()).is_healthy());
+    }
+
+    /// `store check` of `dir` once `store` is closed.
+    fn check_after_drop(store: SledStore, dir: &Path) -> CheckReport {
+        drop(store);
+        check(dir).unwrap()
+    }
+
     #[tokio::test]
     async fn a_directory_keeps_the_compression_it_was_created_with() {
         for created in [Compression::Zstd, Compression::None] {
@@ -2103,25 +2183,57 @@ mod tests {
         }
     }
 
-    /// A read waits for a closed gate from when it was asked for: one whose
-    /// time is up fails at once, naming why, instead of waiting again behind
-    /// the reads queued before it; once the gate reopens, reads go through.
+    /// A read waits for the gate only while the writer reopens the
+    /// directory, and only until its own deadline; while the store is down
+    /// and nobody reopens it, it fails at once as `Unavailable` (HTTP 503),
+    /// never after a wait. Once the gate reopens, reads go through.
     #[tokio::test]
-    async fn a_read_whose_wait_is_over_fails_at_once_while_the_gate_is_closed() {
+    async fn a_read_fails_at_once_while_the_store_is_down_and_waits_only_for_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
         let gate = &store.inner.shared.gate;
         let generation = store.current();
-        gate.withdraw(&generation);
-        let Err(err) = gate.get_by(std::time::Instant::now()) else {
+        // Taken from readers, and the reopen given up: the store is down.
+        gate.begin_reopen(Some(&generation));
+        gate.reopen_failed("the disk still refuses data");
+        let far = || std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        let Err(err) = gate.get_by(far()) else {
             panic!("a closed gate gave an opening");
         };
-        assert!(err.to_string().contains("being reopened"), "{err}");
-        gate.install(generation.clone(), true, "");
-        let Ok(reopened) = gate.get_by(std::time::Instant::now()) else {
-            panic!("a reopened gate gave no opening");
+        assert!(err.is_unavailable(), "{err}");
+        assert!(
+            err.to_string().contains("until the disk takes data"),
+            "{err}"
+        );
+        assert!(store
+            .load(SessionId::generate())
+            .await
+            .unwrap_err()
+            .is_unavailable());
+        // Reopening: a read whose time is up fails, naming why ...
+        gate.begin_reopen(None);
+        let Err(err) = gate.get_by(std::time::Instant::now()) else {
+            panic!("a reopening gate gave an opening");
         };
-        assert!(Arc::ptr_eq(&reopened, &generation));
+        assert!(err.to_string().contains("being reopened"), "{err}");
+        // ... and one with time left gets the new opening.
+        let (asked, asking) = std::sync::mpsc::channel();
+        let waiting = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let _ = asked.send(());
+                store
+                    .inner
+                    .shared
+                    .gate
+                    .get_by(far())
+                    .map(|g| Arc::as_ptr(&g) as usize)
+            })
+        };
+        asking.recv().unwrap();
+        gate.install(generation.clone(), true, "");
+        let got = waiting.join().unwrap().unwrap();
+        assert_eq!(got, Arc::as_ptr(&generation) as usize);
         assert!(store.load(SessionId::generate()).await.unwrap().is_none());
     }
 }

@@ -86,11 +86,17 @@ pub enum StoreError {
         /// Newest version this binary reads.
         supported: u32,
     },
-    /// A database shared over the network (§15) cannot be reached now (it
-    /// is restarting, or the network is down). Retried by the store for a
-    /// while first; the write may or may not have landed, so the caller
-    /// treats it like a timeout: retry, or look at the session's state.
-    #[error("the database is unreachable: {0}")]
+    /// The store cannot serve now, and will again on its own: a database
+    /// shared over the network (§15) cannot be reached (it is restarting, or
+    /// the network is down), or a local store stopped taking writes after a
+    /// failed write or flush (a full disk, an I/O error) and recovers once
+    /// the disk takes data again. Answered as "retry shortly" (HTTP 503
+    /// `store_unavailable`), never as a failure of the request itself. The
+    /// write may or may not have landed (a network store retries for a
+    /// while first; a local one confirms nothing it did not make durable),
+    /// so the caller treats it like a timeout: retry, or look at the
+    /// session's state.
+    #[error("the store is unavailable: {0}")]
     Unavailable(String),
     /// Cluster mode (§15): this node does not own the session's tree (another
     /// live node holds its lease, or this node lost it). Nothing was written;
@@ -117,6 +123,13 @@ impl StoreError {
     /// to another node, so this node must neither retry nor restart it.
     pub fn is_not_owner(&self) -> bool {
         matches!(self, Self::NotOwner { .. })
+    }
+
+    /// Whether this is [`StoreError::Unavailable`]: the store is down for
+    /// now and recovers on its own, so a failure it caused is no reason to
+    /// give up on a session.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
     }
 }
 

@@ -249,7 +249,8 @@ fn parse_cursor(raw: &str) -> Result<(i64, String), ApiError> {
         ApiError::bad_request(
             "invalid_query",
             format!(
-                "cursor: '{raw}' is not a cursor of this list; pass the next_cursor of a previous page"
+                "cursor: '{}' is not a cursor of this list; pass the next_cursor of a previous page",
+                super::error::clip(raw)
             ),
         )
     };

@@ -595,3 +595,194 @@ async fn a_failed_session_is_delivered_as_session_failed() {
     assert_eq!(failed.body["data"]["status"], json!("failed"));
     assert!(failed.body["data"]["error"].is_string(), "{}", failed.body);
 }
+
+/// Attempts fail for a whole day (the receiver answers 500): the delivery is
+/// retried with backoff under one `webhook-id`, its last attempt 24 h after
+/// the event, then given up and the endpoint disabled with the reason; a
+/// disabled endpoint is sent nothing more. The day passes on an injected
+/// clock: nothing waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_of_failures_gives_up_and_disables_the_endpoint() {
+    use overseer::webhooks::{
+        Clock, ManualClock, Subscriptions, TargetRules, WebhookOptions, Webhooks,
+    };
+
+    const DAY_MS: i64 = 86_400_000;
+    let dir = tempfile::tempdir().unwrap();
+    let store =
+        overseer::store::SledStore::open(dir.path(), overseer::store::Durability::Os).unwrap();
+    let view = Arc::new(Subscriptions::new());
+    store.set_webhooks(view.clone());
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let clock = ManualClock::new(start);
+    let options = WebhookOptions {
+        targets: TargetRules {
+            allow_loopback: true,
+            allow_private: false,
+        },
+        retry_initial: Duration::from_secs(5),
+        retry_max: Duration::from_secs(3600),
+        max_age: Duration::from_millis(DAY_MS as u64),
+        ..WebhookOptions::default()
+    };
+    let hooks = Webhooks::open(Arc::new(store.clone()), view, options, clock.clone())
+        .await
+        .unwrap();
+    let server = common::Server::start_configured(
+        dir,
+        Arc::new(store),
+        common::hs256(),
+        overseer::http::HttpOptions {
+            webhooks: Some(hooks.clone()),
+            ..Default::default()
+        },
+        overseer_actors::RuntimeConfig::default(),
+    )
+    .await
+    .unwrap();
+    let (stop, stopped) = watch::channel(false);
+    let delivery = hooks.start(server.overseer.runtime(), stopped);
+
+    let rx = Receiver::start().await;
+    rx.answer(500);
+    let tok = token("acme", "alice", SCOPES);
+    let (endpoint, secret) = register(&server.base, &tok, &rx.url, &["approval.requested"]).await;
+    rx.set_secret(&secret);
+    server.create_pending(&tok).await.unwrap();
+
+    let mut seen = 0u64;
+    let last = loop {
+        let entry = common::eventually(
+            "the next attempt's outcome",
+            Duration::from_millis(10),
+            || async {
+                let entries = log(&server.base, &tok, &endpoint).await;
+                match entries.first() {
+                    Some(e) if e["attempts"].as_u64().unwrap_or(0) > seen => Ok(e.clone()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+        seen = entry["attempts"].as_u64().unwrap();
+        assert_eq!(entry["last_status_code"], 500, "{entry}");
+        if entry["status"] == "failed" {
+            break entry;
+        }
+        assert_eq!(entry["status"], "pending", "{entry}");
+        let next = entry["next_attempt_at_ms"].as_i64().unwrap();
+        let created = entry["created_at_ms"].as_i64().unwrap();
+        assert!(next > clock.now_ms() && next <= created + DAY_MS, "{entry}");
+        clock.set(next);
+    };
+    // Backoff, not a tight loop: a few dozen attempts over the day, the
+    // last one at the 24 h mark.
+    assert!((10..=60).contains(&seen), "{seen} attempts");
+    let created = last["created_at_ms"].as_i64().unwrap();
+    assert_eq!(
+        last["last_attempt_at_ms"].as_i64().unwrap(),
+        created + DAY_MS,
+        "{last}"
+    );
+    let got = rx.all();
+    assert_eq!(got.len() as u64, seen);
+    assert!(
+        got.iter().all(|g| g.id == got[0].id),
+        "one webhook-id for every attempt"
+    );
+    assert_verified(&got[0]);
+
+    let (_, shown) = get(&server.base, &format!("/v1/webhooks/{endpoint}"), &tok).await;
+    assert_eq!(shown["enabled"], json!(false), "{shown}");
+    let reason = shown["disabled"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(&format!("failed {seen} attempts over 86400 s")),
+        "{reason}"
+    );
+    assert!(reason.contains("500"), "{reason}");
+
+    // Disabled: a new event is not even queued for it. (Another endpoint's
+    // delivery of the same event shows the outbox was taken in by then.)
+    let witness = Receiver::start().await;
+    let (_, witness_secret) =
+        register(&server.base, &tok, &witness.url, &["approval.requested"]).await;
+    witness.set_secret(&witness_secret);
+    server.create_pending(&tok).await.unwrap();
+    clock.advance(Duration::from_secs(1));
+    assert_verified(&witness.delivered("approval.requested").await);
+    assert_eq!(log(&server.base, &tok, &endpoint).await.len(), 1);
+    assert_eq!(rx.all().len() as u64, seen);
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(PATIENCE, delivery)
+        .await
+        .unwrap()
+        .unwrap();
+    server.stop().await.unwrap();
+}
+
+/// Cluster mode: the deliveries are rows of the PostgreSQL outbox, written
+/// by the owner's checkpoint; the owner is killed while the receiver is
+/// down, and a surviving node delivers them (the same `webhook-id`) once it
+/// is back.
+#[cfg(feature = "fault-injection")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_a_survivor_delivers_what_the_killed_owner_left() {
+    use common::cluster::{create, Settings, World};
+
+    let world = World::new(
+        common::pg::shared().database().await.unwrap(),
+        &Settings::default(),
+    )
+    .unwrap();
+    let mut cfg = std::fs::read_to_string(&world.config).unwrap();
+    cfg.push_str(
+        "\n[webhooks]\nallow_loopback = true\nretry_initial_ms = 100\nretry_max_secs = 1\n\
+         request_timeout_secs = 2\n",
+    );
+    std::fs::write(&world.config, cfg).unwrap();
+    let rx = Receiver::start().await;
+    rx.answer(503);
+    let mut owner = world.node().unwrap();
+    let survivor = world.node().unwrap();
+    let tok = token("acme", "alice", SCOPES);
+    // Registered on one node, known to all: the database joins.
+    let (endpoint, secret) = register(&survivor.url, &tok, &rx.url, &[]).await;
+    rx.set_secret(&secret);
+
+    let session = create(&world, &owner, 7).await.unwrap();
+    let tried = rx
+        .until("an attempt at the approval", |all| {
+            all.iter().any(|g| g.body["type"] == "approval.requested")
+        })
+        .await;
+    let asked = tried
+        .iter()
+        .find(|g| g.body["type"] == "approval.requested")
+        .unwrap()
+        .id
+        .clone();
+    owner.kill9();
+    rx.answer(200);
+
+    let got = rx.delivered("approval.requested").await;
+    assert_eq!(got.id, asked, "the same webhook-id from the survivor");
+    assert_verified(&got);
+    assert_eq!(got.body["data"]["session_id"], json!(session));
+    assert_eq!(got.body["data"]["approval"]["name"], json!("ledger_append"));
+    common::eventually(
+        "the survivor's log to show it delivered",
+        Duration::from_millis(50),
+        || async {
+            let entries = log(&survivor.url, &tok, &endpoint).await;
+            match entries.iter().find(|e| e["webhook_id"] == json!(asked)) {
+                Some(e) if e["status"] == "delivered" => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+}

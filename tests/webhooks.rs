@@ -55,7 +55,7 @@ struct Got {
 }
 
 struct RxState {
-    /// The status to answer with (200: up; 503: down).
+    /// The status to answer with (200: up; 503: down; 0: never answer).
     answer: AtomicU16,
     /// The endpoint's secret, once registered.
     secret: Mutex<Option<String>>,
@@ -89,6 +89,10 @@ async fn receive(State(state): State<Arc<RxState>>, headers: HeaderMap, body: By
         answered,
     };
     state.got.send_modify(|all| all.push(got));
+    if answered == 0 {
+        // A receiver that takes the request and never answers.
+        std::future::pending::<()>().await;
+    }
     StatusCode::from_u16(answered).unwrap()
 }
 
@@ -596,39 +600,23 @@ async fn a_failed_session_is_delivered_as_session_failed() {
     assert!(failed.body["data"]["error"].is_string(), "{}", failed.body);
 }
 
-/// Attempts fail for a whole day (the receiver answers 500): the delivery is
-/// retried with backoff under one `webhook-id`, its last attempt 24 h after
-/// the event, then given up and the endpoint disabled with the reason; a
-/// disabled endpoint is sent nothing more. The day passes on an injected
-/// clock: nothing waits for it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_day_of_failures_gives_up_and_disables_the_endpoint() {
-    use overseer::webhooks::{
-        Clock, ManualClock, Subscriptions, TargetRules, WebhookOptions, Webhooks,
-    };
-
-    const DAY_MS: i64 = 86_400_000;
+/// An in-process service on a sled store whose webhooks run on `clock`
+/// with `options`, their delivery task started.
+async fn in_process(
+    options: overseer::webhooks::WebhookOptions,
+    clock: Arc<dyn overseer::webhooks::Clock>,
+) -> (
+    common::Server,
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+) {
+    use overseer::webhooks::{Subscriptions, Webhooks};
     let dir = tempfile::tempdir().unwrap();
     let store =
         overseer::store::SledStore::open(dir.path(), overseer::store::Durability::Os).unwrap();
     let view = Arc::new(Subscriptions::new());
     store.set_webhooks(view.clone());
-    let start = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
-    let clock = ManualClock::new(start);
-    let options = WebhookOptions {
-        targets: TargetRules {
-            allow_loopback: true,
-            allow_private: false,
-        },
-        retry_initial: Duration::from_secs(5),
-        retry_max: Duration::from_secs(3600),
-        max_age: Duration::from_millis(DAY_MS as u64),
-        ..WebhookOptions::default()
-    };
-    let hooks = Webhooks::open(Arc::new(store.clone()), view, options, clock.clone())
+    let hooks = Webhooks::open(Arc::new(store.clone()), view, options, clock)
         .await
         .unwrap();
     let server = common::Server::start_configured(
@@ -645,6 +633,93 @@ async fn a_day_of_failures_gives_up_and_disables_the_endpoint() {
     .unwrap();
     let (stop, stopped) = watch::channel(false);
     let delivery = hooks.start(server.overseer.runtime(), stopped);
+    (server, stop, delivery)
+}
+
+fn loopback() -> overseer::webhooks::TargetRules {
+    overseer::webhooks::TargetRules {
+        allow_loopback: true,
+        allow_private: false,
+    }
+}
+
+/// The invariant "deliveries never block a turn": with every delivery slot
+/// taken by a receiver that never answers, sessions still ask, are
+/// decided, run their tools and end their turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_never_answers_does_not_slow_a_turn() {
+    let options = overseer::webhooks::WebhookOptions {
+        targets: loopback(),
+        request_timeout: Duration::from_secs(300),
+        concurrency: 1,
+        ..Default::default()
+    };
+    let (server, stop, delivery) =
+        in_process(options, Arc::new(overseer::webhooks::SystemClock)).await;
+    let rx = Receiver::start().await;
+    rx.answer(0);
+    let tok = token("acme", "alice", SCOPES);
+    let (endpoint, secret) = register(&server.base, &tok, &rx.url, &[]).await;
+    rx.set_secret(&secret);
+
+    for _ in 0..3 {
+        let (session, call) = server.create_pending(&tok).await.unwrap();
+        let (status, v) = post(
+            &server.base,
+            &format!("/v1/sessions/{session}/approvals"),
+            &tok,
+            &json!({"decisions": {call: {"decision": "approve"}}}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        common::eventually("the turn to end", Duration::from_millis(10), || async {
+            let (_, v) = get(&server.base, &format!("/v1/sessions/{session}"), &tok).await;
+            match v["status"].as_str() {
+                Some("awaiting_input") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+    }
+    // Meanwhile the one delivery slot has been held by the first attempt.
+    let held = rx.until("the first attempt", |all| !all.is_empty()).await;
+    assert_eq!(held.len(), 1, "{held:#?}");
+    assert!(log(&server.base, &tok, &endpoint)
+        .await
+        .iter()
+        .all(|e| e["status"] == "pending" && e["attempts"] == 0));
+
+    stop.send(true).unwrap();
+    tokio::time::timeout(PATIENCE, delivery)
+        .await
+        .unwrap()
+        .unwrap();
+    server.stop().await.unwrap();
+}
+
+/// Attempts fail for a whole day (the receiver answers 500): the delivery is
+/// retried with backoff under one `webhook-id`, its last attempt 24 h after
+/// the event, then given up and the endpoint disabled with the reason; a
+/// disabled endpoint is sent nothing more. The day passes on an injected
+/// clock: nothing waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_of_failures_gives_up_and_disables_the_endpoint() {
+    use overseer::webhooks::{Clock, ManualClock, WebhookOptions};
+
+    const DAY_MS: i64 = 86_400_000;
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let clock = ManualClock::new(start);
+    let options = WebhookOptions {
+        targets: loopback(),
+        retry_initial: Duration::from_secs(5),
+        retry_max: Duration::from_secs(3600),
+        max_age: Duration::from_millis(DAY_MS as u64),
+        ..WebhookOptions::default()
+    };
+    let (server, stop, delivery) = in_process(options, clock.clone()).await;
 
     let rx = Receiver::start().await;
     rx.answer(500);

@@ -543,3 +543,204 @@ fn prune(t: &HookTrees, endpoint: &Uuid) -> Result<(), OpError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use overseer_actors::model::{
+        AgentConfig, CallState, Decision, DecisionRecord, Event, EventKind, SessionHeader,
+        SessionStatus, ToolCallId, ToolCallRecord,
+    };
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::Durability;
+    use crate::webhooks::EventType;
+
+    struct Session {
+        header: SessionHeader,
+    }
+
+    impl Session {
+        fn new() -> Self {
+            let id = SessionId::generate();
+            let mut header = SessionHeader::new(
+                id,
+                "acme".into(),
+                "a".into(),
+                AgentConfig::new("a", &["t"]).effective(),
+                1,
+            );
+            let mut call =
+                ToolCallRecord::proposed(ToolCallId("call_1".into()), "t".into(), json!({}), 1);
+            call.state = CallState::AwaitingApproval;
+            call.requires_approval = true;
+            header.open_calls.push(call);
+            header.status = SessionStatus::AwaitingApproval;
+            Self { header }
+        }
+
+        fn checkpoint(&mut self, kinds: Vec<EventKind>, at_ms: i64) -> Checkpoint {
+            let mut events = Vec::new();
+            for kind in kinds {
+                self.header.last_event_seq += 1;
+                events.push(Event {
+                    session_id: self.header.id,
+                    seq: self.header.last_event_seq,
+                    at_ms,
+                    kind,
+                });
+            }
+            Checkpoint {
+                header: self.header.clone(),
+                entries: Vec::new(),
+                events: Arc::new(events),
+                metadata: None,
+                queued: Vec::new(),
+                dequeued: 0..0,
+            }
+        }
+    }
+
+    fn endpoint() -> Endpoint {
+        Endpoint {
+            id: Uuid::now_v7(),
+            tenant: "acme".into(),
+            url: "http://127.0.0.1:9/".into(),
+            events: EventType::ALL.to_vec(),
+            description: None,
+            secret: "whsec_AAAA".into(),
+            created_by: None,
+            created_at_ms: 0,
+            disabled: None,
+        }
+    }
+
+    fn requested() -> EventKind {
+        EventKind::ApprovalRequested {
+            call_id: ToolCallId("call_1".into()),
+            name: "t".into(),
+            arguments: json!({}),
+            outcome_unknown: false,
+        }
+    }
+
+    /// The invariant "an outbox row whose event no header covers is never
+    /// delivered": a checkpoint cut short before its header (the test hook
+    /// a crash stands for) leaves its outbox row behind; the session's next
+    /// checkpoint commits another event under the same number; the row is
+    /// dropped at intake, never turned into a delivery, while a committed
+    /// event's row is.
+    #[tokio::test]
+    async fn an_outbox_row_no_header_commits_is_never_delivered() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+        let view = Arc::new(Subscriptions::new());
+        store.set_webhooks(view.clone());
+        let hook = endpoint();
+        store.put_endpoint(&hook).await.unwrap();
+        view.put(&hook);
+
+        let mut session = Session::new();
+        store
+            .checkpoint(session.checkpoint(vec![requested()], 10))
+            .await
+            .unwrap();
+
+        // Cut short before its header: an approval.decided at seq 2.
+        let decided = EventKind::DecisionRecorded {
+            call_id: ToolCallId("call_1".into()),
+            record: DecisionRecord {
+                decision: Decision::approve(),
+                by: Some("alice".into()),
+                at_ms: 20,
+                metadata: None,
+                args_diff: None,
+            },
+        };
+        let mut lost = Session {
+            header: session.header.clone(),
+        };
+        let drop_headers = store.current().trees.drop_headers.clone();
+        drop_headers.store(true, Ordering::Relaxed);
+        store
+            .checkpoint(lost.checkpoint(vec![decided], 20))
+            .await
+            .unwrap_err();
+        drop_headers.store(false, Ordering::Relaxed);
+        let rows = |store: &SledStore| {
+            let db = store.current().trees.db.clone();
+            db.open_tree(OUTBOX_TREE).unwrap().len()
+        };
+        assert_eq!(rows(&store), 2, "the committed row and the orphan");
+
+        // Seq 2 is committed as something else (no webhook).
+        store
+            .checkpoint(session.checkpoint(vec![EventKind::TurnStarted { turn: 2 }], 30))
+            .await
+            .unwrap();
+
+        assert_eq!(store.intake(100).await.unwrap(), 1);
+        assert_eq!(rows(&store), 0, "every row taken in or dropped");
+        let due = store.claim_due(100, 0, 10, &HashSet::new()).await.unwrap();
+        assert_eq!(due.len(), 1, "{due:?}");
+        assert_eq!(due[0].seed.event, EventType::ApprovalRequested);
+        assert_eq!(due[0].seed.seq, 1);
+        let log = store.deliveries(hook.id, None, 10).await.unwrap();
+        assert_eq!(log.len(), 1, "the orphan never became a delivery");
+    }
+
+    /// A delivery's due entry is written before the delivery it schedules
+    /// and the old one removed after: one attempt's outcome moves it, a
+    /// finished one leaves the index.
+    #[tokio::test]
+    async fn a_saved_attempt_reschedules_and_a_finished_one_leaves_the_due_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), Durability::Os).unwrap();
+        let view = Arc::new(Subscriptions::new());
+        store.set_webhooks(view.clone());
+        let hook = endpoint();
+        store.put_endpoint(&hook).await.unwrap();
+        view.put(&hook);
+        let mut session = Session::new();
+        store
+            .checkpoint(session.checkpoint(vec![requested()], 10))
+            .await
+            .unwrap();
+        store.intake(100).await.unwrap();
+        let mut d = store
+            .claim_due(100, 0, 10, &HashSet::new())
+            .await
+            .unwrap()
+            .remove(0);
+        let busy: HashSet<DeliveryKey> = [d.key()].into();
+        assert!(store.claim_due(100, 0, 10, &busy).await.unwrap().is_empty());
+        d.attempts = 1;
+        d.next_attempt_at_ms = 5_000;
+        store.save_delivery(&d, 100).await.unwrap();
+        assert!(store
+            .claim_due(4_999, 0, 10, &HashSet::new())
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(store.next_due(100).await.unwrap(), Some(5_000));
+        let again = store
+            .claim_due(5_000, 0, 10, &HashSet::new())
+            .await
+            .unwrap();
+        assert_eq!(again.len(), 1);
+        d.status = DeliveryStatus::Delivered;
+        store.save_delivery(&d, 5_000).await.unwrap();
+        assert!(store
+            .claim_due(i64::MAX / 2, 0, 10, &HashSet::new())
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(store.next_due(0).await.unwrap(), None);
+        assert_eq!(
+            store.deliveries(hook.id, None, 10).await.unwrap()[0].status,
+            DeliveryStatus::Delivered
+        );
+    }
+}

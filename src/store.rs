@@ -16,6 +16,10 @@
 //! | `metadata`   | id                               | the caller's metadata JSON    |
 //! | `meta`       | `format_version`, `commit_seq`, `health_check`, `purge:` ‖ id | big-endian u32, u64; a nonce; the tenant of a purge under way |
 //!
+//! and the webhook trees (`webhooks`, `webhook_outbox`, `webhook_deliveries`,
+//! `webhook_due`; see `webhooks`): a checkpoint's outbox rows are written in
+//! its group before its header, like every row the header commits.
+//!
 //! plus, beside the database, `overseer.commit`: the number of the last group
 //! of checkpoints a flush confirmed (`sidecar`), checked at every open so that
 //! a database that lost confirmed checkpoints (its files damaged or replaced,

@@ -178,15 +178,24 @@ async fn run(
     let mut tasks: JoinSet<()> = JoinSet::new();
     let mut busy: HashSet<DeliveryKey> = HashSet::new();
     let mut running: HashMap<tokio::task::Id, DeliveryKey> = HashMap::new();
+    // Whether the outbox may hold rows to take in: at start (what a previous
+    // process left), after a checkpoint wrote some, and at every sweep; not
+    // merely because an attempt finished.
+    let mut intake = true;
     loop {
         if *shutdown.borrow() {
             break;
         }
         let now = clock.now_ms();
         let mut trouble = false;
-        if let Err(e) = store.intake(now).await {
-            tracing::warn!(error = %e, "webhooks: cannot take outbox rows; retrying");
-            trouble = true;
+        if intake {
+            match store.intake(now).await {
+                Ok(_) => intake = false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhooks: cannot take outbox rows; retrying");
+                    trouble = true;
+                }
+            }
         }
         let free = concurrency.saturating_sub(tasks.len());
         let mut more_due = false;
@@ -247,11 +256,11 @@ async fn run(
                     busy.remove(&key);
                 }
             }
-            () = hooks.subscriptions.wait() => {}
+            () = hooks.subscriptions.wait() => intake = true,
             () = clock.sleep_until(wake_at) => {}
             // A clock that does not move (tests) must not stop the sweep
             // for rows other nodes wrote.
-            () = sweep, if !trouble => {}
+            () = sweep, if !trouble => intake = true,
         }
         if trouble {
             tokio::time::sleep(STORE_RETRY).await;

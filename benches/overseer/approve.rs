@@ -85,8 +85,18 @@ pub async fn run(
             "  {got} webhooks delivered ({:.2?} after the last turn ended)",
             t.elapsed()
         );
-        rows.add("webhooks delivered", Some(got as f64), "deliveries", &format!("= {}", 3 * n));
-        rows.latency("webhook delivery (event to receiver)", &mut latencies, "", "");
+        rows.add(
+            "webhooks delivered",
+            Some(got as f64),
+            "deliveries",
+            &format!("= {}", 3 * n),
+        );
+        rows.latency(
+            "webhook delivery (event to receiver)",
+            &mut latencies,
+            "",
+            "",
+        );
         if got < 3 * n {
             failures.push(format!(
                 "{HOOKED} {} N={n}: {got} of {} webhooks delivered",

@@ -478,7 +478,7 @@ impl WebhookStore for SledStore {
                     .remove(old_due)
                     .map_err(write_err("dropping a due entry"))?;
             }
-            if !pending && FINISHED.fetch_add(1, Ordering::Relaxed) % PRUNE_EVERY == 0 {
+            if !pending && FINISHED.fetch_add(1, Ordering::Relaxed).is_multiple_of(PRUNE_EVERY) {
                 prune(t, &delivery.endpoint)?;
             }
             Ok(())

@@ -22,8 +22,9 @@
 //! `sessions:read`; create, message, cancel, done, interrupt and model
 //! need `sessions:write`; deciding approvals and setting a session's
 //! standing rule for a tool (`POST /v1/sessions/{id}/rules`) need
-//! `approvals:write`;
-//! `admin` implies all three. `admin` does not cross tenants. `/healthz`,
+//! `approvals:write`; the webhook routes (`/v1/webhooks`, reads included)
+//! need `webhooks:write`;
+//! `admin` implies all four. `admin` does not cross tenants. `/healthz`,
 //! `/readyz` and the approval inbox's page (`/`, `/ui/*`: static files, no
 //! data) are unauthenticated. `/metrics` needs `admin` unless
 //! [`HttpOptions::metrics_public`] (why: see the `metrics` submodule).
@@ -48,12 +49,13 @@ mod error;
 mod events;
 mod extract;
 mod idempotency;
-mod inbox;
+pub(crate) mod inbox;
 mod metrics;
 mod routing;
 mod sessions;
 mod tenant_events;
 mod ui;
+mod webhooks;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -116,6 +118,8 @@ pub struct HttpOptions {
     /// Model routes a session may be created with or switched to besides
     /// the ones agents use (`overseer serve` passes the `[[models]]` names).
     pub model_routes: Vec<String>,
+    /// Webhooks (§18): the `/v1/webhooks` routes answer 404 without them.
+    pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
 }
 
 /// How long the server waits for a client and how much it takes at once.
@@ -216,7 +220,7 @@ impl HttpOptions {
         Ok(Some(
             CorsLayer::new()
                 .allow_origin(origin)
-                .allow_methods([Method::GET, Method::POST])
+                .allow_methods([Method::GET, Method::POST, Method::DELETE])
                 .allow_headers([
                     header::AUTHORIZATION,
                     header::CONTENT_TYPE,
@@ -368,6 +372,10 @@ impl AppState {
     pub(crate) fn tenant_feeds(&self) -> &Arc<tenant_events::TenantFeeds> {
         &self.inner.tenant_feeds
     }
+
+    pub(crate) fn webhooks(&self) -> Option<&Arc<crate::webhooks::Webhooks>> {
+        self.inner.options.webhooks.as_ref()
+    }
 }
 
 /// The API's routes over `state`. Invalid CORS origins are skipped with an
@@ -403,6 +411,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sessions/{id}/events", get(events::stream))
         .route("/v1/approvals", get(inbox::list))
         .route("/v1/events", get(tenant_events::stream))
+        .route("/v1/webhooks", get(webhooks::list).post(webhooks::create))
+        .route(
+            "/v1/webhooks/{id}",
+            get(webhooks::show).delete(webhooks::delete),
+        )
+        .route("/v1/webhooks/{id}/deliveries", get(webhooks::deliveries))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES));

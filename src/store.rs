@@ -16,6 +16,10 @@
 //! | `metadata`   | id                               | the caller's metadata JSON    |
 //! | `meta`       | `format_version`, `commit_seq`, `health_check`, `purge:` ‖ id | big-endian u32, u64; a nonce; the tenant of a purge under way |
 //!
+//! and the webhook trees (`webhooks`, `webhook_outbox`, `webhook_deliveries`,
+//! `webhook_due`; see `webhooks`): a checkpoint's outbox rows are written in
+//! its group before its header, like every row the header commits.
+//!
 //! plus, beside the database, `overseer.commit`: the number of the last group
 //! of checkpoints a flush confirmed (`sidecar`), checked at every open so that
 //! a database that lost confirmed checkpoints (its files damaged or replaced,
@@ -73,6 +77,7 @@ pub mod postgres;
 mod purge;
 mod readers;
 mod sidecar;
+mod webhooks;
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -208,6 +213,9 @@ struct Inner {
     // directory is closed (and its lock released), so it can be reopened at
     // once, e.g. by a restarted runtime or a test.
     commit: GroupCommit,
+    /// Webhooks (`webhooks`): which tenants' events each checkpoint writes
+    /// outbox rows for. Unset: none.
+    webhooks: std::sync::OnceLock<Arc<crate::webhooks::Subscriptions>>,
 }
 
 impl std::fmt::Debug for SledStore {
@@ -266,6 +274,7 @@ impl SledStore {
                 readers,
                 commit,
                 slots: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_COMMANDS)),
+                webhooks: std::sync::OnceLock::new(),
                 #[cfg(test)]
                 least_free: std::sync::atomic::AtomicUsize::new(usize::MAX),
             }),
@@ -817,7 +826,13 @@ impl Trees {
 impl CheckpointStore for SledStore {
     async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
         let id = checkpoint.header.id;
-        let prepared = if codec::may_be_large(&checkpoint) {
+        // The webhook outbox rows of its events go in the same write (see
+        // `webhooks`); for a tenant without endpoints this is a lookup.
+        let outbox = match self.inner.webhooks.get() {
+            Some(subscriptions) => webhooks::outbox_rows(subscriptions, &checkpoint)?,
+            None => Vec::new(),
+        };
+        let mut prepared = if codec::may_be_large(&checkpoint) {
             tokio::task::spawn_blocking(move || codec::prepare(&checkpoint))
                 .await
                 .map_err(|e| io(format_args!("encoding the checkpoint of session {id}"), e))??
@@ -826,6 +841,8 @@ impl CheckpointStore for SledStore {
             // blocking pool.
             codec::prepare(&checkpoint)?
         };
+        let wrote_outbox = !outbox.is_empty();
+        prepared.outbox = outbox;
         let bytes = prepared.size() as u64;
         self.send(
             |reply| Command::Checkpoint(Box::new(prepared), reply),
@@ -833,6 +850,11 @@ impl CheckpointStore for SledStore {
         )
         .await?;
         overseer_actors::metrics::record_checkpoint_bytes(bytes);
+        if wrote_outbox {
+            if let Some(subscriptions) = self.inner.webhooks.get() {
+                subscriptions.written();
+            }
+        }
         Ok(())
     }
 

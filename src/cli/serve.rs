@@ -56,7 +56,7 @@ pub struct TokenArgs {
     #[arg(long)]
     pub sub: String,
     /// Comma-separated scopes (at least one): sessions:read, sessions:write,
-    /// approvals:write, admin.
+    /// approvals:write, webhooks:write, admin.
     #[arg(long, value_delimiter = ',', required = true)]
     pub scopes: Vec<String>,
     /// Lifetime in seconds (1 to 31622400, a year and a day).
@@ -145,15 +145,37 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         // http_request, MCP servers connected here).
         let all_tools = service::build_tools(&mut config).await?;
         let _ = &tools;
-        let (overseer, cluster, listener, bound, watch) = match config.store.kind {
+        let (overseer, cluster, listener, bound, webhooks, watch) = match config.store.kind {
             StoreKind::Sled => {
-                let (overseer, store) =
-                    service::start(&config, all_tools.registry.clone(), provider).await?;
+                let store = service::open_sled(&config).await?;
+                let webhooks =
+                    service::webhooks(&config, Arc::new(store.clone()), |view| {
+                        store.set_webhooks(view)
+                    })
+                    .await?;
+                let overseer = overseer_actors::Overseer::start(
+                    config.agent_configs(),
+                    Arc::new(store.clone()),
+                    provider,
+                    all_tools.registry.clone(),
+                    config.runtime_config(),
+                )
+                .await
+                .map_err(crate::service::ServiceError::from)?;
+                overseer
+                    .recover()
+                    .await
+                    .map_err(crate::service::ServiceError::from)?;
                 let (listener, bound) = bind(addr).await?;
-                (overseer, None, listener, bound, Some(store.watch()))
+                (overseer, None, listener, bound, webhooks, Some(store.watch()))
             }
             StoreKind::Postgres => {
                 let store = service::open_postgres(&config).await?;
+                let webhooks =
+                    service::webhooks(&config, Arc::new(store.clone()), |view| {
+                        store.set_webhooks(view)
+                    })
+                    .await?;
                 let overseer = overseer_actors::Overseer::start(
                     config.agent_configs(),
                     std::sync::Arc::new(store.clone()),
@@ -191,9 +213,16 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
                 .await
                 .map_err(ServeError::from)?;
                 http_options.cluster = Some(cluster.routing());
-                (overseer, Some(cluster), listener, bound, None)
+                (overseer, Some(cluster), listener, bound, webhooks, None)
             }
         };
+        // Deliveries run beside the sessions, from the outbox the store
+        // writes with their checkpoints (what a previous process left too).
+        let (stop_hooks, hooks_stopped) = tokio::sync::watch::channel(false);
+        let delivery = webhooks
+            .as_ref()
+            .map(|hooks| hooks.start(overseer.runtime(), hooks_stopped));
+        http_options.webhooks = webhooks;
         let grace = http_options.limits.shutdown_grace;
         let runtime = Arc::downgrade(overseer.runtime());
         let signal = async move {
@@ -221,6 +250,12 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         );
         if let Some(cluster) = &cluster {
             cluster.stop_tasks();
+        }
+        // Attempts in flight are dropped; their deliveries stay pending and
+        // go out (with the same webhook-id) after the next start.
+        let _ = stop_hooks.send(true);
+        if let Some(task) = delivery {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
         if let Err(e) = overseer.shutdown().await {
             let _ = writeln!(

@@ -47,6 +47,10 @@ pub struct Read;
 pub struct Write;
 /// Routes that decide tool calls (`approvals:write`).
 pub struct Approve;
+/// Webhook routes (`webhooks:write`): registering, listing and deleting
+/// endpoints and reading their delivery logs (an endpoint's URL and log
+/// are the tenant's configuration, not session data a reader should see).
+pub struct Hooks;
 /// Operator routes (`admin`): `/metrics` unless it is public.
 pub struct Admin;
 
@@ -58,6 +62,9 @@ impl RequiredScope for Write {
 }
 impl RequiredScope for Approve {
     const SCOPE: Scope = Scope::ApprovalsWrite;
+}
+impl RequiredScope for Hooks {
+    const SCOPE: Scope = Scope::WebhooksWrite;
 }
 impl RequiredScope for Admin {
     const SCOPE: Scope = Scope::Admin;

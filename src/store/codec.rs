@@ -205,6 +205,9 @@ pub(super) struct Prepared {
     pub(super) dequeued: Vec<[u8; 24]>,
     /// The metadata, in the checkpoint that writes it.
     pub(super) metadata: Option<IVec>,
+    /// Webhook outbox rows of its events (`webhooks::outbox_key` → seed),
+    /// written before the header like every row it commits.
+    pub(super) outbox: Vec<([u8; 40], IVec)>,
 }
 
 impl Prepared {
@@ -224,6 +227,7 @@ impl Prepared {
                 .sum::<usize>()
             + self.queued.iter().map(|(_, v)| v.len() + 24).sum::<usize>()
             + self.metadata.as_ref().map_or(0, |m| m.len())
+            + self.outbox.iter().map(|(_, v)| v.len() + 40).sum::<usize>()
     }
 }
 
@@ -327,6 +331,7 @@ pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
         queued,
         dequeued: cp.dequeued.clone().map(|seq| seq_key(&id, seq)).collect(),
         metadata,
+        outbox: Vec::new(),
     })
 }
 

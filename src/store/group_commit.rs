@@ -857,6 +857,9 @@ type Write = (sled::IVec, Option<sled::IVec>);
 /// [`apply`]).
 #[derive(Default)]
 struct Writes {
+    /// Webhook outbox rows (`super::webhooks`): before everything, so the
+    /// header that commits their events comes after them.
+    outbox: Vec<Write>,
     blobs: Vec<Write>,
     blob_refs: Vec<Write>,
     transcript: Vec<Write>,
@@ -962,6 +965,9 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                 }
                 for (k, v) in &p.queued {
                     writes.queue.push((k[..].into(), Some(v.clone())));
+                }
+                for (k, v) in &p.outbox {
+                    writes.outbox.push((k[..].into(), Some(v.clone())));
                 }
                 if let Some(m) = &p.metadata {
                     writes
@@ -1081,6 +1087,7 @@ fn empty() -> sled::IVec {
 /// leaves the files untouched.
 fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
     let Writes {
+        outbox,
         blobs,
         blob_refs,
         transcript,
@@ -1108,6 +1115,18 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         (&trees.active, active_removed, "active"),
         (&trees.queue, queue_removed, "queue"),
     ];
+    if !outbox.is_empty() {
+        let tree = trees
+            .db
+            .open_tree(super::webhooks::OUTBOX_TREE)
+            .map_err(|e| WriteError::Io(format!("opening the webhook outbox: {e}")))?;
+        for (key, value) in outbox {
+            if let Some(value) = value {
+                tree.insert(key, value)
+                    .map_err(|e| WriteError::Io(format!("writing the webhook outbox: {e}")))?;
+            }
+        }
+    }
     for (n, (tree, writes, name)) in order.into_iter().enumerate() {
         if writes.is_empty() {
             continue;
@@ -1247,6 +1266,7 @@ mod tests {
             queued: Vec::new(),
             dequeued: Vec::new(),
             metadata: None,
+            outbox: Vec::new(),
         })
     }
 

@@ -46,6 +46,7 @@
 //! routing): `crate::cluster` drives it through the methods here.
 
 mod schema;
+mod webhooks;
 mod writer;
 
 use std::str::FromStr;
@@ -278,6 +279,8 @@ struct Inner {
     heartbeat_conn: std::sync::Mutex<Option<tokio_postgres::Client>>,
     /// Request-response exchanges with the database this store waited on.
     round_trips: Arc<AtomicU64>,
+    /// Webhooks: when set, checkpoints insert the deliveries of their events.
+    webhooks: std::sync::OnceLock<Arc<crate::webhooks::Subscriptions>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -460,6 +463,7 @@ impl PgStore {
                 writer,
                 heartbeat_conn: std::sync::Mutex::new(None),
                 round_trips,
+                webhooks: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -1326,6 +1330,12 @@ pub(crate) struct Prepared {
     node: Option<Uuid>,
     /// First and last new event, to announce them.
     new_events: Option<(u64, u64)>,
+    /// Webhook seeds of its events: `webhook-id`s, event types, seed JSON.
+    hook_ids: Vec<String>,
+    hook_events: Vec<String>,
+    hook_seeds: Vec<String>,
+    /// When its deliveries are queued (and first due), ms since the epoch.
+    hook_now_ms: i64,
 }
 
 impl Prepared {
@@ -1432,6 +1442,10 @@ fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, StoreError> 
         epoch,
         node: None,
         new_events,
+        hook_ids: Vec::new(),
+        hook_events: Vec::new(),
+        hook_seeds: Vec::new(),
+        hook_now_ms: 0,
     })
 }
 
@@ -1441,6 +1455,13 @@ impl CheckpointStore for PgStore {
         let id = checkpoint.header.id;
         let root = checkpoint.header.root_id;
         let epoch = self.fence(root, id)?;
+        // The events that go out as webhooks, whoever listens: the statement
+        // joins them with the endpoints table (see `writer`).
+        let hooks = self.inner.webhooks.get();
+        let seeds = match hooks {
+            Some(_) => crate::webhooks::seeds(&checkpoint),
+            None => Vec::new(),
+        };
         let prepared = if codec::may_be_large(&checkpoint) {
             tokio::task::spawn_blocking(move || prepare(&checkpoint, Some(epoch)))
                 .await
@@ -1448,10 +1469,16 @@ impl CheckpointStore for PgStore {
         } else {
             prepare(&checkpoint, Some(epoch))?
         };
+        let mut prepared = prepared;
+        webhooks::add_seeds(&mut prepared, &seeds)?;
         let bytes = prepared.size();
+        let wrote_hooks = !prepared.hook_ids.is_empty();
         match self.inner.writer.submit(prepared, self.inner.node).await? {
             true => {
                 overseer_actors::metrics::record_checkpoint_bytes(bytes);
+                if let (true, Some(hooks)) = (wrote_hooks, hooks) {
+                    hooks.written();
+                }
                 Ok(())
             }
             false => {

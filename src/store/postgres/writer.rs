@@ -32,7 +32,10 @@ const NOTIFY_CHUNK: usize = 7_000;
 
 /// The statement of one checkpoint: everything is written only if the
 /// tree's lease still has this node and this epoch (`fence`); it answers
-/// how many header rows it wrote (1, or 0 when fenced).
+/// how many header rows it wrote (1, or 0 when fenced). `w` is the webhook
+/// outbox: one delivery per seed (an event that goes out) and enabled
+/// endpoint of the tenant that wants it, in the same statement as the
+/// event; the database's endpoints decide, not any node's view of them.
 const CHECKPOINT_SQL: &str = "
 WITH fence AS (
     SELECT 1 AS ok FROM leases WHERE root_id = $2 AND node_id = $3 AND epoch = $4 FOR SHARE
@@ -69,6 +72,13 @@ WITH fence AS (
 ), d AS (
     DELETE FROM queue
     WHERE session_id = $1 AND seq >= $22 AND seq < $23 AND EXISTS (SELECT 1 FROM fence)
+), w AS (
+    INSERT INTO webhook_deliveries (endpoint_id, id, tenant, session_id, seed,
+                                    created_at_ms, next_attempt_at_ms)
+    SELECT ep.id, u.id, $6, $1, u.seed, $27, $27
+    FROM fence, unnest($24::text[], $25::text[], $26::text[]) AS u(id, event, seed)
+    JOIN webhook_endpoints ep ON ep.tenant = $6 AND NOT ep.disabled AND u.event = ANY(ep.events)
+    ON CONFLICT (endpoint_id, id) DO NOTHING
 )
 SELECT count(*) FROM s";
 
@@ -303,6 +313,10 @@ impl Prepared {
             &self.queued,
             &self.dequeue_from,
             &self.dequeue_to,
+            &self.hook_ids,
+            &self.hook_events,
+            &self.hook_seeds,
+            &self.hook_now_ms,
         ]
     }
 }

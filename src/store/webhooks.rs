@@ -478,7 +478,11 @@ impl WebhookStore for SledStore {
                     .remove(old_due)
                     .map_err(write_err("dropping a due entry"))?;
             }
-            if !pending && FINISHED.fetch_add(1, Ordering::Relaxed).is_multiple_of(PRUNE_EVERY) {
+            if !pending
+                && FINISHED
+                    .fetch_add(1, Ordering::Relaxed)
+                    .is_multiple_of(PRUNE_EVERY)
+            {
                 prune(t, &delivery.endpoint)?;
             }
             Ok(())

@@ -270,7 +270,11 @@ impl WebhookStore for PgStore {
                 .map_err(map_pg)
         })
         .await?;
-        if finished && FINISHED.fetch_add(1, Ordering::Relaxed).is_multiple_of(PRUNE_EVERY) {
+        if finished
+            && FINISHED
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(PRUNE_EVERY)
+        {
             let keep = i64::try_from(LOG_KEEP).unwrap_or(i64::MAX);
             let client = self.client().await?;
             self.trip();

@@ -80,6 +80,7 @@ async fn approve_with_valid_override_runs_merged_arguments_and_records_the_diff(
             call.clone(),
             Decision::Approve {
                 override_args: over,
+                remove_args: Vec::new(),
             },
         ),
     )
@@ -123,6 +124,7 @@ async fn schema_invalid_override_is_refused_and_the_call_stays_decidable() {
                 call.clone(),
                 Decision::Approve {
                     override_args: over,
+                    remove_args: Vec::new(),
                 },
             ),
         )

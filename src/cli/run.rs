@@ -859,6 +859,7 @@ async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
                 match serde_json::from_str::<Map<String, Value>>(text.trim()) {
                     Ok(override_args) => Decision::Approve {
                         override_args: Some(override_args),
+                        remove_args: Vec::new(),
                     },
                     Err(e) => {
                         status(format_args!("not a JSON object: {e}"));

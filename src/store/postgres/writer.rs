@@ -31,8 +31,9 @@ const MAX_PENDING: usize = 4096;
 const NOTIFY_CHUNK: usize = 7_000;
 
 /// The statement of one checkpoint: everything is written only if the
-/// tree's lease still has this node and this epoch (`fence`); it answers
-/// how many header rows it wrote (1, or 0 when fenced).
+/// tree's lease still has this node and this epoch (`fence`), the rows of
+/// the decision index its decisions add included (`x`); it answers how many
+/// header rows it wrote (1, or 0 when fenced).
 const CHECKPOINT_SQL: &str = "
 WITH fence AS (
     SELECT 1 AS ok FROM leases WHERE root_id = $2 AND node_id = $3 AND epoch = $4 FOR SHARE
@@ -69,6 +70,12 @@ WITH fence AS (
 ), d AS (
     DELETE FROM queue
     WHERE session_id = $1 AND seq >= $22 AND seq < $23 AND EXISTS (SELECT 1 FROM fence)
+), x AS (
+    INSERT INTO decisions (tenant, at_ms, session_id, call_id, agent, tool, decided_by, row_json)
+    SELECT $6, u.at_ms, $1, u.call_id, $24, u.tool, u.decided_by, u.row_json
+    FROM fence, unnest($25::bigint[], $26::text[], $27::text[], $28::text[], $29::text[])
+        AS u(at_ms, call_id, tool, decided_by, row_json)
+    ON CONFLICT (tenant, at_ms, session_id, call_id) DO UPDATE SET row_json = EXCLUDED.row_json
 )
 SELECT count(*) FROM s";
 
@@ -303,6 +310,12 @@ impl Prepared {
             &self.queued,
             &self.dequeue_from,
             &self.dequeue_to,
+            &self.agent,
+            &self.decision_at,
+            &self.decision_calls,
+            &self.decision_tools,
+            &self.decision_by,
+            &self.decision_rows,
         ]
     }
 }

@@ -16,8 +16,9 @@
 //! history back); approvals answer `{session_id, status, pending: [...]}`.
 //!
 //! Scopes per route: reads (`GET` of sessions, tree, approvals, events,
-//! agents, and the tenant-wide `/v1/approvals` and `/v1/events`) need
-//! `sessions:read`; create, message, cancel, done, interrupt and model
+//! agents, and the tenant-wide `/v1/approvals`, `/v1/decisions` and
+//! `/v1/events`) need `sessions:read`; `/v1/me` (who the token is and what
+//! it may do) needs a valid token only; create, message, cancel, done, interrupt and model
 //! need `sessions:write`; deciding approvals and setting a session's
 //! standing rule for a tool (`POST /v1/sessions/{id}/rules`) need
 //! `approvals:write`;
@@ -41,11 +42,13 @@
 
 mod admission;
 mod conn;
+mod decisions;
 mod error;
 mod events;
 mod extract;
 mod idempotency;
 mod inbox;
+mod me;
 mod metrics;
 mod sessions;
 mod tenant_events;
@@ -396,6 +399,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sessions/{id}/rules", post(sessions::set_rule))
         .route("/v1/sessions/{id}/events", get(events::stream))
         .route("/v1/approvals", get(inbox::list))
+        .route("/v1/decisions", get(decisions::list))
+        .route("/v1/me", get(me::me))
         .route("/v1/events", get(tenant_events::stream))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -2210,6 +2210,42 @@ mod tests {
         assert_eq!(page.next, None);
     }
 
+    /// A purge takes the session's rows out of the decision index itself,
+    /// not only out of sight (readers skip rows without a header anyway).
+    #[tokio::test]
+    async fn a_purge_removes_the_sessions_decision_rows_from_the_tree() {
+        use overseer_actors::model::{Decision, DecisionRecord};
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut sims = Vec::new();
+        for n in 0..2 {
+            let mut sim = Sim::new("acme");
+            for at_ms in [10 + n, 20 + n] {
+                sim.emit(EventKind::DecisionRecorded {
+                    call_id: ToolCallId::generate(),
+                    record: DecisionRecord {
+                        decision: Decision::deny("no"),
+                        by: Some("alice".into()),
+                        at_ms,
+                        metadata: None,
+                        args_diff: None,
+                    },
+                });
+                // One checkpoint per decision: rows from several event rows.
+                store.checkpoint(sim.checkpoint()).await.unwrap();
+            }
+            sim.status(SessionStatus::Completed);
+            store.checkpoint(sim.checkpoint()).await.unwrap();
+            sims.push(sim);
+        }
+        let trees = store.current().trees.clone();
+        assert_eq!(trees.decisions.len(), 4);
+        store.purge(sims[0].id()).await.unwrap();
+        assert_eq!(trees.decisions.len(), 2, "only the purged session's rows go");
+        store.purge(sims[1].id()).await.unwrap();
+        assert_eq!(trees.decisions.len(), 0);
+    }
+
     #[test]
     fn durability_reads_as_lowercase() {
         assert_eq!(Durability::default(), Durability::Fsync);

@@ -375,6 +375,8 @@ async fn the_page_and_the_api_carry_the_security_headers() -> Result {
         "inbox.js",
         "session.js",
         "create.js",
+        "desk.js",
+        "history.js",
     ] {
         let r = s.client.get(s.url(&format!("/ui/{file}"))).send().await?;
         assert_eq!(r.status(), 200, "{file}");

@@ -835,11 +835,11 @@ impl Trees {
         row: &DecisionRow,
     ) -> Result<bool, StoreError> {
         let id = row.session_id;
-        if !headers.contains_key(&id) {
-            let header = self.header(&id)?;
-            headers.insert(id, header);
-        }
-        let Some(Some(header)) = headers.get(&id) else {
+        let header = match headers.entry(id) {
+            std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => slot.insert(self.header(&id)?),
+        };
+        let Some(header) = header else {
             return Ok(false);
         };
         if header.tenant != row.tenant || header.last_event_seq < row.seq {
@@ -2241,7 +2241,11 @@ mod tests {
         let trees = store.current().trees.clone();
         assert_eq!(trees.decisions.len(), 4);
         store.purge(sims[0].id()).await.unwrap();
-        assert_eq!(trees.decisions.len(), 2, "only the purged session's rows go");
+        assert_eq!(
+            trees.decisions.len(),
+            2,
+            "only the purged session's rows go"
+        );
         store.purge(sims[1].id()).await.unwrap();
         assert_eq!(trees.decisions.len(), 0);
     }

@@ -153,7 +153,7 @@ impl DecisionPosition {
     /// The inverse of [`DecisionPosition::encode`]; `None` for anything
     /// else.
     pub fn decode(text: &str) -> Option<Self> {
-        if text.len() % 2 != 0 || text.len() < 50 {
+        if !text.len().is_multiple_of(2) || text.len() < 50 {
             return None;
         }
         let bytes = (0..text.len())

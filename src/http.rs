@@ -13,7 +13,9 @@
 //! Shapes: `GET /v1/sessions/{id}` and the 201 of a create answer the
 //! session header's fields plus its `transcript`; list rows, cancel, done,
 //! interrupt, model and rules answer the header alone (acting on a long session does not ship its
-//! history back); approvals answer `{session_id, status, pending: [...]}`.
+//! history back); approvals answer `{session_id, status, pending: [...]}`,
+//! each pending call and each inbox card with the `warnings` of the
+//! rendering rule ([`crate::render`]) beside its raw data.
 //!
 //! Scopes per route: reads (`GET` of sessions, tree, approvals, events,
 //! agents, and the tenant-wide `/v1/approvals`, `/v1/decisions` and

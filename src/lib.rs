@@ -18,6 +18,7 @@ pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod provider;
+pub mod render;
 pub mod scenario;
 pub mod scope_token;
 pub mod service;

@@ -189,7 +189,7 @@ async fn stored_text_with_control_characters_reaches_the_terminal_escaped() -> a
     );
     assert_eq!(
         cells[3],
-        "evil\\u{1b}[2J\\u{1b}]0;pwned\\u{7}\\u{9b}31m\\u{202e}txt.exe\\ttab\\nline"
+        "evil⟨U+001B⟩[2J⟨U+001B⟩]0;pwned⟨U+0007⟩⟨U+009B⟩31m⟨U+202E⟩txt.exe⟨U+0009⟩tab⟨U+000A⟩line"
     );
 
     // show: JSON, still parseable, with the title intact once decoded.
@@ -216,7 +216,7 @@ async fn stored_text_with_control_characters_reaches_the_terminal_escaped() -> a
         !has_raw_controls(&stderr),
         "raw control characters: {stderr:?}"
     );
-    assert!(stderr.contains("\\u{1b}[2Jnot-an-id"), "{stderr}");
+    assert!(stderr.contains("⟨U+001B⟩[2Jnot-an-id"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
     s.stop().await
 }

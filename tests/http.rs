@@ -88,13 +88,15 @@ async fn quick_start_flow_create_watch_approve_result() -> Result {
             "outcome_unknown",
             "proposed_at_ms",
             "session_id",
-            "session_path"
+            "session_path",
+            "warnings"
         ],
         "{p}"
     );
     assert_eq!(p["session_id"], json!(id));
     assert_eq!(p["outcome_unknown"], false);
     assert!(p["arguments"].is_object(), "{p}");
+    assert_eq!(p["warnings"], json!([]), "clean arguments have no warnings");
     let (proposed, deadline) = (
         p["proposed_at_ms"].as_i64().context("proposed_at_ms")?,
         p["approval_deadline_ms"]

@@ -16,7 +16,7 @@ mod transcript;
 mod usage;
 
 pub use call::{CallState, OnInterrupt, ToolCallId, ToolCallRecord};
-pub use decision::{Decision, DecisionRecord, Submission};
+pub use decision::{merge_override, Decision, DecisionRecord, Submission};
 pub use event::{Event, EventKind, Notification};
 pub use overrides::{check_output_schema, SessionOverrides};
 pub use session::{

@@ -110,9 +110,10 @@ pub(crate) async fn approve(
             Some(ToolRule::Reject) => REJECT_ONCE.to_owned(),
             None => {
                 let fields = ToolCallUpdateFields::new()
-                    .title(ask.title())
+                    .title(updates::title(&ask.title()))
                     .kind(updates::kind(&ask.name))
                     .status(ToolCallStatus::Pending)
+                    .content(updates::call_content(&ask.name, &ask.arguments))
                     .raw_input(ask.arguments.clone());
                 let request = RequestPermissionRequest::new(
                     root.to_string(),

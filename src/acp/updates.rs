@@ -1,6 +1,12 @@
 //! How overseer's records read in ACP: stop reasons, tool calls and their
 //! states, usage, and a stored transcript replayed as `session/update`s.
 //! Pure conversions; sending them is the caller's.
+//!
+//! Every text an editor shows (message chunks, tool-call titles, the
+//! arguments and results in a call's content) goes through the rendering
+//! rule of [`crate::render`]: hidden and direction-changing characters
+//! appear as `⟨U+202E⟩`, and a call's content ends with the rule's
+//! warnings. `raw_input` and `raw_output` stay raw: they are data.
 
 use agent_client_protocol::v1::schema::{
     self as acp, ContentBlock, ContentChunk, SessionUpdate, TextContent, ToolCall, ToolCallContent,
@@ -8,6 +14,7 @@ use agent_client_protocol::v1::schema::{
 };
 use serde_json::Value;
 
+use crate::render::{self, Lines};
 use overseer_actors::model::{CallState, StopReason, ToolCallRecord, TranscriptEntry, Usage};
 
 /// The ACP stop reason of a turn that ended with `reason`; `None` for a turn
@@ -42,9 +49,30 @@ pub(crate) fn kind(name: &str) -> ToolKind {
     }
 }
 
-/// A text content block.
+/// A text content block, shown through the rendering rule.
 pub(crate) fn text(text: impl Into<String>) -> ContentBlock {
-    ContentBlock::Text(TextContent::new(text.into()))
+    let text: String = text.into();
+    let shown = match render::display(&text, Lines::Many) {
+        std::borrow::Cow::Borrowed(_) => text,
+        std::borrow::Cow::Owned(escaped) => escaped,
+    };
+    ContentBlock::Text(TextContent::new(shown))
+}
+
+/// A tool call's title (one line, through the rule).
+pub(crate) fn title(title: &str) -> String {
+    render::display(title, Lines::One).into_owned()
+}
+
+/// What a call will receive, for its content: its arguments as pretty JSON
+/// through the rule, then the rule's warnings about its name and arguments.
+pub(crate) fn call_content(name: &str, arguments: &Value) -> Vec<ToolCallContent> {
+    let mut shown = render::display_json(arguments);
+    for w in render::call_warnings(name, arguments) {
+        shown.push_str("\nwarning: ");
+        shown.push_str(&w.line());
+    }
+    vec![ToolCallContent::from(text(shown))]
 }
 
 /// A chunk of the agent's message.
@@ -55,9 +83,10 @@ pub(crate) fn agent_chunk(t: impl Into<String>) -> SessionUpdate {
 /// A newly proposed call.
 pub(crate) fn proposed(id: &str, name: &str, title: String, arguments: &Value) -> SessionUpdate {
     SessionUpdate::ToolCall(
-        ToolCall::new(id.to_owned(), title)
+        ToolCall::new(id.to_owned(), self::title(&title))
             .kind(kind(name))
             .status(ToolCallStatus::Pending)
+            .content(call_content(name, arguments))
             .raw_input(arguments.clone()),
     )
 }
@@ -169,6 +198,37 @@ mod tests {
             ..Usage::default()
         };
         assert_eq!(turn_usage(&before, &after), acp::Usage::new(60, 48, 12));
+    }
+
+    #[test]
+    fn what_an_editor_shows_goes_through_the_rendering_rule() {
+        let args = json!({"attachment": "invoice_\u{202e}fdp.exe", "vendor": "p\u{430}ypal"});
+        let call =
+            serde_json::to_value(proposed("call_1", "t", "t\u{200b}x".into(), &args)).unwrap();
+        assert_eq!(call["title"], "t⟨U+200B⟩x");
+        assert_eq!(call["rawInput"], args, "raw input stays raw");
+        let shown = call["content"][0]["content"]["text"].as_str().unwrap();
+        assert!(
+            shown.contains("\"attachment\": \"invoice_⟨U+202E⟩fdp.exe\""),
+            "{shown}"
+        );
+        assert!(
+            shown.ends_with(
+                "\nwarning: /arguments/attachment: contains hidden or direction-changing characters: U+202E\
+                 \nwarning: /arguments/vendor: mixes scripts within a word: p\u{430}ypal"
+            ),
+            "{shown}"
+        );
+        let chunk = serde_json::to_value(agent_chunk("a\u{2066}b\nc")).unwrap();
+        assert_eq!(chunk["content"]["text"], "a⟨U+2066⟩b\nc");
+        let done = serde_json::to_value(finished(
+            "call_1",
+            CallState::Completed,
+            &json!("r\u{feff}"),
+        ))
+        .unwrap();
+        assert_eq!(done["content"][0]["content"]["text"], "r⟨U+FEFF⟩");
+        assert_eq!(done["rawOutput"], "r\u{feff}");
     }
 
     #[test]

@@ -7,8 +7,11 @@
 //! (no server; the same lines and JSON, from the store as a server would
 //! read it). It deliberately holds no session logic: every rule (scopes, tenants,
 //! validation of decisions) is the server's, and its error messages are
-//! printed as they come, with control characters escaped like every other
-//! stored text (`super::terminal`).
+//! printed as they come, through the rendering rule like every other stored
+//! text (`super::terminal`). The rule's warnings (hidden or
+//! direction-changing characters, words that mix scripts) go to stderr for
+//! `list` and `show`, whose stdout programs read, and beside the call for
+//! `approve`.
 
 use std::path::{Path, PathBuf};
 
@@ -16,7 +19,8 @@ use overseer_actors::model::{SessionId, SessionStatus};
 use overseer_actors::store::StoreError;
 use serde_json::{json, Map, Value};
 
-use super::{terminal, CliError};
+use super::{status, terminal, CliError};
+use crate::render::Warnings;
 use crate::store::{Inspector, OpenError};
 
 /// `overseer sessions` flags.
@@ -273,6 +277,35 @@ fn list_row(s: &Value) -> String {
     )
 }
 
+/// Prints the rule's warnings about a session's title on stderr, after its
+/// row of `list`.
+fn list_warnings(s: &Value) {
+    let Some(title) = s["title"].as_str() else {
+        return;
+    };
+    let mut w = Warnings::new();
+    w.text("/title", title);
+    for warning in w.finish() {
+        status(format_args!(
+            "warning: session {}: {}",
+            s["id"].as_str().unwrap_or("?"),
+            warning.line()
+        ));
+    }
+}
+
+/// Prints `value` (a session, for `show`) as JSON on stdout and the rule's
+/// warnings about every text in it on stderr, each at its JSON Pointer.
+fn show_json(value: &Value) -> Result<(), CliError> {
+    print(&terminal::json(value))?;
+    let mut w = Warnings::new();
+    w.json("", value);
+    for warning in w.finish() {
+        status(format_args!("warning: {}", warning.line()));
+    }
+    Ok(())
+}
+
 /// Opens `dir` for reading, saying in one line when a server holds it.
 fn inspector(dir: &Path) -> Result<Inspector, ClientError> {
     Inspector::open(dir).map_err(|e| match e {
@@ -315,6 +348,7 @@ fn offline_list(
             if keep {
                 let row = serde_json::to_value(&header).unwrap_or(Value::Null);
                 print(&list_row(&row))?;
+                list_warnings(&row);
             }
         }
     }
@@ -337,7 +371,26 @@ fn offline_show(dir: &Path, id: &str) -> Result<(), CliError> {
             id,
             dir: dir.to_owned(),
         })?;
-    print(&terminal::json(&crate::http::session_json(&stored)))
+    show_json(&crate::http::session_json(&stored))
+}
+
+/// `approved CALL: TOOL`, then what the tool receives as pretty JSON and the
+/// rule's warnings about it, indented, all through the rendering rule.
+fn print_decided(verb: &str, call_id: &str, call: &Value) -> Result<(), CliError> {
+    let name = call["name"].as_str().unwrap_or("?");
+    print(&format!(
+        "{verb} {}: {}",
+        terminal::inline(call_id),
+        terminal::inline(name)
+    ))?;
+    for line in terminal::shown_json(&call["arguments"]) {
+        print(&format!("  {}", terminal::inline(&line)))?;
+    }
+    let warnings = crate::render::call_warnings(name, &call["arguments"]);
+    for line in terminal::warning_lines(&warnings) {
+        print(&format!("  {}", terminal::inline(&line)))?;
+    }
+    Ok(())
 }
 
 /// Prints one line of output (see [`terminal::print_line`]).
@@ -369,6 +422,7 @@ async fn run(args: SessionsArgs) -> Result<(), CliError> {
                 let page = client.call(reqwest::Method::GET, &path, None).await?;
                 for s in page["sessions"].as_array().into_iter().flatten() {
                     print(&list_row(s))?;
+                    list_warnings(s);
                 }
                 match page["next_cursor"].as_str() {
                     Some(c) => cursor = Some(c.to_owned()),
@@ -380,7 +434,7 @@ async fn run(args: SessionsArgs) -> Result<(), CliError> {
             let s = client
                 .call(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
                 .await?;
-            print(&terminal::json(&s))?;
+            show_json(&s)?;
         }
         SessionsCommand::Approve { id, calls, deny } => {
             let pending = client
@@ -421,7 +475,15 @@ async fn run(args: SessionsArgs) -> Result<(), CliError> {
                 .await?;
             let verb = if deny.is_some() { "denied" } else { "approved" };
             for c in chosen {
-                print(&format!("{verb} {}", terminal::inline(&c)))?;
+                let call = pending["pending"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|p| p["call_id"].as_str() == Some(c.as_str()));
+                match call {
+                    Some(call) => print_decided(verb, &c, call)?,
+                    None => print(&format!("{verb} {}", terminal::inline(&c)))?,
+                }
             }
         }
         SessionsCommand::Cancel { id } => {

@@ -16,8 +16,8 @@ use serde_json::{Map, Value};
 use tokio::sync::{broadcast, mpsc};
 
 use overseer_actors::model::{
-    CallState, Decision, Event, EventKind, Notification, SessionHeader, SessionId, SessionStatus,
-    StopReason, Submission, ToolCallId, Usage,
+    merge_override, CallState, Decision, Event, EventKind, Notification, SessionHeader, SessionId,
+    SessionStatus, StopReason, Submission, ToolCallId, Usage,
 };
 use overseer_actors::provider::Provider;
 use overseer_actors::tool::ToolRegistry;
@@ -25,6 +25,7 @@ use overseer_actors::{CreateSession, Overseer, SessionError};
 
 use super::{status, terminal, ApproveMode, CliError, RunArgs, CLI_TENANT, DENY_MESSAGE};
 use crate::config::{Config, LoadOptions, Overrides};
+use crate::render;
 use crate::tools::builtin_registry;
 
 /// Longest excerpt of a tool result or arguments on a status line.
@@ -816,6 +817,7 @@ async fn submit(
 
 /// Asks on the terminal until the decision is accepted.
 async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
+    show_call(call);
     loop {
         let note = if call.outcome_unknown {
             " (it was running when the process stopped; approving runs it again)"
@@ -823,10 +825,8 @@ async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
             ""
         };
         let question = format!(
-            "approve {} {} ({}){note}? [y]es/[n]o/[e]dit: ",
-            call.name,
-            excerpt(&call.arguments),
-            call.id
+            "approve {} ({}){note}? [y]es/[n]o/[e]dit: ",
+            call.name, call.id
         );
         let Some(answer) = read_line(question).await else {
             // End of input: nobody is left to ask.
@@ -857,10 +857,15 @@ async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
                     continue;
                 };
                 match serde_json::from_str::<Map<String, Value>>(text.trim()) {
-                    Ok(override_args) => Decision::Approve {
-                        override_args: Some(override_args),
-                        remove_args: Vec::new(),
-                    },
+                    Ok(override_args) => {
+                        if !confirm_edit(call, &override_args).await {
+                            continue;
+                        }
+                        Decision::Approve {
+                            override_args: Some(override_args),
+                            remove_args: Vec::new(),
+                        }
+                    }
                     Err(e) => {
                         status(format_args!("not a JSON object: {e}"));
                         continue;
@@ -877,6 +882,58 @@ async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
             _ => return,
         }
     }
+}
+
+/// Shows the call a person is asked about, through the rendering rule: the
+/// arguments as pretty JSON of exactly what the tool will receive, then the
+/// rule's warnings.
+fn show_call(call: &PendingCall) {
+    status(format_args!("{} ({}) will receive:", call.name, call.id));
+    print_block(&call.name, &call.arguments);
+}
+
+/// Pretty JSON of `arguments` and the warnings about them, on stderr.
+fn print_block(name: &str, arguments: &Value) {
+    for line in terminal::shown_json(arguments) {
+        status(line);
+    }
+    let warnings = render::call_warnings(name, arguments);
+    for line in terminal::warning_lines(&warnings) {
+        status(line);
+    }
+}
+
+/// Shows what an edit changes and what the tool will then receive, and asks
+/// whether to approve that. An edit replaces the keys it names (a shallow
+/// merge, as the session applies it).
+async fn confirm_edit(call: &PendingCall, edit: &Map<String, Value>) -> bool {
+    let (merged, diff) = match merge_override(&call.arguments, edit, &[]) {
+        Ok(merged) => merged,
+        // Only removals can be refused, and this edit removes nothing.
+        Err(problem) => {
+            status(problem);
+            return false;
+        }
+    };
+    match diff.as_object().filter(|d| !d.is_empty()) {
+        Some(changes) => {
+            status("your edit changes:");
+            for line in terminal::diff_lines(changes) {
+                status(line);
+            }
+        }
+        None => status("your edit changes nothing"),
+    }
+    status(format_args!(
+        "{} ({}) will then receive:",
+        call.name, call.id
+    ));
+    print_block(&call.name, &merged);
+    let answer = read_line("approve with these arguments? [y]es/[n]o: ".to_owned()).await;
+    matches!(
+        answer.map(|a| a.trim().to_ascii_lowercase()).as_deref(),
+        Some("y" | "yes")
+    )
 }
 
 /// Prints `prompt` on stderr and reads one line from stdin on a blocking

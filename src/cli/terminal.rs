@@ -1,68 +1,75 @@
 //! Text on its way to a terminal: escaping and writing.
 //!
 //! Everything the CLI prints that it did not write itself (titles, agent and
-//! tool names, a model's text, tool results, error messages echoed from a
-//! server) may contain control characters: an escape sequence in a session
-//! title would clear the screen, retitle the window or rewrite earlier
-//! output. This module owns the one rule: every control character (C0, DEL,
-//! C1) and every bidirectional override is shown escaped, Rust-style
-//! (`\u{1b}`, `\n`), never sent raw. It deliberately does not decide what a
-//! command prints, only how it reaches the terminal.
+//! tool names, a model's text, tool arguments and results, error messages
+//! echoed from a server) goes through the one rendering rule of
+//! [`crate::render`]: an escape sequence in a session title would clear the
+//! screen, retitle the window or rewrite earlier output, and a
+//! right-to-left override or a zero-width space would show an approver
+//! something other than what runs. Hidden characters appear as
+//! `⟨U+202E⟩`, and the rule's warnings are printed beside the text. This
+//! module deliberately does not decide what a command prints, only how it
+//! reaches the terminal.
 
 use std::borrow::Cow;
 use std::io::Write;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-use crate::auth::is_unsafe_char;
+use crate::render::{self, Lines, Warning};
 
-/// `text` for a single line (a table cell, a status line): every unsafe
+/// `text` for a single line (a table cell, a status line): every hidden
 /// character escaped, newlines and tabs included.
 pub(crate) fn inline(text: &str) -> Cow<'_, str> {
-    escape(text, |_| false)
+    render::display(text, Lines::One)
 }
 
 /// `text` that may span lines (a model's answer): newlines and tabs kept,
-/// every other unsafe character escaped.
+/// every other hidden character escaped.
 pub(crate) fn multiline(text: &str) -> Cow<'_, str> {
-    escape(text, |c| c == '\n' || c == '\t')
+    render::display(text, Lines::Many)
 }
 
-fn escape(text: &str, keep: impl Fn(char) -> bool) -> Cow<'_, str> {
-    if !text.chars().any(|c| is_unsafe_char(c) && !keep(c)) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if is_unsafe_char(c) && !keep(c) {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    Cow::Owned(out)
-}
-
-/// `value` as pretty JSON that is safe on a terminal. serde_json escapes C0
-/// controls inside strings but not DEL, C1 controls or bidi overrides;
-/// those can only occur inside strings, where `\uXXXX` is their JSON escape.
+/// `value` as pretty JSON for programs that read the output (`sessions
+/// show`): it parses back to exactly `value`, and the rule's hidden
+/// characters are JSON escapes (`\u202e`), never raw.
 pub(crate) fn json(value: &Value) -> String {
-    let text = serde_json::to_string_pretty(value).unwrap_or_default();
-    if !text.chars().any(|c| is_unsafe_char(c) && c != '\n') {
-        return text;
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        if is_unsafe_char(c) && c != '\n' {
-            let mut units = [0u16; 2];
-            for unit in c.encode_utf16(&mut units) {
-                out.push_str(&format!("\\u{unit:04x}"));
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    render::escaped_json(value)
+}
+
+/// `value` as pretty JSON for a person (an approval prompt): exactly what
+/// a tool receives, hidden characters shown as `⟨U+202E⟩`. One string per
+/// line.
+pub(crate) fn shown_json(value: &Value) -> Vec<String> {
+    render::display_json(value)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// One line per warning: `warning: /arguments/attachment: contains …`.
+pub(crate) fn warning_lines(warnings: &[Warning]) -> Vec<String> {
+    warnings
+        .iter()
+        .map(|w| format!("warning: {}", w.line()))
+        .collect()
+}
+
+/// What an edit changes, one line per changed key: `key: old → new`
+/// (`diff` as the session records it: `{key: {from, to}}`), values as
+/// compact JSON, every line shown through the rule.
+pub(crate) fn diff_lines(diff: &Map<String, Value>) -> Vec<String> {
+    diff.iter()
+        .map(|(key, change)| {
+            let side = |v: Option<&Value>| v.map_or_else(|| "null".to_owned(), Value::to_string);
+            format!(
+                "  {}: {} → {}",
+                inline(key),
+                inline(&side(change.get("from"))),
+                inline(&side(change.get("to")))
+            )
+        })
+        .collect()
 }
 
 /// Writes `line` and a newline to stdout. Unlike `println!`, a closed stdout
@@ -77,27 +84,42 @@ pub(crate) fn print_line(line: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
-    fn escapes_every_control_and_bidi_character() {
+    fn escapes_every_hidden_character() {
         assert_eq!(inline("plain title"), "plain title");
         assert!(matches!(inline("plain"), Cow::Borrowed(_)));
-        assert_eq!(inline("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
-        assert_eq!(inline("x\ny\tz\r"), "x\\ny\\tz\\r");
-        assert_eq!(inline("\u{7f}\u{9b}31m"), "\\u{7f}\\u{9b}31m");
-        assert_eq!(inline("abc\u{202e}fed"), "abc\\u{202e}fed");
-        assert_eq!(multiline("line 1\nline\t2\u{7}"), "line 1\nline\t2\\u{7}");
+        assert_eq!(inline("a\u{1b}[2Jb"), "a⟨U+001B⟩[2Jb");
+        assert_eq!(inline("x\ny\tz\r"), "x⟨U+000A⟩y⟨U+0009⟩z⟨U+000D⟩");
+        assert_eq!(inline("\u{7f}\u{9b}31m"), "⟨U+007F⟩⟨U+009B⟩31m");
+        assert_eq!(inline("abc\u{202e}fed\u{200b}"), "abc⟨U+202E⟩fed⟨U+200B⟩");
+        assert_eq!(multiline("line 1\nline\t2\u{7}"), "line 1\nline\t2⟨U+0007⟩");
     }
 
     #[test]
     fn json_output_stays_json_and_safe() {
-        let v = serde_json::json!({"title": "a\u{1b}[2J\u{9b}\u{202e}b", "n": 1});
+        let v = json!({"title": "a\u{1b}[2J\u{9b}\u{202e}b\u{200b}", "n": 1});
         let text = json(&v);
         assert!(
-            !text.chars().any(|c| is_unsafe_char(c) && c != '\n'),
+            !text.chars().any(|c| render::is_hidden(c) && c != '\n'),
             "{text}"
         );
         let back: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(back, v);
+    }
+
+    #[test]
+    fn an_edit_is_shown_as_its_changed_keys() {
+        let diff = json!({"attachment": {"from": "invoice_\u{202e}fdp.exe", "to": "invoice.pdf"},
+            "new\u{200b}": {"from": null, "to": 1}});
+        let lines = diff_lines(diff.as_object().unwrap());
+        assert_eq!(
+            lines,
+            vec![
+                "  attachment: \"invoice_⟨U+202E⟩fdp.exe\" → \"invoice.pdf\"",
+                "  new⟨U+200B⟩: null → 1"
+            ]
+        );
     }
 }

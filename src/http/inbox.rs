@@ -2,7 +2,9 @@
 //! first, cursor-paginated, each as the card the approval inbox shows (agent,
 //! session title, session path, tool name and description, arguments,
 //! requested-at and deadline, and why it is asked: the model's text before
-//! the call and the user message of its turn, bounded).
+//! the call and the user message of its turn, bounded) and the `warnings`
+//! of the rendering rule ([`crate::render`]) about its title, tool name,
+//! description, arguments and context; the data itself stays raw.
 //!
 //! This module owns that shape ([`ApprovalItem`], also sent live by the
 //! tenant event stream) and how it is read: from the headers of the sessions
@@ -35,6 +37,7 @@ use serde_json::{json, Value};
 
 use super::extract::{ApiQuery, Authorized, Read};
 use super::{ApiError, AppState};
+use crate::render::{Warning, Warnings};
 
 /// Default page size.
 const DEFAULT_PAGE: usize = 50;
@@ -89,6 +92,10 @@ pub struct ApprovalItem {
     pub requested_at_ms: i64,
     /// When an undecided call is denied, ms since the epoch.
     pub approval_deadline_ms: Option<i64>,
+    /// What a person should know before deciding: hidden or
+    /// direction-changing characters and words that mix scripts, each at
+    /// its field (`/title`, `/name`, `/description`, `/arguments/…`).
+    pub warnings: Vec<Warning>,
     /// Why the call is asked: the model's text before it and the user
     /// message that started the turn, each bounded (see [`CallContext`]).
     /// Read from the transcript's last entries when the card is made for a
@@ -155,6 +162,16 @@ impl ApprovalItem {
         let spec = runtime.tools.spec(&call.name);
         let root = lineage.first().unwrap_or(owner);
         let timeout_ms = (owner.config.approval_timeout_secs as i64).saturating_mul(1000);
+        let description = spec.map(|s| s.description.clone()).unwrap_or_default();
+        let arguments = call.run_arguments().clone();
+        let mut warnings = Warnings::new();
+        if let Some(title) = &root.title {
+            warnings.text("/title", title);
+        }
+        warnings
+            .text("/name", &call.name)
+            .text("/description", &description)
+            .json("/arguments", &arguments);
         Self {
             call_id: call.id.to_string(),
             session_id: owner.id,
@@ -170,9 +187,9 @@ impl ApprovalItem {
             agent: owner.agent.clone(),
             title: root.title.clone(),
             name: call.name.clone(),
-            description: spec.map(|s| s.description.clone()).unwrap_or_default(),
+            description,
             parameters: spec.map(|s| s.parameters.clone()).unwrap_or(Value::Null),
-            arguments: call.run_arguments().clone(),
+            arguments,
             outcome_unknown: call.outcome_unknown,
             proposed_at_ms: call.proposed_at_ms,
             // The deadline is set when the decision is asked for, a timeout
@@ -181,6 +198,7 @@ impl ApprovalItem {
                 .approval_deadline_ms
                 .map_or(call.proposed_at_ms, |d| d.saturating_sub(timeout_ms)),
             approval_deadline_ms: call.approval_deadline_ms,
+            warnings: warnings.finish(),
             context: None,
             transcript_len: owner.transcript_len,
         }
@@ -221,6 +239,15 @@ impl ApprovalItem {
             end = start;
             window = (window * 4).min(32);
         }
+        // The texts are shown like the rest of the card: with warnings.
+        let mut warnings = Warnings::new();
+        if let Some(t) = &context.model_text {
+            warnings.text("/context/model_text/text", &t.text);
+        }
+        if let Some(t) = &context.user_message {
+            warnings.text("/context/user_message/text", &t.text);
+        }
+        self.warnings.extend(warnings.finish());
         self.context = Some(context);
         Ok(())
     }

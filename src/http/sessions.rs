@@ -476,6 +476,7 @@ async fn pending_response(state: &AppState, header: SessionHeader) -> Result<Res
                 outcome_unknown: p.call.outcome_unknown,
                 proposed_at_ms: p.call.proposed_at_ms,
                 approval_deadline_ms: p.call.approval_deadline_ms,
+                warnings: crate::render::call_warnings(&p.call.name, &p.call.arguments),
             })
             .collect(),
     };
@@ -502,6 +503,9 @@ struct PendingCall<'a> {
     outcome_unknown: bool,
     proposed_at_ms: i64,
     approval_deadline_ms: Option<i64>,
+    /// The rendering rule's warnings about `name` and `arguments`
+    /// (`crate::render`); the data itself stays raw.
+    warnings: Vec<crate::render::Warning>,
 }
 
 /// `GET /v1/sessions/{id}/approvals`.

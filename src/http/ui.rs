@@ -72,6 +72,11 @@ const ASSETS: &[Asset] = &[
         body: include_str!("ui/dom.js"),
     },
     Asset {
+        name: "render.js",
+        content_type: JS,
+        body: include_str!("ui/render.js"),
+    },
+    Asset {
         name: "auth.js",
         content_type: JS,
         body: include_str!("ui/auth.js"),
@@ -210,6 +215,21 @@ mod tests {
                 "localStorage",
             ] {
                 assert!(!a.body.contains(needle), "{} uses {needle}", a.name);
+            }
+        }
+    }
+
+    #[test]
+    fn every_module_the_page_imports_is_served() {
+        for a in ASSETS.iter().filter(|a| a.content_type == JS) {
+            for (i, _) in a.body.match_indices("from './") {
+                let rest = &a.body[i + "from './".len()..];
+                let name = &rest[..rest.find('\'').unwrap_or(0)];
+                assert!(
+                    ASSETS.iter().any(|b| b.name == name),
+                    "{} imports {name}, which is not served",
+                    a.name
+                );
             }
         }
     }

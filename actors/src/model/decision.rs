@@ -106,7 +106,9 @@ pub struct DecisionRecord {
 /// drops the keys of `removals`, and returns the merged arguments and the
 /// diff of changed and removed keys. A removal of a key the proposal lacks,
 /// or of one `overrides` also sets, is refused with a sentence naming it.
-pub(crate) fn merge_override(
+/// Public so that a surface can show an edit's effect before it is
+/// submitted.
+pub fn merge_override(
     original: &Value,
     overrides: &Map<String, Value>,
     removals: &[String],

@@ -3,11 +3,13 @@
 // (EventSource cannot send headers), reconnecting with Last-Event-ID.
 
 import { getToken } from './auth.js';
+import { display } from './render.js';
 
 /** A refused request: HTTP status and the API's {error: {code, message}}. */
 export class ApiError extends Error {
   constructor(status, code, message, details) {
-    super(message);
+    // Shown as it is by the views; it may quote what the caller sent.
+    super(display(message, false));
     this.status = status;
     this.code = code;
     this.details = details;

@@ -11,7 +11,7 @@
 
 import { api, onUnauthorized, EventStream } from './api.js';
 import { takeTokenFromFragment, getToken, setToken, clearToken, claims } from './auth.js';
-import { h, clear, announce, formatTime, isSessionId } from './dom.js';
+import { h, clear, setText, announce, formatTime, isSessionId } from './dom.js';
 import { tick } from './desk.js';
 import { InboxStore, renderInbox } from './inbox.js';
 import { renderHistory } from './history.js';
@@ -135,8 +135,8 @@ async function startSignedIn() {
   const c = claims(getToken());
   if (!armExpiry(c.exp)) return;
   may = me.may;
-  document.getElementById('whoami').textContent =
-    [me.sub, me.tenant].filter(Boolean).join(' @ ') + (may.decide ? '' : ' (read-only)');
+  setText(document.getElementById('whoami'),
+    [me.sub, me.tenant].filter(Boolean).join(' @ ') + (may.decide ? '' : ' (read-only)'));
   document.getElementById('nav-new').hidden = !may.write;
   top.hidden = false;
   store = new InboxStore(updateCount);

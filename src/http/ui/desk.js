@@ -5,7 +5,7 @@
 // "Show all", and the argument diff of an edit (before it is confirmed and
 // as recorded). Every element is made with dom.js's h(): strings stay text.
 
-import { h, clear, pretty, formatDuration } from './dom.js';
+import { h, append, clear, pretty, formatDuration } from './dom.js';
 
 // ---- labels -----------------------------------------------------------------
 
@@ -215,7 +215,7 @@ export function longText(tag, text, props = {}, note = null) {
   const toggle = h('button', { type: 'button', class: 'show-all', 'aria-expanded': 'false' }, `Show all (${sizeOf(value)})`);
   toggle.addEventListener('click', () => {
     const open = toggle.getAttribute('aria-expanded') !== 'true';
-    clear(body).append(open ? value : `${head}…`);
+    append(clear(body), open ? value : `${head}…`);
     toggle.setAttribute('aria-expanded', String(open));
     toggle.textContent = open ? 'Show less' : `Show all (${sizeOf(value)})`;
     if (extra) extra.hidden = !open;

@@ -2,33 +2,57 @@
 // names, arguments, results, titles, reasons) becomes a text node or an
 // attribute value set through the DOM, never markup: nothing here parses
 // HTML, so a transcript containing <script> or <img onerror> is inert text.
+// Every such string is shown through the one rendering rule (render.js):
+// hidden and direction-changing characters appear as ⟨U+XXXX⟩. Form values
+// are the exception: what a person edits is sent back, so it stays exact.
+
+import { display, warningLine } from './render.js';
 
 /** Creates an element. `props`: class, text, dataset, on<Event> (functions),
- *  and attributes (set with setAttribute; booleans add or omit them). */
+ *  and attributes (set with setAttribute; booleans add or omit them). Text
+ *  and attribute values are shown through the rendering rule; `value` (a
+ *  form field's content) and `dataset` (the page's own keys) are kept
+ *  exact. */
 export function h(tag, props = {}, ...children) {
   const el = document.createElement(tag);
   for (const [key, value] of Object.entries(props || {})) {
     if (value === undefined || value === null || value === false) continue;
     if (key === 'class') el.className = value;
-    else if (key === 'text') el.textContent = String(value);
+    else if (key === 'text') el.textContent = display(value);
     else if (key === 'dataset') Object.assign(el.dataset, value);
     else if (key.startsWith('on') && typeof value === 'function') {
       el.addEventListener(key.slice(2).toLowerCase(), value);
     } else if (key === 'value') el.value = value;
     else if (key === 'checked') el.checked = Boolean(value);
-    else el.setAttribute(key, value === true ? '' : String(value));
+    else el.setAttribute(key, value === true ? '' : display(value));
   }
   append(el, children);
   return el;
 }
 
-/** Appends children: nodes as they are, strings and numbers as text. */
+/** Appends children: nodes as they are, strings and numbers as text shown
+ *  through the rendering rule. */
 export function append(el, children) {
-  for (const child of children.flat(Infinity)) {
+  for (const child of [children].flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
-    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    el.append(child instanceof Node ? child : document.createTextNode(display(child)));
   }
   return el;
+}
+
+/** Sets the text of `el`, shown through the rendering rule. */
+export function setText(el, text) {
+  el.textContent = display(text);
+  return el;
+}
+
+/** The warnings of an approval (the API's `warnings`) as one visible
+ *  warning block, or null when there are none. */
+export function warningsBlock(warnings) {
+  if (!Array.isArray(warnings) || !warnings.length) return null;
+  return h('div', { class: 'warn text-warnings', role: 'note' },
+    h('p', {}, 'Careful: what the model sent contains text that may not be what it seems.'),
+    h('ul', {}, warnings.map((w) => h('li', { dataset: { code: String(w.code) } }, warningLine(w)))));
 }
 
 /** Removes every child of `el`. */

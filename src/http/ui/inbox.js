@@ -10,7 +10,8 @@
 // no decide buttons.
 
 import { api, ApiError } from './api.js';
-import { h, clear, announce, pretty, nextId, isTyping, isSessionId } from './dom.js';
+import { h, clear, setText, announce, nextId, isTyping, isSessionId, warningsBlock } from './dom.js';
+import { escapedJson } from './render.js';
 import {
   sessionName, matches, compare, groupBySession, distinct, dueSoon, countdown, longText,
   longJson, editOf, diffList, watchClocks, unwatchClocks,
@@ -258,6 +259,7 @@ export function approvalCard(item, ctx, { selectable = true, onSelect } = {}) {
           ? h('a', { href: `#/s/${item.root_session_id}`, class: 'session-link', title: item.root_session_id }, rootLabel(item))
           : rootLabel(item)))),
   path,
+  warningsBlock(item.warnings),
   item.description ? h('p', { class: 'description' }, item.description) : null,
   dueMark,
   whyBox(item),
@@ -303,7 +305,7 @@ export function approvalCard(item, ctx, { selectable = true, onSelect } = {}) {
     if (e instanceof ApiError && e.code === 'invalid_override' && editor) {
       const detail = e.details && typeof e.details.error === 'object' ? e.details.error.error : null;
       showEditor();
-      editor.error.textContent = detail || e.message;
+      setText(editor.error, detail || e.message);
       editor.textarea.setAttribute('aria-invalid', 'true');
       editor.textarea.focus();
       return false;
@@ -332,7 +334,8 @@ export function approvalCard(item, ctx, { selectable = true, onSelect } = {}) {
     const id = nextId('args');
     const textarea = h('textarea', {
       id, class: 'args-editor', spellcheck: 'false', autocomplete: 'off',
-      'aria-describedby': `${id}-help ${id}-error`, value: pretty(item.arguments),
+      // Hidden characters as JSON escapes: visible, and sent back exact.
+      'aria-describedby': `${id}-help ${id}-error`, value: escapedJson(item.arguments),
     });
     const error = h('p', { id: `${id}-error`, class: 'field-error', role: 'alert' });
     const form = h('form', { class: 'edit', hidden: true, 'aria-label': `Edit arguments of ${label}` },

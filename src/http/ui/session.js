@@ -6,7 +6,8 @@
 // large result) are collapsed with "Show all".
 
 import { api, ApiError, EventStream } from './api.js';
-import { h, append, clear, announce, pretty, formatTime, nextId, isSessionId } from './dom.js';
+import { h, append, clear, setText, announce, pretty, formatTime, nextId, isSessionId } from './dom.js';
+import { display } from './render.js';
 import { sessionName, longText, diffList, unwatchClocks } from './desk.js';
 import { approvalCard } from './inbox.js';
 
@@ -154,8 +155,8 @@ export function renderSession(main, id, ctx) {
 
   function renderState(s) {
     header = s;
-    ctx.setTitle(`${sessionName(s.title, s.id)} · overseer approvals`);
-    title.textContent = sessionName(s.title, s.id);
+    ctx.setTitle(`${display(sessionName(s.title, s.id), false)} · overseer approvals`);
+    setText(title, sessionName(s.title, s.id));
     append(clear(meta), [
       h('span', {}, `Agent: ${s.agent}`),
       h('span', {}, `Created ${formatTime(s.created_at_ms)}`),
@@ -191,7 +192,7 @@ export function renderSession(main, id, ctx) {
         if (!streaming) {
           streaming = entry('assistant streaming', 'assistant', h('p', { class: 'text' }));
         }
-        streaming.querySelector('.text').append(e.text);
+        append(streaming.querySelector('.text'), e.text);
         break;
       }
       case 'message_accepted':

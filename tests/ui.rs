@@ -5,26 +5,31 @@
 //! the tree, cards removed everywhere when decided anywhere, tenants kept
 //! apart, model text rendered inert, an expired token back at sign-in.
 //!
-//! One browser serves the whole binary (see `ui/webdriver.rs`); each test
-//! takes it in turn, in a fresh window. Without Chromium and chromedriver
-//! the tests fail saying how to install them. Screenshots of the inbox, the
-//! edit form with its error and the session view are saved under
+//! The browser is the headless Chromium of the npm package
+//! `@sparticuz/chromium`, which the tests install and unpack themselves
+//! (`common/chromium.rs`), or the one `OVERSEER_TEST_CHROMIUM` names; it is
+//! driven over the DevTools protocol (`ui/browser.rs`). One browser process
+//! serves the whole binary; each test has its own browser context. The
+//! paths that cannot get a browser fail with one line saying what to do
+//! (tested at the end of this file). Screenshots of the inbox, the edit form
+//! with its error and the session view are saved under
 //! `target/ui-screenshots/` in each run. Every wait is on the page's own
 //! state (a DOM observer in the browser), bounded, and fails saying what it
 //! awaited and what the page showed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "ui/browser.rs"]
+mod browser;
+mod common;
 #[path = "ui/served.rs"]
 mod served;
-#[path = "ui/webdriver.rs"]
-mod webdriver;
 
 use anyhow::Context;
+use browser::{Browser, Window};
 use reqwest::Method;
 use serde_json::json;
 use served::{token_until, Served, WRITE_DESCRIPTION};
-use webdriver::Browser;
 
 type Result = anyhow::Result<()>;
 
@@ -54,7 +59,7 @@ fn shows(text: &str) -> String {
 }
 
 /// Signs in by pasting `token` into the form.
-async fn paste_sign_in(b: &Browser, s: &Served, token: &str) -> Result {
+async fn paste_sign_in(b: &Window, s: &Served, token: &str) -> Result {
     b.goto(&s.page("")).await?;
     b.wait("the sign-in form", "document.getElementById('token')")
         .await?;
@@ -68,7 +73,7 @@ async fn paste_sign_in(b: &Browser, s: &Served, token: &str) -> Result {
 }
 
 /// Whether the page is wider than the window (it must not be, at 375 px).
-async fn overflows(b: &Browser) -> anyhow::Result<bool> {
+async fn overflows(b: &Window) -> anyhow::Result<bool> {
     Ok(b.js(
         "return document.documentElement.scrollWidth > window.innerWidth + 1",
         json!([]),
@@ -84,7 +89,7 @@ async fn sign_in_then_an_edit_refused_at_the_field_then_fixed_shows_the_result()
     let link = s.link("acme", "alice")?;
     assert!(link.starts_with(&format!("{}/#token=", s.url)), "{link}");
     let token = link.split_once("#token=").unwrap().1.to_owned();
-    let b = Browser::take().await?;
+    let b = Browser::open().await?;
 
     // The link signs in; the token moves to sessionStorage and leaves the
     // address bar; nothing goes to localStorage.
@@ -233,7 +238,7 @@ async fn sign_in_then_an_edit_refused_at_the_field_then_fixed_shows_the_result()
 async fn a_denial_typed_at_the_keyboard_reaches_the_model_then_a_message_and_done() -> Result {
     let s = Served::start().await?;
     let bob = s.token("acme", "bob");
-    let b = Browser::take().await?;
+    let b = Browser::open().await?;
     paste_sign_in(&b, &s, &bob).await?;
     let id = s.create(&bob, "ops", "please write record 7", None).await?;
     let call = s.pending_call(&bob, &id).await?;
@@ -251,11 +256,12 @@ async fn a_denial_typed_at_the_keyboard_reaches_the_model_then_a_message_and_don
         "document.activeElement.classList.contains('reason')",
     )
     .await?;
-    let reason = b
-        .find(&format!(".card[data-call=\"{call}\"] input.reason"))
-        .await?;
-    b.type_into(&reason, &format!("not on a Friday{}", webdriver::ENTER))
-        .await?;
+    b.type_into(
+        &format!(".card[data-call=\"{call}\"] input.reason"),
+        "not on a Friday",
+    )
+    .await?;
+    b.keys(&["Enter"]).await?;
     b.wait("the denied card to go", &card_gone(&call)).await?;
     assert!(s.tool_calls().is_empty(), "a denied call never runs");
 
@@ -309,7 +315,7 @@ async fn a_denial_typed_at_the_keyboard_reaches_the_model_then_a_message_and_don
 async fn a_childs_approval_shows_its_path_and_is_decided_from_the_inbox() -> Result {
     let s = Served::start().await?;
     let link = s.link("acme", "carol")?;
-    let b = Browser::take().await?;
+    let b = Browser::open().await?;
     b.goto(&link).await?;
     b.wait(
         "signed in",
@@ -397,26 +403,19 @@ async fn a_childs_approval_shows_its_path_and_is_decided_from_the_inbox() -> Res
     Ok(())
 }
 
-/// Switches to `window` and waits for `condition` there.
-async fn wait_in(b: &Browser, window: &str, what: &str, condition: &str) -> Result {
-    b.switch_to(window).await?;
-    b.wait(what, condition).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_own() -> Result {
     let s = Served::start().await?;
     let alice = s.token("acme", "alice");
     let eve = s.token("globex", "eve");
-    let b = Browser::take().await?;
-    let a = b.windows().await?.remove(0);
-    paste_sign_in(&b, &s, &alice).await?;
+    let b = Browser::open().await?;
+    // Three windows: alice twice, eve (another tenant) once.
+    let a: &Window = &b;
+    paste_sign_in(a, &s, &alice).await?;
     let w2 = b.new_window().await?;
-    b.switch_to(&w2).await?;
-    paste_sign_in(&b, &s, &alice).await?;
+    paste_sign_in(&w2, &s, &alice).await?;
     let w3 = b.new_window().await?;
-    b.switch_to(&w3).await?;
-    paste_sign_in(&b, &s, &eve).await?;
+    paste_sign_in(&w3, &s, &eve).await?;
 
     let mut sessions = Vec::new();
     for n in 1..=4 {
@@ -438,29 +437,22 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
         .map(|(_, c)| card_shown(c))
         .collect::<Vec<_>>()
         .join(" && ");
-    for w in [&a, &w2] {
-        wait_in(&b, w, "every card", &every).await?;
+    for w in [a, &w2] {
+        w.wait("every card", &every).await?;
     }
 
     // Decided in one window.
     let (s1, c1) = &sessions[0];
-    b.switch_to(&a).await?;
-    b.click(&format!(".card[data-call=\"{c1}\"] button.approve"))
+    a.click(&format!(".card[data-call=\"{c1}\"] button.approve"))
         .await?;
-    wait_in(
-        &b,
-        &w2,
-        "the card decided in the other window to go",
-        &card_gone(c1),
-    )
-    .await?;
+    w2.wait("the card decided in the other window to go", &card_gone(c1))
+        .await?;
 
     // Decided through the API. How long the card took to leave the other
     // window is printed (measured in the browser, from just before the
     // request), never asserted.
     let (s2, c2) = &sessions[1];
-    b.switch_to(&w2).await?;
-    b.js(
+    w2.js(
         "window.__goneAt = null; const sel = arguments[0]; \
          const o = new MutationObserver(() => { if (!document.querySelector(sel)) { window.__goneAt = Date.now(); o.disconnect(); } }); \
          o.observe(document, {subtree: true, childList: true});",
@@ -477,17 +469,11 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
         Some(json!({"decisions": {c2: {"decision": "approve"}}})),
     )
     .await?;
-    for w in [&w2, &a] {
-        wait_in(
-            &b,
-            w,
-            "the card decided through the API to go",
-            &card_gone(c2),
-        )
-        .await?;
+    for w in [&w2, a] {
+        w.wait("the card decided through the API to go", &card_gone(c2))
+            .await?;
     }
-    b.switch_to(&w2).await?;
-    if let Some(gone_at) = b.js("return window.__goneAt", json!([])).await?.as_i64() {
+    if let Some(gone_at) = w2.js("return window.__goneAt", json!([])).await?.as_i64() {
         eprintln!(
             "measured: a card decided through the API left another open inbox {} ms after the request was sent",
             gone_at - sent_at
@@ -505,40 +491,36 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for w in [&a, &w2] {
-        wait_in(&b, w, "the card decided with the CLI to go", &card_gone(c3)).await?;
+    for w in [a, &w2] {
+        w.wait("the card decided with the CLI to go", &card_gone(c3))
+            .await?;
     }
 
     // Decided by the approval timeout.
-    for w in [&a, &w2] {
-        wait_in(&b, w, "the timed-out card to go", &card_gone(&hasty_call)).await?;
+    for w in [a, &w2] {
+        w.wait("the timed-out card to go", &card_gone(&hasty_call))
+            .await?;
     }
 
     // Cancelled from the session view in one window (confirm, then cancel).
     let (s4, c4) = &sessions[3];
-    b.switch_to(&a).await?;
-    b.goto(&s.page(&format!("#/s/{s4}"))).await?;
-    b.wait(
+    a.goto(&s.page(&format!("#/s/{s4}"))).await?;
+    a.wait(
         "the session view",
         "document.querySelector('.status.awaiting_approval')",
     )
     .await?;
-    b.click("#cancel-session").await?;
-    b.wait("the confirmation", &shows("Confirm: cancel"))
+    a.click("#cancel-session").await?;
+    a.wait("the confirmation", &shows("Confirm: cancel"))
         .await?;
-    b.click("#cancel-session").await?;
-    b.wait(
+    a.click("#cancel-session").await?;
+    a.wait(
         "the session cancelled",
         "document.querySelector('.status.cancelled')",
     )
     .await?;
-    wait_in(
-        &b,
-        &w2,
-        "the cancelled session's card to go",
-        &card_gone(c4),
-    )
-    .await?;
+    w2.wait("the cancelled session's card to go", &card_gone(c4))
+        .await?;
 
     // Several at once, by keyboard, in the second window.
     let mut batch = Vec::new();
@@ -549,17 +531,16 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
         batch.push(s.pending_call(&alice, &id).await?);
     }
     let both = format!("{} && {}", card_shown(&batch[0]), card_shown(&batch[1]));
-    wait_in(&b, &w2, "the two new cards", &both).await?;
-    b.js("document.getElementById('main').focus()", json!([]))
+    w2.wait("the two new cards", &both).await?;
+    w2.js("document.getElementById('main').focus()", json!([]))
         .await?;
-    b.keys(&["j", "x", "j", "x"]).await?;
-    b.wait("two selected", &shows("2 selected")).await?;
-    b.keys(&["A"]).await?;
+    w2.keys(&["j", "x", "j", "x"]).await?;
+    w2.wait("two selected", &shows("2 selected")).await?;
+    w2.keys(&["A"]).await?;
     let gone = format!("{} && {}", card_gone(&batch[0]), card_gone(&batch[1]));
-    b.wait("the approved cards to go", &gone).await?;
-    b.switch_to(&a).await?;
-    b.goto(&s.page("#/inbox")).await?;
-    b.wait(
+    w2.wait("the approved cards to go", &gone).await?;
+    a.goto(&s.page("#/inbox")).await?;
+    a.wait(
         "an empty inbox in the first window",
         &shows("No pending approvals"),
     )
@@ -574,13 +555,12 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
     assert_eq!(sorted, vec![1, 2, 3, 5, 6], "approved calls ran once each");
 
     // The other tenant saw none of it, and cannot open it.
-    b.switch_to(&w3).await?;
-    b.wait("globex's empty inbox", &shows("No pending approvals"))
+    w3.wait("globex's empty inbox", &shows("No pending approvals"))
         .await?;
-    assert_eq!(b.text("#inbox-count").await?, "0");
-    assert_eq!(b.find_all(".cards .card").await?.len(), 0);
-    b.goto(&s.page(&format!("#/s/{s1}"))).await?;
-    b.wait(
+    assert_eq!(w3.text("#inbox-count").await?, "0");
+    assert_eq!(w3.count(".cards .card").await?, 0);
+    w3.goto(&s.page(&format!("#/s/{s1}"))).await?;
+    w3.wait(
         "not found for another tenant's session",
         &shows("Session not found"),
     )
@@ -594,7 +574,7 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
 async fn model_tool_and_user_text_is_rendered_as_inert_text() -> Result {
     let s = Served::start().await?;
     let dave = s.token("acme", "dave");
-    let b = Browser::take().await?;
+    let b = Browser::open().await?;
     paste_sign_in(&b, &s, &dave).await?;
     let payload = r#"hi <script>window.__xss=1;alert('script')</script><img src=x onerror="window.__xss=2;alert('img')">"#;
     let title = "<img src=/ui/title-x onerror=alert(3)>";
@@ -617,7 +597,7 @@ async fn model_tool_and_user_text_is_rendered_as_inert_text() -> Result {
         async move {
             let ok = b.js(&format!("return {inert}"), json!([])).await?;
             assert_eq!(ok, json!(true), "{what}: markup was interpreted");
-            assert_eq!(b.dialog().await?, None, "{what}: a dialog opened");
+            assert_eq!(b.dialogs(), Vec::<String>::new(), "{what}: a dialog opened");
             anyhow::Ok(())
         }
     };
@@ -643,6 +623,17 @@ async fn model_tool_and_user_text_is_rendered_as_inert_text() -> Result {
     check("the session view").await?;
     let violations = b.js("return window.__violations", json!([])).await?;
     assert_eq!(violations, json!([]), "the page broke its own CSP");
+    // The browser's own log agrees, from the first load on.
+    let reported: Vec<String> = b
+        .console()
+        .into_iter()
+        .filter(|line| line.starts_with("security"))
+        .collect();
+    assert_eq!(
+        reported,
+        Vec::<String>::new(),
+        "the browser reported a CSP violation"
+    );
     let doc_title = b.js("return document.title", json!([])).await?;
     assert!(doc_title.as_str().unwrap().contains(title), "{doc_title}");
     Ok(())
@@ -651,7 +642,7 @@ async fn model_tool_and_user_text_is_rendered_as_inert_text() -> Result {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_token_returns_to_sign_in_with_a_clear_message() -> Result {
     let s = Served::start().await?;
-    let b = Browser::take().await?;
+    let b = Browser::open().await?;
 
     // A token that expires while the page is open: back to sign-in when it
     // does, and the token is forgotten.
@@ -694,4 +685,264 @@ async fn an_expired_token_returns_to_sign_in_with_a_clear_message() -> Result {
         .as_bool()
         .unwrap());
     Ok(())
+}
+
+// ---- the browser helper itself ---------------------------------------------------
+
+/// Serves `html` at `/` of a loopback server of the test's own (no CSP);
+/// its address.
+async fn serve_html(html: &'static str) -> anyhow::Result<String> {
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || async move { axum::response::Html(html) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_helper_waits_across_a_reload_and_a_failed_wait_says_what_the_page_showed() -> Result {
+    let b = Browser::open().await?;
+    b.goto(&serve_html("<p id=p>first</p>").await?).await?;
+    // A wait whose document is replaced under it goes on in the new one.
+    b.js(
+        "window.before = true; setTimeout(() => location.reload(), 200)",
+        json!([]),
+    )
+    .await?;
+    b.wait(
+        "the reloaded page",
+        "window.before === undefined && performance.getEntriesByType('navigation')[0].type === 'reload'",
+    )
+    .await?;
+    // What the page reports is kept, and a wait that fails quotes it with
+    // the page's text.
+    b.js(
+        "console.error('from the page'); setTimeout(() => { throw new Error('thrown later'); }, 0); alert('hello')",
+        json!([]),
+    )
+    .await?;
+    b.set_patience(std::time::Duration::from_secs(1));
+    let message = b
+        .wait("something that never comes", "document.getElementById('q')")
+        .await
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "waited for something that never comes (document.getElementById('q')): not true after 1s",
+        "--- the page showed:\nfirst",
+        "console.error: from the page",
+        "uncaught: Uncaught Error: thrown later",
+        "dialog alert: hello",
+    ] {
+        assert!(
+            message.contains(want),
+            "{want:?} is missing from:\n{message}"
+        );
+    }
+    assert_eq!(b.dialogs(), vec!["alert: hello".to_owned()]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_helper_clicks_only_what_it_names_and_says_what_covers_it() -> Result {
+    let b = Browser::open().await?;
+    // A button that jumps away when pressed (as when a list grows above
+    // it): the release lands elsewhere; that release and its click are
+    // stopped before the page sees them, and the click is tried again.
+    b.goto(
+        &serve_html(
+        "<div id=top></div><button id=b>go</button><p id=log></p>\
+         <script>\
+           const b = document.getElementById('b'), log = document.getElementById('log');\
+           let moved = false;\
+           b.addEventListener('mousedown', () => { if (!moved) { moved = true; document.getElementById('top').style.height = '300px'; } });\
+           b.addEventListener('click', () => log.textContent += 'button;');\
+           document.body.addEventListener('click', (e) => { if (e.target !== b) log.textContent += 'elsewhere;'; });\
+         </script>",
+        )
+        .await?,
+    )
+    .await?;
+    b.click("#b").await?;
+    assert_eq!(b.text("#log").await?, "button;");
+
+    // Covered, missing and disabled elements fail saying so.
+    b.goto(
+        &serve_html(
+        "<button id=under>under</button><div id=cover style='position:fixed;inset:0;background:#fff'>cover</div>\
+         <button id=off disabled>off</button>",
+        )
+        .await?,
+    )
+    .await?;
+    b.set_patience(std::time::Duration::from_secs(1));
+    let covered = b.click("#under").await.unwrap_err().to_string();
+    assert!(
+        covered.contains("clicking #under: for 1s its centre showed <div id=\"cover\""),
+        "{covered}"
+    );
+    let missing = b.click("#nothing").await.unwrap_err().to_string();
+    assert_eq!(missing, "clicking #nothing: no element matches");
+    let disabled = b.click("#off").await.unwrap_err().to_string();
+    assert_eq!(disabled, "clicking #off: it is disabled");
+    Ok(())
+}
+
+// ---- getting a browser -----------------------------------------------------------
+
+/// A `tests/`-like directory with `@sparticuz/chromium` "installed" and an
+/// executable script `name` in it.
+fn fake_tests_dir(name: &str, script: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let package = dir.path().join("node_modules/@sparticuz/chromium");
+    std::fs::create_dir_all(&package).unwrap();
+    std::fs::write(package.join("package.json"), "{}").unwrap();
+    let program = dir.path().join(name);
+    std::fs::write(&program, script).unwrap();
+    let status = std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&program)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let program = program.display().to_string();
+    (dir, program)
+}
+
+#[test]
+fn a_configured_chromium_is_used_as_named_and_must_be_a_file() {
+    use common::chromium::{locate, Chromium, ENV};
+    use common::npm::Programs;
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("my-chromium");
+    std::fs::write(&exe, "").unwrap();
+    // No npm or node is needed for a configured one.
+    let none = Programs {
+        node: "overseer-test-no-such-node",
+        npm: "overseer-test-no-such-npm",
+    };
+    assert_eq!(
+        locate(Some(exe.clone().into()), dir.path(), none),
+        Ok(Chromium::Configured(exe))
+    );
+    let missing = dir.path().join("no-such-chromium");
+    let message = locate(Some(missing.clone().into()), dir.path(), none).unwrap_err();
+    assert!(
+        message.starts_with(&format!(
+            "{ENV} names {}, which is not a file",
+            missing.display()
+        )),
+        "{message}"
+    );
+    assert!(!message.contains('\n'), "one line: {message}");
+}
+
+#[test]
+fn chromium_is_unpacked_once_and_an_unpack_that_failed_leaves_no_browser() {
+    use common::chromium::{unpacked, ENV};
+    use common::npm::Programs;
+    // A `node` that does what the package's unpacker does: writes the
+    // browser into $TMPDIR and prints its path; it counts its runs.
+    let (dir, node) = fake_tests_dir(
+        "node",
+        "#!/bin/sh\necho run >> \"$(dirname \"$0\")/runs\"\n: > \"$TMPDIR/chromium\"\nprintf %s \"$TMPDIR/chromium\"\n",
+    );
+    let programs = Programs {
+        node: &node,
+        npm: "npm",
+    };
+    let runs = || {
+        std::fs::read_to_string(dir.path().join("runs"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    let browser = unpacked(dir.path(), programs).unwrap();
+    assert_eq!(
+        browser,
+        dir.path().join("node_modules/.overseer-chromium/chromium")
+    );
+    assert!(browser.is_file());
+    assert_eq!(runs(), 1);
+    assert_eq!(unpacked(dir.path(), programs).unwrap(), browser);
+    assert_eq!(runs(), 1, "a finished unpack is used as it is");
+
+    // An unpack that did not finish (no mark) is done again.
+    std::fs::remove_file(dir.path().join("node_modules/.overseer-chromium/.unpacked")).unwrap();
+    assert_eq!(unpacked(dir.path(), programs).unwrap(), browser);
+    assert_eq!(runs(), 2);
+
+    // One that fails says why in one line, and leaves nothing to run.
+    let (dir, node) = fake_tests_dir(
+        "node",
+        "#!/bin/sh\n: > \"$TMPDIR/chromium\"\necho 'Error: ENOSPC: no space left on device' >&2\nexit 1\n",
+    );
+    let message = unpacked(
+        dir.path(),
+        Programs {
+            node: &node,
+            npm: "npm",
+        },
+    )
+    .unwrap_err();
+    assert!(
+        message.starts_with("unpacking Chromium from @sparticuz/chromium failed"),
+        "{message}"
+    );
+    assert!(
+        message.contains("ENOSPC: no space left on device"),
+        "{message}"
+    );
+    assert!(message.contains(ENV), "{message}");
+    assert!(!message.contains('\n'), "one line: {message}");
+    assert!(!dir.path().join("node_modules/.overseer-chromium").exists());
+}
+
+#[test]
+fn without_node_the_unpack_fails_saying_what_to_install() {
+    use common::chromium::unpacked;
+    use common::npm::{Programs, INSTALL_HINT};
+    let (dir, _) = fake_tests_dir("unused", "");
+    let message = unpacked(
+        dir.path(),
+        Programs {
+            node: "overseer-test-no-such-node",
+            npm: "npm",
+        },
+    )
+    .unwrap_err();
+    assert!(message.contains("overseer-test-no-such-node"), "{message}");
+    assert!(message.contains(INSTALL_HINT), "{message}");
+    assert!(!message.contains('\n'), "one line: {message}");
+    // Without the package in node_modules, it says so.
+    std::fs::remove_dir_all(dir.path().join("node_modules/@sparticuz")).unwrap();
+    let message = unpacked(dir.path(), Programs::default()).unwrap_err();
+    assert!(
+        message.contains("@sparticuz/chromium/package.json is missing"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_chromium_that_cannot_start_fails_saying_what_it_printed() {
+    let (dir, exe) = fake_tests_dir(
+        "chromium",
+        "#!/bin/sh\necho 'chromium: error while loading shared libraries: libnss3.so' >&2\nexit 127\n",
+    );
+    let profile = dir.path().join("profile");
+    std::fs::create_dir(&profile).unwrap();
+    let message = match browser::start(std::path::Path::new(&exe), &[], &profile) {
+        Ok(_) => panic!("a browser that exits started"),
+        Err(message) => message,
+    };
+    assert!(
+        message.contains(&format!("Chromium ({exe}) exited")),
+        "{message}"
+    );
+    assert!(message.contains("libnss3.so"), "{message}");
+    assert!(message.contains(common::chromium::ENV), "{message}");
+    assert!(!message.contains('\n'), "one line: {message}");
 }

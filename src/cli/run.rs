@@ -6,8 +6,10 @@
 //! Its runtime is built by `service`, exactly as `serve` builds its own; this
 //! module owns only following one session's events and deciding its calls.
 
+mod question;
+
 use std::collections::HashMap;
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +29,7 @@ use super::{status, terminal, ApproveMode, CliError, RunArgs, CLI_TENANT, DENY_M
 use crate::config::{Config, LoadOptions, Overrides};
 use crate::render;
 use crate::tools::builtin_registry;
+use question::{Read, Watch};
 
 /// Longest excerpt of a tool result or arguments on a status line.
 const EXCERPT_CHARS: usize = 200;
@@ -34,6 +37,10 @@ const EXCERPT_CHARS: usize = 200;
 /// How often a run reads its session's events from the store, besides the
 /// live stream (see `Follower::follow`).
 const STORE_POLL: Duration = Duration::from_secs(1);
+
+/// Longest a run waits, once its turn is over, for the questions still on
+/// the terminal to end with their line.
+const QUESTIONS_CLOSE: Duration = Duration::from_secs(2);
 
 /// What a run works on.
 enum Target {
@@ -316,9 +323,18 @@ async fn drive(
     let end = follower
         .follow(overseer, id, &mut rx, &mut interrupt_rx)
         .await;
-    decider.abort();
     interrupts.abort();
     children.abort();
+    drop(follower);
+    // The turn is over, and so is every question of it: an open one says
+    // so (its call's events close it) rather than being cut off.
+    let stop = decider.abort_handle();
+    if tokio::time::timeout(QUESTIONS_CLOSE, decider)
+        .await
+        .is_err()
+    {
+        stop.abort();
+    }
     let end = end?;
 
     // Ctrl-C stopped the turn: the session is kept, waiting for input.
@@ -403,6 +419,8 @@ struct TurnEnd {
 
 /// A call waiting for a decision, as announced by its event.
 struct PendingCall {
+    /// The session that owns it (the root's, or a subagent's).
+    session: SessionId,
     id: ToolCallId,
     name: String,
     arguments: Value,
@@ -454,6 +472,7 @@ impl Follower {
                     call.id
                 ));
                 let _ = self.pending.send(PendingCall {
+                    session: header.id,
                     id: call.id.clone(),
                     name: call.name.clone(),
                     arguments: call.run_arguments().clone(),
@@ -561,6 +580,7 @@ impl Follower {
             return None;
         }
         self.last_seq = event.seq;
+        let session = event.session_id;
         match event.kind {
             EventKind::AssistantMessage { text, .. } => {
                 if self.resync {
@@ -598,6 +618,7 @@ impl Follower {
                     excerpt(&arguments)
                 ));
                 let _ = self.pending.send(PendingCall {
+                    session,
                     id: call_id,
                     name,
                     arguments,
@@ -728,6 +749,7 @@ async fn watch_children(
                         p.call.id
                     ));
                     let _ = pending.send(PendingCall {
+                        session: p.session_id,
                         id: p.call.id.clone(),
                         name: p.call.name.clone(),
                         arguments: p.call.arguments.clone(),
@@ -815,9 +837,23 @@ async fn submit(
     result
 }
 
-/// Asks on the terminal until the decision is accepted.
+/// Asks on the terminal until the decision is accepted, or until the call
+/// no longer waits (decided elsewhere, or its turn ended): then the question
+/// ends with a line saying who decided and how.
 async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
+    let closed = match Watch::start(overseer, call.session, &call.id).await {
+        Ok(watch) => watch.closed(),
+        Err(why) => return closed_line("not asked", call, &why),
+    };
     show_call(call);
+    let mut closed = Box::pin(closed);
+    let mut read = async |prompt: String| match question::read_line(prompt, &mut closed).await {
+        Read::Line(line) => Ok(line),
+        Read::Closed(why) => {
+            closed_line("question closed", call, &why);
+            Err(())
+        }
+    };
     loop {
         let note = if call.outcome_unknown {
             " (it was running when the process stopped; approving runs it again)"
@@ -828,7 +864,10 @@ async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
             "approve {} ({}){note}? [y]es/[n]o/[e]dit: ",
             call.name, call.id
         );
-        let Some(answer) = read_line(question).await else {
+        let Ok(answer) = read(question).await else {
+            return;
+        };
+        let Some(answer) = answer else {
             // End of input: nobody is left to ask.
             let _ = submit(
                 overseer,
@@ -843,22 +882,35 @@ async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
         let decision = match answer.trim().to_ascii_lowercase().as_str() {
             "y" | "yes" => Decision::approve(),
             "n" | "no" => {
-                let reason = read_line("reason (optional): ".to_owned())
-                    .await
+                let Ok(reason) = read("reason (optional): ".to_owned()).await else {
+                    return;
+                };
+                let reason = reason
                     .map(|r| r.trim().to_owned())
                     .filter(|r| !r.is_empty())
                     .unwrap_or_else(|| "denied at the terminal".to_owned());
                 Decision::deny(reason)
             }
             "e" | "edit" => {
-                let Some(text) =
-                    read_line("arguments to replace, as a JSON object: ".to_owned()).await
+                let Ok(text) = read("arguments to replace, as a JSON object: ".to_owned()).await
                 else {
+                    return;
+                };
+                let Some(text) = text else {
                     continue;
                 };
                 match serde_json::from_str::<Map<String, Value>>(text.trim()) {
                     Ok(override_args) => {
-                        if !confirm_edit(call, &override_args).await {
+                        show_edit(call, &override_args);
+                        let Ok(confirmed) =
+                            read("approve with these arguments? [y]es/[n]o: ".to_owned()).await
+                        else {
+                            return;
+                        };
+                        if !matches!(
+                            confirmed.map(|a| a.trim().to_ascii_lowercase()).as_deref(),
+                            Some("y" | "yes")
+                        ) {
                             continue;
                         }
                         Decision::Approve {
@@ -903,16 +955,16 @@ fn print_block(name: &str, arguments: &Value) {
     }
 }
 
-/// Shows what an edit changes and what the tool will then receive, and asks
-/// whether to approve that. An edit replaces the keys it names (a shallow
-/// merge, as the session applies it).
-async fn confirm_edit(call: &PendingCall, edit: &Map<String, Value>) -> bool {
+/// Shows what an edit changes and what the tool will then receive, before
+/// the person is asked to approve that. An edit replaces the keys it names
+/// (a shallow merge, as the session applies it).
+fn show_edit(call: &PendingCall, edit: &Map<String, Value>) {
     let (merged, diff) = match merge_override(&call.arguments, edit, &[]) {
         Ok(merged) => merged,
         // Only removals can be refused, and this edit removes nothing.
         Err(problem) => {
             status(problem);
-            return false;
+            return;
         }
     };
     match diff.as_object().filter(|d| !d.is_empty()) {
@@ -929,30 +981,12 @@ async fn confirm_edit(call: &PendingCall, edit: &Map<String, Value>) -> bool {
         call.name, call.id
     ));
     print_block(&call.name, &merged);
-    let answer = read_line("approve with these arguments? [y]es/[n]o: ".to_owned()).await;
-    matches!(
-        answer.map(|a| a.trim().to_ascii_lowercase()).as_deref(),
-        Some("y" | "yes")
-    )
 }
 
-/// Prints `prompt` on stderr and reads one line from stdin on a blocking
-/// thread (never on an async worker). `None` at end of input.
-async fn read_line(prompt: String) -> Option<String> {
-    tokio::task::spawn_blocking(move || {
-        let mut err = std::io::stderr().lock();
-        let _ = write!(err, "{}", terminal::inline(&prompt));
-        let _ = err.flush();
-        drop(err);
-        let mut line = String::new();
-        match std::io::stdin().lock().read_line(&mut line) {
-            Ok(0) | Err(_) => None,
-            Ok(_) => Some(line),
-        }
-    })
-    .await
-    .ok()
-    .flatten()
+/// The line that ends a question the call's decision elsewhere closed (or
+/// says why a queued one is not asked).
+fn closed_line(what: &str, call: &PendingCall, why: &overseer_actors::model::PromptClosed) {
+    status(format_args!("{what}: {} ({}) {why}", call.name, call.id));
 }
 
 /// Forwards Ctrl-C: the first interrupts the turn (the session is kept), the

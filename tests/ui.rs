@@ -141,7 +141,8 @@ async fn sign_in_then_an_edit_refused_at_the_field_then_fixed_shows_the_result()
     b.screenshot("inbox").await?;
 
     // Edit the arguments with a value the tool's schema refuses: the
-    // server's message is shown at the field, which is marked invalid.
+    // change is shown before it is confirmed; then the server's message is
+    // shown at the field, which is marked invalid.
     b.click(&format!("{card} button[aria-label^='Edit arguments']"))
         .await?;
     b.fill(
@@ -151,6 +152,17 @@ async fn sign_in_then_an_edit_refused_at_the_field_then_fixed_shows_the_result()
     .await?;
     b.click(&format!("{card} form.edit button[type=submit]"))
         .await?;
+    b.wait(
+        "the change shown before it is confirmed",
+        &format!(
+            "!document.querySelector({}).hidden",
+            lit(&format!("{card} .edit-preview"))
+        ),
+    )
+    .await?;
+    let preview = b.text(&format!("{card} .edit-preview")).await?;
+    assert!(preview.contains(r#"key: 42 → "forty-two""#), "{preview}");
+    b.click(&format!("{card} button.confirm-edit")).await?;
     b.wait(
         "the validation message at the field",
         &format!(
@@ -181,11 +193,12 @@ async fn sign_in_then_an_edit_refused_at_the_field_then_fixed_shows_the_result()
     assert!(s.tool_calls().is_empty(), "nothing ran");
     b.screenshot("edit-error").await?;
 
-    // Fixed, it is approved; the card goes away.
+    // Fixed, reviewed and confirmed, it is approved; the card goes away.
     b.fill(&format!("{card} textarea.args-editor"), r#"{"key": 43}"#)
         .await?;
     b.click(&format!("{card} form.edit button[type=submit]"))
         .await?;
+    b.click(&format!("{card} button.confirm-edit")).await?;
     b.wait("the decided card to go", &card_gone(&call)).await?;
     b.wait(
         "the inbox count at zero",
@@ -665,6 +678,10 @@ async fn an_expired_token_returns_to_sign_in_with_a_clear_message() -> Result {
     // A stored token the server refuses (it expired while the tab was
     // away): the next request answers 401 and the page says why.
     paste_sign_in(&b, &s, &s.token("acme", "erin")).await?;
+    // Once the inbox has loaded, nothing is asked of the server until the
+    // next action.
+    b.wait("the empty inbox", &shows("No pending approvals"))
+        .await?;
     let expired = token_until("acme", "erin", jsonwebtoken::get_current_timestamp() - 60);
     b.js(
         "sessionStorage.setItem('overseer.token', arguments[0])",

@@ -1,6 +1,7 @@
 // The inbox as a review desk: every pending approval of the tenant, kept
-// live by the tenant event stream (a `reset` reloads the snapshot,
-// GET /v1/approvals; later events add and remove cards), searchable and
+// live by the tenant event stream (a `reset`, the first event of every new
+// connection, (re)loads the snapshot, GET /v1/approvals; later events add
+// and remove cards), searchable and
 // filtered (agent, tool, session title, text in the arguments), grouped by
 // session or not, ordered by request or by deadline (calls close to their
 // automatic denial are marked), and the cards that decide them: approve,
@@ -19,6 +20,9 @@ import {
 
 /** Most pending approvals loaded into the page (pages of 200). */
 const MAX_LOADED = 1000;
+/** Above this many cards shown, the ones off screen are not laid out
+ *  (`.board.many` in the stylesheet). */
+const MANY_CARDS = 60;
 
 /** Pending approvals by call id. */
 export class InboxStore {
@@ -532,6 +536,7 @@ export function renderInbox(main, ctx) {
   const flat = h('ul', { class: 'cards', 'aria-label': 'Pending approvals' });
   const board = h('div', { class: 'board' });
   const empty = h('p', { class: 'empty', hidden: true }, 'No pending approvals. New ones appear here as agents ask.');
+  const loading = h('p', { class: 'hint loading' }, 'Loading the pending approvals…');
   const none = h('p', { class: 'empty none-shown', hidden: true }, 'No pending approval matches the search and filters.');
   const status = h('p', { class: 'error', role: 'alert' });
   const more = h('p', { class: 'hint', hidden: true },
@@ -580,7 +585,7 @@ export function renderInbox(main, ctx) {
     : h('p', { class: 'read-only hint' },
       'Read-only: your token may see approvals but not decide them (deciding needs approvals:write). ', helpButton);
 
-  main.append(h('h1', {}, 'Pending approvals'), filters, bulk, help, status, more, empty, none, board);
+  main.append(h('h1', {}, 'Pending approvals'), filters, bulk, help, status, more, loading, empty, none, board);
 
   function shownCards() {
     return [...board.querySelectorAll('.card')];
@@ -700,6 +705,8 @@ export function renderInbox(main, ctx) {
       place(flat, shown.map(cardOf));
       place(board, [flat]);
     }
+    board.classList.toggle('many', shown.length > MANY_CARDS);
+    loading.hidden = store.loaded || Boolean(store.error);
     empty.hidden = items.length > 0 || !store.loaded;
     none.hidden = shown.length > 0 || items.length === 0;
     shownCount.textContent = shown.length === items.length
@@ -840,8 +847,10 @@ export function renderInbox(main, ctx) {
   }
 
   document.addEventListener('keydown', onKey);
+  // The snapshot is read when the tenant stream says so (its first event
+  // on a new connection is a `reset`): a read started before that could
+  // miss what happened in between, and would have to be read again.
   const unsubscribe = store.subscribe(render);
-  if (!store.loaded && !store.loading) store.reload();
   render();
   main.focus();
   return {

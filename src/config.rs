@@ -347,6 +347,15 @@ pub struct ClusterSection {
     /// node's sessions.
     #[serde(default = "default_failover_concurrency")]
     pub failover_concurrency: usize,
+    /// Most requests a node forwards to the owners of their sessions at
+    /// once, counted apart from `http.max_in_flight_requests` (its own
+    /// work); past it: 503 `overloaded`.
+    #[serde(default = "default_max_in_flight_forwards")]
+    pub max_in_flight_forwards: usize,
+    /// A dead node stays listed (as dead) by `overseer cluster status` this
+    /// many seconds after its last heartbeat; then its row is removed.
+    #[serde(default = "default_dead_node_retention_secs")]
+    pub dead_node_retention_secs: u64,
 }
 
 impl Default for ClusterSection {
@@ -356,8 +365,17 @@ impl Default for ClusterSection {
             lease_secs: default_lease_secs(),
             advertise_url: String::new(),
             failover_concurrency: default_failover_concurrency(),
+            max_in_flight_forwards: default_max_in_flight_forwards(),
+            dead_node_retention_secs: default_dead_node_retention_secs(),
         }
     }
+}
+
+fn default_max_in_flight_forwards() -> usize {
+    128
+}
+fn default_dead_node_retention_secs() -> u64 {
+    3_600
 }
 
 fn default_heartbeat_secs() -> u64 {
@@ -508,9 +526,13 @@ pub struct ProviderSection {
     /// Seconds a stream may stay silent before it is cut.
     #[serde(default)]
     pub idle_timeout_secs: Option<u64>,
-    /// Most output tokens per request.
+    /// Most output tokens per request (see `RouteConfig::max_tokens`).
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// The longest `retry-after` honoured (see
+    /// `RouteConfig::max_retry_after_secs`). Default: 60.
+    #[serde(default)]
+    pub max_retry_after_secs: Option<u64>,
     /// The model's context window, in tokens (see `RouteConfig::context_window`).
     #[serde(default)]
     pub context_window: Option<u64>,
@@ -527,6 +549,7 @@ impl Default for ProviderSection {
             timeout_secs: None,
             idle_timeout_secs: None,
             max_tokens: None,
+            max_retry_after_secs: None,
             context_window: None,
         }
     }
@@ -550,6 +573,9 @@ impl ProviderSection {
             route.idle_timeout_secs = t;
         }
         route.max_tokens = self.max_tokens;
+        if let Some(secs) = self.max_retry_after_secs {
+            route.max_retry_after_secs = secs;
+        }
         route.context_window = self.context_window;
         if kind == RouteKind::Scripted {
             route.scenario = Some(self.scenario.clone());
@@ -911,6 +937,26 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if c.max_in_flight_forwards == 0 || c.max_in_flight_forwards > crate::http::MAX_COUNT_LIMIT
+        {
+            out.push(Problem::new(
+                "cluster.max_in_flight_forwards",
+                format!(
+                    "must be between 1 and {}, found {}",
+                    crate::http::MAX_COUNT_LIMIT,
+                    c.max_in_flight_forwards
+                ),
+            ));
+        }
+        if c.dead_node_retention_secs < c.lease_secs {
+            out.push(Problem::new(
+                "cluster.dead_node_retention_secs",
+                format!(
+                    "must be at least cluster.lease_secs ({}): a node is dead only after that; found {}",
+                    c.lease_secs, c.dead_node_retention_secs
+                ),
+            ));
+        }
         let http = ["http://", "https://"]
             .iter()
             .any(|p| c.advertise_url.starts_with(p));
@@ -972,6 +1018,12 @@ impl Config {
             out.push(Problem::new(
                 "provider.context_window",
                 "must be at least 1 (tokens)",
+            ));
+        }
+        if self.provider.max_retry_after_secs.is_some_and(|s| s > 3600) {
+            out.push(Problem::new(
+                "provider.max_retry_after_secs",
+                "must be at most 3600",
             ));
         }
         for (i, route) in self.models.iter().enumerate() {
@@ -1254,26 +1306,62 @@ impl Config {
         self.agents.iter().map(|a| a.name.as_str()).collect()
     }
 
+    /// The name of the default route (`[provider]`, with any flags
+    /// applied): see `RouteConfig::label`.
+    pub fn default_route_name(&self) -> String {
+        self.provider.route().label()
+    }
+
+    /// Whether `name` is a `[[models]]` route.
+    fn is_model_table(&self, name: &str) -> bool {
+        self.models.iter().any(|m| m.name.as_deref() == Some(name))
+    }
+
+    /// The names agents give the default route: their `model` when no
+    /// `[[models]]` table has it (`"scripted"`, the default). Sessions
+    /// stored before routes had names of their own carry these.
+    pub fn default_route_aliases(&self) -> Vec<String> {
+        let default = self.default_route_name();
+        let mut names: Vec<String> = self
+            .agents
+            .iter()
+            .map(|a| a.model.clone())
+            .filter(|m| !self.is_model_table(m) && *m != default)
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
     /// Every model route a session may use: the `[[models]]` names and the
-    /// routes agents name (served by `[provider]` when no `[[models]]`
-    /// table has their name), sorted.
+    /// default route's, sorted.
     pub fn route_names(&self) -> Vec<String> {
         let mut routes: Vec<String> = self
             .models
             .iter()
             .filter_map(|m| m.name.clone())
-            .chain(self.agents.iter().map(|a| a.model.clone()))
+            .chain(std::iter::once(self.default_route_name()))
             .collect();
         routes.sort_unstable();
         routes.dedup();
         routes
     }
 
-    /// Every agent as the runtime takes it.
+    /// Every agent as the runtime takes it, its `model` naming the route
+    /// that really serves it: a `[[models]]` name, or the default route's
+    /// (so a session's configuration says `openai:llama3.2@…`, not
+    /// `scripted`, when `[provider]` serves it).
     pub fn agent_configs(&self) -> Vec<AgentConfig> {
+        let default = self.default_route_name();
         self.agents
             .iter()
-            .map(AgentSection::to_agent_config)
+            .map(|a| {
+                let mut agent = a.to_agent_config();
+                if !self.is_model_table(&agent.model) {
+                    agent.model.clone_from(&default);
+                }
+                agent
+            })
             .collect()
     }
 
@@ -2081,11 +2169,21 @@ mcp_servers = ["fs"]
         let e = parse_err("[cluster]\nbogus = 1\n");
         assert!(e.contains("cluster.bogus: unknown key"), "{e}");
         let e = load_text(
-            &format!("[cluster]\nheartbeat_secs = 5\nlease_secs = 10\nfailover_concurrency = 0\nadvertise_url = \"10.0.0.5:80\"\n[store]\npool_size = 1\n{MINIMAL}"),
+            &format!("[cluster]\nheartbeat_secs = 5\nlease_secs = 10\nfailover_concurrency = 0\nadvertise_url = \"10.0.0.5:80\"\nmax_in_flight_forwards = 0\ndead_node_retention_secs = 9\n[store]\npool_size = 1\n{MINIMAL}"),
             no_env,
         )
         .unwrap_err()
         .to_string();
+        assert!(
+            e.contains("cluster.max_in_flight_forwards: must be between 1 and 65535, found 0"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "cluster.dead_node_retention_secs: must be at least cluster.lease_secs (10)"
+            ),
+            "{e}"
+        );
         assert!(
             e.contains("cluster.lease_secs: must be more than twice cluster.heartbeat_secs (5)"),
             "{e}"

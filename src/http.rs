@@ -38,7 +38,8 @@
 //! the connection cap, shutdown with a deadline, JSON bodies for the errors
 //! hyper answers itself) and `admission` what every request passes before
 //! routing (the in-flight cap, the URI limit, the body deadline). The limits
-//! are [`HttpLimits`].
+//! are [`HttpLimits`]. In cluster mode `routing` sends a session's requests
+//! to the node that owns it (deadline, breaker and budget of its own).
 //!
 //! [`health_check`]: overseer_actors::store::CheckpointStore::health_check
 
@@ -52,6 +53,7 @@ mod idempotency;
 mod inbox;
 mod me;
 mod metrics;
+mod routing;
 mod sessions;
 mod tenant_events;
 mod ui;
@@ -75,6 +77,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
 pub use error::{ApiError, NotOwnerResponse};
+pub use routing::{forward_deadline, ForwardOptions, Routing, NODE_HEADER};
 pub(crate) use sessions::session_json;
 
 use crate::auth::AuthConfig;
@@ -111,7 +114,7 @@ pub struct HttpOptions {
     pub limits: HttpLimits,
     /// Cluster mode (§15): requests about a session go to the node that
     /// owns it. `None` on a single node.
-    pub cluster: Option<crate::cluster::Routing>,
+    pub cluster: Option<Routing>,
     /// Model routes a session may be created with or switched to besides
     /// the ones agents use (`overseer serve` passes the `[[models]]` names).
     pub model_routes: Vec<String>,
@@ -411,7 +414,7 @@ pub fn router(state: AppState) -> Router {
     let router = match state.inner.options.cluster.clone() {
         Some(routing) => router.layer(axum::middleware::from_fn_with_state(
             routing,
-            crate::cluster::route,
+            routing::route,
         )),
         None => router,
     };

@@ -1,6 +1,8 @@
 //! Fault injection for tests (cargo feature `fault-injection`, off by
 //! default): named points in the actors where a planned fault makes the actor
-//! panic, or the whole process abort, on the Nth hit.
+//! panic, or the whole process abort, on the Nth hit; and named safety checks
+//! of the edge (`overseer`'s cluster store) that a planned `bypass` skips
+//! from the Nth hit on, so a test can show the next line of defence holding.
 //!
 //! Owns the plan registry and the hit counting. Without the feature the
 //! [`fault_point!`] macro expands to nothing, so release builds contain no
@@ -27,6 +29,12 @@ pub enum FaultPoint {
     MidStream,
     /// In the session actor, after a decision submission was acknowledged.
     AfterDecisionAck,
+    /// In cluster mode, where a node whose own lease ran out by its own
+    /// clock refuses to write and drops its sessions (`overseer`'s
+    /// PostgreSQL store and heartbeat loop). `Bypass` makes the node carry
+    /// on as if its lease were valid, so its stale writes reach the
+    /// database's epoch fence.
+    IgnoreOwnLease,
 }
 
 impl FaultPoint {
@@ -38,6 +46,7 @@ impl FaultPoint {
             "during_tool" => Self::DuringTool,
             "mid_stream" => Self::MidStream,
             "after_decision_ack" => Self::AfterDecisionAck,
+            "ignore_own_lease" => Self::IgnoreOwnLease,
             _ => return None,
         })
     }
@@ -50,6 +59,8 @@ pub enum FaultAction {
     Panic,
     /// Abort the process (a `kill -9`).
     Abort,
+    /// Skip the safety check the point stands for (from the Nth hit on).
+    Bypass,
 }
 
 /// One planned fault.
@@ -80,7 +91,8 @@ pub fn arm(plan: FaultPlan) {
         .push((plan, 0));
 }
 
-/// Arms the plan in env `OVERSEER_FAULT` = `point:nth:panic|abort`, if set.
+/// Arms the plan in env `OVERSEER_FAULT` = `point:nth:panic|abort|bypass`,
+/// if set (`bypass` holds from the Nth hit on).
 /// Returns a description of what was armed, or an error naming the bad part.
 pub fn arm_from_env() -> Result<Option<String>, String> {
     let Ok(spec) = std::env::var("OVERSEER_FAULT") else {
@@ -89,7 +101,7 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
     let parts: Vec<&str> = spec.split(':').collect();
     let [point, nth, action] = parts.as_slice() else {
         return Err(format!(
-            "OVERSEER_FAULT={spec}: expected point:nth:panic|abort"
+            "OVERSEER_FAULT={spec}: expected point:nth:panic|abort|bypass"
         ));
     };
     let point =
@@ -100,6 +112,7 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
     let action = match *action {
         "panic" => FaultAction::Panic,
         "abort" => FaultAction::Abort,
+        "bypass" => FaultAction::Bypass,
         other => return Err(format!("OVERSEER_FAULT: unknown action '{other}'")),
     };
     arm(FaultPlan {
@@ -108,7 +121,7 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
         action,
         session: None,
         agent: None,
-        repeat: false,
+        repeat: action == FaultAction::Bypass,
     });
     Ok(Some(spec))
 }
@@ -118,7 +131,7 @@ pub fn hit(point: FaultPoint, session: SessionId, agent: &str) {
     match check(point, session, agent) {
         Some(FaultAction::Panic) => panic!("injected fault at {point:?}"),
         Some(FaultAction::Abort) => abort(point),
-        None => {}
+        Some(FaultAction::Bypass) | None => {}
     }
 }
 
@@ -131,6 +144,12 @@ pub fn abort(point: FaultPoint) -> ! {
         "injected fault: aborting the process at {point:?}"
     );
     std::process::abort()
+}
+
+/// Whether a planned `bypass` skips the check at `point` now (a hit of a
+/// node-wide point: plans filtered by session or agent never match).
+pub fn bypassed(point: FaultPoint) -> bool {
+    check(point, SessionId(uuid::Uuid::nil()), "") == Some(FaultAction::Bypass)
 }
 
 /// Counts a hit and returns the action of a plan that fires, without firing it.

@@ -213,6 +213,7 @@ impl Overseer {
             .get(&req.agent)
             .ok_or_else(|| SessionError::UnknownAgent(req.agent.clone()))?;
         let mut config = req.overrides.apply(agent)?;
+        config.route = self.runtime.provider.describe_route(&config.model);
         let limits = &self.runtime.config.limits;
         if let Some(title) = &req.title {
             check_size("title", title.len() as u64, limits.max_title_bytes)?;

@@ -257,7 +257,9 @@ impl SessionState {
             SessionMsg::Done(reply) => self.rpc(myself, Input::Done, reply).await,
             SessionMsg::Interrupt(reply) => self.rpc(myself, Input::Interrupt, reply).await,
             SessionMsg::SetModel(model, reply) => {
-                self.rpc(myself, Input::SetModel { model }, reply).await
+                let route = self.runtime.provider.describe_route(&model);
+                self.rpc(myself, Input::SetModel { model, route }, reply)
+                    .await
             }
             SessionMsg::SetToolRule((tool, rule, by), reply) => {
                 let input = Input::SetToolRule { tool, rule, by };

@@ -74,7 +74,8 @@ impl Actor for ToolCallActor {
                     futures::future::pending::<()>().await;
                 }
                 Some(FaultAction::Abort) => crate::fault::abort(FaultPoint::DuringTool),
-                None => {}
+                // Not a check to skip: nothing to do here.
+                Some(FaultAction::Bypass) | None => {}
             }
         }
         let call_id: ToolCallId = args.ctx.call_id.clone();

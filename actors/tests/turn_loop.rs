@@ -603,11 +603,19 @@ async fn an_exhausted_scenario_ends_the_turn_with_a_loud_error() {
     let h = harness(agent(&["free_echo"]), steps).await;
     let (id, mut rx) = h.start("go").await;
     assert_eq!(turn_end(&mut rx).await, StopReason::Error);
-    let text = final_text(&h.transcript(id).await);
-    assert!(
-        text.contains("[Provider error: scenario exhausted"),
-        "{text}"
-    );
+    // The failure is an error entry of its own, never the assistant's text.
+    let transcript = h.transcript(id).await;
+    match transcript.last() {
+        Some(TranscriptEntry::Error { message, kind, .. }) => {
+            assert!(message.contains("scenario exhausted"), "{message}");
+            assert_eq!(kind.as_deref(), Some("scenario_exhausted"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!transcript.iter().any(|e| matches!(
+        e,
+        TranscriptEntry::Assistant { text, .. } if text.contains("scenario exhausted")
+    )));
 }
 
 #[tokio::test]

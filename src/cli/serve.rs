@@ -174,7 +174,12 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
                         advertise_url,
                         heartbeat: Duration::from_secs(config.cluster.heartbeat_secs),
                         failover_concurrency: config.cluster.failover_concurrency,
+                        // Capped below the lease by the router.
                         forward_timeout: Duration::from_secs(config.runtime.call_timeout_secs + 5),
+                        max_in_flight_forwards: config.cluster.max_in_flight_forwards,
+                        dead_node_retention: Duration::from_secs(
+                            config.cluster.dead_node_retention_secs,
+                        ),
                     },
                 )
                 .await

@@ -31,7 +31,10 @@
 //!
 //! The heartbeat renews this node's membership on a connection of its own,
 //! never waiting for the pool: a node busy writing must not lose its
-//! sessions for want of a connection.
+//! sessions for want of a connection. Joining ([`PgStore::join`]) refuses a
+//! URL that a live node already advertises. Every connection asks the
+//! server to end a transaction left idle for half the lease, so a node
+//! stopped mid-transaction cannot hold lease rows against a takeover.
 //!
 //! Transient failures (the database restarting, a dropped connection) are
 //! retried for a while, writes included: a checkpoint statement is
@@ -169,12 +172,16 @@ pub struct NodeStatus {
     pub id: Uuid,
     /// Advertised URL.
     pub url: String,
-    /// Whether its heartbeat is within the lease.
+    /// Whether its heartbeat is within the lease (a dead node's row stays,
+    /// marked dead, until the live nodes prune it after
+    /// `cluster.dead_node_retention_secs`).
     pub alive: bool,
     /// Seconds since its last heartbeat.
     pub heartbeat_age_secs: f64,
-    /// Non-terminal root sessions whose lease it holds.
-    pub sessions_owned: i64,
+    /// Active sessions (running or awaiting approval, children included)
+    /// in the trees whose lease it holds: on a dead node, what is still to
+    /// be taken over. Idle and finished sessions are not counted.
+    pub active_sessions: i64,
 }
 
 /// A root whose owner is gone, found by [`PgStore::claimable_roots`].
@@ -182,9 +189,35 @@ pub struct NodeStatus {
 pub struct Orphan {
     /// The root session.
     pub root: SessionId,
+    /// The node its lease names (`None`: never owned, or released).
+    pub owner: Option<Uuid>,
     /// Seconds since its dead owner's last heartbeat (`None`: never owned,
     /// or the owner's row is gone).
     pub dead_for_secs: Option<f64>,
+}
+
+/// What one failover round decides by: the database's clock at the start
+/// of the round and the nodes alive by it. Every page of the round is read
+/// against the same instant, so a node that dies during the round counts
+/// as alive (or dead) for all of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundView {
+    /// The database's `now()`, in seconds since the Unix epoch.
+    pub at: f64,
+    /// Nodes whose heartbeat was within the lease at `at`, by id.
+    pub live: Vec<Uuid>,
+}
+
+/// Another live node already advertises the URL a node would join with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UrlTaken {
+    /// That node's id.
+    pub node: Uuid,
+    /// Seconds since its last heartbeat.
+    pub heartbeat_age_secs: f64,
+    /// Its last heartbeat, in seconds since the Unix epoch (a later one
+    /// proves it is still beating).
+    pub heartbeat_at: f64,
 }
 
 /// A lease this node holds: the epoch its checkpoints are conditional on.
@@ -330,6 +363,17 @@ where
     }
 }
 
+/// Whether a planned fault skips this node's own-lease check (tests only).
+#[cfg(feature = "fault-injection")]
+fn own_lease_bypassed() -> bool {
+    overseer_actors::fault::bypassed(overseer_actors::fault::FaultPoint::IgnoreOwnLease)
+}
+
+#[cfg(not(feature = "fault-injection"))]
+fn own_lease_bypassed() -> bool {
+    false
+}
+
 fn session_id(id: Uuid) -> SessionId {
     SessionId(id)
 }
@@ -351,9 +395,21 @@ impl PgStore {
             config.connect_timeout(options.connect_timeout);
         }
         config.application_name("overseer");
+        // A node stopped (SIGSTOP, a hung VM) inside a transaction must not
+        // hold its row locks for ever: the lease rows it locked `FOR SHARE`
+        // would block every takeover of its trees. The server ends such a
+        // session well before the lease runs out; a healthy node never
+        // idles in a transaction (each is one pipelined exchange).
+        let idle = (options.lease / 2).max(Duration::from_secs(1));
+        let mut server_options = config.get_options().unwrap_or_default().to_owned();
+        server_options.push_str(&format!(
+            " -c idle_in_transaction_session_timeout={}",
+            idle.as_millis()
+        ));
         if options.durability == Durability::Os {
-            config.options("-c synchronous_commit=off");
+            server_options.push_str(" -c synchronous_commit=off");
         }
+        config.options(server_options.trim_start());
         let target = describe_target(&config);
         let manager = Manager::from_config(
             config.clone(),
@@ -451,6 +507,54 @@ impl PgStore {
     }
 
     // ---- membership ----------------------------------------------------------
+
+    /// Joins with `url`: records this node's first heartbeat, unless another
+    /// node whose heartbeat is within the lease already advertises `url`
+    /// (then nothing is written and that node is returned). Checked and
+    /// written in one transaction under an advisory lock on the URL, so of
+    /// two nodes joining with one URL at once the second sees the first.
+    pub async fn join(&self, url: &str) -> Result<Result<(), UrlTaken>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(map_pg)?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+            &[&url],
+        )
+        .await
+        .map_err(map_pg)?;
+        let taken = tx
+            .query_opt(
+                "SELECT id, EXTRACT(EPOCH FROM now() - heartbeat_at)::float8,
+                        EXTRACT(EPOCH FROM heartbeat_at)::float8
+                 FROM nodes
+                 WHERE url = $1 AND id <> $2
+                   AND heartbeat_at > now() - make_interval(secs => $3)
+                 ORDER BY heartbeat_at DESC LIMIT 1",
+                &[
+                    &url,
+                    &self.inner.node,
+                    &self.inner.options.lease.as_secs_f64(),
+                ],
+            )
+            .await
+            .map_err(map_pg)?;
+        if let Some(row) = taken {
+            return Ok(Err(UrlTaken {
+                node: row.get(0),
+                heartbeat_age_secs: row.get(1),
+                heartbeat_at: row.get(2),
+            }));
+        }
+        tx.execute(
+            "INSERT INTO nodes (id, url) VALUES ($1, $2)
+             ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), url = EXCLUDED.url",
+            &[&self.inner.node, &url],
+        )
+        .await
+        .map_err(map_pg)?;
+        tx.commit().await.map_err(map_pg)?;
+        Ok(Ok(()))
+    }
 
     /// Records this node's heartbeat (joining with `url` on the first). On
     /// success this node may act on its leases until `lease` minus a margin
@@ -551,6 +655,14 @@ impl PgStore {
         self.inner.clock.valid()
     }
 
+    /// Whether this node must stop acting on its leases now: its own lease
+    /// ran out by its own clock. With the `fault-injection` feature a
+    /// planned `ignore_own_lease:N:bypass` makes it carry on regardless
+    /// (the test of the database's fence).
+    pub fn lease_lapsed(&self) -> bool {
+        !self.inner.clock.valid() && !own_lease_bypassed()
+    }
+
     /// Forgets every lease this node held, and stops writing until the next
     /// heartbeat: a node whose lease lapsed (paused, partitioned, slow)
     /// must assume other nodes took its sessions.
@@ -600,17 +712,23 @@ impl PgStore {
         Ok(())
     }
 
-    /// Removes rows of nodes dead for longer than `after` that own nothing.
-    pub async fn prune_nodes(&self, after: Duration) -> Result<u64, StoreError> {
+    /// Removes the rows of nodes whose last heartbeat is older than `after`
+    /// (never less than the lease: only dead nodes), and returns their ids.
+    /// The leases they still name stay: a lease naming no node row is
+    /// claimable like one naming a dead node, and its epoch still fences a
+    /// node that comes back (which heartbeats its row in again).
+    pub async fn prune_nodes(&self, after: Duration) -> Result<Vec<Uuid>, StoreError> {
+        let after = after.max(self.inner.options.lease);
         let client = self.client().await?;
-        client
-            .execute(
-                "DELETE FROM nodes n WHERE n.heartbeat_at < now() - make_interval(secs => $1)
-                   AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.node_id = n.id)",
+        let rows = client
+            .query(
+                "DELETE FROM nodes WHERE heartbeat_at < now() - make_interval(secs => $1)
+                 RETURNING id",
                 &[&after.as_secs_f64()],
             )
             .await
-            .map_err(map_pg)
+            .map_err(map_pg)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// The key of node-to-node credentials, shared through the database.
@@ -634,9 +752,9 @@ impl PgStore {
                 "SELECT n.id, n.url,
                         n.heartbeat_at > now() - make_interval(secs => $1),
                         EXTRACT(EPOCH FROM now() - n.heartbeat_at)::float8,
-                        (SELECT count(*) FROM leases l JOIN sessions s ON s.id = l.root_id
+                        (SELECT count(*) FROM leases l JOIN sessions s ON s.root_id = l.root_id
                           WHERE l.node_id = n.id
-                            AND s.status NOT IN ('completed', 'failed', 'cancelled'))
+                            AND s.status IN ('running', 'awaiting_approval'))
                  FROM nodes n ORDER BY n.started_at, n.id",
                 &[&self.inner.options.lease.as_secs_f64()],
             )
@@ -649,7 +767,7 @@ impl PgStore {
                 url: r.get(1),
                 alive: r.get(2),
                 heartbeat_age_secs: r.get(3),
-                sessions_owned: r.get(4),
+                active_sessions: r.get(4),
             })
             .collect())
     }
@@ -688,26 +806,58 @@ impl PgStore {
         })
     }
 
-    /// Active roots (running or awaiting approval) whose owner is dead or
-    /// that nobody owns, at most `limit`: what failover takes.
-    pub async fn claimable_roots(&self, limit: usize) -> Result<Vec<Orphan>, StoreError> {
+    /// The database's clock and the nodes alive by it, for one failover
+    /// round (this node among them while its lease is valid).
+    pub async fn round_view(&self) -> Result<RoundView, StoreError> {
         let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT EXTRACT(EPOCH FROM now())::float8,
+                        COALESCE(array_agg(id ORDER BY id)
+                          FILTER (WHERE heartbeat_at > now() - make_interval(secs => $1)),
+                          '{}')
+                 FROM nodes",
+                &[&self.inner.options.lease.as_secs_f64()],
+            )
+            .await
+            .map_err(map_pg)?;
+        Ok(RoundView {
+            at: row.get(0),
+            live: row.get(1),
+        })
+    }
+
+    /// Active roots (running or awaiting approval) whose owner was dead at
+    /// `at` (a [`RoundView::at`]) or that nobody owns, in id order after
+    /// `after`, at most `limit`: what failover takes, a page at a time.
+    pub async fn claimable_roots(
+        &self,
+        at: f64,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<Orphan>, StoreError> {
+        let client = self.client().await?;
+        let after = after.map(|a| a.0);
         let rows = client
             .query(
-                "SELECT s.id,
+                "SELECT s.id, l.node_id,
                         CASE WHEN n.id IS NULL THEN NULL
-                             ELSE EXTRACT(EPOCH FROM now() - n.heartbeat_at)::float8 END
+                             ELSE EXTRACT(EPOCH FROM to_timestamp($1) - n.heartbeat_at)::float8 END
                  FROM sessions s
                  LEFT JOIN leases l ON l.root_id = s.id
                  LEFT JOIN nodes n ON n.id = l.node_id
                  WHERE s.status IN ('running', 'awaiting_approval')
                    AND s.parent_id IS NULL
+                   AND ($4::uuid IS NULL OR s.id > $4)
                    AND (l.node_id IS NULL OR n.id IS NULL
-                        OR (n.id <> $1 AND n.heartbeat_at <= now() - make_interval(secs => $2)))
-                 LIMIT $3",
+                        OR (n.id <> $2
+                            AND n.heartbeat_at <= to_timestamp($1) - make_interval(secs => $3)))
+                 ORDER BY s.id LIMIT $5",
                 &[
+                    &at,
                     &self.inner.node,
                     &self.inner.options.lease.as_secs_f64(),
+                    &after,
                     &signed(limit as u64),
                 ],
             )
@@ -717,7 +867,8 @@ impl PgStore {
             .iter()
             .map(|r| Orphan {
                 root: session_id(r.get(0)),
-                dead_for_secs: r.get(1),
+                owner: r.get(1),
+                dead_for_secs: r.get(2),
             })
             .collect())
     }
@@ -793,8 +944,9 @@ impl PgStore {
     /// The epoch a checkpoint of `root`'s tree is written under, or why it
     /// may not be written.
     fn fence(&self, root: SessionId, session: SessionId) -> Result<i64, StoreError> {
-        if !self.inner.clock.valid() {
-            metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL).increment(1);
+        if self.lease_lapsed() {
+            metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL, "by" => "node")
+                .increment(1);
             return Err(StoreError::NotOwner {
                 session,
                 reason: "this node's lease has run out (no recent heartbeat)".into(),
@@ -803,7 +955,7 @@ impl PgStore {
         match self.inner.leases.get(&root) {
             Some(l) => Ok(l.epoch),
             None => {
-                metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL)
+                metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL, "by" => "node")
                     .increment(1);
                 Err(StoreError::NotOwner {
                     session,
@@ -817,7 +969,8 @@ impl PgStore {
     fn lost(&self, root: SessionId, epoch: i64) {
         self.inner.leases.remove_if(&root, |_, l| l.epoch == epoch);
         self.publish_owned();
-        metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL).increment(1);
+        metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL, "by" => "database")
+            .increment(1);
     }
 
     // ---- store copy --------------------------------------------------------------

@@ -80,6 +80,7 @@ pub(super) fn new_child(
         .get(&args.agent)
         .ok_or_else(|| SessionError::UnknownAgent(args.agent.clone()))?;
     let mut config = agent.effective();
+    config.route = runtime.provider.describe_route(&config.model);
     config
         .tools
         .retain(|t| parent.config.tools.iter().any(|p| p == t));

@@ -564,6 +564,20 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
         &shows("No pending approvals"),
     )
     .await?;
+    // A card goes when its decision is recorded; the tool runs after that.
+    common::eventually(
+        "the approved calls to run",
+        std::time::Duration::from_millis(50),
+        || async {
+            let calls = s.tool_calls();
+            if calls.len() >= 5 {
+                Ok(())
+            } else {
+                Err(format!("{calls:?}"))
+            }
+        },
+    )
+    .await;
     let ran: Vec<i64> = s
         .tool_calls()
         .iter()
@@ -1352,6 +1366,21 @@ async fn the_history_lists_decisions_made_from_the_api_the_cli_and_the_page_with
     b.click(".history-filters button[type=submit]").await?;
     b.wait("carol's only", &format!("document.querySelectorAll('.decision-row').length === 1 && document.querySelector('.decision-row').dataset.call === {}", lit(&cli_call)))
         .await?;
+    // What ran is exactly what was approved (a decision is recorded before
+    // its tool runs).
+    common::eventually(
+        "the approved calls to run",
+        std::time::Duration::from_millis(50),
+        || async {
+            let calls = s.tool_calls();
+            if calls.len() >= 2 {
+                Ok(())
+            } else {
+                Err(format!("{calls:?}"))
+            }
+        },
+    )
+    .await;
     assert_eq!(
         s.tool_calls(),
         vec![

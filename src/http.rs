@@ -18,8 +18,9 @@
 //! rendering rule ([`crate::render`]) beside its raw data.
 //!
 //! Scopes per route: reads (`GET` of sessions, tree, approvals, events,
-//! agents, and the tenant-wide `/v1/approvals` and `/v1/events`) need
-//! `sessions:read`; create, message, cancel, done, interrupt and model
+//! agents, and the tenant-wide `/v1/approvals`, `/v1/decisions` and
+//! `/v1/events`) need `sessions:read`; `/v1/me` (who the token is and what
+//! it may do) needs a valid token only; create, message, cancel, done, interrupt and model
 //! need `sessions:write`; deciding approvals and setting a session's
 //! standing rule for a tool (`POST /v1/sessions/{id}/rules`) need
 //! `approvals:write`; the webhook routes (`/v1/webhooks`, reads included)
@@ -45,11 +46,13 @@
 
 mod admission;
 mod conn;
+mod decisions;
 mod error;
 mod events;
 mod extract;
 mod idempotency;
 pub(crate) mod inbox;
+mod me;
 mod metrics;
 mod routing;
 mod sessions;
@@ -410,6 +413,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sessions/{id}/rules", post(sessions::set_rule))
         .route("/v1/sessions/{id}/events", get(events::stream))
         .route("/v1/approvals", get(inbox::list))
+        .route("/v1/decisions", get(decisions::list))
+        .route("/v1/me", get(me::me))
         .route("/v1/events", get(tenant_events::stream))
         .route("/v1/webhooks", get(webhooks::list).post(webhooks::create))
         .route(

@@ -79,13 +79,15 @@ mod readers;
 mod sidecar;
 mod webhooks;
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use overseer_actors::model::{Event, SessionHeader, SessionId, SessionStatus};
+use overseer_actors::model::{Event, SessionHeader, SessionId, SessionStatus, TranscriptEntry};
 use overseer_actors::store::{
-    Checkpoint, CheckpointStore, SessionSummary, StoreError, StoredSession,
+    recorded_by, Checkpoint, CheckpointStore, DecisionPage, DecisionPosition, DecisionQuery,
+    DecisionRow, SessionSummary, StoreError, StoredSession,
 };
 use tokio::sync::oneshot;
 
@@ -418,6 +420,10 @@ impl StoreWatch {
         self.shared.upgrade()?.gate.outage()
     }
 }
+
+/// Most rows of the decision index one page examines (see
+/// `Trees::decisions`).
+const DECISION_SCAN: usize = 4096;
 
 /// Rows decoded at once by one thread at least (below it, one thread
 /// decodes them all: starting threads would cost more).
@@ -781,6 +787,112 @@ impl Trees {
         Ok(out)
     }
 
+    /// Transcript entries of `id` in `range`, below the header's
+    /// `transcript_len` (rows beyond it are uncommitted).
+    fn entries(
+        &self,
+        id: &SessionId,
+        range: std::ops::Range<u64>,
+    ) -> Result<Vec<Arc<TranscriptEntry>>, StoreError> {
+        let Some(header) = self.header(id)? else {
+            return Ok(Vec::new());
+        };
+        let end = range.end.min(header.transcript_len);
+        let mut out = Vec::new();
+        if range.start >= end {
+            return Ok(out);
+        }
+        for item in self
+            .transcript
+            .range(codec::seq_key(id, range.start)..codec::seq_key(id, end))
+        {
+            let (key, value) =
+                item.map_err(|e| io(format_args!("reading the transcript of session {id}"), e))?;
+            let idx = codec::seq_of(&key).ok_or_else(|| corrupt(id, "malformed transcript key"))?;
+            let entry = codec::decode_entry(id, idx, &value, |hash| {
+                self.blobs
+                    .get(hash.as_bytes())
+                    .map_err(|e| io(format_args!("reading blob {hash} of session {id}"), e))
+            })?;
+            out.push(entry);
+        }
+        Ok(out)
+    }
+
+    /// A page of the decision index, newest first (see
+    /// [`CheckpointStore::decisions`]). Rows are written before the header
+    /// that commits them, so a row is answered only when its session's
+    /// committed log holds the event that recorded it (a crash between the
+    /// two leaves a row nobody sees). At most [`DECISION_SCAN`] rows are
+    /// examined per page: a rare filter answers a short page with a `next`
+    /// instead of walking a tenant's whole history in one request.
+    fn decisions(&self, tenant: &str, query: &DecisionQuery) -> Result<DecisionPage, StoreError> {
+        let limit = query.limit.max(1);
+        let start = codec::tenant_prefix(tenant);
+        let end = match &query.before {
+            Some(p) => codec::decision_key(tenant, p),
+            None => codec::tenant_end(tenant),
+        };
+        let mut headers: HashMap<SessionId, Option<SessionHeader>> = HashMap::new();
+        let mut rows: Vec<DecisionRow> = Vec::new();
+        let mut examined = 0usize;
+        let mut last_examined: Option<DecisionPosition> = None;
+        for item in self.decisions.range(start..end).rev() {
+            let (_, value) =
+                item.map_err(|e| io(format_args!("reading the decisions of tenant {tenant}"), e))?;
+            let row: DecisionRow = serde_json::from_slice(&value)
+                .map_err(|e| corrupt("decisions", format!("unreadable row: {e}")))?;
+            examined += 1;
+            if examined > DECISION_SCAN {
+                // More may follow: the next page starts after what was seen.
+                return Ok(DecisionPage {
+                    rows,
+                    next: last_examined,
+                });
+            }
+            last_examined = Some(row.position());
+            if row.tenant != tenant
+                || !query.matches(&row)
+                || !self.committed(&mut headers, &row)?
+            {
+                continue;
+            }
+            if rows.len() == limit {
+                // One more matching row: there is a next page.
+                let next = rows.last().map(DecisionRow::position);
+                return Ok(DecisionPage { rows, next });
+            }
+            rows.push(row);
+        }
+        Ok(DecisionPage { rows, next: None })
+    }
+
+    /// Whether the committed log of `row`'s session holds the event that
+    /// recorded it.
+    fn committed(
+        &self,
+        headers: &mut HashMap<SessionId, Option<SessionHeader>>,
+        row: &DecisionRow,
+    ) -> Result<bool, StoreError> {
+        let id = row.session_id;
+        let header = match headers.entry(id) {
+            std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => slot.insert(self.header(&id)?),
+        };
+        let Some(header) = header else {
+            return Ok(false);
+        };
+        if header.tenant != row.tenant || header.last_event_seq < row.seq {
+            return Ok(false);
+        }
+        let mut found = false;
+        self.committed_events(&id, row.seq, row.seq, |event| {
+            found = recorded_by(row, &event);
+            false
+        })?;
+        Ok(found)
+    }
+
     fn tenant(
         &self,
         tenant: &str,
@@ -908,6 +1020,24 @@ impl CheckpointStore for SledStore {
 
     async fn flush(&self) -> Result<(), StoreError> {
         self.send(Command::Flush, || "a flush".into()).await
+    }
+
+    async fn decisions(
+        &self,
+        tenant: &str,
+        query: &DecisionQuery,
+    ) -> Result<DecisionPage, StoreError> {
+        let (tenant, query) = (tenant.to_owned(), query.clone());
+        self.list(move |trees| trees.decisions(&tenant, &query))
+            .await
+    }
+
+    async fn entries(
+        &self,
+        id: SessionId,
+        range: std::ops::Range<u64>,
+    ) -> Result<Vec<Arc<TranscriptEntry>>, StoreError> {
+        self.read(move |trees| trees.entries(&id, range)).await
     }
 
     /// Has the writer write a fresh value under `health_check` in `meta`,
@@ -2109,6 +2239,117 @@ mod tests {
             all_by_status(&store, &recovery, 2).await.unwrap(),
             vec![sim.header.clone()]
         );
+    }
+
+    /// A decision whose checkpoint a crash cut short before its header
+    /// leaves a row in `decisions` that no reader answers; the decision
+    /// made again after the restart is the one listed, once.
+    #[tokio::test]
+    async fn a_decision_row_written_ahead_of_a_lost_header_stays_invisible() {
+        use overseer_actors::model::{Decision, DecisionRecord};
+        use overseer_actors::store::DecisionQuery;
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut sim = Sim::new("acme");
+        let mut call = ToolCallRecord::proposed(
+            ToolCallId::generate(),
+            "write_record".into(),
+            json!({"key": 1}),
+            3,
+        );
+        call.state = CallState::AwaitingApproval;
+        sim.header.open_calls.push(call.clone());
+        sim.status(SessionStatus::AwaitingApproval);
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        let committed = sim.clone();
+
+        let decide = |sim: &mut Sim, by: &str, at_ms: i64| {
+            sim.emit(EventKind::DecisionRecorded {
+                call_id: call.id.clone(),
+                record: DecisionRecord {
+                    decision: Decision::approve(),
+                    by: Some(by.into()),
+                    at_ms,
+                    metadata: None,
+                    args_diff: None,
+                },
+            });
+        };
+        decide(&mut sim, "lost", 1_000);
+        let trees = store.current().trees.clone();
+        trees
+            .drop_headers
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        store.checkpoint(sim.checkpoint()).await.unwrap_err();
+        assert_eq!(trees.decisions.len(), 1, "the row was written ahead");
+        let all = DecisionQuery {
+            limit: 10,
+            ..DecisionQuery::default()
+        };
+        let check = |store: SledStore| async {
+            let page = store.decisions("acme", &all).await.unwrap();
+            assert_eq!(
+                page.rows,
+                Vec::new(),
+                "a row without its commit is answered"
+            );
+            store
+        };
+        let store = check(store).await;
+        drop(trees);
+        drop(store);
+        let store = check(open(dir.path())).await;
+
+        // Decided again, at another time: that row, with the same event
+        // number the lost one had, is the only one listed.
+        let mut sim = committed;
+        decide(&mut sim, "alice", 2_000);
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        let page = store.decisions("acme", &all).await.unwrap();
+        assert_eq!(page.rows.len(), 1, "{:?}", page.rows);
+        assert_eq!(page.rows[0].by.as_deref(), Some("alice"));
+        assert_eq!(page.rows[0].tool, "write_record");
+        assert_eq!(page.next, None);
+    }
+
+    /// A purge takes the session's rows out of the decision index itself,
+    /// not only out of sight (readers skip rows without a header anyway).
+    #[tokio::test]
+    async fn a_purge_removes_the_sessions_decision_rows_from_the_tree() {
+        use overseer_actors::model::{Decision, DecisionRecord};
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut sims = Vec::new();
+        for n in 0..2 {
+            let mut sim = Sim::new("acme");
+            for at_ms in [10 + n, 20 + n] {
+                sim.emit(EventKind::DecisionRecorded {
+                    call_id: ToolCallId::generate(),
+                    record: DecisionRecord {
+                        decision: Decision::deny("no"),
+                        by: Some("alice".into()),
+                        at_ms,
+                        metadata: None,
+                        args_diff: None,
+                    },
+                });
+                // One checkpoint per decision: rows from several event rows.
+                store.checkpoint(sim.checkpoint()).await.unwrap();
+            }
+            sim.status(SessionStatus::Completed);
+            store.checkpoint(sim.checkpoint()).await.unwrap();
+            sims.push(sim);
+        }
+        let trees = store.current().trees.clone();
+        assert_eq!(trees.decisions.len(), 4);
+        store.purge(sims[0].id()).await.unwrap();
+        assert_eq!(
+            trees.decisions.len(),
+            2,
+            "only the purged session's rows go"
+        );
+        store.purge(sims[1].id()).await.unwrap();
+        assert_eq!(trees.decisions.len(), 0);
     }
 
     #[test]

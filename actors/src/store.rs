@@ -4,10 +4,16 @@
 //! ([`Checkpoint`]: one session's header plus its new transcript entries and
 //! new events, written atomically) and an in-memory implementation for tests
 //! and embedding. It deliberately knows no disk format: the sled store lives
-//! in the `overseer` crate (`src/store.rs`).
+//! in the `overseer` crate (`src/store.rs`). The decision index every store
+//! derives from checkpoints, and its contract, are in `decisions`.
 
+mod decisions;
 mod memory;
 
+pub use decisions::{
+    decision_rows, order_bits, recorded_by, DecisionKind, DecisionPage, DecisionPosition,
+    DecisionQuery, DecisionRow,
+};
 pub use memory::MemStore;
 
 use std::sync::Arc;
@@ -244,8 +250,43 @@ pub trait CheckpointStore: Send + Sync + 'static {
         Err(StoreError::Io("this store cannot be scanned".into()))
     }
 
+    /// The tenant's decision history, newest first: a page of the decision
+    /// index (see [`DecisionRow`] and the contract in `decisions`: rows are
+    /// derived by the store from each checkpoint's `decision_recorded`
+    /// events, in the same write, and purged with their session). A store
+    /// that keeps no index keeps this default, an error.
+    async fn decisions(
+        &self,
+        tenant: &str,
+        query: &DecisionQuery,
+    ) -> Result<DecisionPage, StoreError> {
+        let _ = (tenant, query);
+        Err(StoreError::Io("this store keeps no decision index".into()))
+    }
+
+    /// Transcript entries of `id` whose index is in `range` and that its
+    /// header commits (below `transcript_len`), in order; fewer, or none,
+    /// where the range reaches past them or the session does not exist. A
+    /// bounded read of a long transcript (the inbox reads the few entries
+    /// before a call). The default loads the whole session.
+    async fn entries(
+        &self,
+        id: SessionId,
+        range: Range<u64>,
+    ) -> Result<Vec<Arc<TranscriptEntry>>, StoreError> {
+        let Some(stored) = self.load(id).await? else {
+            return Ok(Vec::new());
+        };
+        let end = usize::try_from(range.end)
+            .unwrap_or(usize::MAX)
+            .min(stored.transcript.len());
+        let start = usize::try_from(range.start).unwrap_or(usize::MAX).min(end);
+        Ok(stored.transcript[start..end].to_vec())
+    }
+
     /// Deletes a terminal session whole: header, transcript, events, queue,
-    /// metadata, index entries, and the blobs no other session references.
+    /// metadata, index entries (its decision rows too), and the blobs no
+    /// other session references.
     /// The header goes first, so a purge cut short leaves invisible rows,
     /// never a session with holes. Purging a session that is not terminal is
     /// refused ([`StoreError::NotTerminal`]); purging one that does not exist

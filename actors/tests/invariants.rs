@@ -709,6 +709,7 @@ async fn the_model_sees_the_arguments_that_ran() {
     let call = h.pending(id).await.remove(0);
     let edit = Decision::Approve {
         override_args: json!({"text": "edited"}).as_object().cloned(),
+        remove_args: Vec::new(),
     };
     h.ov.submit(id, Submission::one(call.clone(), edit))
         .await

@@ -866,6 +866,7 @@ struct Writes {
     events: Vec<Write>,
     queue: Vec<Write>,
     metadata: Vec<Write>,
+    decisions: Vec<Write>,
     tenants_added: Vec<Write>,
     active_added: Vec<Write>,
     sessions: Vec<Write>,
@@ -884,7 +885,7 @@ struct Writes {
 /// lock), since nothing needs atomicity within one tree: plain inserts, in an
 /// order that makes the `sessions` header the commit record of a checkpoint:
 ///
-/// 1. `blobs`, `blob_refs`, `transcript`, `events`, and the index entries a session gains;
+/// 1. `blobs`, `blob_refs`, `transcript`, `events`, `decisions`, and the index entries a session gains;
 /// 2. `sessions`: the headers;
 /// 3. the index entries a session loses.
 ///
@@ -973,6 +974,11 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                     writes
                         .metadata
                         .push((p.id.as_bytes()[..].into(), Some(m.clone())));
+                }
+                // Before the header, like every row it commits; readers
+                // trust a row only once the session's log holds its event.
+                for (k, v) in &p.decisions {
+                    writes.decisions.push((k[..].into(), Some(v.clone())));
                 }
                 // Rows a header no longer covers go after it: until then the
                 // previous header still counts them.
@@ -1094,6 +1100,7 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         events,
         queue,
         metadata,
+        decisions,
         tenants_added,
         active_added,
         sessions,
@@ -1108,6 +1115,7 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         (&trees.events, events, "events"),
         (&trees.queue, queue, "queue"),
         (&trees.metadata, metadata, "metadata"),
+        (&trees.decisions, decisions, "decisions"),
         (&trees.tenants, tenants_added, "tenants"),
         (&trees.active, active_added, "active"),
         (&trees.sessions, sessions, "sessions"),
@@ -1160,7 +1168,7 @@ fn crashed_before(trees: &Trees, n: usize) -> bool {
 
 /// Where the `sessions` writes (the commit records) are in [`write`]'s order.
 #[cfg(test)]
-const SESSIONS_WRITES: usize = 8;
+const SESSIONS_WRITES: usize = 9;
 
 #[cfg(not(test))]
 fn crashed_before(_: &Trees, _: usize) -> bool {
@@ -1245,6 +1253,7 @@ mod tests {
             active: open("active"),
             blobs: open("blobs"),
             blob_refs: open("blob_refs"),
+            decisions: open("decisions"),
             meta: open("meta"),
             drop_headers: Arc::default(),
             stop_purges: Arc::default(),
@@ -1267,6 +1276,7 @@ mod tests {
             dequeued: Vec::new(),
             metadata: None,
             outbox: Vec::new(),
+            decisions: Vec::new(),
         })
     }
 

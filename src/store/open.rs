@@ -58,6 +58,9 @@ pub(super) struct Trees {
     /// `sha256 hex ‖ id` → empty: which sessions reference each blob
     /// (layout version 2), so a purge deletes only blobs nobody else uses.
     pub(super) blob_refs: Tree,
+    /// `tenant ‖ 0x00 ‖ time ‖ id ‖ call` → a row of the decision index
+    /// (see `codec::decision_key`).
+    pub(super) decisions: Tree,
     pub(super) meta: Tree,
     /// Test hook: when set, the writer stops each group right before its
     /// `sessions` writes (the commit record) and fails it, as a crash there
@@ -289,6 +292,7 @@ pub(super) fn open(
             active: tree("active")?,
             blobs: tree("blobs")?,
             blob_refs: tree("blob_refs")?,
+            decisions: tree("decisions")?,
             meta,
             db: db.clone(),
             #[cfg(test)]

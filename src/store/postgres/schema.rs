@@ -14,6 +14,7 @@
 //! | `events` | `(session_id, seq)` → event |
 //! | `queue` | `(session_id, seq)` → a message queued behind a running turn |
 //! | `blobs` | sha256 hex → tool result over 64 KiB |
+//! | `decisions` | `(tenant, at_ms, session_id, call_id)` → a row of the decision index (migration 4) |
 //! | `leases` | `root_id` → the node owning the tree and its fencing `epoch` |
 //! | `nodes` | node id → advertised URL, heartbeat time |
 //! | `overseer_meta` | `node_secret`: the key of node-to-node credentials |
@@ -126,11 +127,31 @@ CREATE INDEX sessions_active_by_id ON sessions (id)
     WHERE status IN ('running', 'awaiting_approval');
 "#,
     },
+    // The decision index (`GET /v1/decisions`): one row per recorded
+    // decision, written by the checkpoint statement that records it, paged
+    // per tenant newest first by its primary key; purged with its session.
+    // `call_id` compares bytewise ("C"), as the other stores order it.
+    Migration {
+        version: 4,
+        sql: r#"
+CREATE TABLE decisions (
+    tenant     text   NOT NULL,
+    at_ms      bigint NOT NULL,
+    session_id uuid   NOT NULL,
+    call_id    text   COLLATE "C" NOT NULL,
+    agent      text   NOT NULL,
+    tool       text   NOT NULL,
+    decided_by text,
+    row_json   text   NOT NULL,
+    PRIMARY KEY (tenant, at_ms, session_id, call_id)
+);
+CREATE INDEX decisions_by_session ON decisions (session_id);
+"#,
+    },
     // Webhooks (§18): endpoints, and the outbox that is also the delivery
     // log. A checkpoint inserts its events' deliveries in its own statement
     // (joined with the tenant's enabled endpoints); nodes claim due ones
-    // with `FOR UPDATE SKIP LOCKED` and a lease. (Version 4 is the decision
-    // index of another change.)
+    // with `FOR UPDATE SKIP LOCKED` and a lease.
     Migration {
         version: 5,
         sql: r#"

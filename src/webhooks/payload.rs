@@ -1,7 +1,8 @@
 //! The body of a webhook, as Standard Webhooks recommends it: `type`,
 //! `timestamp` (when the event happened, RFC 3339) and `data`. For an
 //! approval, `data.approval` is the card of `GET /v1/approvals`
-//! ([`ApprovalItem`]: agent, title, session path, tool, arguments, deadline)
+//! ([`ApprovalItem`]: agent, title, session path, tool, arguments, deadline,
+//! the model's text and the user's message that led to the call)
 //! as the call was when the event happened; `approval.decided` adds the
 //! decision (who, when, the argument diff). `data.links` point at the
 //! inbox and at the session in the web page, under the configured public
@@ -88,5 +89,11 @@ async fn card(runtime: &Arc<Runtime>, seed: &Seed) -> Value {
         Ok(chain) => chain,
         Err(_) => vec![owner.clone()],
     };
-    serde_json::to_value(ApprovalItem::new(runtime, &owner, call, &chain)).unwrap_or(Value::Null)
+    let mut item = ApprovalItem::new(runtime, &owner, call, &chain);
+    // Why the model asks, as the inbox shows it; a card without it still
+    // says what waits, so a failed read leaves `context` null.
+    if item.load_context(runtime).await.is_err() {
+        item.context = None;
+    }
+    serde_json::to_value(item).unwrap_or(Value::Null)
 }

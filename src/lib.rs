@@ -15,6 +15,7 @@ pub mod auth;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod docs;
 pub mod http;
 pub mod metrics;
 pub mod provider;

@@ -1,4 +1,4 @@
-//! The Prometheus exporter of §13: installs the process-wide recorder of the
+//! The Prometheus exporter: installs the process-wide recorder of the
 //! `metrics` facade and hands out the handle that renders the text format.
 //!
 //! This module owns the recorder's configuration: which histograms get which

@@ -1,4 +1,4 @@
-//! The sled checkpoint store (§9): [`SledStore`], the durable implementation
+//! The sled checkpoint store: [`SledStore`], the durable implementation
 //! of [`CheckpointStore`].
 //!
 //! It owns the on-disk layout, one sled database with these trees:
@@ -117,7 +117,7 @@ pub const DEFAULT_CACHE_MB: u64 = 64;
 /// The largest [`StoreOptions::cache_mb`] accepted: 64 GiB.
 pub const MAX_CACHE_MB: u64 = 64 * 1024;
 
-/// When `checkpoint` returns (§9, `durability` in the config).
+/// When `checkpoint` returns (`durability` in the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Durability {

@@ -1,4 +1,4 @@
-//! Delegation (§7): the built-in `delegate_task` tool's declaration and
+//! Delegation: the built-in `delegate_task` tool's declaration and
 //! arguments, and the shape of a child's result as its parent sees it.
 //!
 //! Owns the contract only. Running a delegation is the session actor's job: a
@@ -39,7 +39,7 @@ impl DelegateArgs {
     }
 }
 
-/// The argument schema of §7.
+/// The argument schema of `delegate_task`.
 pub fn schema() -> Value {
     json!({
         "type": "object",

@@ -298,7 +298,7 @@ impl Overseer {
                 ctx,
             )?;
         }
-        // A new tree's lease, in a store shared by several nodes (§15).
+        // A new tree's lease, in a store shared by several nodes.
         self.runtime.store.claim(id).await?;
         crate::metrics::checkpoint(self.runtime.store.as_ref(), session.checkpoint()).await?;
         let events = session.mark_persisted();
@@ -337,7 +337,7 @@ impl Overseer {
 
     /// Submits decisions; acknowledged once checkpointed. Calls of
     /// descendants whose approvals propagate to `id` may be decided here
-    /// (§7): the decisions are routed to the sessions that own them.
+    ///: the decisions are routed to the sessions that own them.
     pub async fn submit(&self, id: SessionId, submission: Submission) -> Result<(), SessionError> {
         let direct = submission.clone();
         let result = self
@@ -417,7 +417,7 @@ impl Overseer {
     }
 
     /// The session tree rooted at `id`: each node's agent, status, usage
-    /// (own and rolled up) and pending approvals (§7).
+    /// (own and rolled up) and pending approvals.
     pub async fn tree(&self, id: SessionId) -> Result<TreeNode, SessionError> {
         let stored = self.state(id).await?;
         let session = Session::from_stored(stored);

@@ -1,4 +1,4 @@
-//! Approval timers (§6): one per pending approval, owned here rather than by
+//! Approval timers: one per pending approval, owned here rather than by
 //! a session actor, so that a deadline still fires while its session
 //! hibernates (the timer's delivery activates the session).
 //!

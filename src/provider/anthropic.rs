@@ -1,4 +1,4 @@
-//! The `anthropic` provider (§11): the Messages API, streamed, with tool use.
+//! The `anthropic` provider: the Messages API, streamed, with tool use.
 //!
 //! This module owns the Messages wire format: how a transcript becomes
 //! `system` plus alternating messages of content blocks (`text`, `tool_use`,

@@ -1,4 +1,4 @@
-//! The `openai` provider (§11): any OpenAI-compatible chat-completions
+//! The `openai` provider: any OpenAI-compatible chat-completions
 //! endpoint (OpenAI, vLLM, Ollama, llama.cpp's server, LiteLLM), streamed.
 //!
 //! This module owns the chat-completions wire format: how a transcript

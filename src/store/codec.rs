@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sled::IVec;
 
-/// Tool results whose JSON is larger than this go to `blobs` (§9).
+/// Tool results whose JSON is larger than this go to `blobs`.
 pub(super) const BLOB_THRESHOLD: usize = 64 * 1024;
 
 /// `id ‖ big-endian n`: the key of transcript entry `n` or event `n`. Big-endian

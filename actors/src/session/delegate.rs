@@ -1,4 +1,4 @@
-//! The session actor's side of delegation (§7): starting, resuming,
+//! The session actor's side of delegation: starting, resuming,
 //! activating, supervising and cancelling child sessions, and a child's
 //! reports to its parent.
 //!
@@ -113,7 +113,7 @@ pub(super) fn new_child(
         propagate: parent.config.child_approval == ChildApproval::Propagate,
     });
     header.root_id = parent.root_id;
-    // A child runs one turn (§7).
+    // A child runs one turn.
     header.auto_complete = true;
     let mut session = Session::new(header);
     session.apply(
@@ -184,7 +184,7 @@ impl SessionState {
     }
 
     /// A child could not be started or resumed: the call fails visibly, with
-    /// the reason, and the parent goes on (§7).
+    /// the reason, and the parent goes on.
     fn child_failed(
         &self,
         myself: &ActorRef<SessionMsg>,
@@ -367,7 +367,7 @@ impl SessionState {
         let _ = reply.send(answer);
     }
 
-    /// Cancels a child as part of our own cancel (§7): a live one by a
+    /// Cancels a child as part of our own cancel: a live one by a
     /// message, one on disk in the store (nobody else may run it).
     pub(super) async fn cancel_child(&mut self, child: SessionId) {
         match self.live_child(child) {
@@ -402,7 +402,7 @@ impl SessionState {
     }
 
     /// A child session actor failed: restart it from its checkpoint under the
-    /// policy of §10, or fail it and let the parent go on.
+    /// restart policy, or fail it and let the parent go on.
     pub(super) async fn on_child_failed(
         &mut self,
         myself: &ActorRef<SessionMsg>,

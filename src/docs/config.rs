@@ -73,9 +73,18 @@ pub(crate) fn keys_of<T: DeserializeOwned>() -> Result<Vec<String>, DocsError> {
     Ok(keys)
 }
 
-/// Every section, in the order the page lists them. A section of [`Config`]
-/// missing here is an error (see [`render`]).
+/// Keys of the file's top level that are not sections (they come before
+/// the first table); a name the configuration does not have is skipped.
+const TOP_LEVEL: &[&str] = &["tasks_dir", "skills_dirs"];
+
+/// Every section, in the order the page lists them (the top-level keys
+/// first, as the section named ""). A key of [`Config`] that is neither
+/// here nor in [`TOP_LEVEL`] is an error (see [`render`]).
 fn sections() -> Result<Vec<Section>, DocsError> {
+    let top: Vec<String> = keys_of::<Config>()?
+        .into_iter()
+        .filter(|k| TOP_LEVEL.contains(&k.as_str()))
+        .collect();
     let table = |name, keys| Section {
         name,
         array: false,
@@ -87,6 +96,7 @@ fn sections() -> Result<Vec<Section>, DocsError> {
         keys,
     };
     Ok(vec![
+        table("", top),
         table("store", keys_of::<StoreSection>()?),
         table("cluster", keys_of::<ClusterSection>()?),
         table("runtime", keys_of::<RuntimeSection>()?),
@@ -151,6 +161,27 @@ fn key_value(text: &str) -> Option<(&str, &str)> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     plain.then(|| (key, value.trim()))
+}
+
+/// A line without its trailing `# comment` (a `#` outside quotes), and the
+/// comment.
+fn split_comment(line: &str) -> (&str, Option<&str>) {
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (i, c) in line.char_indices() {
+        match (quote, c) {
+            (Some('"'), '\\') if !escaped => {
+                escaped = true;
+                continue;
+            }
+            (Some(q), c) if c == q && !escaped => quote = None,
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '#') => return (line[..i].trim_end(), Some(line[i + 1..].trim())),
+            _ => {}
+        }
+        escaped = false;
+    }
+    (line, None)
 }
 
 /// The section named by a `[name]` or `[[name]]` mention in a comment.
@@ -260,14 +291,26 @@ fn parse(text: &str, sections: &[Section]) -> FileDoc {
             }
             item = None;
             if indent == 1 {
-                if let (Some(section), Some((key, value))) = (&header, key_value(text)) {
-                    if known(section, key) && !is_array(section) {
+                let section = header.clone().unwrap_or_default();
+                if let Some((key, value)) = key_value(text) {
+                    if known(&section, key) && !is_array(&section) {
+                        // Commented keys right below another share its
+                        // comment block (`# tls_cert = …` / `# tls_key = …`).
+                        let description = if para.is_empty() {
+                            previous
+                                .as_ref()
+                                .and_then(|(s, k)| doc.entry(s, k))
+                                .map(|e| e.description.clone())
+                                .unwrap_or_default()
+                        } else {
+                            para.join(" ")
+                        };
                         let entry = Entry {
                             example: Some(value.to_owned()),
-                            description: para.join(" "),
+                            description,
                             ..Entry::default()
                         };
-                        doc.record(section, key, entry);
+                        doc.record(&section, key, entry);
                         previous = Some((section.clone(), key.to_owned()));
                         para.clear();
                         continue;
@@ -291,9 +334,12 @@ fn parse(text: &str, sections: &[Section]) -> FileDoc {
             switched = false;
             continue;
         }
-        if let (Some(section), Some((key, value))) = (&header, key_value(trimmed)) {
+        let (line, trailing) = split_comment(trimmed);
+        if let (Some(section), Some((key, value))) = (&header, key_value(line)) {
             if !is_array(section) {
-                let description = if para.is_empty() {
+                let description = if let Some(comment) = trailing.filter(|_| para.is_empty()) {
+                    comment.to_owned()
+                } else if para.is_empty() {
                     previous
                         .as_ref()
                         .and_then(|(s, k)| doc.entry(s, k))
@@ -308,7 +354,11 @@ fn parse(text: &str, sections: &[Section]) -> FileDoc {
                     ..Entry::default()
                 };
                 doc.record(section, key, entry);
-                previous = Some((section.clone(), key.to_owned()));
+                // A key right below this one shares its comment block, not
+                // its own trailing comment.
+                previous = trailing
+                    .is_none()
+                    .then(|| (section.clone(), key.to_owned()));
             }
         }
         para.clear();
@@ -335,14 +385,18 @@ fn take_sentence(text: &str, marker: &str) -> (String, Option<String>) {
 
 /// The default to show and the description without the sentences the
 /// table's columns already say.
-fn columns(entry: Option<&Entry>) -> (String, String) {
+fn columns(key: &str, entry: Option<&Entry>) -> (String, String) {
     let Some(entry) = entry else {
         return (
             "—".to_owned(),
             "(not described in config/overseer.toml)".to_owned(),
         );
     };
-    let (description, _) = take_sentence(&entry.description, "Env: ");
+    let own = entry
+        .description
+        .strip_prefix(&format!("{key}: "))
+        .unwrap_or(&entry.description);
+    let (description, _) = take_sentence(own, "Env: ");
     let (description, said) = match take_sentence(&description, "Defaults: ") {
         (d, Some(s)) => (d, Some(s)),
         (d, None) => take_sentence(&d, "Default: "),
@@ -403,7 +457,7 @@ fn tidy_intro(intro: &str) -> String {
 pub(super) fn render() -> Result<String, DocsError> {
     let sections = sections()?;
     for name in keys_of::<Config>()? {
-        if !sections.iter().any(|s| s.name == name) {
+        if !TOP_LEVEL.contains(&name.as_str()) && !sections.iter().any(|s| s.name == name) {
             return Err(DocsError::Generator(format!(
                 "the config section [{name}] is not on the reference page: add it to \
                  `sections` in src/docs/config.rs"
@@ -448,12 +502,21 @@ pub(super) fn render() -> Result<String, DocsError> {
     }
 
     for section in &sections {
-        let title = if section.array {
+        if section.keys.is_empty() {
+            continue;
+        }
+        let title = if section.name.is_empty() {
+            "Top-level keys".to_owned()
+        } else if section.array {
             format!("[[{}]]", section.name)
         } else {
             format!("[{}]", section.name)
         };
-        out.push_str(&format!("\n## `{title}`\n\n"));
+        if section.name.is_empty() {
+            out.push_str(&format!("\n## {title}\n\n"));
+        } else {
+            out.push_str(&format!("\n## `{title}`\n\n"));
+        }
         if let Some(intro) = doc.intros.get(section.name) {
             let intro = tidy_intro(intro);
             if !intro.is_empty() {
@@ -463,8 +526,12 @@ pub(super) fn render() -> Result<String, DocsError> {
         }
         out.push_str("| Key | Default | Variable | Description |\n|---|---|---|---|\n");
         for key in &section.keys {
-            let (default, description) = columns(doc.entry(section.name, key));
-            let full = format!("{}.{key}", section.name);
+            let (default, description) = columns(key, doc.entry(section.name, key));
+            let full = if section.name.is_empty() {
+                key.clone()
+            } else {
+                format!("{}.{key}", section.name)
+            };
             let var = env
                 .get(full.as_str())
                 .map_or_else(String::new, |v| format!("`{v}`"));

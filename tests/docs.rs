@@ -142,7 +142,8 @@ fn scan(text: &str) -> Scanned {
                     h.push_str(&t);
                 }
             }
-            Event::Start(Tag::Link { dest_url, .. }) | Event::Start(Tag::Image { dest_url, .. }) => {
+            Event::Start(Tag::Link { dest_url, .. })
+            | Event::Start(Tag::Image { dest_url, .. }) => {
                 links.push(dest_url.to_string());
             }
             Event::Html(html) | Event::InlineHtml(html) => {
@@ -178,8 +179,8 @@ fn every_relative_link_and_anchor_resolves() {
     let book = root().join("docs/src");
     let mut scanned: BTreeMap<PathBuf, Scanned> = BTreeMap::new();
     for file in &files {
-        let text = std::fs::read_to_string(file)
-            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let text =
+            std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         scanned.insert(file.clone(), scan(&text));
     }
     let mut broken = Vec::new();
@@ -191,7 +192,9 @@ fn every_relative_link_and_anchor_resolves() {
                 continue;
             }
             checked += 1;
-            let (path, anchor) = link.split_once('#').map_or((link.as_str(), None), |(p, a)| (p, Some(a)));
+            let (path, anchor) = link
+                .split_once('#')
+                .map_or((link.as_str(), None), |(p, a)| (p, Some(a)));
             let target = if path.is_empty() {
                 file.clone()
             } else {
@@ -218,7 +221,9 @@ fn every_relative_link_and_anchor_resolves() {
                     }
                 };
                 if !anchors.contains(anchor) {
-                    broken.push(format!("{shown}: {link}: no heading or id `{anchor}` there"));
+                    broken.push(format!(
+                        "{shown}: {link}: no heading or id `{anchor}` there"
+                    ));
                 }
             }
         }
@@ -239,17 +244,27 @@ fn every_book_page_is_in_the_summary() {
     let orphans: Vec<String> = markdown_files()
         .into_iter()
         .filter(|f| f.starts_with(&src) && !f.ends_with("SUMMARY.md") && !listed.contains(f))
-        .map(|f| f.strip_prefix(&root()).unwrap().display().to_string())
+        .map(|f| f.strip_prefix(root()).unwrap().display().to_string())
         .collect();
-    assert!(orphans.is_empty(), "pages not in docs/src/SUMMARY.md: {orphans:?}");
+    assert!(
+        orphans.is_empty(),
+        "pages not in docs/src/SUMMARY.md: {orphans:?}"
+    );
 }
 
 /// The wire names of an enum's variants, from serde's refusal of an
 /// unknown one (`expected one of `a`, `b``).
 fn variants_of<T: DeserializeOwned>(probe: serde_json::Value) -> Vec<String> {
-    let message = serde_json::from_value::<T>(probe).err().unwrap().to_string();
+    let message = serde_json::from_value::<T>(probe)
+        .err()
+        .unwrap()
+        .to_string();
     let list = message.split_once("expected one of ").unwrap().1;
-    list.split('`').skip(1).step_by(2).map(str::to_owned).collect()
+    list.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
 }
 
 #[test]
@@ -257,9 +272,18 @@ fn event_types_statuses_and_stop_reasons_are_documented() {
     use overseer::actors::model::{EventKind, SessionStatus, StopReason};
     let page = std::fs::read_to_string(root().join("docs/src/reference/events.md")).unwrap();
     let names = [
-        ("event type", variants_of::<EventKind>(serde_json::json!({"type": "__none__"}))),
-        ("session status", variants_of::<SessionStatus>(serde_json::json!("__none__"))),
-        ("stop reason", variants_of::<StopReason>(serde_json::json!("__none__"))),
+        (
+            "event type",
+            variants_of::<EventKind>(serde_json::json!({"type": "__none__"})),
+        ),
+        (
+            "session status",
+            variants_of::<SessionStatus>(serde_json::json!("__none__")),
+        ),
+        (
+            "stop reason",
+            variants_of::<StopReason>(serde_json::json!("__none__")),
+        ),
     ];
     let mut missing = Vec::new();
     for (what, list) in &names {
@@ -296,9 +320,9 @@ fn nothing_cites_the_spec_outside_the_repository() {
         let text = std::fs::read_to_string(file).unwrap();
         for (n, line) in text.lines().enumerate() {
             // A section sign is a citation of the spec unless it cites an RFC.
-            let spec_section = line.match_indices('§').any(|(i, _)| {
-                !line[..i].rfind("RFC").is_some_and(|j| i - j <= 16)
-            });
+            let spec_section = line
+                .match_indices('§')
+                .any(|(i, _)| line[..i].rfind("RFC").is_none_or(|j| i - j > 16));
             if line.contains("DESIGN") || spec_section {
                 found.push(format!(
                     "{}:{}: {}",
@@ -313,5 +337,26 @@ fn nothing_cites_the_spec_outside_the_repository() {
         found.is_empty(),
         "citations of DESIGN.md (not in the repository); point to the book page or the module that holds the fact:\n{}",
         found.join("\n")
+    );
+}
+
+#[test]
+fn every_test_file_is_on_the_tests_page() {
+    let page = std::fs::read_to_string(root().join("docs/src/development/tests.md")).unwrap();
+    let mut missing = Vec::new();
+    for dir in ["tests", "actors/tests"] {
+        for entry in std::fs::read_dir(root().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "rs") {
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                if !page.contains(&format!("`{name}`")) {
+                    missing.push(format!("{dir}/{name}"));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "test files not on docs/src/development/tests.md: {missing:?}"
     );
 }

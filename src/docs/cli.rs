@@ -74,7 +74,10 @@ pub(super) fn render() -> String {
     }
     for (path, mut cmd) in commands {
         let help = cmd.render_long_help().to_string();
-        out.push_str(&format!("\n## {path}\n\n```text\n{}\n```\n", help.trim_end()));
+        out.push_str(&format!(
+            "\n## {path}\n\n```text\n{}\n```\n",
+            help.trim_end()
+        ));
     }
     out
 }

@@ -252,11 +252,8 @@ fn parse(text: &str, sections: &[Section]) -> FileDoc {
                 let (first, rest) = text
                     .split_once(char::is_whitespace)
                     .map_or((text, ""), |(f, r)| (f, r));
-                let spaced = rest.is_empty()
-                    || text[first.len()..]
-                        .chars()
-                        .take(2)
-                        .all(char::is_whitespace);
+                let spaced =
+                    rest.is_empty() || text[first.len()..].chars().take(2).all(char::is_whitespace);
                 if let Some(section) = list.clone() {
                     if spaced && known(&section, first) {
                         if !para.is_empty() && !doc.has_entries(&section) {
@@ -278,8 +275,7 @@ fn parse(text: &str, sections: &[Section]) -> FileDoc {
                 }
                 if let Some((section, key, item_indent)) = &item {
                     if indent > *item_indent {
-                        if let Some(e) = doc.entries.get_mut(section).and_then(|s| s.get_mut(key))
-                        {
+                        if let Some(e) = doc.entries.get_mut(section).and_then(|s| s.get_mut(key)) {
                             if !e.description.is_empty() {
                                 e.description.push(' ');
                             }
@@ -373,10 +369,9 @@ fn take_sentence(text: &str, marker: &str) -> (String, Option<String>) {
         return (text.to_owned(), None);
     };
     let after = &text[start + marker.len()..];
-    let end = after.find(". ").map_or_else(
-        || after.strip_suffix('.').map_or(after.len(), str::len),
-        |i| i,
-    );
+    let end = after
+        .find(". ")
+        .unwrap_or_else(|| after.strip_suffix('.').map_or(after.len(), str::len));
     let said = after[..end].trim().to_owned();
     let skip = (end + 1).min(after.len());
     let rest = format!("{}{}", &text[..start], after[skip..].trim_start());

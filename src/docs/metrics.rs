@@ -5,9 +5,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use metrics::{
-    Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
-};
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 
 use super::cell;
 
@@ -62,7 +60,10 @@ impl Recorder for Capture {
 pub(super) fn render() -> String {
     let capture = Capture::default();
     metrics::with_local_recorder(&capture, overseer_actors::metrics::describe);
-    let described = capture.0.into_inner().unwrap_or_else(PoisonError::into_inner);
+    let described = capture
+        .0
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
     let mut out = String::from("# Metrics\n\n");
     out.push_str(
         "`GET /metrics` serves these in the Prometheus text format (the `admin` scope, \

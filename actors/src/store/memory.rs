@@ -69,6 +69,11 @@ impl CheckpointStore for MemStore {
     async fn checkpoint(&self, cp: Checkpoint) -> Result<(), StoreError> {
         let mut inner = self.lock();
         let id = cp.header.id;
+        // As the durable stores do: a session last written by a newer binary
+        // is never overwritten (it is refused whole, nothing written).
+        if let Some(known) = inner.headers.get(&id) {
+            check_version(known)?;
+        }
         for row in decision_rows(&cp) {
             inner
                 .decisions
@@ -166,14 +171,14 @@ impl CheckpointStore for MemStore {
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         let inner = self.lock();
-        Ok(inner
+        inner
             .headers
             .values()
             .filter(|h| after.is_none_or(|a| h.id > a))
             .filter(|h| statuses.is_empty() || statuses.contains(&h.status))
             .take(inner.page_cap.map_or(limit, |cap| limit.min(cap)))
-            .cloned()
-            .collect())
+            .map(listed)
+            .collect()
     }
 
     async fn list_tenant(
@@ -183,13 +188,13 @@ impl CheckpointStore for MemStore {
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         let inner = self.lock();
-        Ok(inner
+        inner
             .headers
             .values()
             .filter(|h| h.tenant == tenant && after.is_none_or(|a| h.id > a))
             .take(limit)
-            .cloned()
-            .collect())
+            .map(listed)
+            .collect()
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
@@ -244,12 +249,12 @@ impl CheckpointStore for MemStore {
             Some(id) => Bound::Excluded(id),
             None => Bound::Unbounded,
         };
-        Ok(inner
+        inner
             .headers
             .range((start, Bound::Unbounded))
             .take(limit)
-            .map(|(_, h)| h.clone())
-            .collect())
+            .map(|(_, h)| listed(h))
+            .collect()
     }
 
     async fn purge(&self, id: SessionId) -> Result<(), StoreError> {
@@ -271,6 +276,13 @@ impl CheckpointStore for MemStore {
         inner.decisions.retain(|(_, p), _| p.session_id != id);
         Ok(())
     }
+}
+
+/// A header as a listing returns it: one of a newer schema fails the page
+/// (boot recovery must not skip it silently), as in the durable stores.
+fn listed(h: &SessionHeader) -> Result<SessionSummary, StoreError> {
+    check_version(h)?;
+    Ok(h.clone())
 }
 
 fn check_version(h: &SessionHeader) -> Result<(), StoreError> {

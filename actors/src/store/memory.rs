@@ -372,4 +372,25 @@ mod tests {
         assert!(!inner.queues.contains_key(&done));
         assert_eq!(inner.headers.len(), 2);
     }
+
+    /// As sled does: a checkpoint over a session last written by a newer
+    /// binary is refused and writes nothing (the contract suite covers the
+    /// reads; PostgreSQL overwrites, see tests/store_contract.rs).
+    #[tokio::test]
+    async fn a_checkpoint_over_a_newer_schema_is_refused_and_writes_nothing() {
+        let store = MemStore::new();
+        let mut newer = checkpoint("acme", SessionStatus::Running);
+        newer.header.schema_version = SCHEMA_VERSION + 1;
+        let id = newer.header.id;
+        store.checkpoint(newer.clone()).await.unwrap();
+        let mut current = newer;
+        current.header.schema_version = SCHEMA_VERSION;
+        current.header.status = SessionStatus::Cancelled;
+        match store.checkpoint(current).await {
+            Err(StoreError::SchemaTooNew { session, .. }) => assert_eq!(session, id),
+            other => panic!("expected SchemaTooNew, got {other:?}"),
+        }
+        assert_eq!(store.checkpoints(), 1);
+        assert_eq!(store.lock().headers[&id].status, SessionStatus::Running);
+    }
 }

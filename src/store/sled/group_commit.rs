@@ -1140,6 +1140,12 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         if writes.is_empty() {
             continue;
         }
+        #[cfg(feature = "fault-injection")]
+        if n == SESSIONS_WRITES {
+            overseer_actors::fault::hit_outside_sessions(
+                overseer_actors::fault::FaultPoint::StoreBeforeHeaders,
+            );
+        }
         if crashed_before(trees, n) {
             return Err(WriteError::Hook(
                 "test hook: the header writes were dropped".into(),
@@ -1168,7 +1174,7 @@ fn crashed_before(trees: &Trees, n: usize) -> bool {
 }
 
 /// Where the `sessions` writes (the commit records) are in [`write`]'s order.
-#[cfg(test)]
+#[cfg(any(test, feature = "fault-injection"))]
 const SESSIONS_WRITES: usize = 9;
 
 #[cfg(not(test))]

@@ -306,14 +306,18 @@ impl From<SessionError> for ApiError {
             } => Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", message)
                 .with_details(json!({"retry_after_secs": retry_after_secs})),
             SessionError::Store(StoreError::NotOwner { session, reason }) => {
-                // Cluster mode: the session moved to another node while this
-                // one served the request; nothing was written. The router
-                // sends the request to the new owner (`crate::cluster`).
+                // Cluster mode: nothing was written. Either the session moved
+                // to another node while this one served the request (the
+                // router sends the request to the new owner,
+                // `crate::cluster`), or this node may write nothing at all
+                // (its lease ran out: the database is unreachable, or the
+                // node was paused). The reason says which, so a caller is
+                // not told a new session is "moving".
                 tracing::info!(session_id = %session, %reason, "session owned elsewhere");
                 Self::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     NOT_OWNER,
-                    format!("session {session} is moving to another node; retry shortly"),
+                    format!("session {session} cannot be written on this node now ({reason}); retry shortly"),
                 )
             }
             SessionError::Store(StoreError::Unavailable(reason)) => {

@@ -12,6 +12,7 @@
 pub mod acp;
 pub mod alloc;
 pub mod auth;
+pub mod backoff;
 pub mod cli;
 pub mod cluster;
 pub mod config;

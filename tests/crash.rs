@@ -3,7 +3,9 @@
 //! with `overseer run --resume`, over and over, on one data directory.
 //!
 //! Every process runs `--approve auto` with `OVERSEER_FAULT` set to a
-//! pseudo-random `point:nth:abort` (or nothing). Several sessions are in
+//! pseudo-random `point:nth:abort` (or nothing), at a point of the actors or
+//! inside the sled store's write path (`STORE_POINTS`: before a group's
+//! headers, before its flush). Several sessions are in
 //! flight at once, so a process that follows one session also recovers the
 //! others (`recover()` activates every mid-turn session) and an abort in one
 //! interrupts the others at arbitrary points, not only at fault points. After
@@ -67,6 +69,14 @@ const POINTS: &[(&str, u64)] = &[
     ("mid_stream", 45),
     ("after_decision_ack", 3),
 ];
+
+/// Fault points inside the sled store's write path, aborted at only (a
+/// panic there is not a session's): right before a group's headers are
+/// written, after its other rows, and right before a group is flushed.
+/// With `fsync` durability nothing of such a group was acknowledged, and
+/// whatever part of it sled had written out must be invisible or whole after
+/// the restart. The largest `nth`: about one group per checkpoint.
+const STORE_POINTS: &[(&str, u64)] = &[("store_before_headers", 16), ("store_flush", 16)];
 
 /// The scripted agent: three ledger entries across three steps, the clock
 /// read twice (an idempotent tool that needs no approval), then an answer.
@@ -589,7 +599,8 @@ fn aborted_processes_resume_without_losing_or_repeating_anything() {
     let mut aborted_resumes = 0;
 
     loop {
-        let faulting = aborts < MIN_ABORTS || aborts_at.len() < POINTS.len();
+        let all_points = POINTS.len() + STORE_POINTS.len();
+        let faulting = aborts < MIN_ABORTS || aborts_at.len() < all_points;
         if !faulting && unfinished.is_empty() {
             break;
         }
@@ -610,7 +621,12 @@ fn aborted_processes_resume_without_losing_or_repeating_anything() {
             Some(unfinished[rng.below(unfinished.len() as u64) as usize])
         };
         let fault = if faulting && rng.below(10) < 8 {
-            let (point, max) = POINTS[rng.below(POINTS.len() as u64) as usize];
+            let drawn = rng.below(all_points as u64) as usize;
+            let (point, max) = POINTS
+                .get(drawn)
+                .or_else(|| STORE_POINTS.get(drawn - POINTS.len()))
+                .copied()
+                .unwrap();
             let nth = 1 + rng.below(max);
             Some((point, format!("{point}:{nth}:abort")))
         } else {

@@ -1,7 +1,9 @@
-//! The contract of the `CheckpointStore` port, run against both stores: the
-//! embedded sled store (a temp directory) and the PostgreSQL store of cluster
-//! mode (a database of a throwaway server, see `common::pg`). Each contract
-//! is one function; `contract!` turns it into a `sled` and a `postgres` test.
+//! The contract of the `CheckpointStore` port, run against the three stores:
+//! the embedded sled store (a temp directory), the PostgreSQL store of
+//! cluster mode (a database of a throwaway server, see `common::pg`) and the
+//! in-memory store the actors' tests and embedders use (`MemStore`). Each
+//! contract is one function; `contract!` turns it into a `sled`, a
+//! `postgres` and a `memory` test.
 //!
 //! Covered: checkpoint and reload (header, transcript, metadata, queued
 //! messages), only new rows per checkpoint, events after a sequence (paged,
@@ -229,6 +231,12 @@ macro_rules! contract {
             async fn postgres() {
                 let (store, _pg) = super::pg_store().await;
                 super::$name(store.as_ref()).await;
+            }
+
+            #[tokio::test]
+            async fn memory() {
+                let store = overseer_actors::store::MemStore::new();
+                super::$name(&store).await;
             }
         }
     };
@@ -850,15 +858,6 @@ async fn decisions_are_indexed_per_tenant_newest_first_and_purged_with_their_ses
         vec![250, 150]
     );
     assert_eq!(times(&history(store, "globex", query(10)).await), vec![275]);
-}
-
-/// The in-memory store keeps the same index (actors' tests and embedders
-/// read it).
-#[tokio::test]
-async fn the_memory_store_keeps_the_same_decision_index_and_ranges() {
-    let store = overseer_actors::store::MemStore::new();
-    decisions_are_indexed_per_tenant_newest_first_and_purged_with_their_session(&store).await;
-    entries_read_a_bounded_range_of_the_committed_transcript(&store).await;
 }
 
 contract!(entries_read_a_bounded_range_of_the_committed_transcript);

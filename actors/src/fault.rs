@@ -39,6 +39,11 @@ pub enum FaultPoint {
     /// store's flusher thread); with [`FaultAction::Hang`], a disk that
     /// never answers.
     StoreFlush,
+    /// In the sled store's writer, inside the write of a group: after the
+    /// rows of its checkpoints (transcript, events, blobs, indexes gained)
+    /// are inserted and before their headers are, so an abort there leaves
+    /// whatever sled wrote out of a half-applied group on disk.
+    StoreBeforeHeaders,
 }
 
 impl FaultPoint {
@@ -52,6 +57,7 @@ impl FaultPoint {
             "after_decision_ack" => Self::AfterDecisionAck,
             "ignore_own_lease" => Self::IgnoreOwnLease,
             "store_flush" => Self::StoreFlush,
+            "store_before_headers" => Self::StoreBeforeHeaders,
             _ => return None,
         })
     }

@@ -4,7 +4,7 @@
 //! ([`Checkpoint`]: one session's header plus its new transcript entries and
 //! new events, written atomically) and an in-memory implementation for tests
 //! and embedding. It deliberately knows no disk format: the sled store lives
-//! in the `overseer` crate (`src/store.rs`). The decision index every store
+//! in the `overseer` crate (`src/store/sled.rs`, beside PostgreSQL's). The decision index every store
 //! derives from checkpoints, and its contract, are in `decisions`.
 
 mod decisions;

@@ -35,13 +35,15 @@ use overseer_actors::provider::{
 use serde_json::Value;
 
 use super::KeySource;
+use crate::backoff::Backoff;
 
 /// How failures before the first event are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Retries after the first attempt (3).
     pub max_retries: u32,
-    /// Wait before the first retry; doubles with each retry.
+    /// Wait before the first retry; doubles with each retry, with jitter
+    /// ([`Backoff`]).
     pub initial_backoff: Duration,
     /// Longest computed wait.
     pub max_backoff: Duration,
@@ -72,12 +74,7 @@ impl RetryPolicy {
         if let Some(wait) = error.retry_after() {
             return (wait <= self.max_retry_after).then_some(wait);
         }
-        let factor = 2u32.saturating_pow(retry);
-        Some(
-            self.initial_backoff
-                .saturating_mul(factor)
-                .min(self.max_backoff),
-        )
+        Some(Backoff::new(self.initial_backoff, self.max_backoff).delay(retry))
     }
 
     /// The wait `error` asks for, when it is more than this policy honours.
@@ -453,7 +450,7 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_from_one_second_capped_at_ten() {
+    fn backoff_doubles_from_one_second_with_jitter_capped_at_ten() {
         let p = RetryPolicy {
             max_retries: 6,
             ..RetryPolicy::default()
@@ -463,9 +460,15 @@ mod tests {
             retry_after: None,
             message: String::new(),
         };
-        let waits: Vec<_> = (0..7).map(|r| p.delay(r, &server)).collect();
-        let s = |n| Some(Duration::from_secs(n));
-        assert_eq!(waits, vec![s(1), s(2), s(4), s(8), s(10), s(10), None]);
+        for (retry, base) in [(0, 1), (1, 2), (2, 4), (3, 8), (4, 10), (5, 10)] {
+            let wait = p.delay(retry, &server).unwrap();
+            let (lo, hi) = (
+                Duration::from_secs(base),
+                Duration::from_secs((2 * base).min(10)),
+            );
+            assert!(wait >= lo && wait <= hi, "retry {retry}: {wait:?}");
+        }
+        assert_eq!(p.delay(6, &server), None);
     }
 
     #[test]

@@ -20,8 +20,10 @@ use std::path::{Path, PathBuf};
 
 use overseer_actors::model::{SessionId, SCHEMA_VERSION};
 
-use super::open::{self, catch_sled_panic, OpenError, Purpose, Trees, COMMIT_KEY};
-use super::{codec, sidecar, StoreOptions, FORMAT_KEY, FORMAT_VERSION};
+use super::codec;
+use super::sled::layout;
+use super::sled::open::{self, catch_sled_panic, OpenError, Purpose, Trees, COMMIT_KEY};
+use super::sled::{sidecar, StoreOptions, FORMAT_KEY, FORMAT_VERSION};
 
 /// At most this many problems are listed (the count says how many more).
 const MAX_LISTED: usize = 50;
@@ -178,7 +180,7 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
     for item in trees.sessions.iter() {
         let (key, bytes) = or_stop!(report, item, "reading the sessions tree");
         sessions += 1;
-        let Some(id) = codec::id_from(&key) else {
+        let Some(id) = layout::id_from(&key) else {
             report.problem(format!(
                 "sessions: a key of {} bytes, expected 16",
                 key.len()
@@ -222,7 +224,7 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
         }
         match trees
             .tenants
-            .contains_key(codec::tenant_key(&header.tenant, &id))
+            .contains_key(layout::tenant_key(&header.tenant, &id))
         {
             Ok(true) => {}
             Ok(false) => report.problem(format!(
@@ -254,7 +256,7 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
         refs += 1;
     }
     let mut purges = 0u64;
-    for item in trees.meta.scan_prefix(codec::PURGE_PREFIX) {
+    for item in trees.meta.scan_prefix(layout::PURGE_PREFIX) {
         or_stop!(report, item, "reading the purge markers");
         purges += 1;
     }
@@ -288,7 +290,7 @@ fn check_blob_refs(trees: &Trees, id: &SessionId, len: u64) -> Result<(), String
     }
     for item in trees
         .transcript
-        .range(codec::seq_key(id, 0)..=codec::seq_key(id, len - 1))
+        .range(layout::seq_key(id, 0)..=layout::seq_key(id, len - 1))
     {
         let (key, row) = item.map_err(|e| format!("reading its transcript: {e}"))?;
         let Some(hash) = codec::blob_of(&row) else {
@@ -296,13 +298,13 @@ fn check_blob_refs(trees: &Trees, id: &SessionId, len: u64) -> Result<(), String
         };
         let referenced = trees
             .blob_refs
-            .contains_key(codec::blob_ref_key(&hash, id))
+            .contains_key(layout::blob_ref_key(&hash, id))
             .map_err(|e| format!("reading the blob references: {e}"))?;
         if !referenced {
             return Err(format!(
                 "transcript entry {} names blob {hash} without a reference to it: purging \
                  another session could delete it",
-                codec::seq_of(&key).unwrap_or(0)
+                layout::seq_of(&key).unwrap_or(0)
             ));
         }
     }

@@ -1,9 +1,14 @@
-//! The byte layout of the sled store: keys, the stored form of a transcript
-//! entry (with a large tool result moved out to `blobs`), the `{schema_version}`
-//! peek, and the encoding of a [`Checkpoint`] into ready-to-insert bytes.
+//! The stored form of a session shared by every engine: the header and its
+//! lenient `{schema_version}` peek (a newer snapshot is refused, not called
+//! corrupt), a transcript entry (with a large tool result moved out to a
+//! content-addressed blob), one checkpoint's events as one value, and when a
+//! checkpoint is worth encoding off the async runtime.
 //!
-//! It owns no I/O: everything here is a pure function of its arguments, so the
-//! caller decides on which thread the (possibly large) encoding runs.
+//! It owns no I/O and no engine: values are plain bytes (`Vec<u8>`, read
+//! back from any `AsRef<[u8]>`), so the PostgreSQL store builds without sled
+//! types. Keys, trees and rows are each engine's own (`sled/layout`,
+//! `postgres/schema`). Everything here is a pure function of its arguments,
+//! so the caller decides on which thread the (possibly large) encoding runs.
 
 use std::sync::Arc;
 
@@ -11,85 +16,12 @@ use overseer_actors::model::{
     Event, EventKind, QueuedMessage, SessionHeader, SessionId, SessionStatus, TranscriptEntry,
     SCHEMA_VERSION,
 };
-use overseer_actors::store::{decision_rows, order_bits, Checkpoint, DecisionPosition, StoreError};
+use overseer_actors::store::{Checkpoint, StoreError};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use sled::IVec;
 
 /// Tool results whose JSON is larger than this go to `blobs`.
 pub(super) const BLOB_THRESHOLD: usize = 64 * 1024;
-
-/// `id ‖ big-endian n`: the key of transcript entry `n` or event `n`. Big-endian
-/// so that sled's byte order is numeric order and a session's rows are one
-/// contiguous range.
-pub(super) fn seq_key(id: &SessionId, n: u64) -> [u8; 24] {
-    let mut key = [0u8; 24];
-    key[..16].copy_from_slice(id.as_bytes());
-    key[16..].copy_from_slice(&n.to_be_bytes());
-    key
-}
-
-/// The index number at the end of a [`seq_key`].
-pub(super) fn seq_of(key: &[u8]) -> Option<u64> {
-    let tail: [u8; 8] = key.get(16..24)?.try_into().ok()?;
-    Some(u64::from_be_bytes(tail))
-}
-
-/// `tenant ‖ 0x00`: every index key of one tenant starts with this.
-pub(super) fn tenant_prefix(tenant: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(tenant.len() + 17);
-    key.extend_from_slice(tenant.as_bytes());
-    key.push(0);
-    key
-}
-
-/// `tenant ‖ 0x00 ‖ id`: ordered by id within a tenant, for cursor pagination.
-pub(super) fn tenant_key(tenant: &str, id: &SessionId) -> Vec<u8> {
-    let mut key = tenant_prefix(tenant);
-    key.extend_from_slice(id.as_bytes());
-    key
-}
-
-/// `sha256 hex ‖ id`: the key of a session's reference to a blob in
-/// `blob_refs`. Keyed by the hash first, so whether anyone else still
-/// references a blob is one prefix lookup.
-pub(super) fn blob_ref_key(hash: &str, id: &SessionId) -> Vec<u8> {
-    let mut key = Vec::with_capacity(hash.len() + 16);
-    key.extend_from_slice(hash.as_bytes());
-    key.extend_from_slice(id.as_bytes());
-    key
-}
-
-/// `tenant ‖ 0x00 ‖ time ‖ id ‖ call`: the key of a row of the decision
-/// index (`decisions`), in the index's order within a tenant (time as
-/// [`order_bits`], big-endian), so that a page newest first is a reverse
-/// range walk.
-pub(super) fn decision_key(tenant: &str, position: &DecisionPosition) -> Vec<u8> {
-    let mut key = tenant_prefix(tenant);
-    key.reserve(24 + position.call_id.0.len());
-    key.extend_from_slice(&order_bits(position.at_ms).to_be_bytes());
-    key.extend_from_slice(position.session_id.as_bytes());
-    key.extend_from_slice(position.call_id.0.as_bytes());
-    key
-}
-
-/// The first key past every [`decision_key`] of `tenant`.
-pub(super) fn tenant_end(tenant: &str) -> Vec<u8> {
-    let mut key = tenant.as_bytes().to_vec();
-    key.push(1);
-    key
-}
-
-/// The prefix of `meta` keys marking purges in progress.
-pub(super) const PURGE_PREFIX: &[u8] = b"purge:";
-
-/// `purge: ‖ id`: the key of `meta` that marks a purge of `id` begun and
-/// not finished (its value is the session's tenant).
-pub(super) fn purge_key(id: &SessionId) -> Vec<u8> {
-    let mut key = PURGE_PREFIX.to_vec();
-    key.extend_from_slice(id.as_bytes());
-    key
-}
 
 /// The blob a stored transcript row references, if any. Only rows that
 /// mention the envelope's field are parsed: the common row is a substring
@@ -105,12 +37,6 @@ pub(super) fn blob_of(row: &[u8]) -> Option<String> {
         result_blob: Option<String>,
     }
     serde_json::from_slice::<Envelope>(row).ok()?.result_blob
-}
-
-/// A session id from the 16 bytes of a key.
-pub(super) fn id_from(bytes: &[u8]) -> Option<SessionId> {
-    let raw: [u8; 16] = bytes.try_into().ok()?;
-    Some(SessionId(uuid::Uuid::from_bytes(raw)))
 }
 
 /// The statuses kept in the `active` index: the ones boot recovery resumes.
@@ -202,62 +128,6 @@ struct StoredEntryIn {
     result_blob: Option<String>,
 }
 
-/// One checkpoint, encoded: everything the writer thread inserts, so that it
-/// only copies bytes into sled and never serializes.
-#[derive(Debug)]
-pub(super) struct Prepared {
-    pub(super) id: SessionId,
-    pub(super) schema_version: u32,
-    pub(super) tenant: String,
-    pub(super) active: bool,
-    /// Whether the header's status is terminal (the writer then forgets it).
-    pub(super) terminal: bool,
-    pub(super) header: IVec,
-    pub(super) entries: Vec<([u8; 24], IVec)>,
-    /// The checkpoint's events as one row (see [`encode_events`]), if it
-    /// has any.
-    pub(super) events: Option<([u8; 24], IVec)>,
-    /// `(sha256 hex, result JSON)` of tool results over [`BLOB_THRESHOLD`].
-    pub(super) blobs: Vec<(String, IVec)>,
-    /// Newly queued messages.
-    pub(super) queued: Vec<([u8; 24], IVec)>,
-    /// Keys of queued messages taken off the queue.
-    pub(super) dequeued: Vec<[u8; 24]>,
-    /// The metadata, in the checkpoint that writes it.
-    pub(super) metadata: Option<IVec>,
-    /// Webhook outbox rows of its events (`webhooks::outbox_key` → seed),
-    /// written before the header like every row it commits.
-    pub(super) outbox: Vec<([u8; 40], IVec)>,
-    /// Rows of the decision index its decisions add (key, row JSON).
-    pub(super) decisions: Vec<(Vec<u8>, IVec)>,
-}
-
-impl Prepared {
-    /// Bytes this checkpoint will insert, to bound the size of one group.
-    pub(super) fn size(&self) -> usize {
-        self.header.len()
-            + self
-                .entries
-                .iter()
-                .map(|(_, v)| v.len() + 24)
-                .sum::<usize>()
-            + self.events.as_ref().map_or(0, |(_, v)| v.len() + 24)
-            + self
-                .blobs
-                .iter()
-                .map(|(k, v)| v.len() + k.len())
-                .sum::<usize>()
-            + self.queued.iter().map(|(_, v)| v.len() + 24).sum::<usize>()
-            + self.metadata.as_ref().map_or(0, |m| m.len())
-            + self.outbox.iter().map(|(_, v)| v.len() + 40).sum::<usize>()
-            + self
-                .decisions
-                .iter()
-                .map(|(k, v)| k.len() + v.len())
-                .sum::<usize>()
-    }
-}
-
 /// Whether encoding `cp` may take long enough (megabytes of tool result to
 /// serialize and hash) that it should leave the async runtime's threads.
 /// Only tool results are unbounded; every other field is small. A result is
@@ -308,73 +178,18 @@ fn fits(v: &serde_json::Value, budget: &mut usize) -> bool {
 /// a checkpoint writes are a few hundred bytes to about a kilobyte, and
 /// `serde_json::to_vec` starts at 128 and doubles: three to five
 /// reallocations and copies per row otherwise.
-fn to_json<T: Serialize + ?Sized>(value: &T, guess: usize) -> serde_json::Result<Vec<u8>> {
+pub(super) fn to_json<T: Serialize + ?Sized>(
+    value: &T,
+    guess: usize,
+) -> serde_json::Result<Vec<u8>> {
     let mut buf = Vec::with_capacity(guess);
     serde_json::to_writer(&mut buf, value)?;
     Ok(buf)
 }
 
 /// What [`to_json`] starts with for a header, and for the other rows.
-const HEADER_GUESS: usize = 1024;
-const ROW_GUESS: usize = 512;
-
-/// Encodes a checkpoint. Only the new entries and events are encoded, so the
-/// cost follows what changed, not the transcript's length.
-pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
-    let id = cp.header.id;
-    let header = to_json(&cp.header, HEADER_GUESS)
-        .map_err(|e| corrupt(id, format!("cannot encode header: {e}")))?;
-    let mut blobs = Vec::new();
-    let mut entries = Vec::with_capacity(cp.entries.len());
-    for (idx, entry) in &cp.entries {
-        let value = encode_entry(&id, entry, &mut blobs)?;
-        entries.push((seq_key(&id, *idx), IVec::from(value)));
-    }
-    let events = encode_events(&id, &cp.events)?;
-    let mut queued = Vec::with_capacity(cp.queued.len());
-    for (seq, message) in &cp.queued {
-        let value = serde_json::to_vec(message)
-            .map_err(|e| corrupt(id, format!("cannot encode queued message {seq}: {e}")))?;
-        queued.push((seq_key(&id, *seq), IVec::from(value)));
-    }
-    let metadata = match &cp.metadata {
-        Some(m) => {
-            Some(IVec::from(serde_json::to_vec(m).map_err(|e| {
-                corrupt(id, format!("cannot encode metadata: {e}"))
-            })?))
-        }
-        None => None,
-    };
-    let mut decisions = Vec::new();
-    for row in decision_rows(cp) {
-        let value = to_json(&row, ROW_GUESS).map_err(|e| {
-            corrupt(
-                id,
-                format!("cannot encode the decision of {}: {e}", row.call_id),
-            )
-        })?;
-        decisions.push((
-            decision_key(&row.tenant, &row.position()),
-            IVec::from(value),
-        ));
-    }
-    Ok(Prepared {
-        id,
-        schema_version: cp.header.schema_version,
-        tenant: cp.header.tenant.clone(),
-        active: is_active(cp.header.status),
-        terminal: cp.header.status.is_terminal(),
-        header: IVec::from(header),
-        entries,
-        events,
-        blobs,
-        queued,
-        dequeued: cp.dequeued.clone().map(|seq| seq_key(&id, seq)).collect(),
-        metadata,
-        outbox: Vec::new(),
-        decisions,
-    })
-}
+pub(super) const HEADER_GUESS: usize = 1024;
+pub(super) const ROW_GUESS: usize = 512;
 
 /// One stored event of a batch row: the session and the sequence number
 /// are the row key's, so only the time and what happened are stored.
@@ -390,14 +205,14 @@ type StoredEventIn = (i64, EventKind);
 pub(super) fn encode_events(
     id: &SessionId,
     events: &[Event],
-) -> Result<Option<([u8; 24], IVec)>, StoreError> {
+) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
     let Some(first) = events.first() else {
         return Ok(None);
     };
     let stored: Vec<StoredEventOut<'_>> = events.iter().map(|e| (e.at_ms, &e.kind)).collect();
     let value = to_json(&stored, ROW_GUESS)
         .map_err(|e| corrupt(id, format!("cannot encode events from {}: {e}", first.seq)))?;
-    Ok(Some((seq_key(id, first.seq), IVec::from(value))))
+    Ok(Some((first.seq, value)))
 }
 
 /// Decodes one row of the `events` tree keyed by `seq`: a batch of layout
@@ -457,7 +272,7 @@ pub(super) fn legacy_parts(
 pub(super) fn encode_entry(
     id: &SessionId,
     entry: &TranscriptEntry,
-    blobs: &mut Vec<(String, IVec)>,
+    blobs: &mut Vec<(String, Vec<u8>)>,
 ) -> Result<Vec<u8>, StoreError> {
     let encode = |entry: &TranscriptEntry, result_blob: Option<&str>| {
         to_json(&StoredEntryOut { entry, result_blob }, ROW_GUESS)
@@ -486,17 +301,17 @@ pub(super) fn encode_entry(
     let mut stripped = call.clone();
     stripped.result = None;
     let value = encode(&TranscriptEntry::ToolResult { call: stripped }, Some(&hash))?;
-    blobs.push((hash, IVec::from(result_json)));
+    blobs.push((hash, result_json));
     Ok(value)
 }
 
 /// Decodes a stored transcript entry, rehydrating a result stored in `blobs`
 /// through `blob` (sha256 hex → bytes).
-pub(super) fn decode_entry(
+pub(super) fn decode_entry<B: AsRef<[u8]>>(
     id: &SessionId,
     idx: u64,
     bytes: &[u8],
-    blob: impl FnOnce(&str) -> Result<Option<IVec>, StoreError>,
+    blob: impl FnOnce(&str) -> Result<Option<B>, StoreError>,
 ) -> Result<Arc<TranscriptEntry>, StoreError> {
     let stored: StoredEntryIn = serde_json::from_slice(bytes)
         .map_err(|e| corrupt(id, format!("unreadable transcript entry {idx}: {e}")))?;
@@ -515,7 +330,7 @@ pub(super) fn decode_entry(
             format!("transcript entry {idx} references missing blob {hash}"),
         )
     })?;
-    let result = serde_json::from_slice(&data)
+    let result = serde_json::from_slice(data.as_ref())
         .map_err(|e| corrupt(id, format!("unreadable blob {hash} of entry {idx}: {e}")))?;
     call.result = Some(result);
     Ok(Arc::new(TranscriptEntry::ToolResult { call }))

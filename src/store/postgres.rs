@@ -63,7 +63,6 @@ use overseer_actors::store::{
     decision_rows, Checkpoint, CheckpointStore, DecisionPage, DecisionQuery, DecisionRow,
     SessionSummary, StoreError, StoredSession,
 };
-use sled::IVec;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::NoTls;
 use uuid::Uuid;
@@ -1149,7 +1148,7 @@ impl PgStore {
                 &id,
                 i as u64,
                 entry.as_bytes(),
-                |_| Ok(blob.map(|b| IVec::from(b.as_bytes()))),
+                |_| Ok(blob.map(String::into_bytes)),
             )?);
         }
         let seqs: Vec<i64> = row.get(5);
@@ -1394,31 +1393,31 @@ fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, StoreError> 
     let id = h.id;
     let header =
         serde_json::to_string(h).map_err(|e| corrupt(id, format!("cannot encode header: {e}")))?;
-    let mut sled_blobs = Vec::new();
+    let mut new_blobs = Vec::new();
     let mut entry_idx = Vec::with_capacity(cp.entries.len());
     let mut entries = Vec::with_capacity(cp.entries.len());
     let mut entry_blobs = Vec::with_capacity(cp.entries.len());
     for (idx, entry) in &cp.entries {
-        let before = sled_blobs.len();
-        let value = codec::encode_entry(&id, entry, &mut sled_blobs)?;
+        let before = new_blobs.len();
+        let value = codec::encode_entry(&id, entry, &mut new_blobs)?;
         entry_idx.push(signed(*idx));
         entries.push(utf8(&id, value)?);
-        entry_blobs.push(if sled_blobs.len() > before {
-            sled_blobs
+        entry_blobs.push(if new_blobs.len() > before {
+            new_blobs
                 .last()
-                .map(|(hash, _): &(String, IVec)| hash.clone())
+                .map(|(hash, _): &(String, Vec<u8>)| hash.clone())
         } else {
             None
         });
     }
-    let mut blob_hashes = Vec::with_capacity(sled_blobs.len());
-    let mut blob_data = Vec::with_capacity(sled_blobs.len());
-    for (hash, data) in sled_blobs {
+    let mut blob_hashes = Vec::with_capacity(new_blobs.len());
+    let mut blob_data = Vec::with_capacity(new_blobs.len());
+    for (hash, data) in new_blobs {
         if blob_hashes.contains(&hash) {
             continue;
         }
         blob_hashes.push(hash);
-        blob_data.push(utf8(&id, data.to_vec())?);
+        blob_data.push(utf8(&id, data)?);
     }
     let mut event_seqs = Vec::with_capacity(cp.events.len());
     let mut events = Vec::with_capacity(cp.events.len());
@@ -1788,7 +1787,7 @@ impl CheckpointStore for PgStore {
                     &id,
                     u64::try_from(idx).unwrap_or(0),
                     entry.as_bytes(),
-                    |_| Ok(blob.map(|b| IVec::from(b.as_bytes()))),
+                    |_| Ok(blob.map(String::into_bytes)),
                 )
             })
             .collect()

@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+use crate::backoff::Backoff;
 use crate::scope_token::{ScopeTokenError, ScopeTokens};
 
 /// Default `max_response_bytes`: the runtime's result cap, so a body that
@@ -557,11 +558,9 @@ pub(crate) fn transport_message(e: &reqwest::Error) -> String {
     }
 }
 
-/// The wait before retry number `retry` (0-based).
+/// The wait before retry number `retry` (0-based), with jitter.
 pub fn backoff(retry: u32) -> Duration {
-    INITIAL_BACKOFF
-        .saturating_mul(2u32.saturating_pow(retry))
-        .min(MAX_BACKOFF)
+    Backoff::new(INITIAL_BACKOFF, MAX_BACKOFF).delay(retry)
 }
 
 #[async_trait::async_trait]
@@ -836,12 +835,15 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_from_100_ms_up_to_1_s() {
-        assert_eq!(backoff(0), Duration::from_millis(100));
-        assert_eq!(backoff(1), Duration::from_millis(200));
-        assert_eq!(backoff(2), Duration::from_millis(400));
-        assert_eq!(backoff(4), Duration::from_secs(1));
-        assert_eq!(backoff(40), Duration::from_secs(1));
+    fn backoff_doubles_from_100_ms_with_jitter_up_to_1_s() {
+        for (retry, base) in [(0, 100), (1, 200), (2, 400), (4, 1000), (40, 1000)] {
+            let wait = backoff(retry);
+            let (lo, hi) = (
+                Duration::from_millis(base),
+                Duration::from_millis((2 * base).min(1000)),
+            );
+            assert!(wait >= lo && wait <= hi, "{retry}: {wait:?}");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! [`Tool`] ([`McpTool`]). The hub then keeps each connection alive: a
 //! supervising task per server notices when a stdio server's process exits
 //! (or any connection's task ends), marks the server unavailable, and
-//! reconnects with exponential backoff (1 s doubling to 30 s). While a server
+//! reconnects with exponential backoff (1 s doubling to 30 s, with jitter). While a server
 //! is unavailable its tools fail at once with
 //! `{"error": "MCP server '<name>' is unavailable: <reason>"}` instead of
 //! waiting for it; the reason quotes the tail of a stdio server's stderr.
@@ -80,6 +80,7 @@ use tokio::task::JoinHandle;
 
 use overseer_actors::tool::{Tool, ToolContext, ToolError, ToolRegistry, ToolSpec};
 
+use crate::backoff::Backoff;
 use crate::scope_token::ScopeTokens;
 
 pub use config::{
@@ -773,11 +774,10 @@ impl Tool for SchemaProbe {
     }
 }
 
-/// Pause before reconnection attempt `failures + 1`.
+/// Pause before reconnection attempt `failures + 1`, with jitter (every
+/// session's server restarting at once must not reconnect in lockstep).
 fn backoff(failures: u32) -> Duration {
-    BACKOFF_START
-        .saturating_mul(1 << failures.min(5))
-        .min(BACKOFF_MAX)
+    Backoff::new(BACKOFF_START, BACKOFF_MAX).delay(failures)
 }
 
 /// Keeps one server connected: waits for its connection to end, marks it
@@ -988,12 +988,15 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_and_caps() {
-        assert_eq!(backoff(0), Duration::from_secs(1));
-        assert_eq!(backoff(1), Duration::from_secs(2));
-        assert_eq!(backoff(4), Duration::from_secs(16));
-        assert_eq!(backoff(5), Duration::from_secs(30));
-        assert_eq!(backoff(50), Duration::from_secs(30));
+    fn backoff_doubles_with_jitter_and_caps() {
+        for (failures, base) in [(0, 1), (1, 2), (4, 16), (5, 30), (50, 30)] {
+            let wait = backoff(failures);
+            let (lo, hi) = (
+                Duration::from_secs(base),
+                Duration::from_secs((2 * base).min(30)),
+            );
+            assert!(wait >= lo && wait <= hi, "{failures}: {wait:?}");
+        }
     }
 
     #[tokio::test]

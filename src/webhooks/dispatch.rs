@@ -9,7 +9,7 @@
 //! it has none yet (`payload`; stored with the attempt's outcome, so every
 //! retry sends the same bytes), signs it (Standard Webhooks headers, the
 //! `webhook-id` of its seed) and POSTs it. A 2xx is delivered. Anything else
-//! is retried with exponential backoff and jitter (backon's arithmetic;
+//! is retried with exponential backoff and jitter (`crate::backoff`;
 //! `Retry-After` is honoured), the last attempt at `max_age` after the
 //! event; past that, or past `max_attempts`, or on `410 Gone`, the delivery
 //! fails and its endpoint is disabled with the reason recorded.
@@ -29,7 +29,6 @@ use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use overseer_actors::Runtime;
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
@@ -40,6 +39,7 @@ use super::signing::{sign, Secret};
 use super::{
     payload, Delivery, DeliveryKey, DeliveryStatus, Disabled, Endpoint, WebhookOptions, Webhooks,
 };
+use crate::backoff::Backoff;
 use crate::tools::http_tool::transport_message;
 
 /// The longest the task sleeps without looking at the store.
@@ -382,17 +382,7 @@ async fn disable(hooks: &Webhooks, mut endpoint: Endpoint, reason: String, now: 
 /// The delay after `attempts` failed attempts: `retry_initial` × 2^(n-1),
 /// plus up to as much again of jitter, at most `retry_max`.
 pub(super) fn backoff(options: &WebhookOptions, attempts: u32) -> Duration {
-    let n = usize::try_from(attempts.saturating_sub(1)).unwrap_or(usize::MAX);
-    ExponentialBuilder::default()
-        .with_min_delay(options.retry_initial)
-        .with_max_delay(options.retry_max)
-        .with_factor(2.0)
-        .with_jitter()
-        .without_max_times()
-        .build()
-        .nth(n)
-        .unwrap_or(options.retry_max)
-        .min(options.retry_max)
+    Backoff::new(options.retry_initial, options.retry_max).delay(attempts.saturating_sub(1))
 }
 
 /// One signed POST of the delivery's body.

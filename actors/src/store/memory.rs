@@ -69,6 +69,11 @@ impl CheckpointStore for MemStore {
     async fn checkpoint(&self, cp: Checkpoint) -> Result<(), StoreError> {
         let mut inner = self.lock();
         let id = cp.header.id;
+        // As the durable stores do: a session last written by a newer binary
+        // is never overwritten (it is refused whole, nothing written).
+        if let Some(known) = inner.headers.get(&id) {
+            check_version(known)?;
+        }
         for row in decision_rows(&cp) {
             inner
                 .decisions
@@ -166,14 +171,14 @@ impl CheckpointStore for MemStore {
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         let inner = self.lock();
-        Ok(inner
+        inner
             .headers
             .values()
             .filter(|h| after.is_none_or(|a| h.id > a))
             .filter(|h| statuses.is_empty() || statuses.contains(&h.status))
             .take(inner.page_cap.map_or(limit, |cap| limit.min(cap)))
-            .cloned()
-            .collect())
+            .map(listed)
+            .collect()
     }
 
     async fn list_tenant(
@@ -183,13 +188,13 @@ impl CheckpointStore for MemStore {
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         let inner = self.lock();
-        Ok(inner
+        inner
             .headers
             .values()
             .filter(|h| h.tenant == tenant && after.is_none_or(|a| h.id > a))
             .take(limit)
-            .cloned()
-            .collect())
+            .map(listed)
+            .collect()
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
@@ -244,12 +249,12 @@ impl CheckpointStore for MemStore {
             Some(id) => Bound::Excluded(id),
             None => Bound::Unbounded,
         };
-        Ok(inner
+        inner
             .headers
             .range((start, Bound::Unbounded))
             .take(limit)
-            .map(|(_, h)| h.clone())
-            .collect())
+            .map(|(_, h)| listed(h))
+            .collect()
     }
 
     async fn purge(&self, id: SessionId) -> Result<(), StoreError> {
@@ -271,6 +276,13 @@ impl CheckpointStore for MemStore {
         inner.decisions.retain(|(_, p), _| p.session_id != id);
         Ok(())
     }
+}
+
+/// A header as a listing returns it: one of a newer schema fails the page
+/// (boot recovery must not skip it silently), as in the durable stores.
+fn listed(h: &SessionHeader) -> Result<SessionSummary, StoreError> {
+    check_version(h)?;
+    Ok(h.clone())
 }
 
 fn check_version(h: &SessionHeader) -> Result<(), StoreError> {
@@ -359,5 +371,26 @@ mod tests {
         assert!(!inner.metadata.contains_key(&done));
         assert!(!inner.queues.contains_key(&done));
         assert_eq!(inner.headers.len(), 2);
+    }
+
+    /// As sled does: a checkpoint over a session last written by a newer
+    /// binary is refused and writes nothing (the contract suite covers the
+    /// reads; PostgreSQL overwrites, see tests/store_contract.rs).
+    #[tokio::test]
+    async fn a_checkpoint_over_a_newer_schema_is_refused_and_writes_nothing() {
+        let store = MemStore::new();
+        let mut newer = checkpoint("acme", SessionStatus::Running);
+        newer.header.schema_version = SCHEMA_VERSION + 1;
+        let id = newer.header.id;
+        store.checkpoint(newer.clone()).await.unwrap();
+        let mut current = newer;
+        current.header.schema_version = SCHEMA_VERSION;
+        current.header.status = SessionStatus::Cancelled;
+        match store.checkpoint(current).await {
+            Err(StoreError::SchemaTooNew { session, .. }) => assert_eq!(session, id),
+            other => panic!("expected SchemaTooNew, got {other:?}"),
+        }
+        assert_eq!(store.checkpoints(), 1);
+        assert_eq!(store.lock().headers[&id].status, SessionStatus::Running);
     }
 }

@@ -268,7 +268,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::store::open::{open, Purpose};
+    use crate::store::sled::open::{open, Purpose};
     use crate::store::StoreOptions;
 
     #[derive(Clone, Default)]

@@ -43,6 +43,7 @@ use sled::{IVec, Tree};
 use uuid::Uuid;
 
 use super::codec::{self, corrupt};
+use super::layout;
 use super::open::Generation;
 use super::SledStore;
 use crate::webhooks::{
@@ -80,7 +81,7 @@ pub(super) const OUTBOX_TREE: &str = "webhook_outbox";
 /// `session ‖ seq ‖ endpoint`: an outbox row's key.
 pub(super) fn outbox_key(session: &SessionId, seq: u64, endpoint: &Uuid) -> [u8; 40] {
     let mut key = [0u8; 40];
-    key[..24].copy_from_slice(&codec::seq_key(session, seq));
+    key[..24].copy_from_slice(&layout::seq_key(session, seq));
     key[24..].copy_from_slice(endpoint.as_bytes());
     key
 }

@@ -32,52 +32,53 @@ use overseer_actors::store::StoreError;
 use sled::Tree;
 
 use super::durable::Durable;
+use super::layout;
 use super::sidecar;
 use super::{Compression, StoreOptions, FORMAT_KEY, FORMAT_VERSION};
 use crate::store::codec::{self, corrupt};
 
 /// The key of `meta` holding the number of the last group written.
-pub(super) const COMMIT_KEY: &[u8] = b"commit_seq";
+pub(in crate::store) const COMMIT_KEY: &[u8] = b"commit_seq";
 
 /// The database and its trees, cloned (cheaply) wherever they are used.
 #[derive(Clone)]
-pub(super) struct Trees {
-    pub(super) db: sled::Db,
-    pub(super) sessions: Tree,
-    pub(super) transcript: Tree,
+pub(in crate::store) struct Trees {
+    pub(in crate::store) db: sled::Db,
+    pub(in crate::store) sessions: Tree,
+    pub(in crate::store) transcript: Tree,
     /// `id ‖ seq` → the events of one checkpoint, numbered from `seq`
     /// (layout 3; a single event in rows written by layouts 1 and 2).
-    pub(super) events: Tree,
+    pub(in crate::store) events: Tree,
     /// `id ‖ seq` → a queued message (schema 2).
-    pub(super) queue: Tree,
+    pub(in crate::store) queue: Tree,
     /// `id` → the session's metadata, written once (schema 2).
-    pub(super) metadata: Tree,
-    pub(super) tenants: Tree,
-    pub(super) active: Tree,
-    pub(super) blobs: Tree,
+    pub(in crate::store) metadata: Tree,
+    pub(in crate::store) tenants: Tree,
+    pub(in crate::store) active: Tree,
+    pub(in crate::store) blobs: Tree,
     /// `sha256 hex ‖ id` → empty: which sessions reference each blob
     /// (layout version 2), so a purge deletes only blobs nobody else uses.
-    pub(super) blob_refs: Tree,
+    pub(in crate::store) blob_refs: Tree,
     /// `tenant ‖ 0x00 ‖ time ‖ id ‖ call` → a row of the decision index
-    /// (see `codec::decision_key`).
-    pub(super) decisions: Tree,
-    pub(super) meta: Tree,
+    /// (see `layout::decision_key`).
+    pub(in crate::store) decisions: Tree,
+    pub(in crate::store) meta: Tree,
     /// Test hook: when set, the writer stops each group right before its
     /// `sessions` writes (the commit record) and fails it, as a crash there
     /// would leave the trees.
     #[cfg(test)]
-    pub(super) drop_headers: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub(in crate::store) drop_headers: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Test hook: when set, each purge stops right after removing the
     /// session's header, as a crash there would leave the trees.
     #[cfg(test)]
-    pub(super) stop_purges: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub(in crate::store) stop_purges: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One opening of the directory. After a write failure the writer closes it
 /// and opens the directory again: what sled holds in memory past the last
 /// confirmed flush must not outlive the failure (see `gate`).
-pub(super) struct Generation {
-    pub(super) trees: Trees,
+pub(in crate::store) struct Generation {
+    pub(in crate::store) trees: Trees,
     durable: Mutex<Durable>,
     /// Why this generation stopped taking writes, once it has.
     failure: Mutex<Option<String>>,
@@ -85,7 +86,7 @@ pub(super) struct Generation {
 
 impl Generation {
     /// Makes everything written to this generation so far durable.
-    pub(super) fn flush(&self) -> Result<(), String> {
+    pub(in crate::store) fn flush(&self) -> Result<(), String> {
         self.durable
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -93,7 +94,7 @@ impl Generation {
     }
 
     /// Marks this generation failed; the first cause sticks.
-    pub(super) fn fail(&self, cause: &str) {
+    pub(in crate::store) fn fail(&self, cause: &str) {
         let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
         if failure.is_none() {
             *failure = Some(cause.to_owned());
@@ -101,7 +102,7 @@ impl Generation {
     }
 
     /// Why this generation failed, if it has.
-    pub(super) fn failure(&self) -> Option<String> {
+    pub(in crate::store) fn failure(&self) -> Option<String> {
         self.failure
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -110,17 +111,17 @@ impl Generation {
 }
 
 /// What opening a directory found.
-pub(super) struct Opened {
-    pub(super) generation: Generation,
+pub(in crate::store) struct Opened {
+    pub(in crate::store) generation: Generation,
     /// The number of the last group the database holds.
-    pub(super) commit_seq: u64,
+    pub(in crate::store) commit_seq: u64,
     /// How the directory stores its log (what it was created with).
-    pub(super) compression: Compression,
+    pub(in crate::store) compression: Compression,
 }
 
 /// Whether the open may write (a server) or must not (`store check`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Purpose {
+pub(in crate::store) enum Purpose {
     /// Stamp a new directory with the layout version and create its commit
     /// record; refuse a directory that lost commits.
     Serve,
@@ -189,7 +190,7 @@ impl From<OpenError> for StoreError {
 }
 
 /// Opens `dir` for `purpose`. Blocking.
-pub(super) fn open(
+pub(in crate::store) fn open(
     dir: &Path,
     options: &StoreOptions,
     purpose: Purpose,
@@ -441,14 +442,15 @@ fn upgrade(trees: &Trees, found: Option<u32>, dir: &Path) -> Result<(), StoreErr
         let mut refs = 0u64;
         for item in trees.transcript.iter() {
             let (key, row) = item.map_err(|e| write("reading the transcript", e))?;
-            let (Some(hash), Some(id)) =
-                (codec::blob_of(&row), key.get(..16).and_then(codec::id_from))
-            else {
+            let (Some(hash), Some(id)) = (
+                codec::blob_of(&row),
+                key.get(..16).and_then(layout::id_from),
+            ) else {
                 continue;
             };
             trees
                 .blob_refs
-                .insert(codec::blob_ref_key(&hash, &id), &[][..])
+                .insert(layout::blob_ref_key(&hash, &id), &[][..])
                 .map_err(|e| write("writing a blob reference", e))?;
             refs += 1;
         }
@@ -488,7 +490,7 @@ fn drop_uncommitted_events(trees: &Trees) -> Result<u64, sled::Error> {
     for item in trees.sessions.iter() {
         let (key, header) = item?;
         let (Some(id), Ok(peek)) = (
-            codec::id_from(&key),
+            layout::id_from(&key),
             serde_json::from_slice::<codec::Peek>(&header),
         ) else {
             continue;
@@ -498,7 +500,7 @@ fn drop_uncommitted_events(trees: &Trees) -> Result<u64, sled::Error> {
         let Some(past) = peek.last_event_seq.and_then(|last| last.checked_add(1)) else {
             continue;
         };
-        let range = codec::seq_key(&id, past)..=codec::seq_key(&id, u64::MAX);
+        let range = layout::seq_key(&id, past)..=layout::seq_key(&id, u64::MAX);
         for row in trees.events.range(range) {
             let (key, _) = row?;
             trees.events.remove(key)?;
@@ -534,7 +536,7 @@ fn open_as_created(
 /// Opens sled, waiting briefly while the directory's lock is still held: a
 /// store dropped a moment ago in this process (a restart, a reopen, a test)
 /// releases it only once sled's background threads have let go of it.
-pub(super) fn open_retrying(config: &sled::Config) -> sled::Result<sled::Db> {
+pub(in crate::store) fn open_retrying(config: &sled::Config) -> sled::Result<sled::Db> {
     let mut tries = 0;
     loop {
         match config.open() {
@@ -562,7 +564,7 @@ thread_local! {
 /// hook would print sled's panic (with a backtrace, if enabled) before the
 /// error is reported; a hook installed once, process-wide, skips that for
 /// threads inside this function and defers to the previous hook otherwise.
-pub(super) fn catch_sled_panic<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+pub(in crate::store) fn catch_sled_panic<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     static HOOK: Once = Once::new();
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();

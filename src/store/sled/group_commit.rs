@@ -64,8 +64,9 @@ use std::time::{Duration, Instant};
 use overseer_actors::model::{SessionId, SessionIdHasher, SCHEMA_VERSION};
 use overseer_actors::store::StoreError;
 
-use super::codec::{self, corrupt, Prepared};
+use super::codec::{self, corrupt};
 use super::gate::Gate;
+use super::layout::{self, Prepared};
 use super::open::{self, catch_sled_panic, Generation, OpenError, Purpose, Trees, COMMIT_KEY};
 use super::purge::{self, PurgeError};
 use super::sidecar::Sidecar;
@@ -956,7 +957,7 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                 for (hash, _) in &p.blobs {
                     writes
                         .blob_refs
-                        .push((codec::blob_ref_key(hash, &p.id).into(), Some(empty())));
+                        .push((layout::blob_ref_key(hash, &p.id).into(), Some(empty())));
                 }
                 for (k, v) in &p.entries {
                     writes.transcript.push((k[..].into(), Some(v.clone())));
@@ -1014,11 +1015,11 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
             if old_tenant != Some(tenant) {
                 writes
                     .tenants_added
-                    .push((codec::tenant_key(tenant, id).into(), Some(empty())));
+                    .push((layout::tenant_key(tenant, id).into(), Some(empty())));
                 if let Some(old) = old_tenant {
                     writes
                         .tenants_removed
-                        .push((codec::tenant_key(old, id).into(), None));
+                        .push((layout::tenant_key(old, id).into(), None));
                 }
             }
         }
@@ -1139,6 +1140,12 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         if writes.is_empty() {
             continue;
         }
+        #[cfg(feature = "fault-injection")]
+        if n == SESSIONS_WRITES {
+            overseer_actors::fault::hit_outside_sessions(
+                overseer_actors::fault::FaultPoint::StoreBeforeHeaders,
+            );
+        }
         if crashed_before(trees, n) {
             return Err(WriteError::Hook(
                 "test hook: the header writes were dropped".into(),
@@ -1167,7 +1174,7 @@ fn crashed_before(trees: &Trees, n: usize) -> bool {
 }
 
 /// Where the `sessions` writes (the commit records) are in [`write`]'s order.
-#[cfg(test)]
+#[cfg(any(test, feature = "fault-injection"))]
 const SESSIONS_WRITES: usize = 9;
 
 #[cfg(not(test))]
@@ -1310,8 +1317,8 @@ mod tests {
             assert!(!trees.active.contains_key(b.as_bytes()).unwrap());
             let tenants: Vec<_> = trees.tenants.iter().keys().map(|k| k.unwrap()).collect();
             let mut want = vec![
-                sled::IVec::from(codec::tenant_key("t1", &b)),
-                sled::IVec::from(codec::tenant_key("t2", &a)),
+                sled::IVec::from(layout::tenant_key("t1", &b)),
+                sled::IVec::from(layout::tenant_key("t2", &a)),
             ];
             want.sort();
             assert_eq!(tenants, want);

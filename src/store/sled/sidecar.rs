@@ -20,19 +20,19 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// The file's name inside the store directory.
-pub(super) const FILE_NAME: &str = "overseer.commit";
+pub(in crate::store) const FILE_NAME: &str = "overseer.commit";
 
 /// Width of the number: the file always has the same length, so a rewrite
 /// is a small in-place overwrite that never changes its size.
 const WIDTH: usize = 20;
 
 /// Where the file of `dir` is.
-pub(super) fn path(dir: &Path) -> PathBuf {
+pub(in crate::store) fn path(dir: &Path) -> PathBuf {
     dir.join(FILE_NAME)
 }
 
 /// Reads the recorded number; `None` when there is no file.
-pub(super) fn read(dir: &Path) -> Result<Option<u64>, String> {
+pub(in crate::store) fn read(dir: &Path) -> Result<Option<u64>, String> {
     let path = path(dir);
     let mut text = String::new();
     match File::open(&path) {
@@ -53,7 +53,7 @@ pub(super) fn read(dir: &Path) -> Result<Option<u64>, String> {
 }
 
 /// The open file, rewritten after every confirmed flush.
-pub(super) struct Sidecar {
+pub(in crate::store) struct Sidecar {
     file: File,
     recorded: u64,
 }
@@ -62,7 +62,7 @@ impl Sidecar {
     /// Opens the file of `dir`, creating it with `seq` if it does not exist.
     /// A new file is synced, with its directory, once: later rewrites keep
     /// its size, so only their content can lag after a power loss.
-    pub(super) fn open(dir: &Path, seq: u64) -> io::Result<Self> {
+    pub(in crate::store) fn open(dir: &Path, seq: u64) -> io::Result<Self> {
         let path = path(dir);
         let created = !path.exists();
         let file = File::options()
@@ -85,7 +85,7 @@ impl Sidecar {
     /// Records that everything up to group `seq` is durable. A lower number
     /// than already recorded (a flush that finished after a later one) is
     /// ignored, so the file only moves forward.
-    pub(super) fn record(&mut self, seq: u64) -> io::Result<()> {
+    pub(in crate::store) fn record(&mut self, seq: u64) -> io::Result<()> {
         if seq <= self.recorded {
             return Ok(());
         }

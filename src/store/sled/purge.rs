@@ -24,6 +24,7 @@ use overseer_actors::store::{DecisionPosition, StoreError};
 use sled::Tree;
 
 use super::codec;
+use super::layout;
 use super::open::Trees;
 
 /// Why a purge did not complete.
@@ -43,7 +44,7 @@ fn io(what: impl std::fmt::Display, e: sled::Error) -> PurgeError {
 /// Purges session `id`. Returns whether anything was written (nothing for a
 /// session that does not exist and has no purge pending).
 pub(super) fn purge(trees: &Trees, id: &SessionId) -> Result<bool, PurgeError> {
-    let marker = codec::purge_key(id);
+    let marker = layout::purge_key(id);
     let stored = trees
         .sessions
         .get(id.as_bytes())
@@ -108,7 +109,7 @@ fn remove_rows(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeE
     for hash in hashes {
         trees
             .blob_refs
-            .remove(codec::blob_ref_key(&hash, id))
+            .remove(layout::blob_ref_key(&hash, id))
             .map_err(|e| {
                 io(
                     format_args!("purging session {id}: releasing blob {hash}"),
@@ -153,7 +154,7 @@ fn remove_rows(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeE
         (&trees.active, prefix.to_vec(), "active index entry"),
         (
             &trees.tenants,
-            codec::tenant_key(tenant, id),
+            layout::tenant_key(tenant, id),
             "tenant index entry",
         ),
     ];
@@ -172,7 +173,7 @@ fn remove_decisions(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), P
     for item in trees.events.scan_prefix(id.as_bytes()) {
         let (key, value) =
             item.map_err(|e| io(format_args!("purging session {id}: reading its events"), e))?;
-        let Some(seq) = codec::seq_of(&key) else {
+        let Some(seq) = layout::seq_of(&key) else {
             continue;
         };
         // An unreadable row has no decision to find; the events go anyway.
@@ -188,7 +189,7 @@ fn remove_decisions(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), P
                 };
                 trees
                     .decisions
-                    .remove(codec::decision_key(tenant, &position))
+                    .remove(layout::decision_key(tenant, &position))
                     .map_err(|e| {
                         io(
                             format_args!("purging session {id}: removing its decision rows"),
@@ -225,11 +226,11 @@ fn remove_prefix(tree: &Tree, prefix: &[u8]) -> Result<(), sled::Error> {
 pub(super) fn finish_pending(trees: &Trees) -> Result<usize, String> {
     let ids = trees
         .meta
-        .scan_prefix(codec::PURGE_PREFIX)
+        .scan_prefix(layout::PURGE_PREFIX)
         .keys()
         .map(|k| {
             let key = k.map_err(|e| format!("reading the purge markers: {e}"))?;
-            codec::id_from(&key[codec::PURGE_PREFIX.len()..])
+            layout::id_from(&key[layout::PURGE_PREFIX.len()..])
                 .ok_or_else(|| "a malformed purge marker".to_owned())
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -243,7 +244,7 @@ pub(super) fn finish_pending(trees: &Trees) -> Result<usize, String> {
                 tracing::warn!(session_id = %id, error = %e, "abandoning a purge an earlier process began");
                 trees
                     .meta
-                    .remove(codec::purge_key(id))
+                    .remove(layout::purge_key(id))
                     .map_err(|e| format!("removing the purge marker of session {id}: {e}"))?;
             }
         }

@@ -1,0 +1,212 @@
+//! The byte layout of the sled store: the keys of its trees (ordered so
+//! that a session's rows, a tenant's index entries and its decisions are
+//! each one contiguous range) and the encoding of a [`Checkpoint`] into
+//! ready-to-insert rows ([`Prepared`]). The values themselves are the shared
+//! `codec`'s; only how they are keyed and grouped is sled's.
+//!
+//! It owns no I/O: everything here is a pure function of its arguments.
+
+use overseer_actors::model::SessionId;
+use overseer_actors::store::{decision_rows, order_bits, Checkpoint, DecisionPosition, StoreError};
+use sled::IVec;
+
+use crate::store::codec::{
+    corrupt, encode_entry, encode_events, is_active, to_json, HEADER_GUESS, ROW_GUESS,
+};
+
+/// `id ‖ big-endian n`: the key of transcript entry `n` or event `n`. Big-endian
+/// so that sled's byte order is numeric order and a session's rows are one
+/// contiguous range.
+pub(in crate::store) fn seq_key(id: &SessionId, n: u64) -> [u8; 24] {
+    let mut key = [0u8; 24];
+    key[..16].copy_from_slice(id.as_bytes());
+    key[16..].copy_from_slice(&n.to_be_bytes());
+    key
+}
+
+/// The index number at the end of a [`seq_key`].
+pub(in crate::store) fn seq_of(key: &[u8]) -> Option<u64> {
+    let tail: [u8; 8] = key.get(16..24)?.try_into().ok()?;
+    Some(u64::from_be_bytes(tail))
+}
+
+/// `tenant ‖ 0x00`: every index key of one tenant starts with this.
+pub(in crate::store) fn tenant_prefix(tenant: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(tenant.len() + 17);
+    key.extend_from_slice(tenant.as_bytes());
+    key.push(0);
+    key
+}
+
+/// `tenant ‖ 0x00 ‖ id`: ordered by id within a tenant, for cursor pagination.
+pub(in crate::store) fn tenant_key(tenant: &str, id: &SessionId) -> Vec<u8> {
+    let mut key = tenant_prefix(tenant);
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+/// `sha256 hex ‖ id`: the key of a session's reference to a blob in
+/// `blob_refs`. Keyed by the hash first, so whether anyone else still
+/// references a blob is one prefix lookup.
+pub(in crate::store) fn blob_ref_key(hash: &str, id: &SessionId) -> Vec<u8> {
+    let mut key = Vec::with_capacity(hash.len() + 16);
+    key.extend_from_slice(hash.as_bytes());
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+/// `tenant ‖ 0x00 ‖ time ‖ id ‖ call`: the key of a row of the decision
+/// index (`decisions`), in the index's order within a tenant (time as
+/// [`order_bits`], big-endian), so that a page newest first is a reverse
+/// range walk.
+pub(in crate::store) fn decision_key(tenant: &str, position: &DecisionPosition) -> Vec<u8> {
+    let mut key = tenant_prefix(tenant);
+    key.reserve(24 + position.call_id.0.len());
+    key.extend_from_slice(&order_bits(position.at_ms).to_be_bytes());
+    key.extend_from_slice(position.session_id.as_bytes());
+    key.extend_from_slice(position.call_id.0.as_bytes());
+    key
+}
+
+/// The first key past every [`decision_key`] of `tenant`.
+pub(in crate::store) fn tenant_end(tenant: &str) -> Vec<u8> {
+    let mut key = tenant.as_bytes().to_vec();
+    key.push(1);
+    key
+}
+
+/// The prefix of `meta` keys marking purges in progress.
+pub(in crate::store) const PURGE_PREFIX: &[u8] = b"purge:";
+
+/// `purge: ‖ id`: the key of `meta` that marks a purge of `id` begun and
+/// not finished (its value is the session's tenant).
+pub(in crate::store) fn purge_key(id: &SessionId) -> Vec<u8> {
+    let mut key = PURGE_PREFIX.to_vec();
+    key.extend_from_slice(id.as_bytes());
+    key
+}
+
+/// A session id from the 16 bytes of a key.
+pub(in crate::store) fn id_from(bytes: &[u8]) -> Option<SessionId> {
+    let raw: [u8; 16] = bytes.try_into().ok()?;
+    Some(SessionId(uuid::Uuid::from_bytes(raw)))
+}
+
+/// One checkpoint, encoded: everything the writer thread inserts, so that it
+/// only copies bytes into sled and never serializes.
+#[derive(Debug)]
+pub(in crate::store) struct Prepared {
+    pub(in crate::store) id: SessionId,
+    pub(in crate::store) schema_version: u32,
+    pub(in crate::store) tenant: String,
+    pub(in crate::store) active: bool,
+    /// Whether the header's status is terminal (the writer then forgets it).
+    pub(in crate::store) terminal: bool,
+    pub(in crate::store) header: IVec,
+    pub(in crate::store) entries: Vec<([u8; 24], IVec)>,
+    /// The checkpoint's events as one row (see [`encode_events`]), if it
+    /// has any.
+    pub(in crate::store) events: Option<([u8; 24], IVec)>,
+    /// `(sha256 hex, result JSON)` of tool results over [`BLOB_THRESHOLD`].
+    pub(in crate::store) blobs: Vec<(String, IVec)>,
+    /// Newly queued messages.
+    pub(in crate::store) queued: Vec<([u8; 24], IVec)>,
+    /// Keys of queued messages taken off the queue.
+    pub(in crate::store) dequeued: Vec<[u8; 24]>,
+    /// The metadata, in the checkpoint that writes it.
+    pub(in crate::store) metadata: Option<IVec>,
+    /// Webhook outbox rows of its events (`webhooks::outbox_key` → seed),
+    /// written before the header like every row it commits.
+    pub(in crate::store) outbox: Vec<([u8; 40], IVec)>,
+    /// Rows of the decision index its decisions add (key, row JSON).
+    pub(in crate::store) decisions: Vec<(Vec<u8>, IVec)>,
+}
+
+impl Prepared {
+    /// Bytes this checkpoint will insert, to bound the size of one group.
+    pub(in crate::store) fn size(&self) -> usize {
+        self.header.len()
+            + self
+                .entries
+                .iter()
+                .map(|(_, v)| v.len() + 24)
+                .sum::<usize>()
+            + self.events.as_ref().map_or(0, |(_, v)| v.len() + 24)
+            + self
+                .blobs
+                .iter()
+                .map(|(k, v)| v.len() + k.len())
+                .sum::<usize>()
+            + self.queued.iter().map(|(_, v)| v.len() + 24).sum::<usize>()
+            + self.metadata.as_ref().map_or(0, |m| m.len())
+            + self.outbox.iter().map(|(_, v)| v.len() + 40).sum::<usize>()
+            + self
+                .decisions
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
+    }
+}
+
+/// Encodes a checkpoint. Only the new entries and events are encoded, so the
+/// cost follows what changed, not the transcript's length.
+pub(in crate::store) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
+    let id = cp.header.id;
+    let header = to_json(&cp.header, HEADER_GUESS)
+        .map_err(|e| corrupt(id, format!("cannot encode header: {e}")))?;
+    let mut blob_bytes = Vec::new();
+    let mut entries = Vec::with_capacity(cp.entries.len());
+    for (idx, entry) in &cp.entries {
+        let value = encode_entry(&id, entry, &mut blob_bytes)?;
+        entries.push((seq_key(&id, *idx), IVec::from(value)));
+    }
+    let events = encode_events(&id, &cp.events)?
+        .map(|(first, value)| (seq_key(&id, first), IVec::from(value)));
+    let blobs = blob_bytes
+        .into_iter()
+        .map(|(hash, value)| (hash, IVec::from(value)))
+        .collect();
+    let mut queued = Vec::with_capacity(cp.queued.len());
+    for (seq, message) in &cp.queued {
+        let value = serde_json::to_vec(message)
+            .map_err(|e| corrupt(id, format!("cannot encode queued message {seq}: {e}")))?;
+        queued.push((seq_key(&id, *seq), IVec::from(value)));
+    }
+    let metadata = match &cp.metadata {
+        Some(m) => {
+            Some(IVec::from(serde_json::to_vec(m).map_err(|e| {
+                corrupt(id, format!("cannot encode metadata: {e}"))
+            })?))
+        }
+        None => None,
+    };
+    let mut decisions = Vec::new();
+    for row in decision_rows(cp) {
+        let value = to_json(&row, ROW_GUESS).map_err(|e| {
+            corrupt(
+                id,
+                format!("cannot encode the decision of {}: {e}", row.call_id),
+            )
+        })?;
+        decisions.push((
+            decision_key(&row.tenant, &row.position()),
+            IVec::from(value),
+        ));
+    }
+    Ok(Prepared {
+        id,
+        schema_version: cp.header.schema_version,
+        tenant: cp.header.tenant.clone(),
+        active: is_active(cp.header.status),
+        terminal: cp.header.status.is_terminal(),
+        header: IVec::from(header),
+        entries,
+        events,
+        blobs,
+        queued,
+        dequeued: cp.dequeued.clone().map(|seq| seq_key(&id, seq)).collect(),
+        metadata,
+        outbox: Vec::new(),
+        decisions,
+    })
+}

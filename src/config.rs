@@ -1050,6 +1050,13 @@ impl Config {
                 "at least one [[agents]] table is required",
             ));
         }
+        // A declared tool's schema is held to the bounds of every user
+        // schema (`overseer_actors::schema`), reported here under its key.
+        for (i, tool) in self.tools.iter().enumerate() {
+            if let Err(e) = overseer_actors::schema::check(&tool.parameters) {
+                out.push(Problem::new(format!("tools[{i}].parameters"), e.to_string()));
+            }
+        }
         let available = tools.names().collect::<Vec<_>>().join(", ");
         let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
         for (i, agent) in self.agents.iter().enumerate() {
@@ -1086,6 +1093,11 @@ impl Config {
             }
             if agent.max_children == 0 {
                 out.push(Problem::new(at("max_children"), "must be at least 1"));
+            }
+            if let Some(schema) = &agent.output_schema {
+                if let Err(e) = overseer_actors::schema::check(schema) {
+                    out.push(Problem::new(at("output_schema"), e.to_string()));
+                }
             }
             self.agent_tool_problems(i, &mut out);
             for (j, tool) in agent.tools.iter().enumerate() {

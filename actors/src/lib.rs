@@ -36,6 +36,7 @@ pub mod overseer;
 pub mod ownership;
 pub mod provider;
 pub mod runtime;
+pub mod schema;
 pub mod scripted;
 pub mod session;
 pub mod store;

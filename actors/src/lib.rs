@@ -50,7 +50,7 @@ pub use error::SessionError;
 pub(crate) use fault::fault_point;
 #[cfg(not(feature = "fault-injection"))]
 pub(crate) use fault_off::fault_point;
-pub use limits::Limits;
+pub use limits::{IdlePressure, Limits};
 pub use model::SessionOverrides;
 pub use overseer::{CreateSession, Overseer, PendingApproval, TreeNode};
 pub use runtime::{Bookkeeping, Runtime, RuntimeConfig};

@@ -1123,7 +1123,7 @@ impl Config {
                 out.push(Problem::new(at("max_children"), "must be at least 1"));
             }
             if let Some(schema) = &agent.output_schema {
-                if let Err(e) = overseer_actors::schema::check(schema) {
+                if let Err(e) = overseer_actors::schema::check_output(schema) {
                     out.push(Problem::new(at("output_schema"), e.to_string()));
                 }
             }

@@ -6,7 +6,9 @@
 //! nesting and allocate per node and per regular expression, so what a
 //! schema may cost is set by its shape: at most [`MAX_SCHEMA_DEPTH`] levels,
 //! [`MAX_SCHEMA_BYTES`] as JSON and [`MAX_SCHEMA_PATTERNS`] regular
-//! expressions, each compiled under [`MAX_PATTERN_BYTES`]. The bounds are
+//! expressions, each compiled under [`MAX_PATTERN_BYTES`]; an
+//! `output_schema`, which every checkpoint of its session writes, at most
+//! [`MAX_OUTPUT_SCHEMA_BYTES`]. The bounds are
 //! checked by an iterative walk before anything recursive touches the
 //! schema, so a schema past them is refused without the stack or the heap
 //! of the thread that checks it growing with it. Within them, compiling and
@@ -29,6 +31,11 @@ pub const MAX_SCHEMA_DEPTH: usize = 32;
 
 /// Bytes a schema may take as compact JSON.
 pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+
+/// Bytes an `output_schema` may take as compact JSON. Smaller than a tool's:
+/// it is part of the session's header, which every checkpoint writes and
+/// every listing of sessions reads.
+pub const MAX_OUTPUT_SCHEMA_BYTES: usize = 16 * 1024;
 
 /// Regular expressions (`pattern` values and `patternProperties` keys) a
 /// schema may hold: each is compiled into an automaton of its own.
@@ -56,11 +63,9 @@ pub enum SchemaError {
         /// JSON Pointer of the first value past it (cut short if long).
         at: String,
     },
-    /// Longer than [`MAX_SCHEMA_BYTES`] as JSON.
-    #[error("{size} bytes as JSON, more than the limit of {limit}")]
+    /// Longer than [`MAX_SCHEMA_BYTES`] as JSON (counting stops there).
+    #[error("more than {limit} bytes as JSON")]
     TooLarge {
-        /// Its size, as far as it was counted (at least `limit + 1`).
-        size: usize,
         /// The bound.
         limit: usize,
     },
@@ -79,6 +84,13 @@ pub enum SchemaError {
 /// value, the JSON size and the regular expressions are found by one walk
 /// with an explicit stack.
 pub fn check_bounds(schema: &Value) -> Result<(), SchemaError> {
+    check_bounds_of(schema, MAX_SCHEMA_BYTES)
+}
+
+/// [`check_bounds`] with a size bound of `max_bytes` (at most
+/// [`MAX_SCHEMA_BYTES`]).
+fn check_bounds_of(schema: &Value, max_bytes: usize) -> Result<(), SchemaError> {
+    let max_bytes = max_bytes.min(MAX_SCHEMA_BYTES);
     if !(schema.is_object() || schema.is_boolean()) {
         return Err(SchemaError::NotASchema);
     }
@@ -86,13 +98,10 @@ pub fn check_bounds(schema: &Value) -> Result<(), SchemaError> {
     // Serializing recurses, but only as deep as the walk above allowed.
     let mut counter = ByteCounter {
         bytes: 0,
-        limit: MAX_SCHEMA_BYTES,
+        limit: max_bytes,
     };
-    if serde_json::to_writer(&mut counter, schema).is_err() || counter.bytes > MAX_SCHEMA_BYTES {
-        return Err(SchemaError::TooLarge {
-            size: counter.bytes,
-            limit: MAX_SCHEMA_BYTES,
-        });
+    if serde_json::to_writer(&mut counter, schema).is_err() || counter.bytes > max_bytes {
+        return Err(SchemaError::TooLarge { limit: max_bytes });
     }
     Ok(())
 }
@@ -116,6 +125,13 @@ pub fn compile(schema: &Value) -> Result<jsonschema::Validator, SchemaError> {
 /// dropped at once).
 pub fn check(schema: &Value) -> Result<(), SchemaError> {
     compile(schema).map(drop)
+}
+
+/// [`check`] for an `output_schema`, whose size bound is
+/// [`MAX_OUTPUT_SCHEMA_BYTES`].
+pub fn check_output(schema: &Value) -> Result<(), SchemaError> {
+    check_bounds_of(schema, MAX_OUTPUT_SCHEMA_BYTES)?;
+    check(schema)
 }
 
 fn check_depth_and_patterns(schema: &Value) -> Result<(), SchemaError> {
@@ -263,9 +279,11 @@ mod tests {
             .map(|i| (format!("property_{i}"), json!({"type": "string"})))
             .collect();
         let err = check(&json!({"type": "object", "properties": wide})).unwrap_err();
-        assert!(
-            matches!(err, SchemaError::TooLarge { size, limit } if limit == MAX_SCHEMA_BYTES && size > limit),
-            "{err:?}"
+        assert_eq!(
+            err,
+            SchemaError::TooLarge {
+                limit: MAX_SCHEMA_BYTES
+            }
         );
         let props = |n: usize| -> serde_json::Map<String, Value> {
             (0..n)
@@ -285,6 +303,17 @@ mod tests {
         // One pattern whose automaton would be larger than its share.
         let err = check(&json!({"pattern": "\\w{100000}"})).unwrap_err();
         assert!(matches!(err, SchemaError::Invalid(_)), "{err:?}");
+        let mid: serde_json::Map<String, Value> = (0..3_000)
+            .map(|i| (format!("p{i}"), json!({})))
+            .collect();
+        let mid = json!({"properties": mid});
+        assert_eq!(check(&mid), Ok(()));
+        assert_eq!(
+            check_output(&mid),
+            Err(SchemaError::TooLarge {
+                limit: MAX_OUTPUT_SCHEMA_BYTES
+            })
+        );
         assert_eq!(check(&json!("a string")), Err(SchemaError::NotASchema));
         assert_eq!(check(&json!(true)), Ok(()));
     }

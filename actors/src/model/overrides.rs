@@ -43,7 +43,7 @@ pub struct SessionOverrides {
 /// object or a boolean the validator compiles, within the bounds of
 /// [`crate::schema`]); the error says why not.
 pub fn check_output_schema(schema: &serde_json::Value) -> Result<(), String> {
-    crate::schema::check(schema).map_err(|e| e.to_string())
+    crate::schema::check_output(schema).map_err(|e| e.to_string())
 }
 
 impl SessionOverrides {

@@ -3,7 +3,7 @@
 //! ```text
 //! cargo bench --bench overseer -- [--sessions N] [--durability fsync|os] [--full]
 //!                                 [--out FILE.json] [--workload NAME]... [--cache-mb MB]
-//!                                 [--compression none|zstd]
+//!                                 [--compression none|zstd] [--minutes N]
 //! ```
 //!
 //! Workloads, all on the scripted provider and real sled directories in temp
@@ -11,7 +11,9 @@
 //! history length (3), recovery after a kill (4), each of 1 and 2 at growing
 //! N (5), over HTTP (6), and resident memory before and after many finished
 //! sessions (7, `finished`: 100,000, a million with `--full`; not in the
-//! quick default, select it with `--workload finished`). The quick default
+//! quick default, select it with `--workload finished`), and the soak (8,
+//! `soak`: 64 HTTP clients doing create → approve → complete for
+//! `--minutes` at the default limits, a row per minute; on request only). The quick default
 //! finishes in under two minutes on two cores; `--full` adds N = 100,000
 //! (and a million idle sessions, guarded by free memory). It prints one table
 //! and writes the same rows as JSON to `--out`.
@@ -39,6 +41,8 @@ mod http;
 mod idle;
 #[path = "overseer/recovery.rs"]
 mod recovery;
+#[path = "overseer/soak.rs"]
+mod soak;
 // The throwaway PostgreSQL server of the tests, for the cluster workloads.
 #[allow(dead_code)]
 #[path = "../tests/common/pg.rs"]
@@ -66,14 +70,17 @@ usage: cargo bench --bench overseer -- [options]
                         before/after 100000 finished sessions, 1000000 with --full;
                         not part of the default set); cluster mode (not in the default
                         run; needs Debian's postgresql): pg-approve, pg-http, failover,
-                        cluster (= all three)
+                        cluster (= all three); soak (64 HTTP clients create -> approve ->
+                        complete at the default limits for --minutes, a row per minute;
+                        not part of the default set)
   --cache-mb MB         sled's page cache of every store opened (default: the store's
                         default, [store] cache_mb)
   --compression C       how every store opened compresses its log: none (default) or
                         zstd ([store] compression)
   --concurrency C       sessions in flight at once (default 1000)
   --rounds R            checkpoints measured per history length (default 500)
-  --dir DIR             where the temp sled directories go (default: the temp dir)";
+  --dir DIR             where the temp sled directories go (default: the temp dir)
+  --minutes N           how long the soak runs (default 10)";
 
 /// Sessions in flight at once by default: enough for concurrent checkpoints
 /// to share flushes, few enough that a latency is not mostly harness queueing.
@@ -93,6 +100,7 @@ enum Workload {
     PgHttp,
     Failover,
     Finished,
+    Soak,
 }
 
 impl Workload {
@@ -110,6 +118,7 @@ impl Workload {
             "failover" => vec![Self::Failover],
             "cluster" => vec![Self::PgApprove, Self::PgHttp, Self::Failover],
             "finished" | "finished-sessions" | "memory" | "7" => vec![Self::Finished],
+            "soak" | "8" => vec![Self::Soak],
             "all" => vec![
                 Self::Approve,
                 Self::RoundTrip,
@@ -135,6 +144,7 @@ struct Args {
     dir: Option<PathBuf>,
     cache_mb: Option<u64>,
     compression: Option<overseer::store::Compression>,
+    minutes: Option<u64>,
     /// Hidden: run one case in this process and print its rows.
     case: Option<String>,
 }
@@ -197,6 +207,14 @@ fn parse_args() -> Result<Args, String> {
                     "zstd" => overseer::store::Compression::Zstd,
                     _ => return Err(format!("--compression is none or zstd, not {v}")),
                 });
+            }
+            "--minutes" => {
+                let v = value("--minutes")?;
+                let m: u64 = v.parse().map_err(|_| format!("bad --minutes: {v}"))?;
+                if m == 0 {
+                    return Err("--minutes must be at least 1".into());
+                }
+                args.minutes = Some(m);
             }
             "--case" => args.case = Some(value("--case")?),
             other => return Err(format!("unknown argument {other}\n\n{USAGE}")),
@@ -329,6 +347,13 @@ fn plan(args: &Args) -> Vec<Case> {
         add(Workload::Finished, "finished", mode, n);
         add(Workload::Finished, "finished-store", mode, n);
     }
+    // Churn at the default limits: fsync (as shipped), on request only.
+    add(
+        Workload::Soak,
+        "soak",
+        args.durability.unwrap_or(Mode::Fsync),
+        soak::CLIENTS,
+    );
     cases
 }
 
@@ -382,6 +407,9 @@ fn run_all(args: &Args) -> Res<ExitCode> {
         }
         if args.full {
             cmd.arg("--full");
+        }
+        if let Some(m) = args.minutes {
+            cmd.args(["--minutes", &m.to_string()]);
         }
         let mut child = cmd.spawn()?;
         let stdout = child.stdout.take().ok_or("no stdout from a case process")?;
@@ -539,6 +567,7 @@ fn run_case(case: &str, args: &Args) -> Res<ExitCode> {
             "failover" => cluster::failover(mode, n, &base, &mut failures).await,
             "finished" => finished::run(mode, n, limit, &base, &mut failures).await,
             "finished-store" => finished::store_only(mode, n, limit, &base).await,
+            "soak" => soak::run(mode, args.minutes.unwrap_or(10), &base, &mut failures).await,
             "park-for-recovery" => recovery::park_and_wait(mode, n, limit, &base)
                 .await
                 .map(|()| Vec::new()),

@@ -28,6 +28,7 @@ mod permission;
 mod sessions;
 mod transport;
 mod updates;
+mod watch;
 
 use std::path::PathBuf;
 use std::sync::Arc;

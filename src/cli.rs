@@ -83,8 +83,12 @@ pub enum Command {
 earlier process left (killed while it waited for approval or ran a tool): pending approvals are \
 settled per --approve and the turn is followed to its end, as in a fresh run. Pass the same \
 --config, --scenario and --data as the run that created it. A session waiting for input (after \
-Ctrl-C interrupted its turn) takes a PROMPT as its next message; --model ROUTE first switches \
-it to another model route.\n\nCtrl-C stops the running turn and keeps the session (it waits \
+Ctrl-C interrupted its turn) takes a PROMPT as its next message. A resumed session continues on \
+the model route it ran on (one made from --provider/--base-url/--model is remembered by the \
+session); a route no longer configured is refused. --model and the provider flags mean the \
+same as on a new run (a [[models]] route, or a model id and endpoint), applied to the \
+session's own route when only the session holds it, and switch the session to the route \
+they make.\n\nCtrl-C stops the running turn and keeps the session (it waits \
 for input; the run exits with status 130); a second Ctrl-C cancels the session; a third quits \
 at once."
 )]
@@ -110,20 +114,23 @@ pub struct RunArgs {
     /// Data directory of the store (overrides store.data_dir).
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
-    /// Provider for every agent (overrides `[provider] kind`): scripted,
-    /// openai (any OpenAI-compatible server) or anthropic.
+    /// Provider of the route the session runs on (overrides `[provider]
+    /// kind`): scripted, openai (any OpenAI-compatible server) or anthropic.
     #[arg(long, value_name = "KIND", value_parser = ["scripted", "openai", "anthropic"])]
     pub provider: Option<String>,
     /// Endpoint root of an openai/anthropic provider, e.g.
-    /// http://localhost:11434/v1 for Ollama.
+    /// http://localhost:11434/v1 for Ollama. With it, an API key is sent
+    /// only from the variable --api-key-env names (never OPENAI_API_KEY /
+    /// ANTHROPIC_API_KEY by default: a local server needs none).
     #[arg(long, value_name = "URL")]
     pub base_url: Option<String>,
-    /// Model id sent to an openai/anthropic provider. With --resume: the
-    /// model route the session continues on (a [[models]] name, or a route
-    /// an agent uses), switched to before its next turn.
+    /// A configured model route (a [[models]] name) to run on, or else the
+    /// model id sent to the --provider openai/anthropic; the same on a new
+    /// run and with --resume (which switches the session to it).
     #[arg(long, value_name = "MODEL")]
     pub model: Option<String>,
-    /// Environment variable holding the provider's API key.
+    /// Environment variable holding the provider's API key (the session
+    /// remembers the variable's name, never the key).
     #[arg(long, value_name = "VAR")]
     pub api_key_env: Option<String>,
     /// Continue this stored session instead of starting one (a PROMPT is
@@ -238,6 +245,17 @@ pub enum CliError {
         /// Its status.
         status: SessionStatus,
     },
+    /// `--resume` names a session whose model route is not configured and
+    /// cannot be rebuilt from its record.
+    #[error("session {id} runs on model route '{route}', which is not configured (configured: {configured}): add it as a [[models]] route, or continue the session on another with --model ROUTE or --provider/--base-url/--model")]
+    RouteNotConfigured {
+        /// The session.
+        id: SessionId,
+        /// Its route.
+        route: String,
+        /// The configured routes.
+        configured: String,
+    },
     /// Ctrl-C stopped the turn; the session is kept.
     #[error("interrupted: session {0} is kept and waits for input; continue it with `overseer run --resume {0} PROMPT`")]
     Interrupted(SessionId),
@@ -303,12 +321,17 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
 }
 
 /// Logs (tracing) go to stderr, `warn` and above unless `RUST_LOG` says
-/// otherwise, so they never mix with the agent's text on stdout.
+/// otherwise, so they never mix with the agent's text on stdout. They are
+/// coloured only when stderr is a terminal (and `NO_COLOR` is not set): a
+/// log file or a pipe gets plain text, without escape codes.
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr)
         // By default a failed write is reported with `eprintln!`, which
         // panics when stderr is closed (`overseer run … 2>&1 | head`): the

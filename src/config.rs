@@ -85,6 +85,9 @@ pub struct Config {
     /// `[scope_tokens]`: the JWTs sent to http tools and MCP servers.
     #[serde(default)]
     pub scope_tokens: ScopeTokenSection,
+    /// `[webhooks]`: notifications to the tenants' endpoints (§18).
+    #[serde(default)]
+    pub webhooks: WebhooksSection,
     /// `[[agents]]`.
     #[serde(default)]
     pub agents: Vec<AgentSection>,
@@ -118,6 +121,164 @@ fn default_scope_secret_env() -> String {
 
 fn default_scope_ttl() -> u64 {
     300
+}
+
+/// `[webhooks]`: how `overseer serve` delivers webhooks (§18).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhooksSection {
+    /// Whether the `/v1/webhooks` routes exist and events are delivered.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// The public address of this service (`https://overseer.example.com`):
+    /// payloads link to its inbox page. Empty: no links.
+    #[serde(default)]
+    pub public_url: String,
+    /// Whether endpoints may be loopback addresses (127.0.0.0/8, ::1,
+    /// localhost): a receiver on the same machine (tests, development).
+    #[serde(default)]
+    pub allow_loopback: bool,
+    /// Whether endpoints may be private addresses (10/8, 172.16/12,
+    /// 192.168/16, 100.64/10, fc00::/7).
+    #[serde(default)]
+    pub allow_private: bool,
+    /// Seconds one attempt may take.
+    #[serde(default = "default_hook_timeout")]
+    pub request_timeout_secs: u64,
+    /// Milliseconds before the first retry; doubled (with jitter) after
+    /// each failed attempt.
+    #[serde(default = "default_hook_retry_initial")]
+    pub retry_initial_ms: u64,
+    /// Longest delay between two attempts, seconds.
+    #[serde(default = "default_hook_retry_max")]
+    pub retry_max_secs: u64,
+    /// A delivery still failing this many seconds after its event is given
+    /// up, and its endpoint disabled with the reason recorded.
+    #[serde(default = "default_hook_max_age")]
+    pub max_age_secs: u64,
+    /// A delivery that failed this many attempts is given up likewise.
+    #[serde(default = "default_hook_max_attempts")]
+    pub max_attempts: u32,
+    /// Attempts in flight at once on a node.
+    #[serde(default = "default_hook_concurrency")]
+    pub concurrency: usize,
+}
+
+impl Default for WebhooksSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            public_url: String::new(),
+            allow_loopback: false,
+            allow_private: false,
+            request_timeout_secs: default_hook_timeout(),
+            retry_initial_ms: default_hook_retry_initial(),
+            retry_max_secs: default_hook_retry_max(),
+            max_age_secs: default_hook_max_age(),
+            max_attempts: default_hook_max_attempts(),
+            concurrency: default_hook_concurrency(),
+        }
+    }
+}
+
+impl WebhooksSection {
+    /// The delivery options this section describes.
+    pub fn options(&self) -> crate::webhooks::WebhookOptions {
+        crate::webhooks::WebhookOptions {
+            public_url: self.public_url.trim_end_matches('/').to_owned(),
+            targets: crate::webhooks::TargetRules {
+                allow_loopback: self.allow_loopback,
+                allow_private: self.allow_private,
+            },
+            request_timeout: Duration::from_secs(self.request_timeout_secs),
+            retry_initial: Duration::from_millis(self.retry_initial_ms),
+            retry_max: Duration::from_secs(self.retry_max_secs),
+            max_age: Duration::from_secs(self.max_age_secs),
+            max_attempts: self.max_attempts,
+            concurrency: self.concurrency,
+        }
+    }
+
+    fn problems(&self, out: &mut Vec<Problem>) {
+        let ranges: [(&str, u64, u64, u64); 6] = [
+            (
+                "webhooks.request_timeout_secs",
+                self.request_timeout_secs,
+                1,
+                300,
+            ),
+            (
+                "webhooks.retry_initial_ms",
+                self.retry_initial_ms,
+                10,
+                3_600_000,
+            ),
+            ("webhooks.retry_max_secs", self.retry_max_secs, 1, 86_400),
+            ("webhooks.max_age_secs", self.max_age_secs, 1, 7 * 86_400),
+            (
+                "webhooks.max_attempts",
+                u64::from(self.max_attempts),
+                1,
+                1_000,
+            ),
+            ("webhooks.concurrency", self.concurrency as u64, 1, 1_024),
+        ];
+        for (key, value, min, max) in ranges {
+            if !(min..=max).contains(&value) {
+                out.push(Problem::new(
+                    key,
+                    format!("must be between {min} and {max}, found {value}"),
+                ));
+            }
+        }
+        if self.retry_max_secs.saturating_mul(1000) < self.retry_initial_ms {
+            out.push(Problem::new(
+                "webhooks.retry_max_secs",
+                format!(
+                    "must be at least webhooks.retry_initial_ms ({} ms), found {} s",
+                    self.retry_initial_ms, self.retry_max_secs
+                ),
+            ));
+        }
+        let url = self.public_url.trim();
+        if !url.is_empty() {
+            let parsed = reqwest::Url::parse(url);
+            let ok = parsed.as_ref().is_ok_and(|u| {
+                matches!(u.scheme(), "http" | "https")
+                    && u.host_str().is_some_and(|h| !h.is_empty())
+                    && u.query().is_none()
+                    && u.fragment().is_none()
+            });
+            if !ok {
+                out.push(Problem::new(
+                    "webhooks.public_url",
+                    format!("'{url}' is not an http(s) address like https://overseer.example.com"),
+                ));
+            }
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_hook_timeout() -> u64 {
+    15
+}
+fn default_hook_retry_initial() -> u64 {
+    5_000
+}
+fn default_hook_retry_max() -> u64 {
+    3_600
+}
+fn default_hook_max_age() -> u64 {
+    86_400
+}
+fn default_hook_max_attempts() -> u32 {
+    100
+}
+fn default_hook_concurrency() -> usize {
+    16
 }
 
 /// How API callers authenticate (§12).
@@ -212,6 +373,7 @@ impl HttpSection {
             },
             cluster: None,
             model_routes: Vec::new(),
+            webhooks: None,
         }
     }
 
@@ -347,6 +509,15 @@ pub struct ClusterSection {
     /// node's sessions.
     #[serde(default = "default_failover_concurrency")]
     pub failover_concurrency: usize,
+    /// Most requests a node forwards to the owners of their sessions at
+    /// once, counted apart from `http.max_in_flight_requests` (its own
+    /// work); past it: 503 `overloaded`.
+    #[serde(default = "default_max_in_flight_forwards")]
+    pub max_in_flight_forwards: usize,
+    /// A dead node stays listed (as dead) by `overseer cluster status` this
+    /// many seconds after its last heartbeat; then its row is removed.
+    #[serde(default = "default_dead_node_retention_secs")]
+    pub dead_node_retention_secs: u64,
 }
 
 impl Default for ClusterSection {
@@ -356,8 +527,17 @@ impl Default for ClusterSection {
             lease_secs: default_lease_secs(),
             advertise_url: String::new(),
             failover_concurrency: default_failover_concurrency(),
+            max_in_flight_forwards: default_max_in_flight_forwards(),
+            dead_node_retention_secs: default_dead_node_retention_secs(),
         }
     }
+}
+
+fn default_max_in_flight_forwards() -> usize {
+    128
+}
+fn default_dead_node_retention_secs() -> u64 {
+    3_600
 }
 
 fn default_heartbeat_secs() -> u64 {
@@ -523,9 +703,13 @@ pub struct ProviderSection {
     /// Seconds a stream may stay silent before it is cut.
     #[serde(default)]
     pub idle_timeout_secs: Option<u64>,
-    /// Most output tokens per request.
+    /// Most output tokens per request (see `RouteConfig::max_tokens`).
     #[serde(default)]
     pub max_tokens: Option<u32>,
+    /// The longest `retry-after` honoured (see
+    /// `RouteConfig::max_retry_after_secs`). Default: 60.
+    #[serde(default)]
+    pub max_retry_after_secs: Option<u64>,
     /// The model's context window, in tokens (see `RouteConfig::context_window`).
     #[serde(default)]
     pub context_window: Option<u64>,
@@ -542,6 +726,7 @@ impl Default for ProviderSection {
             timeout_secs: None,
             idle_timeout_secs: None,
             max_tokens: None,
+            max_retry_after_secs: None,
             context_window: None,
         }
     }
@@ -565,6 +750,9 @@ impl ProviderSection {
             route.idle_timeout_secs = t;
         }
         route.max_tokens = self.max_tokens;
+        if let Some(secs) = self.max_retry_after_secs {
+            route.max_retry_after_secs = secs;
+        }
         route.context_window = self.context_window;
         if kind == RouteKind::Scripted {
             route.scenario = Some(self.scenario.clone());
@@ -926,6 +1114,26 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        if c.max_in_flight_forwards == 0 || c.max_in_flight_forwards > crate::http::MAX_COUNT_LIMIT
+        {
+            out.push(Problem::new(
+                "cluster.max_in_flight_forwards",
+                format!(
+                    "must be between 1 and {}, found {}",
+                    crate::http::MAX_COUNT_LIMIT,
+                    c.max_in_flight_forwards
+                ),
+            ));
+        }
+        if c.dead_node_retention_secs < c.lease_secs {
+            out.push(Problem::new(
+                "cluster.dead_node_retention_secs",
+                format!(
+                    "must be at least cluster.lease_secs ({}): a node is dead only after that; found {}",
+                    c.lease_secs, c.dead_node_retention_secs
+                ),
+            ));
+        }
         let http = ["http://", "https://"]
             .iter()
             .any(|p| c.advertise_url.starts_with(p));
@@ -1002,6 +1210,12 @@ impl Config {
                 "must be at least 1 (tokens)",
             ));
         }
+        if self.provider.max_retry_after_secs.is_some_and(|s| s > 3600) {
+            out.push(Problem::new(
+                "provider.max_retry_after_secs",
+                "must be at most 3600",
+            ));
+        }
         for (i, route) in self.models.iter().enumerate() {
             match &route.name {
                 None => out.push(Problem::new(
@@ -1020,6 +1234,7 @@ impl Config {
                 out.push(Problem::new(format!("models[{i}]"), e.to_string()));
             }
         }
+        self.webhooks.problems(&mut out);
         if self.http.listen.parse::<std::net::SocketAddr>().is_err() {
             out.push(Problem::new(
                 "http.listen",
@@ -1294,26 +1509,62 @@ impl Config {
         self.agents.iter().map(|a| a.name.as_str()).collect()
     }
 
+    /// The name of the default route (`[provider]`, with any flags
+    /// applied): see `RouteConfig::label`.
+    pub fn default_route_name(&self) -> String {
+        self.provider.route().label()
+    }
+
+    /// Whether `name` is a `[[models]]` route.
+    fn is_model_table(&self, name: &str) -> bool {
+        self.models.iter().any(|m| m.name.as_deref() == Some(name))
+    }
+
+    /// The names agents give the default route: their `model` when no
+    /// `[[models]]` table has it (`"scripted"`, the default). Sessions
+    /// stored before routes had names of their own carry these.
+    pub fn default_route_aliases(&self) -> Vec<String> {
+        let default = self.default_route_name();
+        let mut names: Vec<String> = self
+            .agents
+            .iter()
+            .map(|a| a.model.clone())
+            .filter(|m| !self.is_model_table(m) && *m != default)
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
     /// Every model route a session may use: the `[[models]]` names and the
-    /// routes agents name (served by `[provider]` when no `[[models]]`
-    /// table has their name), sorted.
+    /// default route's, sorted.
     pub fn route_names(&self) -> Vec<String> {
         let mut routes: Vec<String> = self
             .models
             .iter()
             .filter_map(|m| m.name.clone())
-            .chain(self.agents.iter().map(|a| a.model.clone()))
+            .chain(std::iter::once(self.default_route_name()))
             .collect();
         routes.sort_unstable();
         routes.dedup();
         routes
     }
 
-    /// Every agent as the runtime takes it.
+    /// Every agent as the runtime takes it, its `model` naming the route
+    /// that really serves it: a `[[models]]` name, or the default route's
+    /// (so a session's configuration says `openai:llama3.2@…`, not
+    /// `scripted`, when `[provider]` serves it).
     pub fn agent_configs(&self) -> Vec<AgentConfig> {
+        let default = self.default_route_name();
         self.agents
             .iter()
-            .map(AgentSection::to_agent_config)
+            .map(|a| {
+                let mut agent = a.to_agent_config();
+                if !self.is_model_table(&agent.model) {
+                    agent.model.clone_from(&default);
+                }
+                agent
+            })
             .collect()
     }
 
@@ -2179,11 +2430,21 @@ mcp_servers = ["fs"]
         let e = parse_err("[cluster]\nbogus = 1\n");
         assert!(e.contains("cluster.bogus: unknown key"), "{e}");
         let e = load_text(
-            &format!("[cluster]\nheartbeat_secs = 5\nlease_secs = 10\nfailover_concurrency = 0\nadvertise_url = \"10.0.0.5:80\"\n[store]\npool_size = 1\n{MINIMAL}"),
+            &format!("[cluster]\nheartbeat_secs = 5\nlease_secs = 10\nfailover_concurrency = 0\nadvertise_url = \"10.0.0.5:80\"\nmax_in_flight_forwards = 0\ndead_node_retention_secs = 9\n[store]\npool_size = 1\n{MINIMAL}"),
             no_env,
         )
         .unwrap_err()
         .to_string();
+        assert!(
+            e.contains("cluster.max_in_flight_forwards: must be between 1 and 65535, found 0"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "cluster.dead_node_retention_secs: must be at least cluster.lease_secs (10)"
+            ),
+            "{e}"
+        );
         assert!(
             e.contains("cluster.lease_secs: must be more than twice cluster.heartbeat_secs (5)"),
             "{e}"

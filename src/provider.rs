@@ -27,11 +27,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::scenario::{self, ScenarioLoadError};
+use overflow::{overflow_sizes, says_context_overflow};
 
 pub mod anthropic;
 mod context;
 pub mod openai;
+mod overflow;
 pub mod retry;
+mod routes;
 mod sse;
 
 pub use context::known_context_window;
@@ -39,13 +42,21 @@ pub use context::known_context_window;
 pub use anthropic::AnthropicProvider;
 pub use openai::OpenAiProvider;
 pub use retry::{RetryPolicy, RetryingProvider};
+pub use routes::RoutedProvider;
 
 /// Default request timeout: how long to wait for the response headers.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 120;
 /// Default idle timeout: the longest gap between two bytes of a stream.
 pub const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 60;
-/// Default `max_tokens` of an Anthropic request (the API requires one).
-pub const DEFAULT_ANTHROPIC_MAX_TOKENS: u32 = 4096;
+/// Default output limit (`max_tokens`) of every openai and anthropic route
+/// (Anthropic's API requires one; on an OpenAI-compatible server it stops a
+/// small model that loops from running until the server's context is
+/// full). A route whose context window is known gets at most half of it.
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+/// The former name of [`DEFAULT_MAX_TOKENS`].
+pub const DEFAULT_ANTHROPIC_MAX_TOKENS: u32 = DEFAULT_MAX_TOKENS;
+/// Default of `max_retry_after_secs`: the longest `retry-after` honoured.
+pub const DEFAULT_MAX_RETRY_AFTER_SECS: u64 = 60;
 /// Default base URL of the `openai` provider.
 pub const DEFAULT_OPENAI_BASE_URL: &str = "https://api.openai.com/v1";
 /// Default base URL of the `anthropic` provider.
@@ -108,6 +119,14 @@ fn default_idle_timeout_secs() -> u64 {
     DEFAULT_IDLE_TIMEOUT_SECS
 }
 
+fn default_max_retry_after_secs() -> u64 {
+    DEFAULT_MAX_RETRY_AFTER_SECS
+}
+
+fn is_default_max_retry_after(secs: &u64) -> bool {
+    *secs == DEFAULT_MAX_RETRY_AFTER_SECS
+}
+
 /// One model route: which provider, where, which model, and with which key.
 ///
 /// Meant to be embedded in the configuration as is (a `[[models]]` table or
@@ -148,10 +167,21 @@ pub struct RouteConfig {
     /// Secrets do not belong here: config files are not secret stores.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extra_headers: BTreeMap<String, String>,
-    /// Most output tokens per request. Required by Anthropic (default 4096);
-    /// sent as `max_tokens` to an OpenAI-compatible server only when set.
+    /// Most output tokens per request. Unset: [`DEFAULT_MAX_TOKENS`] (4096),
+    /// or half the route's context window when that is known and smaller.
+    /// Sent as `max_tokens`, except to OpenAI's own endpoint (no
+    /// `base_url`), which takes `max_completion_tokens` (its reasoning
+    /// models refuse `max_tokens`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
+    /// The longest wait a server's `retry-after` (on a 429 or a 5xx) is
+    /// honoured with; a server asking for longer fails the request at once,
+    /// saying so, rather than leaving the turn hanging.
+    #[serde(
+        default = "default_max_retry_after_secs",
+        skip_serializing_if = "is_default_max_retry_after"
+    )]
+    pub max_retry_after_secs: u64,
     /// Scenario file of a `scripted` route (default: the demo scenario).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scenario: Option<PathBuf>,
@@ -177,9 +207,72 @@ impl RouteConfig {
             idle_timeout_secs: DEFAULT_IDLE_TIMEOUT_SECS,
             extra_headers: BTreeMap::new(),
             max_tokens: None,
+            max_retry_after_secs: DEFAULT_MAX_RETRY_AFTER_SECS,
             scenario: None,
             context_window: None,
         }
+    }
+
+    /// The route's name: its `name`, else one made from what it is
+    /// (`scripted`; `openai:MODEL`, with `@BASE_URL` when it has one), by
+    /// which a session records it.
+    pub fn label(&self) -> String {
+        if let Some(name) = &self.name {
+            return name.clone();
+        }
+        match (self.provider, &self.base_url) {
+            (ProviderKind::Scripted, _) => ProviderKind::Scripted.as_str().to_owned(),
+            (kind, Some(url)) => format!("{kind}:{}@{}", self.model, url.trim_end_matches('/')),
+            (kind, None) => format!("{kind}:{}", self.model),
+        }
+    }
+
+    /// The output limit in effect (see `max_tokens`).
+    pub fn effective_max_tokens(&self) -> u32 {
+        self.max_tokens.unwrap_or_else(|| {
+            let window = self
+                .context_window
+                .or_else(|| known_context_window(&self.model));
+            match window {
+                Some(w) => u32::try_from(w / 2)
+                    .unwrap_or(u32::MAX)
+                    .clamp(1, DEFAULT_MAX_TOKENS),
+                None => DEFAULT_MAX_TOKENS,
+            }
+        })
+    }
+
+    /// What a session records of the route (`EffectiveConfig::route`): the
+    /// route as configured, under its [`label`](Self::label). It holds no
+    /// secret (a key comes from the environment, by `api_key_env`'s name).
+    pub fn describe(&self) -> Value {
+        let mut route = self.clone();
+        if route.provider != ProviderKind::Scripted {
+            route.scenario = None;
+        }
+        let mut value = serde_json::to_value(&route).unwrap_or(Value::Null);
+        if let Value::Object(map) = &mut value {
+            // What the model is asked for, and how many tokens it may say.
+            if route.provider != ProviderKind::Scripted {
+                map.insert("max_tokens".into(), route.effective_max_tokens().into());
+            }
+            map.insert("label".into(), route.label().into());
+        }
+        value
+    }
+
+    /// The route a session recorded with [`describe`](Self::describe), if it
+    /// is one made without a name (from `[provider]` or `overseer run`'s
+    /// flags): only such a route may be rebuilt from a session's record,
+    /// since no configuration holds it. A named route lives in the
+    /// configuration, or is gone.
+    pub fn from_description(value: &Value) -> Option<Self> {
+        let mut value = value.clone();
+        if let Value::Object(map) = &mut value {
+            map.remove("label");
+        }
+        let route: Self = serde_json::from_value(value).ok()?;
+        route.name.is_none().then_some(route)
     }
 
     /// The base URL in effect (the configured one, or the provider's default),
@@ -240,6 +333,12 @@ impl RouteConfig {
         }
         if self.max_tokens == Some(0) {
             return invalid("max_tokens", "must be at least 1".into());
+        }
+        if self.max_retry_after_secs > 3600 {
+            return invalid(
+                "max_retry_after_secs",
+                "must be at most 3600 (a turn should not wait an hour on one server)".into(),
+            );
         }
         if let Some(var) = &self.api_key_env {
             if var.trim().is_empty() || var.contains('=') || var.contains('\0') {
@@ -412,6 +511,9 @@ pub struct Endpoint {
     pub headers: HeaderMap,
     /// Output token cap.
     pub max_tokens: Option<u32>,
+    /// Send the cap as `max_completion_tokens` (OpenAI's own endpoint)
+    /// rather than `max_tokens` (what compatible servers read).
+    pub max_completion_tokens: bool,
     /// The model's context window in tokens; `None`: the known window of
     /// `model`, if any ([`known_context_window`]).
     pub context_window: Option<u64>,
@@ -428,6 +530,7 @@ impl Endpoint {
             idle_timeout: Duration::from_secs(DEFAULT_IDLE_TIMEOUT_SECS),
             headers: HeaderMap::new(),
             max_tokens: None,
+            max_completion_tokens: false,
             context_window: None,
         }
     }
@@ -569,7 +672,9 @@ pub fn build_provider_with_env(
                 timeout: Duration::from_secs(route.timeout_secs),
                 idle_timeout: Duration::from_secs(route.idle_timeout_secs),
                 headers: header_map(&route.extra_headers)?,
-                max_tokens: route.max_tokens,
+                max_tokens: Some(route.effective_max_tokens()),
+                max_completion_tokens: route.provider == ProviderKind::Openai
+                    && route.base_url.is_none(),
                 context_window: route.context_window,
             };
             let inner: Arc<dyn Provider> = if route.provider == ProviderKind::Anthropic {
@@ -577,11 +682,11 @@ pub fn build_provider_with_env(
             } else {
                 Arc::new(OpenAiProvider::new(endpoint)?)
             };
-            Ok(Arc::new(RetryingProvider::new(
-                inner,
-                Some(keys),
-                RetryPolicy::default(),
-            )))
+            let policy = RetryPolicy {
+                max_retry_after: Duration::from_secs(route.max_retry_after_secs),
+                ..RetryPolicy::default()
+            };
+            Ok(Arc::new(RetryingProvider::new(inner, Some(keys), policy)))
         }
     }
 }
@@ -671,6 +776,10 @@ fn error_message(body: &str) -> String {
     if let Ok(json) = serde_json::from_str::<Value>(body) {
         let error = json.get("error").unwrap_or(&json);
         if let Some(message) = error.as_str() {
+            // Ollama passes its runner's JSON error on as a string.
+            if message.trim_start().starts_with('{') && message != body {
+                return error_message(message);
+            }
             return excerpt(message);
         }
         if let Some(message) = error.get("message").and_then(Value::as_str) {
@@ -703,25 +812,6 @@ fn excerpt(text: &str) -> String {
     }
 }
 
-/// Whether an error text says the prompt does not fit the context window,
-/// in the words of OpenAI, Anthropic, vLLM, llama.cpp, Ollama and LiteLLM.
-fn says_context_overflow(body: &str) -> bool {
-    let lower = body.to_ascii_lowercase();
-    [
-        "context_length_exceeded",
-        "maximum context length",
-        "context length",
-        "context window",
-        "exceed_context_size",
-        "exceeds the available context size",
-        "prompt is too long",
-        // Anthropic: "input length and `max_tokens` exceed context limit".
-        "context limit",
-    ]
-    .iter()
-    .any(|needle| lower.contains(needle))
-}
-
 /// Maps an error status to the §11 error kinds.
 fn status_error(status: u16, retry_after: Option<Duration>, body: &str) -> ProviderError {
     let message = error_message(body);
@@ -734,8 +824,21 @@ fn status_error(status: u16, retry_after: Option<Duration>, body: &str) -> Provi
         // A request timeout says nothing about the request itself: it is as
         // retryable as a dropped connection.
         408 => ProviderError::Transport(format!("HTTP 408: {message}")),
-        400 | 413 | 422 if says_context_overflow(body) => ProviderError::ContextOverflow(message),
-        500..=599 => ProviderError::Server { status, message },
+        // llama.cpp's server answers an overflow with a 500 ("Context size
+        // has been exceeded."): a server error that no retry can mend.
+        400 | 413 | 422 | 500..=599 if says_context_overflow(body) => {
+            let (tokens, limit) = overflow_sizes(body);
+            ProviderError::ContextOverflow {
+                message,
+                tokens,
+                limit,
+            }
+        }
+        500..=599 => ProviderError::Server {
+            status,
+            retry_after,
+            message,
+        },
         _ => ProviderError::BadResponse(format!("HTTP {status}: {message}")),
     }
 }
@@ -758,6 +861,7 @@ fn stream_error(kind: &str, message: &str) -> ProviderError {
     if kind.contains("overloaded") {
         ProviderError::Server {
             status: 529,
+            retry_after: None,
             message: text,
         }
     } else if kind.contains("rate_limit") {
@@ -768,7 +872,12 @@ fn stream_error(kind: &str, message: &str) -> ProviderError {
     } else if kind.contains("auth") || kind.contains("permission") || kind.contains("api_key") {
         ProviderError::Auth(text)
     } else if says_context_overflow(&kind) || says_context_overflow(message) {
-        ProviderError::ContextOverflow(text)
+        let (tokens, limit) = overflow_sizes(message);
+        ProviderError::ContextOverflow {
+            message: text,
+            tokens,
+            limit,
+        }
     } else if kind.contains("invalid_request")
         || kind.contains("not_found")
         || kind.contains("too_large")
@@ -781,6 +890,7 @@ fn stream_error(kind: &str, message: &str) -> ProviderError {
         // trouble, not the request's.
         ProviderError::Server {
             status: 500,
+            retry_after: None,
             message: text,
         }
     }
@@ -859,13 +969,18 @@ mod tests {
             ProviderError::Auth(_)
         ));
         assert!(matches!(
-            status_error(503, None, ""),
-            ProviderError::Server { status: 503, .. }
+            status_error(503, Some(Duration::from_secs(3)), ""),
+            ProviderError::Server { status: 503, retry_after: Some(d), .. } if d == Duration::from_secs(3)
         ));
         let body = r#"{"error":{"message":"This model's maximum context length is 8192 tokens","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
         assert!(matches!(
             status_error(400, None, body),
-            ProviderError::ContextOverflow(m) if m.contains("8192")
+            ProviderError::ContextOverflow { message, limit: Some(8192), .. } if message.contains("8192")
+        ));
+        let llama = r#"{"error":{"code":500,"message":"Context size has been exceeded.","type":"server_error"}}"#;
+        assert!(matches!(
+            status_error(500, None, llama),
+            ProviderError::ContextOverflow { .. }
         ));
         let e = status_error(
             404,

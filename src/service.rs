@@ -6,10 +6,9 @@
 //! Owns the wiring only. It deliberately makes no policy of its own: what a
 //! route, a tool or an agent is comes from `config`, `provider` and `tools`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use overseer_actors::provider::{Provider, ProviderError, ProviderRequest, ProviderStream};
+use overseer_actors::provider::Provider;
 use overseer_actors::store::StoreError;
 use overseer_actors::tool::ToolRegistry;
 use overseer_actors::{Overseer, SessionError};
@@ -17,7 +16,8 @@ use overseer_actors::{Overseer, SessionError};
 use overseer_actors::tool::Tool;
 
 use crate::config::Config;
-use crate::provider::{build_provider, ProviderConfigError};
+pub use crate::provider::RoutedProvider;
+use crate::provider::{process_env, ProviderConfigError};
 use crate::scope_token::ScopeTokens;
 use crate::store::postgres::{PgOptions, PgStore, DATABASE_URL_ENV};
 use crate::store::SledStore;
@@ -25,6 +25,7 @@ use crate::tools::builtin_tools;
 use crate::tools::http_request::HttpRequestTool;
 use crate::tools::http_tool::http_tools;
 use crate::tools::mcp::McpHub;
+use crate::webhooks::{Subscriptions, SystemClock, WebhookStore, Webhooks};
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +65,9 @@ pub enum ServiceError {
     /// The scope-token key is unusable.
     #[error("scope_tokens: {0}")]
     ScopeTokens(String),
+    /// The webhook endpoints could not be read at start.
+    #[error("webhooks: cannot read the registered endpoints: {0}")]
+    Webhooks(StoreError),
 }
 
 fn store_open_message(dir: &str, source: &StoreError) -> String {
@@ -141,49 +145,30 @@ pub async fn build_tools_with(
     Ok(Tools { registry, mcp })
 }
 
-/// Routes each request to the provider of its agent's model route, or to the
-/// default route.
-pub struct RoutedProvider {
-    routes: BTreeMap<String, Arc<dyn Provider>>,
-    default: Arc<dyn Provider>,
-}
-
-#[async_trait::async_trait]
-impl Provider for RoutedProvider {
-    async fn stream(&self, request: ProviderRequest) -> Result<ProviderStream, ProviderError> {
-        let provider = self.routes.get(&request.model).unwrap_or(&self.default);
-        provider.stream(request).await
-    }
-
-    fn context_window(&self, model: &str) -> Option<u64> {
-        self.routes
-            .get(model)
-            .unwrap_or(&self.default)
-            .context_window(model)
-    }
-}
-
 /// Builds every configured route now, so a missing key or a bad URL is a
-/// start-up error naming the route, not a failed request later.
-pub fn build_providers(config: &Config) -> Result<Arc<dyn Provider>, ServiceError> {
-    let default =
-        build_provider(&config.provider.route()).map_err(|source| ServiceError::Provider {
+/// start-up error naming the route, not a failed request later: the
+/// `[[models]]` tables under their names, and `[provider]` as the default
+/// route, under its own name and the names agents give it.
+pub fn build_providers(config: &Config) -> Result<Arc<RoutedProvider>, ServiceError> {
+    let routes = Arc::new(RoutedProvider::new());
+    let default = config.provider.route();
+    let env = process_env();
+    let name = routes
+        .add(&default, env.clone())
+        .map_err(|source| ServiceError::Provider {
             route: "[provider]".into(),
             source,
         })?;
-    let mut routes = BTreeMap::new();
     for route in &config.models {
-        let name = route.name.clone().unwrap_or_default();
-        let provider = build_provider(route).map_err(|source| ServiceError::Provider {
-            route: name.clone(),
-            source,
-        })?;
-        routes.insert(name, provider);
+        routes
+            .add(route, env.clone())
+            .map_err(|source| ServiceError::Provider {
+                route: route.label(),
+                source,
+            })?;
     }
-    if routes.is_empty() {
-        return Ok(default);
-    }
-    Ok(Arc::new(RoutedProvider { routes, default }))
+    routes.set_default(&name, config.default_route_aliases());
+    Ok(routes)
 }
 
 /// Opens the store, starts the runtime and recovers every session that was
@@ -206,19 +191,7 @@ pub async fn open(
     tools: ToolRegistry,
     provider: Arc<dyn Provider>,
 ) -> Result<(Overseer, SledStore), ServiceError> {
-    let dir = config.store.data_dir.clone();
-    let options = config.store.options();
-    // Opening sled reads and replays its log: blocking work.
-    let opened = tokio::task::spawn_blocking(move || SledStore::open_with(&dir, &options))
-        .await
-        .map_err(|e| ServiceError::Store {
-            dir: config.store.data_dir.display().to_string(),
-            source: StoreError::Io(e.to_string()),
-        })?;
-    let store = opened.map_err(|source| ServiceError::Store {
-        dir: config.store.data_dir.display().to_string(),
-        source,
-    })?;
+    let store = open_sled(config).await?;
     let overseer = Overseer::start(
         config.agent_configs(),
         Arc::new(store.clone()),
@@ -228,6 +201,48 @@ pub async fn open(
     )
     .await?;
     Ok((overseer, store))
+}
+
+/// Opens the sled store of the configuration (its data directory).
+pub async fn open_sled(config: &Config) -> Result<SledStore, ServiceError> {
+    let dir = config.store.data_dir.clone();
+    let options = config.store.options();
+    // Opening sled reads and replays its log: blocking work.
+    let opened = tokio::task::spawn_blocking(move || SledStore::open_with(&dir, &options))
+        .await
+        .map_err(|e| ServiceError::Store {
+            dir: config.store.data_dir.display().to_string(),
+            source: StoreError::Io(e.to_string()),
+        })?;
+    opened.map_err(|source| ServiceError::Store {
+        dir: config.store.data_dir.display().to_string(),
+        source,
+    })
+}
+
+/// The webhooks of `overseer serve` over `store` when `[webhooks] enabled`:
+/// `install` puts their outbox view on the store's write path, which must
+/// happen before any session checkpoints (so before the runtime starts and
+/// recovers).
+pub async fn webhooks(
+    config: &Config,
+    store: Arc<dyn WebhookStore>,
+    install: impl FnOnce(Arc<Subscriptions>),
+) -> Result<Option<Arc<Webhooks>>, ServiceError> {
+    if !config.webhooks.enabled {
+        return Ok(None);
+    }
+    let subscriptions = Arc::new(Subscriptions::new());
+    install(subscriptions.clone());
+    let hooks = Webhooks::open(
+        store,
+        subscriptions,
+        config.webhooks.options(),
+        Arc::new(SystemClock),
+    )
+    .await
+    .map_err(ServiceError::Webhooks)?;
+    Ok(Some(hooks))
 }
 
 /// Opens the PostgreSQL store of cluster mode (`store.kind = "postgres"`)

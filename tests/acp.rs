@@ -842,13 +842,10 @@ tools = []
     agent.exits_having_spoken_only_protocol().await;
 }
 
-/// A lead agent delegating to a reviewer that needs approval: the
-/// reviewer's request reaches the editor from the root, titled with the path
-/// of sessions, and the editor's answer lets the tree finish.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_subagents_approval_reaches_the_editor_with_its_session_path() {
-    let tmp = tempfile::tempdir().unwrap();
-    let scenario = tmp.path().join("tree.json");
+/// A lead agent delegating to a reviewer whose call needs approval, which
+/// propagates to the lead; `reviewer`: more of the reviewer's settings.
+fn tree_config(dir: &Path, reviewer: &str) -> PathBuf {
+    let scenario = dir.join("tree.json");
     std::fs::write(
         &scenario,
         serde_json::json!({"agents": {
@@ -865,7 +862,7 @@ async fn a_subagents_approval_reaches_the_editor_with_its_session_path() {
         .to_string(),
     )
     .unwrap();
-    let config = tmp.path().join("tree.toml");
+    let config = dir.join("tree.toml");
     std::fs::write(
         &config,
         format!(
@@ -885,11 +882,22 @@ child_approval = "propagate"
 name = "reviewer"
 tools = ["current_time"]
 approval = "always"
+{reviewer}
 "#,
             scenario.display()
         ),
     )
     .unwrap();
+    config
+}
+
+/// A lead agent delegating to a reviewer that needs approval: the
+/// reviewer's request reaches the editor from the root, titled with the path
+/// of sessions, and the editor's answer lets the tree finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subagents_approval_reaches_the_editor_with_its_session_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tree_config(tmp.path(), "");
     let (agent, transport) = spawn_agent_as(tmp.path(), &config, "lead");
     let cwd = tmp.path().to_path_buf();
     client(transport, async |cx, mut inbox| {
@@ -912,6 +920,32 @@ approval = "always"
         assert_eq!(answer.stop_reason, StopReason::EndTurn);
         let text = agent_text(&inbox.drain());
         assert!(text.contains("The reviewer said: "), "{text}");
+    })
+    .await;
+    agent.exits_having_spoken_only_protocol().await;
+}
+
+/// A subagent's call that times out while the editor is asked: the request
+/// (asked at the root) is withdrawn, and the tree finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subagents_request_is_withdrawn_when_its_call_times_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tree_config(tmp.path(), "approval_timeout_secs = 1");
+    let (agent, transport) = spawn_agent_as(tmp.path(), &config, "lead");
+    let cwd = tmp.path().to_path_buf();
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let turn = cx.send_request(prompt(&session, "check"));
+        let ask = inbox.ask("the subagent's permission request").await;
+        withdrawn("the timed-out subagent request's withdrawal", &ask).await;
+        let answer = within("the lead's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        let text = text_until(&mut inbox, "the lead's text", "The reviewer said: ").await;
+        assert!(agent_text(&text).contains("The reviewer said: "));
+        drop(ask);
     })
     .await;
     agent.exits_having_spoken_only_protocol().await;
@@ -1718,4 +1752,423 @@ async fn with_server_a_wrong_token_or_an_unreachable_server_is_one_line_at_start
         )),
         "{stderr}"
     );
+}
+
+// --- A decision anywhere closes the editor's request --------------------
+
+/// Agents whose every call needs approval: `assistant` (turns of one call
+/// each, some interrupted or cancelled), `hasty` (a one-second approval
+/// timeout) and `pair` (steps of two calls at once).
+fn withdrawal_config(dir: &Path) -> PathBuf {
+    let call = |text: &str| serde_json::json!({"text": text, "tool_calls": [{"name": "current_time", "arguments": {}}]});
+    let two = |text: &str| {
+        serde_json::json!({"text": text, "tool_calls": [
+            {"name": "current_time", "arguments": {}},
+            {"name": "current_time", "arguments": {"timezone": "UTC"}}
+        ]})
+    };
+    let answer = |text: &str| serde_json::json!({ "text": text });
+    let scenario = dir.join("withdrawal.json");
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"agents": {
+            "assistant": [
+                call("First look."), answer("Approved elsewhere: {{tool_result}}"),
+                call("Second look."), answer("Denied elsewhere: {{tool_result}}"),
+                call("Third look."),
+                call("Fourth look."),
+                call("Fifth look."), answer("Answered here: {{tool_result}}"),
+            ],
+            "hasty": [
+                call("A look."), answer("Timed out: {{tool_result}}"),
+                call("Another look."), answer("Again: {{tool_result}}"),
+            ],
+            "pair": [
+                two("Two looks."), answer("Both: {{tool_result}}"),
+                call("One look."),
+                two("Two more."), answer("Done: {{tool_result}}"),
+            ],
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let config = dir.join("withdrawal.toml");
+    let agent = |name: &str, extra: &str| {
+        format!(
+            "[[agents]]\nname = \"{name}\"\ntools = [\"current_time\"]\napproval = \"always\"\n{extra}\n"
+        )
+    };
+    std::fs::write(
+        &config,
+        format!(
+            "[provider]\nkind = \"scripted\"\nscenario = \"{}\"\n\n{}{}{}",
+            scenario.display(),
+            agent("assistant", ""),
+            agent("hasty", "approval_timeout_secs = 1"),
+            agent("pair", ""),
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// `overseer acp --server URL --agent agent` with `OVERSEER_TOKEN` set.
+fn spawn_remote_as(dir: &Path, url: &str, token: &str, agent: &str) -> (Spawned, Transport) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_overseer"));
+    cmd.args(["acp", "--server", url, "--agent", agent])
+        .current_dir(dir);
+    attach(cmd, &[("OVERSEER_TOKEN", token)])
+}
+
+type Ask = (
+    RequestPermissionRequest,
+    Responder<RequestPermissionResponse>,
+);
+
+fn call_of(ask: &Ask) -> String {
+    ask.0.tool_call.tool_call_id.0.to_string()
+}
+
+/// Waits for the agent's `$/cancel_request` of this request.
+async fn withdrawn(what: &str, ask: &Ask) {
+    within(what, ask.1.cancellation().cancelled()).await;
+}
+
+/// `POST path` on the server as `token`, expecting success.
+async fn served_post(url: &str, path: &str, token: &str, body: serde_json::Value) {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let resp = reqwest::Client::new()
+        .post(format!("{url}{path}"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "POST {path}: {}", resp.status());
+}
+
+/// Each call of a transcript (as JSON), in order: its final state, and who
+/// decided it and how ("" when nobody did).
+fn calls(transcript: &serde_json::Value) -> Vec<(String, String)> {
+    calls_by_id(transcript)
+        .into_iter()
+        .map(|(_, c)| c)
+        .collect()
+}
+
+/// [`calls`], with each call's id.
+fn calls_by_id(transcript: &serde_json::Value) -> Vec<(String, (String, String))> {
+    transcript
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["role"] == "tool_result")
+        .map(|e| {
+            let call = &e["call"];
+            let decided = match call["decision"]["by"].as_str() {
+                Some(by) => format!(
+                    "{} by {by}",
+                    call["decision"]["decision"]["decision"].as_str().unwrap()
+                ),
+                None => String::new(),
+            };
+            let id = call["id"].as_str().unwrap().to_owned();
+            (id, (call["state"].as_str().unwrap().to_owned(), decided))
+        })
+        .collect()
+}
+
+/// [`calls_by_id`] of a session in the agent's local store.
+async fn stored_calls(dir: &Path, session: &str) -> Vec<(String, (String, String))> {
+    let stored = store(dir)
+        .load(session.parse().unwrap())
+        .await
+        .unwrap()
+        .expect("the session is stored");
+    let entries: Vec<serde_json::Value> = stored
+        .transcript
+        .iter()
+        .map(|e| serde_json::to_value(&**e).unwrap())
+        .collect();
+    calls_by_id(&serde_json::Value::Array(entries))
+}
+
+fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
+    expected
+        .iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
+/// Remote: a call the editor is asked about and that is approved through
+/// the HTTP API, denied with the CLI, interrupted through the API, or whose
+/// prompt the editor cancels, has its request withdrawn with
+/// `$/cancel_request`; requests left unanswered (one even after the
+/// withdrawal, one after cancelling) hold up none of the next, and a late
+/// answer to a withdrawn request decides nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_server_a_call_decided_elsewhere_withdraws_the_editors_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = withdrawal_config(tmp.path());
+    let served = serve(tmp.path(), &config, &[]).await;
+    let token = serve_token("alice");
+    let url = served.url.clone();
+    let cwd = tmp.path().to_path_buf();
+    let (agent, transport) = spawn_remote(tmp.path(), &url, &token);
+    let session = client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let approvals = format!("/v1/sessions/{session}/approvals");
+        // Requests never answered, kept open to the end.
+        let mut unanswered = Vec::new();
+
+        // Approved through the API: withdrawn; left unanswered.
+        let turn = cx.send_request(prompt(&session, "look"));
+        let first = inbox.ask("the first request").await;
+        let call = call_of(&first);
+        served_post(
+            &url,
+            &approvals,
+            &token,
+            serde_json::json!({"decisions": {&call: {"decision": "approve"}}}),
+        )
+        .await;
+        withdrawn("the API-approved request's withdrawal", &first).await;
+        let answer = within("the first prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        unanswered.push(first);
+
+        // Denied with the CLI: the next call's request arrives although the
+        // first was never answered; the editor answers -32800, as the
+        // protocol asks of a withdrawn request.
+        let turn = cx.send_request(prompt(&session, "again"));
+        let second = inbox.ask("the second request").await;
+        let denied = within(
+            "overseer sessions approve --deny",
+            Command::new(env!("CARGO_BIN_EXE_overseer"))
+                .args(["sessions", "--url", &url, "approve", &session])
+                .args(["--call", &call_of(&second), "--deny", "not now"])
+                .env("OVERSEER_TOKEN", &token)
+                .output(),
+        )
+        .await
+        .unwrap();
+        assert!(denied.status.success(), "{denied:?}");
+        withdrawn("the CLI-denied request's withdrawal", &second).await;
+        let (_, responder) = second;
+        responder
+            .respond_with_error(agent_client_protocol::Error::request_cancelled())
+            .unwrap();
+        let answer = within("the second prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        text_until(&mut inbox, "the denial's text", "Denied elsewhere: ").await;
+
+        // Interrupted through the API: withdrawn; a late answer is dropped.
+        let turn = cx.send_request(prompt(&session, "a third"));
+        let third = inbox.ask("the third request").await;
+        served_post(
+            &url,
+            &format!("/v1/sessions/{session}/interrupt"),
+            &token,
+            serde_json::json!({}),
+        )
+        .await;
+        withdrawn("the interrupted request's withdrawal", &third).await;
+        let answer = within("the interrupted prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::Cancelled);
+        let (req, responder) = third;
+        responder
+            .respond(choose(PermissionOptionKind::AllowAlways, &req))
+            .unwrap();
+
+        // Cancelled by the editor, which then never answers its request.
+        let turn = cx.send_request(prompt(&session, "a fourth"));
+        let fourth = inbox.ask("the fourth request").await;
+        cx.send_notification(CancelNotification::new(session.clone()))
+            .unwrap();
+        withdrawn("the cancelled prompt's request's withdrawal", &fourth).await;
+        let answer = within("the cancelled prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::Cancelled);
+        unanswered.push(fourth);
+
+        // Two requests are still open at the editor; the next one arrives,
+        // and the editor's answer decides it.
+        let turn = cx.send_request(prompt(&session, "a fifth"));
+        let (req, responder) = inbox.ask("the fifth request").await;
+        responder
+            .respond(choose(PermissionOptionKind::AllowOnce, &req))
+            .unwrap();
+        let answer = within("the fifth prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        text_until(&mut inbox, "the answered text", "Answered here: ").await;
+        drop(unanswered);
+        session
+    })
+    .await;
+    agent.exits_having_spoken_only_protocol().await;
+
+    // What the server recorded: the API's approval, the CLI's denial and
+    // the editor's approval, each as the token's subject; the interrupted
+    // and the cancelled calls undecided; the late always-allow set no rule.
+    let state = served_get(&served.url, &format!("/v1/sessions/{session}"), &token).await;
+    assert!(state.get("tool_rules").is_none(), "{state}");
+    assert_eq!(
+        calls(&state["transcript"]),
+        pairs(&[
+            ("completed", "approve by alice"),
+            ("denied", "deny by alice"),
+            ("cancelled", ""),
+            ("cancelled", ""),
+            ("completed", "approve by alice"),
+        ])
+    );
+}
+
+/// The approval timeout closes the editor's request: the request the editor
+/// never answers is withdrawn, the prompt ends, and the next call's request
+/// reaches the editor.
+async fn a_timeout_withdraws_the_request(transport: Transport, cwd: &Path) -> String {
+    client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, cwd).await;
+        let turn = cx.send_request(prompt(&session, "look"));
+        let first = inbox.ask("the request that times out").await;
+        withdrawn("the timed-out request's withdrawal", &first).await;
+        let answer = within("the timed-out prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        text_until(&mut inbox, "the timeout's text", "Timed out: ").await;
+
+        let turn = cx.send_request(prompt(&session, "again"));
+        let (req, responder) = inbox.ask("the next request").await;
+        assert_ne!(
+            req.tool_call.tool_call_id.0.as_ref(),
+            call_of(&first),
+            "a new call"
+        );
+        // On a slow machine it may time out before the answer: either way
+        // the prompt ends.
+        responder
+            .respond(choose(PermissionOptionKind::AllowOnce, &req))
+            .unwrap();
+        let answer = within("the next prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        drop(first);
+        session
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_request_is_withdrawn_and_the_next_reaches_the_editor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = withdrawal_config(tmp.path());
+    let (agent, transport) = spawn_agent_as(tmp.path(), &config, "hasty");
+    let session = a_timeout_withdraws_the_request(transport, tmp.path()).await;
+    agent.exits_having_spoken_only_protocol().await;
+    let calls = stored_calls(tmp.path(), &session).await;
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(calls[0].1, pairs(&[("denied", "deny by system")])[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_server_a_timed_out_request_is_withdrawn_and_the_next_reaches_the_editor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = withdrawal_config(tmp.path());
+    let served = serve(tmp.path(), &config, &[]).await;
+    let token = serve_token("alice");
+    let (agent, transport) = spawn_remote_as(tmp.path(), &served.url, &token, "hasty");
+    let session = a_timeout_withdraws_the_request(transport, tmp.path()).await;
+    agent.exits_having_spoken_only_protocol().await;
+    let state = served_get(&served.url, &format!("/v1/sessions/{session}"), &token).await;
+    let calls = calls(&state["transcript"]);
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(calls[0], pairs(&[("denied", "deny by system")])[0]);
+}
+
+/// Locally: requests for different calls are independent (two at once, the
+/// later answered first); a request the editor leaves unanswered after
+/// cancelling its prompt is withdrawn and holds up nothing; an always-choice
+/// settles the other request of that tool, which is withdrawn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_independent_and_one_never_answered_blocks_no_other() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = withdrawal_config(tmp.path());
+    let (agent, transport) = spawn_agent_as(tmp.path(), &config, "pair");
+    let cwd = tmp.path().to_path_buf();
+    let (session, expected) = client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, &cwd).await;
+        let by = "acp:acp-test";
+        let mut expected = Vec::new();
+
+        // Both requests are open at once; the later is answered first.
+        let turn = cx.send_request(prompt(&session, "two"));
+        let (a_req, a) = inbox.ask("one of two requests").await;
+        let (b_req, b) = inbox
+            .ask("the other request, the first still unanswered")
+            .await;
+        b.respond(choose(PermissionOptionKind::AllowOnce, &b_req))
+            .unwrap();
+        a.respond(choose(PermissionOptionKind::RejectOnce, &a_req))
+            .unwrap();
+        let answer = within("the two calls' prompt", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        let id = |r: &RequestPermissionRequest| r.tool_call.tool_call_id.0.to_string();
+        expected.push((id(&a_req), ("denied".into(), format!("deny by {by}"))));
+        expected.push((id(&b_req), ("completed".into(), format!("approve by {by}"))));
+
+        // Cancelled, and never answered.
+        let turn = cx.send_request(prompt(&session, "one"));
+        let one = inbox.ask("the request left unanswered").await;
+        cx.send_notification(CancelNotification::new(session.clone()))
+            .unwrap();
+        withdrawn("the cancelled prompt's request's withdrawal", &one).await;
+        let answer = within("the cancelled prompt's answer", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::Cancelled);
+        expected.push((call_of(&one), ("cancelled".into(), String::new())));
+
+        // The next requests arrive; always-allow on one settles the other.
+        let turn = cx.send_request(prompt(&session, "two more"));
+        let (d_req, d) = inbox.ask("a request after the unanswered one").await;
+        let other = inbox.ask("its sibling's request").await;
+        d.respond(choose(PermissionOptionKind::AllowAlways, &d_req))
+            .unwrap();
+        withdrawn("the sibling's withdrawal, settled by the rule", &other).await;
+        let answer = within("the always-allowed prompt", turn.block_task())
+            .await
+            .expect("prompt");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        expected.push((id(&d_req), ("completed".into(), format!("approve by {by}"))));
+        expected.push((
+            call_of(&other),
+            ("completed".into(), format!("approve by {by}")),
+        ));
+        drop((one, other));
+        (session, expected)
+    })
+    .await;
+    agent.exits_having_spoken_only_protocol().await;
+    let mut stored = stored_calls(tmp.path(), &session).await;
+    let mut expected = expected;
+    stored.sort();
+    expected.sort();
+    assert_eq!(stored, expected);
 }

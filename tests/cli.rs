@@ -6,8 +6,8 @@
 //! that the compiled-in defaults make it work from anywhere. The `--resume`
 //! tests play the earlier process in-process (the library on the same data
 //! directory, stopped mid-turn), so they need no fault injection; the
-//! process-level crash loop is `tests/crash.rs`. They do not cover asking on
-//! a terminal (that needs a pseudo-terminal) beyond the refusal without one.
+//! process-level crash loop is `tests/crash.rs`. Asking on a terminal runs
+//! the binary with a pseudo-terminal as its stdin (`Tty`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -1056,4 +1056,238 @@ fn ctrl_c_interrupts_the_turn_and_keeps_the_session_for_the_next_message() {
             .any(|e| matches!(&**e, TranscriptEntry::ModelChanged { to, .. } if to == "fast")),
         "{transcript:#?}"
     );
+}
+
+// ---- A question closed elsewhere (issue 26) ----------------------------------
+
+/// `overseer run --approve ask` on a pseudo-terminal: stdin is its slave
+/// side (so the run sees a terminal), stderr a pipe read as it comes.
+struct Tty {
+    child: std::process::Child,
+    master: std::fs::File,
+    stderr: std::sync::mpsc::Receiver<Vec<u8>>,
+    seen: String,
+}
+
+impl Tty {
+    fn run(cwd: &Path, args: &[&str]) -> Self {
+        let pty = nix::pty::openpty(None, None).expect("openpty");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_overseer"));
+        cmd.args(args)
+            .current_dir(cwd)
+            .stdin(Stdio::from(pty.slave))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env_remove("RUST_LOG");
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("OVERSEER_") {
+                cmd.env_remove(key);
+            }
+        }
+        let mut child = cmd.spawn().expect("spawn overseer run");
+        let mut err = child.stderr.take().expect("stderr");
+        let (tx, stderr) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            child,
+            master: std::fs::File::from(pty.master),
+            stderr,
+            seen: String::new(),
+        }
+    }
+
+    /// Reads stderr until it holds `needle` after what earlier waits
+    /// consumed; returns the text up to and including it. Bounded.
+    fn wait_for(&mut self, what: &str, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            if let Some(at) = self.seen.find(needle) {
+                let upto: String = self.seen.drain(..at + needle.len()).collect();
+                return upto;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(bytes) => self.seen.push_str(&String::from_utf8_lossy(&bytes)),
+                Err(_) => {
+                    // A failed test leaves no process behind.
+                    let _ = self.child.kill();
+                    panic!("no {what} ({needle:?}) on stderr; so far:\n{}", self.seen)
+                }
+            }
+        }
+    }
+
+    fn type_line(&mut self, line: &str) {
+        use std::io::Write;
+        self.master
+            .write_all(format!("{line}\n").as_bytes())
+            .expect("type on the terminal");
+    }
+
+    fn finish(self) -> Run {
+        // Bounded: a run that never exits is killed, and fails below.
+        let pid = self.child.id();
+        let (done_tx, done) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if done
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .is_err()
+            {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        });
+        let out = self.child.wait_with_output().expect("wait");
+        let _ = done_tx.send(());
+        let mut rest = self.seen;
+        while let Ok(bytes) = self.stderr.recv() {
+            rest.push_str(&String::from_utf8_lossy(&bytes));
+        }
+        Run {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: rest,
+        }
+    }
+}
+
+/// A lead whose own `current_time` calls are asked (no timeout to speak
+/// of), delegating to `hasty`, whose call is asked at the root and times
+/// out after a second.
+fn closing_config(dir: &Path) -> PathBuf {
+    let scenario = dir.join("closing.json");
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"agents": {
+            "lead": [
+                {"text": "Asking.", "tool_calls": [{"name": "delegate_task",
+                    "arguments": {"agent": "hasty", "goal": "Read the clock."}}]},
+                {"text": "Looking myself.", "tool_calls": [{"name": "current_time", "arguments": {}}]},
+                {"text": "Lead done: {{tool_result}}"}
+            ],
+            "hasty": [
+                {"text": "Reading.", "tool_calls": [{"name": "current_time", "arguments": {}}]},
+                {"text": "Hasty: {{tool_result}}"}
+            ]
+        }})
+        .to_string(),
+    )
+    .expect("write scenario");
+    let config = dir.join("closing.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[provider]
+kind = "scripted"
+scenario = "{}"
+
+[[agents]]
+name = "lead"
+tools = ["current_time"]
+approval = "per_tool"
+tool_approvals = {{ current_time = true }}
+subagents = ["hasty"]
+child_approval = "propagate"
+
+[[agents]]
+name = "hasty"
+tools = ["current_time"]
+approval = "always"
+approval_timeout_secs = 1
+"#,
+            scenario.display()
+        ),
+    )
+    .expect("write config");
+    config
+}
+
+/// On a terminal, a question whose call is decided elsewhere (here the
+/// approval timeout of a subagent's call) ends with a line saying who
+/// decided and how, and the next call's question is asked and answered;
+/// a question whose turn Ctrl-C interrupts ends the same way.
+#[test]
+fn a_terminal_question_decided_elsewhere_ends_saying_who_decided() {
+    let (tmp, _) = workdir();
+    let config = closing_config(tmp.path()).display().to_string();
+    let data = data_arg(tmp.path());
+    let args = [
+        "run",
+        "--config",
+        &config,
+        "--agent",
+        "lead",
+        "--approve",
+        "ask",
+        "--data",
+        &data,
+        "go",
+    ];
+    let mut tty = Tty::run(tmp.path(), &args);
+    // The subagent's call is asked, and nobody answers.
+    tty.wait_for("the subagent's question", "? [y]es/[n]o/[e]dit: ");
+    let closed = tty.wait_for(
+        "the timed-out question's end",
+        "denied by system: No approval decision received\n",
+    );
+    let line = closed.lines().last().unwrap_or_default();
+    assert!(
+        line.starts_with("question closed: current_time (call_"),
+        "{closed}"
+    );
+    // The lead's own call is asked next, and the answer decides it.
+    let asked = tty.wait_for("the lead's question", "? [y]es/[n]o/[e]dit: ");
+    // The call is shown as what the tool will receive, then asked about.
+    assert!(asked.contains("current_time (call_"), "{asked}");
+    assert!(asked.contains(" will receive:\n{}\n"), "{asked}");
+    assert!(asked.contains("approve current_time (call_"), "{asked}");
+    tty.type_line("y");
+    tty.wait_for("the acknowledgement", " approve\n");
+    let run = tty.finish();
+    assert_eq!(run.code, Some(0), "stderr:\n{}", run.stderr);
+    assert!(run.stdout.contains("Lead done: "), "{}", run.stdout);
+
+    // Ctrl-C while a question is open: the interrupt ends it.
+    let (tmp, _) = workdir();
+    let config = closing_config(tmp.path()).display().to_string();
+    let data = data_arg(tmp.path());
+    let args = [
+        "run",
+        "--config",
+        &config,
+        "--agent",
+        "lead",
+        "--approve",
+        "ask",
+        "--data",
+        &data,
+        "go",
+    ];
+    let mut tty = Tty::run(tmp.path(), &args);
+    tty.wait_for("the subagent's question", "? [y]es/[n]o/[e]dit: ");
+    let sent = Command::new("kill")
+        .args(["-INT", &tty.child.id().to_string()])
+        .status()
+        .expect("kill -INT");
+    assert!(sent.success());
+    tty.wait_for(
+        "the interrupted question's end",
+        "question closed: current_time (call_",
+    );
+    let why = tty.wait_for("its reason", "\n");
+    // The interrupt cancels the subagent, and with it its call.
+    assert!(
+        why.ends_with(") ended undecided (cancelled): cancelled: the session was cancelled\n"),
+        "{why}"
+    );
+    let run = tty.finish();
+    assert_eq!(run.code, Some(130), "stderr:\n{}", run.stderr);
 }

@@ -7,11 +7,19 @@
 //! - three nodes, 300 sessions created round-robin, approvals sent to random
 //!   nodes: all finish, every tool ran exactly once, and event streams opened
 //!   on a node that does not own the session see every event;
-//! - `kill -9` of a node holding 100 parked sessions: the survivors take
-//!   them over (the test prints how long it took) and finish them on
-//!   approvals sent to them; no acknowledged decision is lost;
+//! - `kill -9` of a node holding 120 parked sessions: its three survivors
+//!   split them (none takes more than twice its share; the test prints the
+//!   spread and how long it took), each logs what it took, and they finish
+//!   them on approvals sent to them; no acknowledged decision is lost;
 //! - a node stopped (SIGSTOP) past its lease, taken over, then continued:
-//!   none of its writes lands, it drops its actors, each call ran once;
+//!   none of its writes lands, it drops its actors, each call ran once; a
+//!   second one made to skip its own-clock check (a fault point) writes,
+//!   and the database's epoch fence refuses every write;
+//! - a stopped (hung, not yet dead) owner: the other nodes serve their own
+//!   sessions and answer their probes while their forward budget waits on
+//!   it, then fail forwards to it fast; a transaction it left open is ended
+//!   by the server before its lease runs out;
+//! - a node started with a live node's `advertise_url` refuses to join;
 //! - the database restarted under load: the nodes reconnect, requests in
 //!   flight succeed or get 503, nothing acknowledged is lost;
 //! - an event stream followed on a node that never owns the session,
@@ -23,6 +31,8 @@
 //! - the tenant stream (`/v1/events`) on one node carries the sessions that
 //!   run on another, and resets its clients after the relay lost its
 //!   connection;
+//! - `overseer cluster status`: active sessions per node, dead nodes listed
+//!   and then pruned;
 //! - `overseer store copy` from a sled directory with finished, parked and
 //!   delegating sessions: the copies are equal, the parked ones finish on the
 //!   cluster, and a second copy copies nothing.
@@ -44,7 +54,9 @@ use overseer::store::{Durability, SledStore};
 use overseer_actors::store::{all_by_status, CheckpointStore};
 use serde_json::Value;
 
-use common::cluster::{approve, create, get, pending, wait_status, Node, Settings, World};
+use common::cluster::{
+    approve, create, get, pending, wait_status, Node, NodeOptions, Settings, World,
+};
 use common::pg::{shared, PgServer};
 use common::{eventually, Sse};
 
@@ -164,14 +176,35 @@ async fn three_nodes_finish_300_sessions_with_every_tool_run_once() {
     assert!(forwarded > 0.0);
 }
 
+/// How many sessions a node's log says it took over from `from` (node id),
+/// summed over its takeover lines.
+fn logged_takeovers(node: &Node, from: &str) -> usize {
+    node.log()
+        .lines()
+        .filter(|l| l.contains(&format!("from node {from} in ")))
+        .filter_map(|l| {
+            let rest = l.split("took over ").nth(1)?;
+            rest.split(' ').next()?.parse::<usize>().ok()
+        })
+        .sum()
+}
+
+/// A node holding parked sessions is killed; its three survivors split
+/// them (rendezvous hashing: none takes more than twice its share), each
+/// logs what it took from whom, and every session finishes on approvals
+/// sent to the survivors, every decision kept and every tool run once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_killed_node_s_parked_sessions_finish_on_the_survivors() {
+async fn a_killed_node_s_parked_sessions_are_spread_over_the_survivors_and_finish() {
     let _turn = SERIAL.lock().await;
     let settings = Settings::default();
     let world = World::new(shared().database().await.unwrap(), &settings).unwrap();
     let mut doomed = world.node().unwrap();
-    let survivors = [world.node().unwrap(), world.node().unwrap()];
-    const N: usize = 100;
+    let survivors = [
+        world.node().unwrap(),
+        world.node().unwrap(),
+        world.node().unwrap(),
+    ];
+    const N: usize = 120;
     let ids: Vec<String> = futures::stream::iter(0..N)
         .map(|i| {
             let world = &world;
@@ -197,10 +230,10 @@ async fn a_killed_node_s_parked_sessions_finish_on_the_survivors() {
 
     doomed.kill9();
     let killed = Instant::now();
-    let survivor_ids = [
-        node_id(&world, &survivors[0]).await.unwrap(),
-        node_id(&world, &survivors[1]).await.unwrap(),
-    ];
+    let mut survivor_ids = Vec::new();
+    for s in &survivors {
+        survivor_ids.push(node_id(&world, s).await.unwrap());
+    }
     let taken_over = eventually(
         "the survivors to take over",
         Duration::from_millis(50),
@@ -223,6 +256,38 @@ async fn a_killed_node_s_parked_sessions_finish_on_the_survivors() {
         "takeover of {N} parked sessions after kill -9: {taken_over:.2?} (lease_secs = {})",
         settings.lease_secs
     );
+    // Spread: each survivor took about a third, none more than twice that.
+    let owned = owners(&world, &ids).await.unwrap();
+    eprintln!("sessions per survivor: {owned:?}");
+    for (node, count) in &owned {
+        assert!(
+            *count as usize <= 2 * N / survivors.len(),
+            "{node} took {count} of {N}: {owned:?}"
+        );
+    }
+    // Each logged what it took, from whom: as many as it holds.
+    for (s, sid) in survivors.iter().zip(&survivor_ids) {
+        let holds = owned
+            .iter()
+            .find(|(n, _)| n == sid)
+            .map_or(0, |(_, c)| *c as usize);
+        eventually(
+            "the survivor to log its takeovers",
+            Duration::from_millis(100),
+            || async {
+                let logged = logged_takeovers(s, &doomed_id);
+                if logged == holds {
+                    for line in s.log().lines().filter(|l| l.contains("took over")) {
+                        eprintln!("{line}");
+                    }
+                    Ok(())
+                } else {
+                    Err(format!("logged {logged}, holds {holds}:\n{}", s.log()))
+                }
+            },
+        )
+        .await;
+    }
 
     // Approvals to the survivors, at random; each acknowledged decision must
     // be in the session.
@@ -231,7 +296,7 @@ async fn a_killed_node_s_parked_sessions_finish_on_the_survivors() {
             let world = &world;
             let survivors = &survivors;
             async move {
-                let to = &survivors[i % 2];
+                let to = &survivors[i % survivors.len()];
                 let calls = pending(world, to, id).await?;
                 let (status, v) = approve(world, to, id, &calls).await?;
                 anyhow::ensure!(status == 200, "approval of {id} answered {status}: {v}");
@@ -267,38 +332,62 @@ async fn a_killed_node_s_parked_sessions_finish_on_the_survivors() {
     assert!(claims >= N as f64, "{claims}");
 }
 
+/// Two nodes are stopped (SIGSTOP) past their lease with sessions parked at
+/// an approval; a survivor takes the sessions over and finishes them; the
+/// two are continued once their approval timers are overdue, so each has
+/// every reason to write (deny the calls it still thinks are waiting):
+///
+/// - the first stops itself by its own clock: it drops every actor and
+///   writes nothing;
+/// - the second has that check skipped (fault point `ignore_own_lease`), so
+///   its stale writes really reach the database, whose epoch fence refuses
+///   every one (`fenced_writes_total{by="database"}` counts them) and the
+///   refused actors stop.
+///
+/// Either way nothing of theirs lands and every tool ran once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_node_paused_past_its_lease_lands_no_write_and_drops_its_actors() {
+async fn a_node_paused_past_its_lease_lands_no_write_whether_its_clock_or_the_fence_stops_it() {
     let _turn = SERIAL.lock().await;
     let settings = Settings {
-        // Past the takeover and the approvals, before the node is continued.
+        // Past the takeover and the approvals, before the nodes are continued.
         approval_timeout_secs: 14,
         ..Settings::default()
     };
     let world = World::new(shared().database().await.unwrap(), &settings).unwrap();
     let paused = world.node().unwrap();
+    let stale = world
+        .node_with(&NodeOptions {
+            fault: Some("ignore_own_lease:1:bypass".into()),
+            ..NodeOptions::default()
+        })
+        .unwrap();
     let survivor = world.node().unwrap();
-    const N: usize = 20;
+    const N: usize = 10;
     let mut ids = Vec::new();
-    for i in 0..N {
-        let id = create(&world, &paused, i).await.unwrap();
-        pending(&world, &paused, &id).await.unwrap();
+    for (i, node) in [&paused, &stale]
+        .into_iter()
+        .cycle()
+        .take(2 * N)
+        .enumerate()
+    {
+        let id = create(&world, node, i).await.unwrap();
+        pending(&world, node, &id).await.unwrap();
         ids.push(id);
     }
     let created = Instant::now();
-    let live_before = paused
-        .metric(&world, "overseer_live_sessions")
-        .await
-        .unwrap();
-    assert_eq!(live_before, N as f64);
+    for node in [&paused, &stale] {
+        let live = node.metric(&world, "overseer_live_sessions").await.unwrap();
+        assert_eq!(live, N as f64);
+    }
     paused.sigstop();
+    stale.sigstop();
     let survivor_id = node_id(&world, &survivor).await.unwrap();
     eventually(
         "the survivor to take over",
         Duration::from_millis(100),
         || async {
             let owned = owners(&world, &ids).await.unwrap();
-            if owned == vec![(survivor_id.clone(), N as i64)] {
+            if owned == vec![(survivor_id.clone(), 2 * N as i64)] {
                 Ok(())
             } else {
                 Err(format!("owners {owned:?}"))
@@ -319,15 +408,14 @@ async fn a_node_paused_past_its_lease_lands_no_write_and_drops_its_actors() {
                 .unwrap(),
         );
     }
-    // Continue the paused node only once its approval timers are overdue:
-    // waking up, it has every reason to write (deny the calls it still
-    // thinks are waiting), and must not.
+    // Continue the stopped nodes only once their approval timers are due.
     let overdue = Duration::from_secs(settings.approval_timeout_secs + 1);
     if let Some(rest) = overdue.checked_sub(created.elapsed()) {
         tokio::time::sleep(rest).await;
     }
     paused.sigcont();
-    // It drops its actors.
+    stale.sigcont();
+    // The first drops its actors by its own clock.
     eventually(
         "the paused node to drop its actors",
         Duration::from_millis(100),
@@ -341,9 +429,38 @@ async fn a_node_paused_past_its_lease_lands_no_write_and_drops_its_actors() {
         },
     )
     .await;
-    // Give any write it might still attempt time to be refused, then check
-    // nothing of it landed: every session is exactly as the survivor left it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        paused.log().contains("dropping every session"),
+        "{}",
+        paused.log()
+    );
+    // The second writes, and the database refuses each write; each refused
+    // actor stops.
+    eventually(
+        "the database to refuse the stale node's writes",
+        Duration::from_millis(100),
+        || async {
+            let fenced = stale
+                .metric_where(
+                    &world,
+                    "overseer_cluster_fenced_writes_total",
+                    "by=\"database\"",
+                )
+                .await;
+            let live = stale.metric(&world, "overseer_live_sessions").await;
+            match (&fenced, &live) {
+                (Ok(f), Ok(l)) if *f >= N as f64 && *l == 0.0 => Ok(()),
+                _ => Err(format!("fenced {fenced:?}, live {live:?}\n{}", stale.log())),
+            }
+        },
+    )
+    .await;
+    assert!(
+        !stale.log().contains("dropping every session"),
+        "the fault point skipped its own check: {}",
+        stale.log()
+    );
+    // Nothing of either landed: every session is as the survivor left it.
     for (id, before) in ids.iter().zip(&finished) {
         let now = get(&world, &survivor, &format!("/v1/sessions/{id}"))
             .await
@@ -359,13 +476,8 @@ async fn a_node_paused_past_its_lease_lands_no_write_and_drops_its_actors() {
         );
     }
     let ledger = world.ledger();
-    assert_eq!(ledger.len(), N);
+    assert_eq!(ledger.len(), 2 * N);
     assert!(ledger.values().all(|&n| n == 1), "{ledger:?}");
-    assert!(
-        paused.log().contains("dropping every session"),
-        "{}",
-        paused.log()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -555,17 +667,35 @@ async fn store_copy_moves_every_session_and_the_parked_ones_finish_on_the_cluste
     assert!(ledger.values().all(|&n| n == 1), "{ledger:?}");
 }
 
-/// `overseer cluster status` lists the nodes, alive or dead, with what
-/// they own; and a node given a database that does not answer refuses to
+/// `overseer cluster status` lists the nodes, alive or dead, with the
+/// active sessions each owns (a session waiting for input is not active);
+/// a killed node is listed as dead, then pruned after the retention
+/// although a lease still names it (its idle session is served by whoever
+/// is asked); and a node given a database that does not answer refuses to
 /// start, naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_status_lists_nodes_and_a_bad_database_url_is_a_start_up_error() {
+async fn cluster_status_lists_active_sessions_prunes_dead_nodes_and_a_bad_database_url_is_a_start_up_error(
+) {
     let _turn = SERIAL.lock().await;
-    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    let settings = Settings {
+        dead_node_retention_secs: 8,
+        ..Settings::default()
+    };
+    let world = World::new(shared().database().await.unwrap(), &settings).unwrap();
     let a = world.node().unwrap();
     let mut b = world.node().unwrap();
-    let id = create(&world, &a, 5).await.unwrap();
-    pending(&world, &a, &id).await.unwrap();
+    let parked = create(&world, &a, 5).await.unwrap();
+    pending(&world, &a, &parked).await.unwrap();
+    let mut idle = Vec::new();
+    for node in [&a, &b] {
+        let id = create(&world, node, 6).await.unwrap();
+        let calls = pending(&world, node, &id).await.unwrap();
+        approve(&world, node, &id, &calls).await.unwrap();
+        wait_status(&world, node, &id, "awaiting_input")
+            .await
+            .unwrap();
+        idle.push(id);
+    }
     b.kill9();
     let status = |json: bool| {
         let mut cmd = std::process::Command::new(common::cluster::BIN);
@@ -573,39 +703,73 @@ async fn cluster_status_lists_nodes_and_a_bad_database_url_is_a_start_up_error()
         if json {
             cmd.arg("--json");
         }
-        cmd.env("OVERSEER_DATABASE_URL", &world.database)
+        let out = cmd
+            .env("OVERSEER_DATABASE_URL", &world.database)
             .output()
-            .unwrap()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
     };
-    let nodes = eventually(
+    let nodes = |stdout: Vec<u8>| -> Vec<Value> {
+        let v: Value = serde_json::from_slice(&stdout).unwrap();
+        v["nodes"].as_array().unwrap().clone()
+    };
+    let (listed, table) = eventually(
         "a node reported dead",
         Duration::from_millis(200),
         || async {
-            let out = status(true);
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-            let nodes = v["nodes"].as_array().unwrap().clone();
-            if nodes.iter().any(|n| n["alive"] == false) {
-                Ok(nodes)
+            let listed = nodes(status(true));
+            let table = String::from_utf8(status(false)).unwrap();
+            if listed.iter().any(|n| n["alive"] == false) && table.contains("dead") {
+                Ok((listed, table))
             } else {
-                Err(v.to_string())
+                Err(format!("{listed:?}\n{table}"))
             }
         },
     )
     .await;
-    assert_eq!(nodes.len(), 2);
-    let alive = nodes.iter().find(|n| n["alive"] == true).unwrap();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    let alive = listed.iter().find(|n| n["alive"] == true).unwrap();
     assert_eq!(alive["url"], a.url.as_str());
-    assert_eq!(alive["sessions_owned"], 1);
-    let table = String::from_utf8(status(false).stdout).unwrap();
+    assert_eq!(
+        alive["active_sessions"], 1,
+        "the idle session is not active"
+    );
     assert!(
-        table.contains("alive") && table.contains("dead") && table.contains(&a.url),
+        table.contains("ACTIVE SESSIONS") && table.contains("alive") && table.contains(&a.url),
         "{table}"
     );
+    // Pruned after the retention, although its idle session's lease names
+    // it still.
+    eventually(
+        "the dead node pruned",
+        Duration::from_millis(200),
+        || async {
+            let listed = nodes(status(true));
+            if listed.len() == 1 && listed[0]["url"] == a.url.as_str() {
+                Ok(())
+            } else {
+                Err(format!("{listed:?}\n{}", a.log()))
+            }
+        },
+    )
+    .await;
+    assert!(
+        a.log().contains("removed the row of a node dead"),
+        "{}",
+        a.log()
+    );
+    let dead_lease = owners(&world, &idle[1..]).await.unwrap();
+    assert_eq!(dead_lease.len(), 1);
+    assert_ne!(dead_lease[0].0, node_id(&world, &a).await.unwrap());
+    let v = get(&world, &a, &format!("/v1/sessions/{}", idle[1]))
+        .await
+        .unwrap();
+    assert_eq!(v["status"], "awaiting_input", "{v}");
 
     // Start-up errors name what is wrong.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -633,6 +797,344 @@ async fn cluster_status_lists_nodes_and_a_bad_database_url_is_a_start_up_error()
         assert!(stderr.contains(expect), "{url}: {stderr}");
         assert!(!stderr.contains(":pw@"), "{stderr}");
     }
+}
+
+/// A second node started with the `advertise_url` of a live node refuses
+/// to join, in one line naming that node, and leaves no row; once that
+/// node is killed (its heartbeats stop) a node restarted with its URL joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_a_live_node_s_advertise_url_refuses_to_join() {
+    let _turn = SERIAL.lock().await;
+    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    let mut a = world.node().unwrap();
+    let a_id = node_id(&world, &a).await.unwrap();
+    let same_url = NodeOptions {
+        advertise_url: Some(a.url.clone()),
+        ..NodeOptions::default()
+    };
+    let (status, stderr) = world.refused_node(&same_url).unwrap();
+    assert!(!status.success(), "{stderr}");
+    let refusal: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("already advertises"))
+        .collect();
+    assert_eq!(refusal.len(), 1, "{stderr}");
+    eprintln!("{}", refusal[0]);
+    assert!(
+        refusal[0].contains(&a_id)
+            && refusal[0].contains(&a.url)
+            && refusal[0].contains("cluster.advertise_url"),
+        "{stderr}"
+    );
+    let rows = database_count(&world, "SELECT count(*) FROM nodes").await;
+    assert_eq!(rows, 1, "the refused node left no row");
+
+    // A crashed node's URL is free once its heartbeats have stopped.
+    a.kill9();
+    let b = world.node_with(&same_url).unwrap();
+    let joined = database_count(
+        &world,
+        &format!(
+            "SELECT count(*) FROM nodes WHERE url = '{}' AND id <> '{a_id}'",
+            a.url
+        ),
+    )
+    .await;
+    assert_eq!(joined, 1, "{}", b.log());
+}
+
+/// One figure from the database.
+async fn database_count(world: &World, sql: &str) -> i64 {
+    let (client, conn) = tokio_postgres::connect(&world.database, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let task = tokio::spawn(conn);
+    let n: i64 = client.query_one(sql, &[]).await.unwrap().get(0);
+    drop(client);
+    let _ = task.await;
+    n
+}
+
+/// Status, `Retry-After` and body of one request, not retried (status 0
+/// and the error as the body when it got no answer).
+async fn once(req: reqwest::RequestBuilder) -> (u16, Option<u64>, Value) {
+    let resp = match req.send().await {
+        Ok(resp) => resp,
+        Err(e) => return (0, None, Value::from(e.to_string())),
+    };
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let text = resp.text().await.unwrap_or_else(|e| e.to_string());
+    (
+        status,
+        retry_after,
+        serde_json::from_str(&text).unwrap_or(Value::from(text)),
+    )
+}
+
+/// Node A, owning a session, is stopped (SIGSTOP) and answers nothing, but
+/// is not yet dead (its lease has not run out). Node B:
+///
+/// - with its budget of local work taken up (clients that never send their
+///   body), still answers `/healthz`, `/readyz` and `/metrics`;
+/// - with its whole forward budget waiting on A, refuses one more forward
+///   at once (503 `overloaded`) and still serves its own session and its
+///   probes (the waiting forwards were still waiting then);
+/// - answers each waiting forward with 503 `owner_unreachable` and
+///   `Retry-After` at the forward deadline (below the lease), and then
+///   fails forwards to A fast, without sending them (the breaker);
+/// - forwards to A again once A is continued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_owner_costs_the_other_nodes_neither_their_sessions_nor_their_probes() {
+    let _turn = SERIAL.lock().await;
+    const BUDGET: usize = 4;
+    let settings = Settings {
+        // A forward deadline of 4 s (half the lease): room for the checks
+        // made while the forwards wait.
+        lease_secs: 8,
+        max_in_flight_requests: BUDGET,
+        max_in_flight_forwards: BUDGET,
+        ..Settings::default()
+    };
+    let world = World::new(shared().database().await.unwrap(), &settings).unwrap();
+    let a = world.node().unwrap();
+    let b = world.node().unwrap();
+    let on_a = create(&world, &a, 1).await.unwrap();
+    pending(&world, &a, &on_a).await.unwrap();
+    let on_b = create(&world, &b, 2).await.unwrap();
+    pending(&world, &b, &on_b).await.unwrap();
+    let token = world.token();
+    let admin = common::token("acme", "ops", &["admin"]);
+    let get_on_b = |path: &str| {
+        world
+            .client
+            .get(format!("{}{path}", b.url))
+            .bearer_auth(&token)
+    };
+    let probes_answer = || async {
+        for (path, auth) in [
+            ("/healthz", None),
+            ("/readyz", None),
+            ("/metrics", Some(&admin)),
+        ] {
+            let mut req = world.client.get(format!("{}{path}", b.url));
+            if let Some(auth) = auth {
+                req = req.bearer_auth(auth);
+            }
+            let (status, _, v) = once(req).await;
+            assert_eq!(status, 200, "{path}: {v}");
+        }
+    };
+
+    // Local work's budget taken up: the probes are still answered.
+    let addr = b.url.trim_start_matches("http://").to_owned();
+    let mut slow = Vec::new();
+    for _ in 0..BUDGET {
+        let mut conn = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(
+            &mut conn,
+            b"POST /v1/sessions HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        slow.push(conn);
+    }
+    eventually(
+        "B's budget of local work to be taken up",
+        Duration::from_millis(50),
+        || async {
+            let (status, _, v) = once(get_on_b(&format!("/v1/sessions/{on_b}"))).await;
+            if status == 503 && v["error"]["code"] == "overloaded" {
+                Ok(())
+            } else {
+                Err(format!("{status}: {v}"))
+            }
+        },
+    )
+    .await;
+    probes_answer().await;
+    drop(slow);
+    get(&world, &b, &format!("/v1/sessions/{on_b}"))
+        .await
+        .unwrap();
+
+    // A hangs. B's forward budget fills with requests waiting on it.
+    a.sigstop();
+    let waiting: Vec<_> = (0..BUDGET)
+        .map(|_| tokio::spawn(once(get_on_b(&format!("/v1/sessions/{on_a}")))))
+        .collect();
+    eventually(
+        "B's forward budget to fill",
+        Duration::from_millis(50),
+        || async {
+            let n = b
+                .metric(&world, "overseer_cluster_forwards_in_flight")
+                .await
+                .map_err(|e| e.to_string())?;
+            if n == BUDGET as f64 {
+                Ok(())
+            } else {
+                Err(format!("{n} forwards in flight"))
+            }
+        },
+    )
+    .await;
+    let (status, _, v) = once(get_on_b(&format!("/v1/sessions/{on_a}"))).await;
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (503, &Value::from("overloaded")),
+        "{v}"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("forwarding"),
+        "{v}"
+    );
+    let (status, _, v) = once(get_on_b(&format!("/v1/sessions/{on_b}"))).await;
+    assert_eq!(status, 200, "B's own session: {v}");
+    probes_answer().await;
+    assert!(
+        waiting.iter().all(|w| !w.is_finished()),
+        "the forwards were still waiting on A while B answered"
+    );
+    for w in waiting {
+        let (status, retry_after, v) = w.await.unwrap();
+        assert_eq!(status, 503, "{v}");
+        assert_eq!(v["error"]["code"], "owner_unreachable", "{v}");
+        assert!(retry_after.is_some_and(|s| s >= 1), "{v}");
+    }
+    // They were answered within the lease: A still owns its session (once
+    // its lease runs out, B would take it).
+    let a_id = node_id(&world, &a).await.unwrap();
+    assert_eq!(
+        owners(&world, std::slice::from_ref(&on_a)).await.unwrap(),
+        vec![(a_id, 1)],
+        "the forwards outlived the owner's lease"
+    );
+    // Now B fails forwards to A fast: not sent at all (a request that
+    // happens to be the breaker's probe is sent, and waits, instead).
+    eventually(
+        "a forward to A refused without being sent",
+        Duration::from_millis(10),
+        || async {
+            let before = b
+                .metric_where(
+                    &world,
+                    "overseer_cluster_forwarded_requests_total",
+                    "breaker_open",
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            let (status, retry_after, v) = once(get_on_b(&format!("/v1/sessions/{on_a}"))).await;
+            assert_eq!(status, 503, "{v}");
+            assert_eq!(v["error"]["code"], "owner_unreachable", "{v}");
+            assert!(retry_after.is_some_and(|s| s >= 1), "{v}");
+            let after = b
+                .metric_where(
+                    &world,
+                    "overseer_cluster_forwarded_requests_total",
+                    "breaker_open",
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            if after == before + 1.0 {
+                Ok(())
+            } else {
+                Err(format!("sent as the probe: {v}"))
+            }
+        },
+    )
+    .await;
+    // A continued: B's probe is answered and forwards go through again.
+    a.sigcont();
+    eventually(
+        "B to forward to A again",
+        Duration::from_millis(200),
+        || async {
+            let (status, _, v) = once(get_on_b(&format!("/v1/sessions/{on_a}"))).await;
+            if status == 200 {
+                Ok(())
+            } else {
+                Err(format!("{status}: {v}\nA:\n{}\nB:\n{}", a.log(), b.log()))
+            }
+        },
+    )
+    .await;
+}
+
+/// A node stopped (SIGSTOP, a hung VM) inside a transaction keeps the row
+/// locks it took; the server ends such a transaction once it has idled for
+/// half the lease (the store's connections ask for that), so a lease row it
+/// locked never blocks the takeover of its tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_left_open_by_a_stopped_node_is_ended_before_its_lease_runs_out() {
+    let _turn = SERIAL.lock().await;
+    let database = shared().database().await.unwrap();
+    let store = PgStore::open(
+        &database,
+        PgOptions {
+            lease: Duration::from_secs(2),
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    // The stopped node: connected as the store connects, a lease row
+    // locked as a checkpoint locks it, then silence.
+    let (stopped, connection) = store
+        .connection_config()
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    let root = uuid::Uuid::new_v4();
+    stopped
+        .execute(
+            "INSERT INTO leases (root_id, node_id, epoch) VALUES ($1, NULL, 1)",
+            &[&root],
+        )
+        .await
+        .unwrap();
+    stopped
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM leases WHERE root_id = '{root}' FOR SHARE"
+        ))
+        .await
+        .unwrap();
+    // A takeover's update of that row goes through.
+    let (other, other_connection) = tokio_postgres::connect(&database, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let other_connection = tokio::spawn(other_connection);
+    let updated = tokio::time::timeout(
+        common::PATIENCE,
+        other.execute(
+            "UPDATE leases SET epoch = epoch + 1 WHERE root_id = $1",
+            &[&root],
+        ),
+    )
+    .await
+    .expect("the takeover waited on the stopped node's lock")
+    .unwrap();
+    assert_eq!(updated, 1);
+    // Because the server ended the stopped node's session.
+    let ended = tokio::time::timeout(common::PATIENCE, connection)
+        .await
+        .unwrap()
+        .unwrap();
+    let error = ended.expect_err("the server ended the connection");
+    assert_eq!(
+        error.code(),
+        Some(&tokio_postgres::error::SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT),
+        "{error:?}"
+    );
+    drop(other);
+    let _ = other_connection.await;
 }
 
 /// Opens the event stream of `id` on `node`, resuming after `last` if given.

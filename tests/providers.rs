@@ -39,6 +39,11 @@ use overseer_actors::{CreateSession, Overseer, RuntimeConfig};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
+#[path = "providers/failures.rs"]
+mod failures;
+#[path = "providers/resume.rs"]
+mod resume;
+
 // ---- the test server ----------------------------------------------------------
 
 /// One piece of a streamed response.
@@ -75,6 +80,8 @@ struct Received {
     path: String,
     headers: HeaderMap,
     body: Value,
+    /// When it arrived.
+    at: std::time::Instant,
 }
 
 type Script = Arc<dyn Fn(usize, &HeaderMap) -> Reply + Send + Sync>;
@@ -131,6 +138,7 @@ async fn handle(
             path: uri.path().to_owned(),
             headers: headers.clone(),
             body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            at: std::time::Instant::now(),
         });
         received.len() - 1
     };
@@ -178,6 +186,8 @@ async fn handle(
 struct BreakingServer {
     base: String,
     count: Arc<Mutex<usize>>,
+    /// The request bodies, in order of arrival.
+    bodies: Arc<Mutex<Vec<Value>>>,
 }
 
 impl BreakingServer {
@@ -189,6 +199,8 @@ impl BreakingServer {
         let base = format!("http://{}", listener.local_addr().unwrap());
         let count = Arc::new(Mutex::new(0));
         let counter = count.clone();
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let recorded = bodies.clone();
         let script = Arc::new(script);
         tokio::spawn(async move {
             loop {
@@ -201,6 +213,7 @@ impl BreakingServer {
                     *c - 1
                 };
                 let (parts, breaks) = script(n);
+                let recorded = recorded.clone();
                 tokio::spawn(async move {
                     let mut socket = BufReader::new(socket);
                     // Read the whole request, so closing sends a FIN and
@@ -219,6 +232,10 @@ impl BreakingServer {
                     }
                     let mut body = vec![0u8; length];
                     socket.read_exact(&mut body).await.unwrap();
+                    recorded
+                        .lock()
+                        .unwrap()
+                        .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
                     let mut out = String::from(
                         "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
                          transfer-encoding: chunked\r\nconnection: close\r\n\r\n",
@@ -236,7 +253,11 @@ impl BreakingServer {
                 });
             }
         });
-        Self { base, count }
+        Self {
+            base,
+            count,
+            bodies,
+        }
     }
 
     fn count(&self) -> usize {
@@ -533,6 +554,24 @@ fn usage(input: u64, output: u64) -> ProviderEvent {
     })
 }
 
+/// The items with the usage events left out, and what those add up to
+/// (a provider may report usage in parts: Anthropic's input side comes
+/// with `message_start`, the rest at the end).
+fn split_usage(items: Vec<Item>) -> (Vec<Item>, Usage) {
+    let mut total = Usage::default();
+    let rest = items
+        .into_iter()
+        .filter(|i| match i {
+            Ok(ProviderEvent::Usage(u)) => {
+                total.add(u);
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    (rest, total)
+}
+
 async fn next_event(stream: &mut ProviderStream) -> ProviderEvent {
     tokio::time::timeout(Duration::from_secs(10), stream.next())
         .await
@@ -630,6 +669,9 @@ async fn anthropic_streams_text_deltas_as_they_arrive_with_usage() {
     route.max_tokens = Some(1024);
     let provider = built_with(&route, &env);
     let mut stream = provider.stream(hello()).await.unwrap();
+    // The prompt's tokens are handed on at once (an interrupted stream
+    // still has them counted), the rest at the end.
+    assert_eq!(next_event(&mut stream).await, usage(25, 0));
     assert_eq!(
         next_event(&mut stream).await,
         ProviderEvent::TextDelta("Hel".into())
@@ -640,7 +682,7 @@ async fn anthropic_streams_text_deltas_as_they_arrive_with_usage() {
         rest,
         vec![
             Ok(ProviderEvent::TextDelta("lo".into())),
-            Ok(usage(25, 15)),
+            Ok(usage(0, 15)),
             Ok(ProviderEvent::Done(FinishReason::Stop)),
         ]
     );
@@ -755,7 +797,15 @@ async fn anthropic_assembles_tool_use_blocks_from_partial_json() {
     })
     .await;
     let provider = built(&route(ProviderKind::Anthropic, &server));
-    let items = collect(provider.as_ref(), hello()).await;
+    let (items, spent) = split_usage(collect(provider.as_ref(), hello()).await);
+    assert_eq!(
+        spent,
+        Usage {
+            input_tokens: 472,
+            output_tokens: 89,
+            ..Usage::default()
+        }
+    );
     assert_eq!(
         items,
         vec![
@@ -769,7 +819,6 @@ async fn anthropic_assembles_tool_use_blocks_from_partial_json() {
                 name: "get_time".into(),
                 arguments: json!({})
             }),
-            Ok(usage(472, 89)),
             Ok(ProviderEvent::Done(FinishReason::ToolCalls)),
         ]
     );
@@ -1000,13 +1049,16 @@ async fn a_500_three_times_is_retried_three_times_then_fails_clearly() {
         .await;
         let ep = endpoint(kind, &server);
         let provider = RetryingProvider::new(raw(kind, ep), None, fast_policy());
-        let items = collect(&provider, hello()).await;
+        let (items, spent) = split_usage(collect(&provider, hello()).await);
         assert_eq!(server.count(), 4, "{kind}: 1 attempt + 3 retries");
         match items.as_slice() {
             [Err(ProviderError::Server {
                 status: 500,
                 message,
+                ..
             })] => {
+                // The three failed attempts are counted as requests made.
+                assert_eq!(spent.provider_requests, 3, "{kind}");
                 assert!(message.contains("The server had an error"), "{message}");
                 assert!(message.contains("after 4 attempts"), "{message}");
             }
@@ -1055,11 +1107,12 @@ async fn the_default_policy_waits_one_two_four_seconds() {
         None,
         RetryPolicy::default(),
     );
-    let err = provider.stream(hello()).await.err().unwrap();
+    let (items, spent) = split_usage(collect(&provider, hello()).await);
     assert!(
-        err.to_string().contains("gave up after 4 attempts"),
-        "{err}"
+        matches!(items.as_slice(), [Err(e)] if e.to_string().contains("gave up after 4 attempts")),
+        "{items:?}"
     );
+    assert_eq!(spent.provider_requests, 3);
     let at = at.lock().unwrap();
     let gaps: Vec<_> = at.windows(2).map(|w| w[1] - w[0]).collect();
     assert_eq!(
@@ -1122,7 +1175,8 @@ async fn a_401_rereads_the_key_from_the_environment_once() {
         let provider = built_with(&route, &env);
         let items = collect(provider.as_ref(), hello()).await;
         assert!(
-            matches!(items.as_slice(), [Err(ProviderError::Auth(m))] if m.contains("invalid x-api-key")),
+            matches!(items.as_slice(), [Ok(ProviderEvent::Usage(u)), Err(ProviderError::Auth(m))]
+                if m.contains("invalid x-api-key") && u.provider_requests == 1),
             "{kind}: {items:?}"
         );
         assert_eq!(server.count(), 4, "{kind}");
@@ -1146,7 +1200,7 @@ async fn a_context_overflow_is_reported_as_such_and_not_retried() {
     let provider = built(&route(ProviderKind::Openai, &server));
     let items = collect(provider.as_ref(), hello()).await;
     assert!(
-        matches!(items.as_slice(), [Err(ProviderError::ContextOverflow(m))] if m.contains("8192")),
+        matches!(items.as_slice(), [Err(ProviderError::ContextOverflow { message, tokens: Some(9000), limit: Some(8192) })] if message.contains("8192")),
         "{items:?}"
     );
     assert_eq!(server.count(), 1);
@@ -1183,7 +1237,7 @@ async fn a_disconnect_after_output_is_not_retried_and_keeps_the_deltas() {
         go.notify_one();
         items.extend(stream.collect::<Vec<_>>().await);
         assert_eq!(text_of(&items), "Partial answer", "{kind}: {items:?}");
-        assert_eq!(items.len(), 3, "{kind}: {items:?}");
+        assert_eq!(split_usage(items.clone()).0.len(), 3, "{kind}: {items:?}");
         assert!(
             matches!(items.last(), Some(Err(ProviderError::Transport(m))) if m.contains("stream broke")),
             "{kind}: {items:?}"
@@ -1220,7 +1274,11 @@ async fn a_malformed_json_chunk_is_a_bad_response() {
             matches!(items.last(), Some(Err(ProviderError::BadResponse(m))) if m.contains("malformed")),
             "{kind}: {items:?}"
         );
-        assert_eq!(items.len(), 2, "{kind}: nothing after the error: {items:?}");
+        assert_eq!(
+            split_usage(items.clone()).0.len(),
+            2,
+            "{kind}: nothing after the error: {items:?}"
+        );
     }
 }
 
@@ -1243,7 +1301,7 @@ async fn a_json_answer_to_a_streaming_request_is_a_bad_response() {
 }
 
 #[tokio::test]
-async fn a_stream_that_ends_without_a_finish_is_a_bad_response() {
+async fn a_stream_that_ends_without_a_finish_after_output_is_a_transport_error() {
     for kind in [ProviderKind::Openai, ProviderKind::Anthropic] {
         let server = TestServer::start(move |_, _| match kind {
             ProviderKind::Openai => sse(vec![oa_role(), oa_text("Hi")]),
@@ -1251,17 +1309,18 @@ async fn a_stream_that_ends_without_a_finish_is_a_bad_response() {
         })
         .await;
         let provider = built(&route(kind, &server));
-        let items = collect(provider.as_ref(), hello()).await;
+        let (items, _) = split_usage(collect(provider.as_ref(), hello()).await);
         assert_eq!(
             items,
             vec![
                 Ok(ProviderEvent::TextDelta("Hi".into())),
-                Err(ProviderError::BadResponse(
-                    "stream ended without a finish".into()
+                Err(ProviderError::Transport(
+                    "the stream ended without a finish".into()
                 )),
             ],
             "{kind}"
         );
+        assert_eq!(server.count(), 1, "{kind}: no retry after output");
     }
 }
 
@@ -1279,7 +1338,7 @@ async fn a_stalled_stream_is_cut_by_the_idle_timeout() {
         let mut ep = endpoint(kind, &server);
         ep.idle_timeout = Duration::from_millis(300);
         let provider = RetryingProvider::new(raw(kind, ep), None, fast_policy());
-        let items = collect(&provider, hello()).await;
+        let (items, _) = split_usage(collect(&provider, hello()).await);
         assert_eq!(
             items,
             vec![
@@ -1308,11 +1367,13 @@ async fn a_refused_connection_is_a_transport_error() {
         Some(Arc::new(KeySource::none())),
         fast_policy(),
     );
-    let items = collect(&provider, hello()).await;
+    let (items, spent) = split_usage(collect(&provider, hello()).await);
     assert!(
-        matches!(items.as_slice(), [Err(ProviderError::Transport(m))] if m.contains("gave up after 4 attempts")),
+        matches!(items.as_slice(), [Err(ProviderError::Transport(m))]
+            if m.contains("gave up after 4 attempts")),
         "{items:?}"
     );
+    assert_eq!(spent.provider_requests, 3);
 }
 
 // ---- dropped streams through a session -------------------------------------------------------
@@ -1471,17 +1532,22 @@ async fn a_stream_cut_or_stalled_after_its_finish_is_complete() {
             arguments: json!({"count": 3}),
         });
         let done = Ok(ProviderEvent::Done(FinishReason::ToolCalls));
-        let expected = match kind {
+        let expected = vec![call, done];
+        let spent = match kind {
             // The usage chunk was the part that never came.
-            ProviderKind::Openai => vec![call, done],
-            _ => vec![call, Ok(usage(7, 12)), done],
+            ProviderKind::Openai => Usage::default(),
+            _ => Usage {
+                input_tokens: 7,
+                output_tokens: 12,
+                ..Usage::default()
+            },
         };
 
         // The connection breaks.
         let server = BreakingServer::start(move |_| (finished_call_then_nothing(kind), true)).await;
         let provider = raw(kind, endpoint_at(kind, &server.base));
         let items = collect(provider.as_ref(), hello()).await;
-        assert_eq!(items, expected, "{kind}: cut");
+        assert_eq!(split_usage(items), (expected.clone(), spent), "{kind}: cut");
 
         // Nothing more ever comes: the idle timeout ends it, as complete.
         let server = TestServer::start(move |_, _| {
@@ -1497,7 +1563,11 @@ async fn a_stream_cut_or_stalled_after_its_finish_is_complete() {
         let mut ep = endpoint(kind, &server);
         ep.idle_timeout = Duration::from_millis(300);
         let items = collect(raw(kind, ep).as_ref(), hello()).await;
-        assert_eq!(items, expected, "{kind}: stalled");
+        assert_eq!(
+            split_usage(items),
+            (expected.clone(), spent),
+            "{kind}: stalled"
+        );
     }
 }
 
@@ -1556,16 +1626,24 @@ async fn a_drop_after_visible_text_keeps_the_partial_and_ends_the_turn_in_error(
         let ov = launcher_overseer(built(&server.route(kind))).await;
         let (stop, transcript) = first_turn(&ov, "Say something").await;
         assert_eq!(stop, StopReason::Error, "{kind}");
-        let Some(TranscriptEntry::Assistant {
+        // The partial text is what the assistant said; the failure is an
+        // error entry beside it, not part of the text.
+        let [.., TranscriptEntry::Assistant {
             text, tool_calls, ..
-        }) = transcript.last()
+        }, TranscriptEntry::Error {
+            message,
+            kind: error_kind,
+            ..
+        }] = transcript.as_slice()
         else {
             panic!("{kind}: {transcript:#?}")
         };
+        assert_eq!(text, "Partial answer", "{kind}");
         assert!(
-            text.starts_with("Partial answer\n[Provider error: transport error: the stream broke"),
-            "{kind}: {text}"
+            message.starts_with("provider error: transport error: the stream broke"),
+            "{kind}: {message}"
         );
+        assert_eq!(error_kind.as_deref(), Some("transport"));
         assert!(tool_calls.is_empty());
         assert_eq!(server.count(), 1, "{kind}: no retry after output");
         ov.shutdown().await.unwrap();
@@ -2047,7 +2125,10 @@ async fn context_overflow_errors_of_both_providers_are_recognised() {
         let server = TestServer::start(move |_, _| Reply::Status(400, vec![], text.clone())).await;
         let items = collect(built(&route(kind, &server)).as_ref(), hello()).await;
         assert!(
-            matches!(items.as_slice(), [Err(ProviderError::ContextOverflow(_))]),
+            matches!(
+                items.as_slice(),
+                [Err(ProviderError::ContextOverflow { .. })]
+            ),
             "{kind} {body}: {items:?}"
         );
         assert_eq!(server.count(), 1, "{kind}: not retried");
@@ -2093,8 +2174,16 @@ async fn routes_report_their_context_window() {
     assert_eq!(provider.context_window("big"), Some(200_000));
     assert_eq!(provider.context_window("local"), Some(8192));
     assert_eq!(provider.context_window("unknown"), None);
-    // Any other route name is served, and measured, by [provider].
+    // [provider] is served under its own name, and under the name the
+    // agent gives it (the default `scripted`, which older sessions carry)...
+    let default = "openai:gpt-4o-mini@http://127.0.0.1:1/v1";
+    assert_eq!(config.default_route_name(), default);
+    assert_eq!(provider.context_window(default), Some(128_000));
     assert_eq!(provider.context_window("scripted"), Some(128_000));
+    assert_eq!(config.agent_configs()[0].model, default);
+    // ...and a name no route has is served by nothing.
+    assert_eq!(provider.context_window("nope"), None);
+    assert!(!provider.serves("nope"));
 
     let zero = overseer::config::Config::parse(
         "[[models]]\nname = \"z\"\nprovider = \"openai\"\nmodel = \"m\"\ncontext_window = 0\n[[agents]]\nname = \"a\"\n",

@@ -1,6 +1,8 @@
 //! Fault injection for tests (cargo feature `fault-injection`, off by
 //! default): named points in the actors where a planned fault makes the actor
-//! panic, or the whole process abort, on the Nth hit.
+//! panic, or the whole process abort, on the Nth hit; and named safety checks
+//! of the edge (`overseer`'s cluster store) that a planned `bypass` skips
+//! from the Nth hit on, so a test can show the next line of defence holding.
 //!
 //! Owns the plan registry and the hit counting. Without the feature the
 //! [`fault_point!`] macro expands to nothing, so release builds contain no
@@ -27,6 +29,16 @@ pub enum FaultPoint {
     MidStream,
     /// In the session actor, after a decision submission was acknowledged.
     AfterDecisionAck,
+    /// In cluster mode, where a node whose own lease ran out by its own
+    /// clock refuses to write and drops its sessions (`overseer`'s
+    /// PostgreSQL store and heartbeat loop). `Bypass` makes the node carry
+    /// on as if its lease were valid, so its stale writes reach the
+    /// database's epoch fence.
+    IgnoreOwnLease,
+    /// In a store, right before it flushes a group of checkpoints (the sled
+    /// store's flusher thread); with [`FaultAction::Hang`], a disk that
+    /// never answers.
+    StoreFlush,
 }
 
 impl FaultPoint {
@@ -38,6 +50,8 @@ impl FaultPoint {
             "during_tool" => Self::DuringTool,
             "mid_stream" => Self::MidStream,
             "after_decision_ack" => Self::AfterDecisionAck,
+            "ignore_own_lease" => Self::IgnoreOwnLease,
+            "store_flush" => Self::StoreFlush,
             _ => return None,
         })
     }
@@ -50,6 +64,11 @@ pub enum FaultAction {
     Panic,
     /// Abort the process (a `kill -9`).
     Abort,
+    /// Skip the safety check the point stands for (from the Nth hit on).
+    Bypass,
+    /// Block the thread that hit the point for as long as the process
+    /// lives (a call that never returns, e.g. a wedged disk).
+    Hang,
 }
 
 /// One planned fault.
@@ -80,7 +99,8 @@ pub fn arm(plan: FaultPlan) {
         .push((plan, 0));
 }
 
-/// Arms the plan in env `OVERSEER_FAULT` = `point:nth:panic|abort`, if set.
+/// Arms the plan in env `OVERSEER_FAULT` = `point:nth:panic|abort|bypass|hang`,
+/// if set (`bypass` holds from the Nth hit on).
 /// Returns a description of what was armed, or an error naming the bad part.
 pub fn arm_from_env() -> Result<Option<String>, String> {
     let Ok(spec) = std::env::var("OVERSEER_FAULT") else {
@@ -89,7 +109,7 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
     let parts: Vec<&str> = spec.split(':').collect();
     let [point, nth, action] = parts.as_slice() else {
         return Err(format!(
-            "OVERSEER_FAULT={spec}: expected point:nth:panic|abort"
+            "OVERSEER_FAULT={spec}: expected point:nth:panic|abort|bypass|hang"
         ));
     };
     let point =
@@ -100,6 +120,8 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
     let action = match *action {
         "panic" => FaultAction::Panic,
         "abort" => FaultAction::Abort,
+        "bypass" => FaultAction::Bypass,
+        "hang" => FaultAction::Hang,
         other => return Err(format!("OVERSEER_FAULT: unknown action '{other}'")),
     };
     arm(FaultPlan {
@@ -108,7 +130,7 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
         action,
         session: None,
         agent: None,
-        repeat: false,
+        repeat: action == FaultAction::Bypass,
     });
     Ok(Some(spec))
 }
@@ -118,8 +140,27 @@ pub fn hit(point: FaultPoint, session: SessionId, agent: &str) {
     match check(point, session, agent) {
         Some(FaultAction::Panic) => panic!("injected fault at {point:?}"),
         Some(FaultAction::Abort) => abort(point),
-        None => {}
+        Some(FaultAction::Hang) => hang(point),
+        Some(FaultAction::Bypass) | None => {}
     }
+}
+
+/// Blocks this thread for as long as the process lives.
+pub fn hang(point: FaultPoint) -> ! {
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "injected fault: hanging at {point:?} for good"
+    );
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Counts a hit of a point outside any session (a store's) and fires a
+/// matching plan.
+pub fn hit_outside_sessions(point: FaultPoint) {
+    hit(point, SessionId(uuid::Uuid::nil()), "")
 }
 
 /// Aborts the process like a `kill -9` would end it.
@@ -131,6 +172,12 @@ pub fn abort(point: FaultPoint) -> ! {
         "injected fault: aborting the process at {point:?}"
     );
     std::process::abort()
+}
+
+/// Whether a planned `bypass` skips the check at `point` now (a hit of a
+/// node-wide point: plans filtered by session or agent never match).
+pub fn bypassed(point: FaultPoint) -> bool {
+    check(point, SessionId(uuid::Uuid::nil()), "") == Some(FaultAction::Bypass)
 }
 
 /// Counts a hit and returns the action of a plan that fires, without firing it.

@@ -28,7 +28,7 @@ use crate::model::decision::merge_override;
 use crate::model::{
     ApprovalPolicy, Budget, CallState, Decision, DecisionRecord, Event, EventKind, OnInterrupt,
     ProposedCall, QueuedMessage, SessionHeader, SessionId, SessionStatus, StopReason, Submission,
-    ToolCallId, ToolCallRecord, ToolRule, TranscriptEntry, Usage,
+    ToolCallId, ToolCallRecord, ToolRule, TranscriptEntry, Usage, SCHEMA_VERSION,
 };
 use crate::provider::{
     FinishReason, ProviderError, ProviderEvent, ProviderRequest, RequestPurpose,
@@ -126,6 +126,9 @@ pub enum Input {
     SetModel {
         /// The route.
         model: String,
+        /// What serves it, as the provider describes it (see
+        /// [`crate::model::EffectiveConfig::route`]).
+        route: Option<Value>,
     },
     /// Set the session's standing approval rule for one tool.
     SetToolRule {
@@ -308,8 +311,24 @@ fn splitmix64(x: u64) -> u64 {
 struct Partial {
     text: String,
     calls: Vec<(String, Value)>,
+    /// Everything the stream reported: this request's usage and that of
+    /// the requests made besides it (see [`ProviderEvent::Usage`]).
     usage: Usage,
+    /// What the provider reported of this request's own usage.
+    own: Usage,
     finish: Option<FinishReason>,
+}
+
+impl Partial {
+    /// Characters of what the model streamed: text and tool calls.
+    fn streamed_chars(&self) -> u64 {
+        let calls: usize = self
+            .calls
+            .iter()
+            .map(|(name, args)| name.len() + args.to_string().len())
+            .sum();
+        (self.text.len() + calls) as u64
+    }
 }
 
 /// A session in memory: header, transcript, metadata, queued messages, and
@@ -365,9 +384,13 @@ impl Session {
 
     /// A session read back from the store; nothing pending (unless it was
     /// read from an older layout, which its next checkpoint rewrites).
-    pub fn from_stored(stored: StoredSession) -> Self {
+    pub fn from_stored(mut stored: StoredSession) -> Self {
         let queue = stored.header.queue;
         let rewrite = stored.needs_rewrite;
+        // Older versions are read as they are (the changes since are
+        // additive); once in memory the session may gain what only this
+        // version can read, so its next checkpoint says this version.
+        stored.header.schema_version = stored.header.schema_version.max(SCHEMA_VERSION);
         Self {
             persisted_entries: stored.transcript.len(),
             persisted_queue: if rewrite {
@@ -609,7 +632,7 @@ impl Session {
             }
             Input::Cancel => self.on_cancel(ctx, &mut fx)?,
             Input::Interrupt => self.on_interrupt(ctx, &mut fx)?,
-            Input::SetModel { model } => self.on_set_model(model, ctx)?,
+            Input::SetModel { model, route } => self.on_set_model(model, route, ctx)?,
             Input::SetToolRule { tool, rule, by } => self.on_set_tool_rule(tool, rule, by, ctx)?,
             Input::ExpireInput { idle_since_ms } => self.on_expire_input(idle_since_ms, ctx),
             Input::Done => self.on_done(ctx)?,
@@ -755,7 +778,12 @@ impl Session {
             ProviderEvent::ToolCall { name, arguments } => {
                 self.partial.calls.push((name, arguments))
             }
-            ProviderEvent::Usage(u) => self.partial.usage.add(&u),
+            ProviderEvent::Usage(u) => {
+                if u.provider_requests == 0 {
+                    self.partial.own.add(&u);
+                }
+                self.partial.usage.add(&u);
+            }
             ProviderEvent::Done(reason) => self.partial.finish = Some(reason),
         }
     }
@@ -770,34 +798,32 @@ impl Session {
             return;
         }
         let partial = std::mem::take(&mut self.partial);
-        let mut usage = partial.usage;
-        usage.provider_requests = 1;
-        self.header.usage.add(&usage);
-        self.dirty = true;
+        self.count_request(&partial, ctx);
         if let Some(through) = self.header.context.compacting_through.take() {
             return self.compaction_ended(through, partial, result, ctx, fx);
         }
         if let Err(e) = result {
-            // A request the model could not fit: summarise the older
-            // transcript once and ask again, instead of ending the turn.
             let nothing_shown = partial.text.is_empty() && partial.calls.is_empty();
-            if matches!(e, ProviderError::ContextOverflow(_))
-                && nothing_shown
-                && !self.header.context.overflow_retried
-            {
-                self.header.context.overflow_retried = true;
-                let window = ctx
-                    .context_window
-                    .unwrap_or_else(|| self.estimate_tokens(&self.provider_request(ctx.tools)));
-                if let Some(through) = self.compaction_boundary(window) {
-                    self.begin_compaction(through, ctx, fx);
-                    return;
+            if let (ProviderError::ContextOverflow { limit, .. }, true) = (&e, nothing_shown) {
+                // A request the model could not fit: summarise the older
+                // transcript once and ask again, instead of ending the turn.
+                if !self.header.context.overflow_retried {
+                    self.header.context.overflow_retried = true;
+                    let window = ctx
+                        .context_window
+                        .or(*limit)
+                        .unwrap_or_else(|| self.estimate_tokens(&self.provider_request(ctx.tools)));
+                    if let Some(through) = self.compaction_boundary(window) {
+                        self.begin_compaction(through, ctx, fx);
+                        return;
+                    }
                 }
+                return self.context_overflowed(&e, ctx, fx);
             }
             return self.provider_failed(partial.text, &e, ctx, fx);
         }
-        if usage.input_tokens > 0 {
-            self.calibrate(usage.input_tokens, ctx);
+        if partial.own.input_tokens > 0 {
+            self.calibrate(partial.own.input_tokens, ctx);
         }
         let step = self.header.step;
         let truncated = partial.finish == Some(FinishReason::Length);
@@ -864,8 +890,40 @@ impl Session {
         self.advance(ctx, fx);
     }
 
-    /// §11: after a failure the partial text is kept and the error is
-    /// recorded where the model and the user will both see it.
+    /// Adds what the request whose stream just ended (or was cut) spent:
+    /// itself, the requests the provider made besides it (retries), and
+    /// its tokens as the provider reported them. A request cut off before
+    /// its finish (interrupted, broken: a finished one has reported all it
+    /// will) after it streamed output is counted with estimates for what it
+    /// did not report: its input from the request, its output from what it
+    /// streamed. Budgets then never undercount.
+    fn count_request(&mut self, partial: &Partial, ctx: Ctx<'_>) {
+        let mut usage = partial.usage;
+        usage.provider_requests = usage.provider_requests.saturating_add(1);
+        let streamed = partial.streamed_chars();
+        if partial.finish.is_none() && streamed > 0 {
+            if partial.own.input_tokens == 0 {
+                let request = match self.header.context.compacting_through {
+                    Some(through) => self.compaction_request(through, ctx),
+                    None => self.provider_request(ctx.tools),
+                };
+                usage.input_tokens = usage
+                    .input_tokens
+                    .saturating_add(self.estimate_tokens(&request));
+            }
+            if partial.own.output_tokens == 0 {
+                usage.output_tokens = usage
+                    .output_tokens
+                    .saturating_add(self.estimate_streamed_tokens(streamed));
+            }
+        }
+        self.header.usage.add(&usage);
+        self.dirty = true;
+    }
+
+    /// §11: after a failure the partial text is kept as what the assistant
+    /// said, and the error is recorded beside it (an `error` entry and
+    /// event), never inside the text: the model is not told it said it.
     fn provider_failed(
         &mut self,
         partial_text: String,
@@ -873,32 +931,76 @@ impl Session {
         ctx: Ctx<'_>,
         fx: &mut Vec<Effect>,
     ) {
-        let step = self.header.step;
-        let text = if partial_text.is_empty() {
-            format!("[Provider error: {e}]")
-        } else {
-            format!("{partial_text}\n[Provider error: {e}]")
+        if !partial_text.is_empty() {
+            self.emit(
+                EventKind::AssistantMessage {
+                    step: self.header.step,
+                    text: partial_text.clone(),
+                },
+                ctx.now_ms,
+            );
+            self.push_entry(TranscriptEntry::Assistant {
+                text: partial_text,
+                tool_calls: vec![],
+                at_ms: ctx.now_ms,
+                finish_reason: None,
+            });
+        }
+        self.record_error(format!("provider error: {e}"), Some(e.kind()), None, ctx);
+        self.end_turn(StopReason::Error, ctx, fx);
+    }
+
+    /// The request does not fit the model's context, and compacting cannot
+    /// make it fit (nothing before the current question to summarise, or a
+    /// summary already tried): the turn ends with `context_overflow`,
+    /// saying how large the request is and what the model allows.
+    fn context_overflowed(&mut self, e: &ProviderError, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        let (counted, limit) = match e {
+            ProviderError::ContextOverflow { tokens, limit, .. } => (*tokens, *limit),
+            _ => (None, None),
         };
+        let estimated = self.estimate_tokens(&self.provider_request(ctx.tools));
+        let (tokens, how) = match counted {
+            Some(n) => (n, "counted by the provider"),
+            None => (estimated, "estimated"),
+        };
+        // The provider's own figure is what it enforces; the configured
+        // window is the fallback.
+        let window = limit.or(ctx.context_window);
+        let allowed = match window {
+            Some(w) => format!("the model's context window allows {w}"),
+            None => "more than the model's context window allows".to_owned(),
+        };
+        let message = format!(
+            "context overflow: the request has about {tokens} tokens ({how}); {allowed}, and \
+             compacting the conversation cannot make it fit ({e})"
+        );
+        self.record_error(message, Some(e.kind()), Some((tokens, window)), ctx);
+        self.end_turn(StopReason::ContextOverflow, ctx, fx);
+    }
+
+    /// Records a failure of the turn as an `error` event and transcript
+    /// entry (never sent to the model).
+    pub(super) fn record_error(
+        &mut self,
+        message: String,
+        kind: Option<&str>,
+        overflow: Option<(u64, Option<u64>)>,
+        ctx: Ctx<'_>,
+    ) {
         self.emit(
             EventKind::Error {
-                message: format!("provider error: {e}"),
+                message: message.clone(),
             },
             ctx.now_ms,
         );
-        self.emit(
-            EventKind::AssistantMessage {
-                step,
-                text: text.clone(),
-            },
-            ctx.now_ms,
-        );
-        self.push_entry(TranscriptEntry::Assistant {
-            text,
-            tool_calls: vec![],
+        self.push_entry(TranscriptEntry::Error {
+            message,
+            kind: kind.map(str::to_owned),
+            estimated_tokens: overflow.map(|(tokens, _)| tokens),
+            context_window: overflow.and_then(|(_, window)| window),
             at_ms: ctx.now_ms,
-            finish_reason: None,
         });
-        self.end_turn(StopReason::Error, ctx, fx);
     }
 
     /// The model answered without calling tools: the turn ends, once its
@@ -989,13 +1091,27 @@ impl Session {
         let mut merged = Vec::new();
         for (id, decision) in &sub.decisions {
             if let Decision::Approve {
-                override_args: Some(over),
+                override_args,
+                remove_args,
             } = decision
             {
+                if override_args.is_none() && remove_args.is_empty() {
+                    continue;
+                }
                 let Some(call) = self.header.open_calls.iter().find(|c| &c.id == id) else {
                     continue;
                 };
-                let (args, diff) = merge_override(&call.arguments, over);
+                let none = serde_json::Map::new();
+                let over = override_args.as_ref().unwrap_or(&none);
+                let (args, diff) = match merge_override(&call.arguments, over, remove_args) {
+                    Ok(merged) => merged,
+                    Err(problem) => {
+                        return Err(SessionError::InvalidOverride {
+                            call_id: id.clone(),
+                            error: json!({"error": problem}),
+                        })
+                    }
+                };
                 if let Err(error) = ctx.tools.validate(&call.name, &args) {
                     return Err(SessionError::InvalidOverride {
                         call_id: id.clone(),
@@ -1132,6 +1248,8 @@ impl Session {
         if self.is_streaming() {
             fx.push(Effect::StopStream);
             let partial = std::mem::take(&mut self.partial);
+            // The request was made: it counts, cut short or not.
+            self.count_request(&partial, ctx);
             let was_summary = self.header.context.compacting_through.take().is_some();
             if !was_summary && !partial.text.is_empty() {
                 self.push_entry(TranscriptEntry::Assistant {
@@ -1173,7 +1291,12 @@ impl Session {
     }
 
     /// Switches the model route between turns, recorded in the transcript.
-    fn on_set_model(&mut self, model: String, ctx: Ctx<'_>) -> Result<(), SessionError> {
+    fn on_set_model(
+        &mut self,
+        model: String,
+        route: Option<Value>,
+        ctx: Ctx<'_>,
+    ) -> Result<(), SessionError> {
         self.refuse_if_terminal()?;
         match self.header.status {
             SessionStatus::Pending | SessionStatus::AwaitingInput => {}
@@ -1188,9 +1311,17 @@ impl Session {
             return Err(SessionError::Invalid("model: must not be empty".into()));
         }
         if self.header.config.model == model {
+            // The same route, perhaps served differently now (its endpoint
+            // moved): the record follows what serves it.
+            if route.is_some() && self.header.config.route != route {
+                self.header.config.make_mut().route = route;
+                self.dirty = true;
+            }
             return Ok(());
         }
-        let from = std::mem::replace(&mut self.header.config.make_mut().model, model.clone());
+        let config = self.header.config.make_mut();
+        config.route = route;
+        let from = std::mem::replace(&mut config.model, model.clone());
         self.push_entry(TranscriptEntry::ModelChanged {
             from: from.clone(),
             to: model.clone(),
@@ -1255,7 +1386,10 @@ impl Session {
         fx: &mut Vec<Effect>,
     ) -> Result<(), SessionError> {
         self.refuse_if_terminal()?;
-        self.partial = Partial::default();
+        let partial = std::mem::take(&mut self.partial);
+        if self.is_streaming() {
+            self.count_request(&partial, ctx);
+        }
         for call in &mut self.header.open_calls {
             if !call.state.is_terminal() {
                 call.finish(
@@ -2544,5 +2678,185 @@ mod tests {
         assert!(!s.is_dirty());
         let err = s.apply(with_id("other"), ctx(&tools, 1)).unwrap_err();
         assert!(matches!(err, SessionError::Conflict(_)), "{err:?}");
+    }
+
+    // ---- provider failures, usage, overflow (issue 32) ----------------------------
+
+    fn text(t: &str) -> Input {
+        Input::Provider(ProviderEvent::TextDelta(t.into()))
+    }
+
+    fn failed(e: ProviderError) -> Input {
+        Input::StreamEnded(Err(e))
+    }
+
+    #[test]
+    fn a_provider_failure_is_an_error_entry_never_the_assistants_text_nor_sent_again() {
+        let tools = registry();
+        let mut s = session();
+        let broke = ProviderError::Transport("the stream broke".into());
+        drive(&mut s, &tools, vec![msg("hi"), text("Part"), failed(broke)]).unwrap();
+        assert_eq!(s.header.last_stop_reason, Some(StopReason::Error));
+        let entries: Vec<&TranscriptEntry> = s.transcript.iter().map(|e| e.as_ref()).collect();
+        match entries.as_slice() {
+            [TranscriptEntry::User { .. }, TranscriptEntry::Assistant { text, .. }, TranscriptEntry::Error { message, kind, .. }] =>
+            {
+                assert_eq!(text, "Part", "the partial text is the assistant's, alone");
+                assert_eq!(message, "provider error: transport error: the stream broke");
+                assert_eq!(kind.as_deref(), Some("transport"));
+            }
+            other => panic!("{other:#?}"),
+        }
+        // Nothing shown at all: no assistant entry, the error alone.
+        let mut t = session();
+        let refused = ProviderError::Auth("HTTP 401: no".into());
+        drive(&mut t, &tools, vec![msg("hi"), failed(refused)]).unwrap();
+        assert!(matches!(
+            t.transcript
+                .iter()
+                .map(|e| e.as_ref())
+                .collect::<Vec<_>>()
+                .as_slice(),
+            [TranscriptEntry::User { .. }, TranscriptEntry::Error { .. }]
+        ));
+        // The next request carries the partial text, never the failure.
+        let fx = drive(&mut s, &tools, vec![msg("again")]).unwrap();
+        let Some(Effect::StartStream(request)) = fx.first() else {
+            panic!("{:?}", shape(&fx))
+        };
+        assert!(request
+            .transcript
+            .iter()
+            .all(|e| !matches!(e.as_ref(), TranscriptEntry::Error { .. })));
+        assert_eq!(request.transcript.len(), 3, "user, partial answer, user");
+    }
+
+    #[test]
+    fn every_request_is_counted_with_what_it_reported_or_streamed() {
+        let tools = registry();
+        // Interrupted after 400 characters, nothing reported: one request,
+        // its output estimated from what streamed (250 tokens per 1,000
+        // characters before calibration), its input from the request.
+        let mut s = session();
+        drive(
+            &mut s,
+            &tools,
+            vec![msg("hi"), text(&"x".repeat(400)), Input::Interrupt],
+        )
+        .unwrap();
+        let u = s.header.usage;
+        assert_eq!(u.provider_requests, 1);
+        assert_eq!(u.output_tokens, 100);
+        assert!(u.input_tokens > 0, "{u:?}");
+        // Two failed attempts before this one (reported by a retrying
+        // provider), this one's prompt reported, then a broken stream.
+        let mut s = session();
+        let others = Usage {
+            provider_requests: 2,
+            input_tokens: 10,
+            ..Usage::default()
+        };
+        let own = Usage {
+            input_tokens: 50,
+            ..Usage::default()
+        };
+        let broke = ProviderError::Transport("the stream broke".into());
+        let inputs = vec![
+            msg("hi"),
+            Input::Provider(ProviderEvent::Usage(others)),
+            Input::Provider(ProviderEvent::Usage(own)),
+            text(&"y".repeat(40)),
+            failed(broke),
+        ];
+        drive(&mut s, &tools, inputs).unwrap();
+        let u = s.header.usage;
+        assert_eq!(u.provider_requests, 3);
+        assert_eq!(u.input_tokens, 60, "reported, so not estimated");
+        assert_eq!(u.output_tokens, 10, "streamed, not reported: estimated");
+        // A request that failed before any output adds itself alone.
+        let mut s = session();
+        let refused = ProviderError::Auth("no".into());
+        drive(&mut s, &tools, vec![msg("hi"), failed(refused)]).unwrap();
+        assert_eq!(
+            s.header.usage,
+            Usage {
+                provider_requests: 1,
+                ..Usage::default()
+            }
+        );
+    }
+
+    #[test]
+    fn a_first_request_that_overflows_ends_with_context_overflow_and_the_sizes() {
+        let tools = registry();
+        // The provider said how large the request is and what it allows.
+        let mut s = session();
+        let said = ProviderError::ContextOverflow {
+            message: "request (9000 tokens) exceeds the available context size (8192 tokens)"
+                .into(),
+            tokens: Some(9000),
+            limit: Some(8192),
+        };
+        drive(&mut s, &tools, vec![msg("hi"), failed(said)]).unwrap();
+        assert_eq!(s.header.last_stop_reason, Some(StopReason::ContextOverflow));
+        assert_eq!(s.header.status, SessionStatus::AwaitingInput);
+        match s.transcript.last().map(|e| e.as_ref()) {
+            Some(TranscriptEntry::Error {
+                message,
+                kind,
+                estimated_tokens,
+                context_window,
+                ..
+            }) => {
+                assert_eq!(kind.as_deref(), Some("context_overflow"));
+                assert_eq!(
+                    (*estimated_tokens, *context_window),
+                    (Some(9000), Some(8192))
+                );
+                assert!(
+                    message.contains("about 9000 tokens (counted by the provider)")
+                        && message.contains("allows 8192"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // It did not: the estimate, and the route's window.
+        let mut s = session();
+        let bare = ProviderError::overflow("Context size has been exceeded.");
+        for input in [msg("hi"), failed(bare)] {
+            let mut c = ctx(&tools, 42);
+            c.context_window = Some(4096);
+            s.apply(input, c).unwrap();
+        }
+        assert_eq!(s.header.last_stop_reason, Some(StopReason::ContextOverflow));
+        let Some(TranscriptEntry::Error {
+            estimated_tokens: Some(estimate),
+            context_window: Some(4096),
+            message,
+            ..
+        }) = s.transcript.last().map(|e| e.as_ref())
+        else {
+            panic!("{:?}", s.transcript.last())
+        };
+        assert!(
+            message.contains(&format!("about {estimate} tokens (estimated)")),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_session_stored_by_an_older_version_is_written_as_this_one() {
+        let mut header = session().header;
+        header.schema_version = 2;
+        let stored = StoredSession {
+            header,
+            transcript: Vec::new(),
+            metadata: Value::Null,
+            inbox: Vec::new(),
+            needs_rewrite: false,
+        };
+        let s = Session::from_stored(stored);
+        assert_eq!(s.checkpoint().header.schema_version, SCHEMA_VERSION);
     }
 }

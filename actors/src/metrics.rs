@@ -79,11 +79,18 @@ pub const CLUSTER_SESSIONS_OWNED: &str = "overseer_cluster_sessions_owned";
 /// (`create`, `activate`, `failover`).
 pub const CLUSTER_CLAIMS_TOTAL: &str = "overseer_cluster_claims_total";
 /// Counter: checkpoints refused because this node no longer owned the
-/// session (its epoch was stale or its own lease had run out).
+/// session, by who refused it (`by`): `node` (its own lease had run out by
+/// its own clock, or it held no lease on the tree) or `database` (the
+/// tree's lease had a newer epoch: the fence).
 pub const CLUSTER_FENCED_WRITES_TOTAL: &str = "overseer_cluster_fenced_writes_total";
-/// Counter: API requests this node sent to the session's owner, by
-/// `outcome` (`ok`, `unreachable`).
+/// Counter: API requests for a session owned by another node, by `outcome`:
+/// `ok` (the owner answered), `unreachable` (it did not, within the
+/// forward deadline), `breaker_open` (not sent: the owner stopped answering
+/// recently), `overloaded` (not sent: the forward budget was full).
 pub const CLUSTER_FORWARDED_REQUESTS_TOTAL: &str = "overseer_cluster_forwarded_requests_total";
+/// Gauge: requests this node is forwarding to owners now (bounded by
+/// `cluster.max_in_flight_forwards`, apart from local work's budget).
+pub const CLUSTER_FORWARDS_IN_FLIGHT: &str = "overseer_cluster_forwards_in_flight";
 /// Histogram: from a dead owner's last heartbeat to this node's activation
 /// of a session it took over.
 pub const CLUSTER_FAILOVER_SECONDS: &str = "overseer_cluster_failover_seconds";
@@ -181,12 +188,17 @@ pub fn describe() {
     describe_counter!(
         CLUSTER_FENCED_WRITES_TOTAL,
         Unit::Count,
-        "Checkpoints refused because this node no longer owned the session."
+        "Checkpoints refused because this node no longer owned the session, by who refused (node, database)."
     );
     describe_counter!(
         CLUSTER_FORWARDED_REQUESTS_TOTAL,
         Unit::Count,
-        "API requests sent to the session's owner node, by outcome (ok, unreachable)."
+        "API requests for a session owned by another node, by outcome (ok, unreachable, breaker_open, overloaded)."
+    );
+    describe_gauge!(
+        CLUSTER_FORWARDS_IN_FLIGHT,
+        Unit::Count,
+        "Requests this node is forwarding to their sessions' owners now."
     );
     describe_histogram!(
         CLUSTER_FAILOVER_SECONDS,
@@ -416,7 +428,7 @@ impl ProviderStream {
     pub(crate) fn finish(mut self, result: &Result<(), ProviderError>) {
         self.outcome = Some(match result {
             Ok(()) => "ok",
-            Err(e) => provider_error_kind(e),
+            Err(e) => e.kind(),
         });
     }
 }
@@ -428,19 +440,6 @@ impl Drop for ProviderStream {
         histogram!(PROVIDER_STREAM_SECONDS, "model" => model.clone(), "outcome" => outcome)
             .record(self.started.elapsed());
         counter!(PROVIDER_REQUESTS_TOTAL, "model" => model, "outcome" => outcome).increment(1);
-    }
-}
-
-/// A bounded label value for a provider error.
-fn provider_error_kind(e: &ProviderError) -> &'static str {
-    match e {
-        ProviderError::Auth(_) => "auth",
-        ProviderError::RateLimited { .. } => "rate_limited",
-        ProviderError::Transport(_) => "transport",
-        ProviderError::Server { .. } => "server",
-        ProviderError::BadResponse(_) => "bad_response",
-        ProviderError::ContextOverflow(_) => "context_overflow",
-        ProviderError::ScenarioExhausted(_) => "scenario_exhausted",
     }
 }
 

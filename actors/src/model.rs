@@ -10,6 +10,7 @@ mod call;
 pub(crate) mod decision;
 mod event;
 mod overrides;
+mod prompt;
 mod session;
 mod shared_config;
 mod transcript;
@@ -19,6 +20,7 @@ pub use call::{CallState, OnInterrupt, ToolCallId, ToolCallRecord};
 pub use decision::{merge_override, Decision, DecisionRecord, Submission};
 pub use event::{Event, EventKind, Notification};
 pub use overrides::{check_output_schema, SessionOverrides};
+pub use prompt::PromptClosed;
 pub use session::{
     AgentConfig, ApprovalPolicy, Budget, ChildApproval, ContextState, EffectiveConfig, ParentLink,
     QueueIndex, QueuedMessage, RecentMessage, SessionHeader, SessionId, SessionIdHasher,

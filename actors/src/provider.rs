@@ -110,7 +110,9 @@ pub fn entry_chars(entry: &TranscriptEntry) -> usize {
             call.result.as_ref().map_or(0, |r| r.to_string().len())
         }
         TranscriptEntry::Compaction { summary, .. } => summary.len(),
-        TranscriptEntry::ModelChanged { .. } | TranscriptEntry::ToolRuleSet { .. } => 0,
+        TranscriptEntry::ModelChanged { .. }
+        | TranscriptEntry::ToolRuleSet { .. }
+        | TranscriptEntry::Error { .. } => 0,
     }
 }
 
@@ -141,6 +143,10 @@ pub enum ProviderEvent {
         arguments: Value,
     },
     /// Token usage of this request (may arrive more than once; amounts add).
+    /// Its `provider_requests` counts requests made *besides* this stream's
+    /// own (a retrying provider reports its failed attempts this way, with
+    /// whatever tokens they reported), so a provider's own report of a
+    /// request has 0 there.
     Usage(Usage),
     /// The stream finished normally.
     Done(FinishReason),
@@ -168,6 +174,8 @@ pub enum ProviderError {
     Server {
         /// HTTP status.
         status: u16,
+        /// Server-requested wait (`retry-after` on a 503, a 529…).
+        retry_after: Option<Duration>,
         /// Body excerpt.
         message: String,
     },
@@ -175,11 +183,21 @@ pub enum ProviderError {
     #[error("bad response: {0}")]
     BadResponse(String),
     /// The request does not fit the model's context.
-    #[error("context overflow: {0}")]
-    ContextOverflow(String),
+    #[error("context overflow: {message}")]
+    ContextOverflow {
+        /// What the provider said.
+        message: String,
+        /// Tokens of the request, when the provider said.
+        tokens: Option<u64>,
+        /// Tokens the model's context allows, when the provider said.
+        limit: Option<u64>,
+    },
     /// A scripted scenario has no step left for this request.
     #[error("scenario exhausted: {0}")]
     ScenarioExhausted(String),
+    /// The request names a model route nothing serves.
+    #[error("{0}")]
+    UnknownRoute(String),
 }
 
 impl ProviderError {
@@ -189,6 +207,40 @@ impl ProviderError {
             self,
             Self::RateLimited { .. } | Self::Transport(_) | Self::Server { .. }
         )
+    }
+
+    /// How long the server asked to wait before a retry, if it did.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::RateLimited { retry_after, .. } | Self::Server { retry_after, .. } => {
+                *retry_after
+            }
+            _ => None,
+        }
+    }
+
+    /// A context overflow with only the provider's words.
+    pub fn overflow(message: impl Into<String>) -> Self {
+        Self::ContextOverflow {
+            message: message.into(),
+            tokens: None,
+            limit: None,
+        }
+    }
+
+    /// A short, stable name of the kind of failure (`transport`,
+    /// `context_overflow`, …), for metrics and the session's error entries.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Auth(_) => "auth",
+            Self::RateLimited { .. } => "rate_limited",
+            Self::Transport(_) => "transport",
+            Self::Server { .. } => "server",
+            Self::BadResponse(_) => "bad_response",
+            Self::ContextOverflow { .. } => "context_overflow",
+            Self::ScenarioExhausted(_) => "scenario_exhausted",
+            Self::UnknownRoute(_) => "unknown_route",
+        }
     }
 }
 
@@ -207,6 +259,14 @@ pub trait Provider: Send + Sync + 'static {
     /// The context window, in tokens, of a model route, if known: sessions
     /// compact their transcript before a request would outgrow it.
     fn context_window(&self, _model: &str) -> Option<u64> {
+        None
+    }
+
+    /// What serves model route `model`, as a session records it in its
+    /// configuration (`EffectiveConfig::route`): the edge's description of
+    /// the route (provider, endpoint, model id; never a secret), or `None`
+    /// when this provider does not describe its routes.
+    fn describe_route(&self, _model: &str) -> Option<Value> {
         None
     }
 }

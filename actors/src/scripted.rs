@@ -142,9 +142,13 @@ impl ScriptedProvider {
         if let Some(limit) = self.scenario.context_limit {
             let tokens = request_chars(request) / 4;
             if tokens > limit {
-                return Err(ProviderError::ContextOverflow(format!(
-                    "this request has about {tokens} tokens, over the model's {limit}"
-                )));
+                return Err(ProviderError::ContextOverflow {
+                    message: format!(
+                        "this request has about {tokens} tokens, over the model's {limit}"
+                    ),
+                    tokens: Some(tokens),
+                    limit: Some(limit),
+                });
             }
         }
         if request.purpose == RequestPurpose::Compaction {
@@ -284,7 +288,8 @@ impl Vars {
                 TranscriptEntry::Assistant { .. }
                 | TranscriptEntry::Compaction { .. }
                 | TranscriptEntry::ModelChanged { .. }
-                | TranscriptEntry::ToolRuleSet { .. } => {}
+                | TranscriptEntry::ToolRuleSet { .. }
+                | TranscriptEntry::Error { .. } => {}
             }
         }
         let user_number = first_integer(&user);

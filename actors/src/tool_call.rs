@@ -74,7 +74,10 @@ impl Actor for ToolCallActor {
                     futures::future::pending::<()>().await;
                 }
                 Some(FaultAction::Abort) => crate::fault::abort(FaultPoint::DuringTool),
-                None => {}
+                // A tool that never returns (its timeout ends it).
+                Some(FaultAction::Hang) => futures::future::pending::<()>().await,
+                // Not a check to skip: nothing to do here.
+                Some(FaultAction::Bypass) | None => {}
             }
         }
         let call_id: ToolCallId = args.ctx.call_id.clone();

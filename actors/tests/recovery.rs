@@ -247,6 +247,7 @@ mod faults {
                 ),
                 TranscriptEntry::Compaction { summary, .. } => format!("summary: {summary}"),
                 TranscriptEntry::ModelChanged { from, to, .. } => format!("model: {from} -> {to}"),
+                TranscriptEntry::Error { message, .. } => format!("error: {message}"),
                 TranscriptEntry::ToolRuleSet { tool, rule, .. } => {
                     format!("rule: {tool} {}", rule.as_str())
                 }

@@ -12,9 +12,11 @@
 //!   `overseer serve` processes (sessions created round-robin, approvals
 //!   sent to random nodes: two in three are forwarded to the owner), 64
 //!   clients following each session's event stream.
-//! - `failover`: three nodes, N sessions parked on one, `kill -9` of it:
-//!   time until the survivors hold every lease, and until every session has
-//!   a live actor on them again.
+//! - `failover`: four nodes, N sessions parked on one, `kill -9` of it:
+//!   time until the three survivors hold every lease, and until every
+//!   session has a live actor on them again; and how the sessions were
+//!   spread over the survivors (claims per survivor, the largest against a
+//!   fair third).
 //!
 //! Figures are measured, never asserted; a tool that did not run exactly
 //! once (or a session that did not finish) fails the run.
@@ -110,12 +112,7 @@ pub async fn approve(
     let cluster = Cluster::join(
         store.clone(),
         ov.clone(),
-        ClusterOptions {
-            advertise_url: "http://127.0.0.1:1".into(),
-            heartbeat: Duration::from_secs(2),
-            failover_concurrency: 32,
-            forward_timeout: Duration::from_secs(35),
-        },
+        ClusterOptions::new("http://127.0.0.1:1"),
     )
     .await?;
     let mut rows = Rows::new("pg-approve (1 node, in-process)", Some(mode), n);
@@ -491,7 +488,11 @@ pub async fn failover(
         .tempdir_in(base)?;
     let config = config(dir.path(), mode)?;
     let mut doomed = start_node(&config, &db)?;
-    let survivors = [start_node(&config, &db)?, start_node(&config, &db)?];
+    let survivors = [
+        start_node(&config, &db)?,
+        start_node(&config, &db)?,
+        start_node(&config, &db)?,
+    ];
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(CLIENTS)
         .build()?;
@@ -573,7 +574,42 @@ pub async fn failover(
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     eprintln!("  taken over in {leases:.2?}, all live in {live:.2?}");
-    let mut rows = Rows::new("failover after kill -9 (3 nodes)", Some(mode), n);
+    let mut claims = Vec::new();
+    for s in &survivors {
+        let count: i64 = pg
+            .query_one(
+                "SELECT count(*) FROM unnest($1::uuid[]) AS s(id)
+                 JOIN leases l ON l.root_id = s.id
+                 JOIN nodes n ON n.id = l.node_id WHERE n.url = $2",
+                &[&uuids, &s.url],
+            )
+            .await?
+            .get(0);
+        claims.push(count as f64);
+    }
+    eprintln!("  claims per survivor: {claims:?}");
+    let fair = n as f64 / survivors.len() as f64;
+    let most = claims.iter().copied().fold(0.0, f64::max);
+    let least = claims.iter().copied().fold(f64::MAX, f64::min);
+    let mut rows = Rows::new("failover after kill -9 (4 nodes)", Some(mode), n);
+    rows.add(
+        "claims by the survivor that took most",
+        Some(most),
+        "sessions",
+        "",
+    );
+    rows.add(
+        "claims by the survivor that took least",
+        Some(least),
+        "sessions",
+        "",
+    );
+    rows.add(
+        "largest share / fair share (n / 3)",
+        Some(most / fair),
+        "x",
+        "<= 2",
+    );
     rows.add(
         "every lease taken over",
         Some(leases.as_secs_f64()),

@@ -98,6 +98,7 @@ impl Link {
                 &call.name,
                 call.run_arguments(),
                 None,
+                Some(after_seq),
             ));
         }
         let waiter = Arc::new(Mutex::new(None));
@@ -243,9 +244,14 @@ impl Follower {
                 arguments,
                 ..
             } => {
-                let _ = self
-                    .ask
-                    .send(Ask::of(self.id, call_id, &name, &arguments, None));
+                let _ = self.ask.send(Ask::of(
+                    self.id,
+                    call_id,
+                    &name,
+                    &arguments,
+                    None,
+                    Some(self.last_seq),
+                ));
             }
             EventKind::ToolCallStarted { call_id, .. } => {
                 self.send(updates::started(call_id.as_str()))
@@ -306,7 +312,7 @@ impl Follower {
 }
 
 /// Hands the approver every pending approval of a descendant of `root` (its
-/// own calls are announced by its events), each once. Looks whenever the
+/// own calls are announced by its events), each once while it is pending. Looks whenever the
 /// root starts waiting, which it does while a propagating child waits.
 async fn watch_children(
     sessions: Sessions,
@@ -336,6 +342,9 @@ async fn watch_children(
             let Ok(list) = sessions.pending_approvals(root).await else {
                 break;
             };
+            // Only calls still pending are remembered: the set stays as
+            // small as the tree's open approvals.
+            seen.retain(|c| list.iter().any(|p| &p.call == c));
             for p in list.into_iter().filter(|p| p.session != root) {
                 if seen.insert(p.call.clone()) {
                     let path = p
@@ -350,6 +359,7 @@ async fn watch_children(
                         &p.name,
                         &p.arguments,
                         Some(path),
+                        None,
                     ));
                 }
             }

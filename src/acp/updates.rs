@@ -27,7 +27,8 @@ pub(crate) fn stop_reason(reason: StopReason) -> Option<acp::StopReason> {
         StopReason::MaxSteps | StopReason::BudgetExceeded => Some(acp::StopReason::MaxTurnRequests),
         StopReason::Interrupted | StopReason::Cancelled => Some(acp::StopReason::Cancelled),
         StopReason::Refusal => Some(acp::StopReason::Refusal),
-        StopReason::Error => None,
+        // The session's error message says why (for an overflow: the sizes).
+        StopReason::Error | StopReason::ContextOverflow => None,
     }
 }
 

@@ -1,7 +1,10 @@
 //! `overseer cluster status`: the nodes of a cluster (§15) as the database
 //! sees them: id, advertised URL, alive or dead, heartbeat age, and how many
-//! active sessions each owns. It connects to `OVERSEER_DATABASE_URL` itself,
-//! so it works whether or not any node is up.
+//! active sessions (running or awaiting approval) each owns: on a dead node,
+//! what is still to be taken over. Dead nodes stay listed, marked dead,
+//! until the live nodes prune them (`cluster.dead_node_retention_secs`). It
+//! connects to `OVERSEER_DATABASE_URL` itself, so it works whether or not
+//! any node is up.
 //!
 //! Owns the command line and the table (or `--json`); the figures are the
 //! store's (`crate::store::postgres::PgStore::nodes`).
@@ -25,7 +28,7 @@ pub struct ClusterArgs {
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum ClusterCommand {
     /// List the nodes: id, URL, alive or dead, heartbeat age, active sessions
-    /// owned. Reads OVERSEER_DATABASE_URL.
+    /// owned (running or awaiting approval). Reads OVERSEER_DATABASE_URL.
     Status {
         /// A node is dead once its heartbeat is older than this
         /// (`cluster.lease_secs` of the nodes).
@@ -82,17 +85,17 @@ pub fn run(args: ClusterArgs) -> Result<(), CliError> {
 
 fn table(nodes: &[NodeStatus]) -> String {
     let mut out = format!(
-        "{:<36}  {:<28}  {:<5}  {:>13}  {:>8}\n",
-        "NODE", "URL", "STATE", "HEARTBEAT AGE", "SESSIONS"
+        "{:<36}  {:<28}  {:<5}  {:>13}  {:>15}\n",
+        "NODE", "URL", "STATE", "HEARTBEAT AGE", "ACTIVE SESSIONS"
     );
     for n in nodes {
         out.push_str(&format!(
-            "{:<36}  {:<28}  {:<5}  {:>12.1}s  {:>8}\n",
+            "{:<36}  {:<28}  {:<5}  {:>12.1}s  {:>15}\n",
             n.id,
             super::terminal::inline(&n.url),
             if n.alive { "alive" } else { "dead" },
             n.heartbeat_age_secs,
-            n.sessions_owned
+            n.active_sessions
         ));
     }
     if nodes.is_empty() {

@@ -6,8 +6,10 @@
 //! Its runtime is built by `service`, exactly as `serve` builds its own; this
 //! module owns only following one session's events and deciding its calls.
 
+mod question;
+
 use std::collections::HashMap;
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,12 +23,14 @@ use overseer_actors::model::{
 };
 use overseer_actors::provider::Provider;
 use overseer_actors::tool::ToolRegistry;
-use overseer_actors::{CreateSession, Overseer, SessionError};
+use overseer_actors::{CreateSession, Overseer, SessionError, SessionOverrides};
 
 use super::{status, terminal, ApproveMode, CliError, RunArgs, CLI_TENANT, DENY_MESSAGE};
 use crate::config::{Config, LoadOptions, Overrides};
+use crate::provider::{process_env, ProviderKind, RouteConfig, RoutedProvider};
 use crate::render;
 use crate::tools::builtin_registry;
+use question::{Read, Watch};
 
 /// Longest excerpt of a tool result or arguments on a status line.
 const EXCERPT_CHARS: usize = 200;
@@ -35,17 +39,100 @@ const EXCERPT_CHARS: usize = 200;
 /// live stream (see `Follower::follow`).
 const STORE_POLL: Duration = Duration::from_secs(1);
 
+/// Longest a run waits, once its turn is over, for the questions still on
+/// the terminal to end with their line.
+const QUESTIONS_CLOSE: Duration = Duration::from_secs(2);
+
 /// What a run works on.
 enum Target {
-    /// A new session of `agent`, started with `prompt`.
-    New { agent: String, prompt: String },
-    /// A stored session, continued: mid-turn, its turn is followed; waiting
-    /// for input, it is switched to `route` and given `prompt`, if any.
+    /// A new session of `agent`, started with `prompt`, on `route` (the
+    /// agent's own when `None`).
+    New {
+        agent: String,
+        prompt: String,
+        route: Option<String>,
+    },
+    /// A stored session, continued on its own route, or switched to the
+    /// route `flags` make (between turns): mid-turn, its turn is followed;
+    /// waiting for input, it is given `prompt`, if any.
     Resume {
         id: SessionId,
         prompt: Option<String>,
-        route: Option<String>,
+        flags: RouteFlags,
     },
+}
+
+/// `--provider`, `--base-url`, `--model` and `--api-key-env`.
+#[derive(Debug, Clone, Default)]
+struct RouteFlags {
+    provider: Option<String>,
+    base_url: Option<String>,
+    model: Option<String>,
+    api_key_env: Option<String>,
+}
+
+impl RouteFlags {
+    fn of(args: &RunArgs) -> Self {
+        Self {
+            provider: args.provider.clone(),
+            base_url: args.base_url.clone(),
+            model: args.model.clone(),
+            api_key_env: args.api_key_env.clone(),
+        }
+    }
+
+    /// Whether a flag other than `--model` is given: `--model` is then a
+    /// model id, never a route name.
+    fn endpoint(&self) -> bool {
+        self.provider.is_some() || self.base_url.is_some() || self.api_key_env.is_some()
+    }
+
+    /// The configured route `--model` alone names, if it does.
+    fn named_route(&self, configured: &[String]) -> Option<String> {
+        let model = self.model.as_ref().filter(|_| !self.endpoint())?;
+        configured.iter().any(|r| r == model).then(|| model.clone())
+    }
+
+    /// `route` with the flags applied.
+    fn apply(&self, route: &mut RouteConfig) -> Result<(), CliError> {
+        if let Some(kind) = &self.provider {
+            route.provider = kind
+                .parse()
+                .map_err(|e: crate::provider::ProviderConfigError| {
+                    CliError::Usage(e.to_string())
+                })?;
+        }
+        if let Some(url) = &self.base_url {
+            route.base_url = Some(url.clone());
+        }
+        if let Some(model) = &self.model {
+            route.model.clone_from(model);
+        }
+        if let Some(var) = &self.api_key_env {
+            route.api_key_env = Some(var.clone());
+        }
+        Ok(())
+    }
+
+    /// `--model` alone on a scripted route: not a route, and no model id
+    /// the scripted provider could use.
+    fn refuse_bare_model(
+        &self,
+        route: &RouteConfig,
+        configured: &[String],
+    ) -> Result<(), CliError> {
+        match &self.model {
+            Some(model) if !self.endpoint() && route.provider == ProviderKind::Scripted => {
+                Err(CliError::Usage(format!(
+                    "--model: '{model}' is not a configured model route (configured: {}); as a \
+                     model id it needs --provider openai or anthropic (the scripted provider \
+                     has no models)",
+                    configured.join(", ")
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// `overseer run`. Everything that can be refused without side effects
@@ -62,7 +149,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             Target::Resume {
                 id,
                 prompt: (!args.prompt.is_empty()).then_some(prompt),
-                route: args.model.clone(),
+                flags: RouteFlags::of(&args),
             }
         }
         None => {
@@ -73,6 +160,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             Target::New {
                 agent: args.agent.clone(),
                 prompt,
+                route: None,
             }
         }
     };
@@ -86,34 +174,14 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         },
     };
     let mut config = Config::load(&options, &tools)?;
-    // With --resume, --model names the route the session continues on, not
-    // the default route's model id.
-    let provider_model = match &target {
-        Target::New { .. } => args.model.clone(),
-        Target::Resume { .. } => None,
-    };
-    config.apply_provider_flags(
-        args.provider.as_deref(),
-        args.base_url.clone(),
-        provider_model,
-        args.api_key_env.clone(),
-    );
+    let mut target = target;
+    if let Target::New { route, .. } = &mut target {
+        *route = route_from_flags(&mut config, &RouteFlags::of(&args))?;
+    }
     if config.store.kind == crate::config::StoreKind::Postgres {
         return Err(CliError::Usage(
             "overseer run works on the embedded sled store; store.kind = \"postgres\" (cluster mode) is for overseer serve".into(),
         ));
-    }
-    if let Target::Resume {
-        route: Some(route), ..
-    } = &target
-    {
-        let routes = config.route_names();
-        if !routes.iter().any(|r| r == route) {
-            return Err(CliError::Usage(format!(
-                "--model: '{route}' is not a configured model route (configured: {})",
-                routes.join(", ")
-            )));
-        }
     }
     match &target {
         Target::New { agent, .. } if config.agent(agent).is_none() => {
@@ -135,25 +203,132 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     if args.approve == ApproveMode::Ask && !std::io::stdin().is_terminal() {
         return Err(CliError::NotATerminal);
     }
-    let provider: Arc<dyn Provider> = crate::service::build_providers(&config)?;
+    let routes = crate::service::build_providers(&config)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(CliError::Runtime)?;
-    let result = rt.block_on(run_session(config, tools, provider, target, args.approve));
+    let result = rt.block_on(run_session(config, tools, routes, target, args.approve));
     // A terminal read may still wait for a line nobody will type (the turn
     // ended while a prompt was open): do not wait for it.
     rt.shutdown_timeout(Duration::from_millis(100));
     result
 }
 
+/// The route a new session runs on, by the flags: `--model` alone naming a
+/// configured route (a `[[models]]` name, or the default route's) chooses
+/// it; otherwise the flags are applied to `[provider]`, and the route it
+/// then is, is chosen. `None` without any: the agent's own route.
+fn route_from_flags(config: &mut Config, flags: &RouteFlags) -> Result<Option<String>, CliError> {
+    let configured = config.route_names();
+    if flags.model.is_none() && !flags.endpoint() {
+        return Ok(None);
+    }
+    if let Some(route) = flags.named_route(&configured) {
+        return Ok(Some(route));
+    }
+    flags.refuse_bare_model(&config.provider.route(), &configured)?;
+    config.apply_provider_flags(
+        flags.provider.as_deref(),
+        flags.base_url.clone(),
+        flags.model.clone(),
+        flags.api_key_env.clone(),
+    );
+    Ok(Some(config.default_route_name()))
+}
+
+/// The route a resumed session switches to, by the flags, the same way as
+/// for a new session (see [`route_from_flags`]), except that the flags
+/// apply to the session's own route when only the session holds it (one
+/// made from flags or `[provider]`): `--resume ID --model other` keeps its
+/// server, `--resume ID --api-key-env VAR` its model. The route is built
+/// here when no configuration has it. `None` without any flag.
+fn route_for_resume(
+    routes: &RoutedProvider,
+    stored: &SessionHeader,
+    flags: &RouteFlags,
+    default: &RouteConfig,
+    configured: &[String],
+) -> Result<Option<String>, CliError> {
+    if flags.model.is_none() && !flags.endpoint() {
+        return Ok(None);
+    }
+    if let Some(route) = flags.named_route(configured) {
+        return Ok(Some(route));
+    }
+    let mut route = recorded_route(stored).unwrap_or_else(|| default.clone());
+    flags.refuse_bare_model(&route, configured)?;
+    flags.apply(&mut route)?;
+    let name = route.label();
+    if !routes.serves(&name) {
+        routes.add(&route, process_env()).map_err(|source| {
+            crate::service::ServiceError::Provider {
+                route: name.clone(),
+                source,
+            }
+        })?;
+    }
+    Ok(Some(name))
+}
+
+/// The route a session recorded, when it is one no configuration holds
+/// (made without a name) and it is the route the session runs on.
+fn recorded_route(stored: &SessionHeader) -> Option<RouteConfig> {
+    stored
+        .config
+        .route
+        .as_ref()
+        .and_then(RouteConfig::from_description)
+        .filter(|route| route.label() == stored.config.model)
+}
+
+/// Makes sure the route a resumed session runs on is served: by the
+/// configuration (its name is configured), or rebuilt from the session's
+/// own record when it is a route no configuration holds (one made from
+/// flags or `[provider]`). A `[[models]]` route that is no longer
+/// configured, or a session that recorded no route, is refused: never
+/// continued on another route behind the user's back.
+fn serve_stored_route(
+    routes: &RoutedProvider,
+    stored: &SessionHeader,
+    configured: &[String],
+) -> Result<(), CliError> {
+    let name = &stored.config.model;
+    if routes.serves(name) {
+        return Ok(());
+    }
+    let Some(route) = recorded_route(stored) else {
+        return Err(CliError::RouteNotConfigured {
+            id: stored.id,
+            route: name.clone(),
+            configured: configured.join(", "),
+        });
+    };
+    routes
+        .add(&route, process_env())
+        .map_err(|source| crate::service::ServiceError::Provider {
+            route: name.clone(),
+            source,
+        })?;
+    status(format_args!(
+        "model route: {name} (as the session recorded it)"
+    ));
+    Ok(())
+}
+
 async fn run_session(
     mut config: Config,
     tools: ToolRegistry,
-    provider: Arc<dyn Provider>,
+    routes: Arc<RoutedProvider>,
     target: Target,
     mode: ApproveMode,
 ) -> Result<(), CliError> {
+    let resume = ResumeRoutes {
+        routes: &routes,
+        configured: config.route_names(),
+        default: config.provider.route(),
+    };
+    let provider: Arc<dyn Provider> = routes.clone();
     let data_dir = config.store.data_dir.clone();
     // The built-ins validated the config; the full set adds http tools,
     // http_request and the tools of MCP servers (connected here, kept alive
@@ -164,7 +339,7 @@ async fn run_session(
     // subscribed to its session.
     let (overseer, _store) =
         crate::service::open(&config, all_tools.registry.clone(), provider).await?;
-    let outcome = drive(&overseer, target, mode, data_dir).await;
+    let outcome = drive(&overseer, &resume, target, mode, data_dir).await;
     // Shut down whatever happened, so the store is flushed.
     let shutdown = overseer.shutdown().await;
     outcome?;
@@ -172,10 +347,20 @@ async fn run_session(
     Ok(())
 }
 
+/// What `--resume` needs to find (or build) a session's route.
+struct ResumeRoutes<'a> {
+    routes: &'a RoutedProvider,
+    /// The configured route names.
+    configured: Vec<String>,
+    /// `[provider]`, as configured (no flags applied).
+    default: RouteConfig,
+}
+
 /// Creates (or takes over) the session, follows it to the end of its turn,
 /// completes it.
 async fn drive(
     overseer: &Overseer,
+    resume: &ResumeRoutes<'_>,
     target: Target,
     mode: ApproveMode,
     dir: PathBuf,
@@ -185,7 +370,11 @@ async fn drive(
     let (interrupt_tx, mut interrupt_rx) = mpsc::unbounded_channel();
     let interrupts = watch_interrupts(interrupt_tx);
     let (id, mut rx, resumed) = match target {
-        Target::New { agent, prompt } => {
+        Target::New {
+            agent,
+            prompt,
+            route,
+        } => {
             // Sessions interrupted mid-turn by an earlier process resume
             // here; they are not ours to follow, but leaving them dormant
             // would orphan them.
@@ -204,13 +393,17 @@ async fn drive(
                     tenant: CLI_TENANT.into(),
                     prompt: Some(prompt),
                     id: Some(id),
+                    overrides: SessionOverrides {
+                        model: route,
+                        ..SessionOverrides::default()
+                    },
                     ..CreateSession::default()
                 })
                 .await?;
             status(format_args!("session: {id}"));
             (id, rx, None)
         }
-        Target::Resume { id, prompt, route } => {
+        Target::Resume { id, prompt, flags } => {
             // Subscribe before anything activates the session, and read its
             // state while it still lives only on disk: every event after
             // that snapshot then arrives on `rx`, none before it.
@@ -224,6 +417,22 @@ async fn drive(
                 .ok_or(CliError::NoSuchSession { id, dir })?;
             status(format_args!("session: {id}"));
             status(format_args!("resuming: {}", where_it_stands(&stored)));
+            let route = if stored.status.is_terminal() {
+                None
+            } else {
+                route_for_resume(
+                    resume.routes,
+                    &stored,
+                    &flags,
+                    &resume.default,
+                    &resume.configured,
+                )?
+            };
+            // The same route as the session's is no switch.
+            let route = route.filter(|r| *r != stored.config.model);
+            if route.is_none() && !stored.status.is_terminal() {
+                serve_stored_route(resume.routes, &stored, &resume.configured)?;
+            }
             let mid_turn = match stored.status {
                 SessionStatus::Running | SessionStatus::AwaitingApproval => {
                     if prompt.is_some() || route.is_some() {
@@ -316,9 +525,18 @@ async fn drive(
     let end = follower
         .follow(overseer, id, &mut rx, &mut interrupt_rx)
         .await;
-    decider.abort();
     interrupts.abort();
     children.abort();
+    drop(follower);
+    // The turn is over, and so is every question of it: an open one says
+    // so (its call's events close it) rather than being cut off.
+    let stop = decider.abort_handle();
+    if tokio::time::timeout(QUESTIONS_CLOSE, decider)
+        .await
+        .is_err()
+    {
+        stop.abort();
+    }
     let end = end?;
 
     // Ctrl-C stopped the turn: the session is kept, waiting for input.
@@ -403,6 +621,8 @@ struct TurnEnd {
 
 /// A call waiting for a decision, as announced by its event.
 struct PendingCall {
+    /// The session that owns it (the root's, or a subagent's).
+    session: SessionId,
     id: ToolCallId,
     name: String,
     arguments: Value,
@@ -454,6 +674,7 @@ impl Follower {
                     call.id
                 ));
                 let _ = self.pending.send(PendingCall {
+                    session: header.id,
                     id: call.id.clone(),
                     name: call.name.clone(),
                     arguments: call.run_arguments().clone(),
@@ -561,6 +782,7 @@ impl Follower {
             return None;
         }
         self.last_seq = event.seq;
+        let session = event.session_id;
         match event.kind {
             EventKind::AssistantMessage { text, .. } => {
                 if self.resync {
@@ -598,6 +820,7 @@ impl Follower {
                     excerpt(&arguments)
                 ));
                 let _ = self.pending.send(PendingCall {
+                    session,
                     id: call_id,
                     name,
                     arguments,
@@ -728,6 +951,7 @@ async fn watch_children(
                         p.call.id
                     ));
                     let _ = pending.send(PendingCall {
+                        session: p.session_id,
                         id: p.call.id.clone(),
                         name: p.call.name.clone(),
                         arguments: p.call.arguments.clone(),
@@ -815,9 +1039,23 @@ async fn submit(
     result
 }
 
-/// Asks on the terminal until the decision is accepted.
+/// Asks on the terminal until the decision is accepted, or until the call
+/// no longer waits (decided elsewhere, or its turn ended): then the question
+/// ends with a line saying who decided and how.
 async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
+    let closed = match Watch::start(overseer, call.session, &call.id).await {
+        Ok(watch) => watch.closed(),
+        Err(why) => return closed_line("not asked", call, &why),
+    };
     show_call(call);
+    let mut closed = Box::pin(closed);
+    let mut read = async |prompt: String| match question::read_line(prompt, &mut closed).await {
+        Read::Line(line) => Ok(line),
+        Read::Closed(why) => {
+            closed_line("question closed", call, &why);
+            Err(())
+        }
+    };
     loop {
         let note = if call.outcome_unknown {
             " (it was running when the process stopped; approving runs it again)"
@@ -828,7 +1066,10 @@ async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
             "approve {} ({}){note}? [y]es/[n]o/[e]dit: ",
             call.name, call.id
         );
-        let Some(answer) = read_line(question).await else {
+        let Ok(answer) = read(question).await else {
+            return;
+        };
+        let Some(answer) = answer else {
             // End of input: nobody is left to ask.
             let _ = submit(
                 overseer,
@@ -843,26 +1084,40 @@ async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
         let decision = match answer.trim().to_ascii_lowercase().as_str() {
             "y" | "yes" => Decision::approve(),
             "n" | "no" => {
-                let reason = read_line("reason (optional): ".to_owned())
-                    .await
+                let Ok(reason) = read("reason (optional): ".to_owned()).await else {
+                    return;
+                };
+                let reason = reason
                     .map(|r| r.trim().to_owned())
                     .filter(|r| !r.is_empty())
                     .unwrap_or_else(|| "denied at the terminal".to_owned());
                 Decision::deny(reason)
             }
             "e" | "edit" => {
-                let Some(text) =
-                    read_line("arguments to replace, as a JSON object: ".to_owned()).await
+                let Ok(text) = read("arguments to replace, as a JSON object: ".to_owned()).await
                 else {
+                    return;
+                };
+                let Some(text) = text else {
                     continue;
                 };
                 match serde_json::from_str::<Map<String, Value>>(text.trim()) {
                     Ok(override_args) => {
-                        if !confirm_edit(call, &override_args).await {
+                        show_edit(call, &override_args);
+                        let Ok(confirmed) =
+                            read("approve with these arguments? [y]es/[n]o: ".to_owned()).await
+                        else {
+                            return;
+                        };
+                        if !matches!(
+                            confirmed.map(|a| a.trim().to_ascii_lowercase()).as_deref(),
+                            Some("y" | "yes")
+                        ) {
                             continue;
                         }
                         Decision::Approve {
                             override_args: Some(override_args),
+                            remove_args: Vec::new(),
                         }
                     }
                     Err(e) => {
@@ -902,11 +1157,18 @@ fn print_block(name: &str, arguments: &Value) {
     }
 }
 
-/// Shows what an edit changes and what the tool will then receive, and asks
-/// whether to approve that. An edit replaces the keys it names (a shallow
-/// merge, as the session applies it).
-async fn confirm_edit(call: &PendingCall, edit: &Map<String, Value>) -> bool {
-    let (merged, diff) = merge_override(&call.arguments, edit);
+/// Shows what an edit changes and what the tool will then receive, before
+/// the person is asked to approve that. An edit replaces the keys it names
+/// (a shallow merge, as the session applies it).
+fn show_edit(call: &PendingCall, edit: &Map<String, Value>) {
+    let (merged, diff) = match merge_override(&call.arguments, edit, &[]) {
+        Ok(merged) => merged,
+        // Only removals can be refused, and this edit removes nothing.
+        Err(problem) => {
+            status(problem);
+            return;
+        }
+    };
     match diff.as_object().filter(|d| !d.is_empty()) {
         Some(changes) => {
             status("your edit changes:");
@@ -921,30 +1183,12 @@ async fn confirm_edit(call: &PendingCall, edit: &Map<String, Value>) -> bool {
         call.name, call.id
     ));
     print_block(&call.name, &merged);
-    let answer = read_line("approve with these arguments? [y]es/[n]o: ".to_owned()).await;
-    matches!(
-        answer.map(|a| a.trim().to_ascii_lowercase()).as_deref(),
-        Some("y" | "yes")
-    )
 }
 
-/// Prints `prompt` on stderr and reads one line from stdin on a blocking
-/// thread (never on an async worker). `None` at end of input.
-async fn read_line(prompt: String) -> Option<String> {
-    tokio::task::spawn_blocking(move || {
-        let mut err = std::io::stderr().lock();
-        let _ = write!(err, "{}", terminal::inline(&prompt));
-        let _ = err.flush();
-        drop(err);
-        let mut line = String::new();
-        match std::io::stdin().lock().read_line(&mut line) {
-            Ok(0) | Err(_) => None,
-            Ok(_) => Some(line),
-        }
-    })
-    .await
-    .ok()
-    .flatten()
+/// The line that ends a question the call's decision elsewhere closed (or
+/// says why a queued one is not asked).
+fn closed_line(what: &str, call: &PendingCall, why: &overseer_actors::model::PromptClosed) {
+    status(format_args!("{what}: {} ({}) {why}", call.name, call.id));
 }
 
 /// Forwards Ctrl-C: the first interrupts the turn (the session is kept), the

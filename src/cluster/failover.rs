@@ -1,24 +1,63 @@
 //! Failover: taking over the active sessions of dead nodes (and of nobody),
 //! and taking back this node's own after it dropped them.
 //!
-//! Every `heartbeat_secs` a node asks the store for active roots whose owner
-//! is gone, takes their leases in one conditional statement (several nodes
-//! may look at once; each root goes to exactly one), and activates the ones
-//! it took, `failover_concurrency` at a time. A node that has just resumed
-//! after dropping its leases also re-activates the active roots whose lease
-//! still names it. It owns no SQL (the store's) and no resume logic (the
-//! actors': an activation is a restart from the checkpoint).
+//! Every `heartbeat_secs` a node runs one round: it reads the database's
+//! clock and the nodes alive by it, pages through the active roots whose
+//! owner is gone (in id order, every page judged at that one instant), and
+//! takes the ones that are its share: those whose rendezvous hash over the
+//! live nodes picks it (`super::rendezvous`), plus any that another node was
+//! picked for but has left unclaimed for [`PATIENCE_ROUNDS`] of this node's
+//! rounds (that node may be busy, or dying too). Each page's share is taken
+//! in one conditional statement (several nodes may look at once; each root
+//! goes to exactly one), then everything taken is activated,
+//! `failover_concurrency` at a time, and one line is logged per node taken
+//! from: how many sessions, how long the activation took, how long after
+//! that node's last heartbeat. A node that has just resumed after dropping
+//! its leases first re-activates the active roots whose lease still names
+//! it. It owns no SQL (the store's) and no resume logic (the actors': an
+//! activation is a restart from the checkpoint).
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use futures::StreamExt;
+use overseer_actors::model::SessionId;
+use uuid::Uuid;
 
-use super::Inner;
+use super::{rendezvous, Inner};
+use crate::store::postgres::Orphan;
 
 /// Roots examined per query.
 const BATCH: usize = 256;
+
+/// Rounds of this node a claimable root is left to the node it hashes to
+/// before this node takes it anyway.
+pub(super) const PATIENCE_ROUNDS: u32 = 3;
+
+/// How many of this node's rounds each claimable root it was not picked
+/// for has waited.
+#[derive(Debug, Default)]
+pub(super) struct Patience {
+    rounds: HashMap<SessionId, u32>,
+}
+
+impl Patience {
+    /// Counts one more round `root` was left to another node; whether this
+    /// node should take it now.
+    fn run_out(&mut self, root: SessionId) -> bool {
+        let waited = self.rounds.entry(root).or_insert(0);
+        *waited += 1;
+        *waited > PATIENCE_ROUNDS
+    }
+
+    /// Forgets the roots that were not claimable this round (taken, or
+    /// owned again).
+    fn keep_only(&mut self, seen: &HashSet<SessionId>) {
+        self.rounds.retain(|root, _| seen.contains(root));
+    }
+}
 
 /// The failover loop.
 pub(super) async fn run(inner: Weak<Inner>) {
@@ -34,8 +73,8 @@ pub(super) async fn run(inner: Weak<Inner>) {
     }
 }
 
-/// One round: everything claimable now, batch after batch; with `resumed`,
-/// this node's own active sessions first.
+/// One round: this node's share of everything claimable now; with
+/// `resumed`, this node's own active sessions first.
 pub(super) async fn take_over(node: &Arc<Inner>, resumed: bool) {
     if resumed {
         match node.store.own_unheld_roots(usize::MAX).await {
@@ -47,56 +86,112 @@ pub(super) async fn take_over(node: &Arc<Inner>, resumed: bool) {
             Err(e) => tracing::warn!(error = %e, "cannot list this node's sessions"),
         }
     }
+    if !node.store.lease_valid() {
+        return;
+    }
+    let view = match node.store.round_view().await {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read which nodes are alive");
+            return;
+        }
+    };
+    let me = node.store.node_id();
+    let mut live = view.live;
+    if !live.contains(&me) {
+        // Alive by its own clock, which runs out before the database's.
+        live.push(me);
+    }
+    let mut taken: Vec<Orphan> = Vec::new();
+    let mut waiting = HashSet::new();
+    let mut after = None;
     loop {
         if !node.store.lease_valid() {
-            return;
+            break;
         }
-        let orphans = match node.store.claimable_roots(BATCH).await {
-            Ok(o) => o,
+        let page = match node.store.claimable_roots(view.at, after, BATCH).await {
+            Ok(p) => p,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot look for sessions to take over");
-                return;
+                break;
             }
         };
-        if orphans.is_empty() {
-            return;
-        }
-        let roots: Vec<_> = orphans.iter().map(|o| o.root).collect();
-        let taken = match node.store.claim_many(&roots).await {
-            Ok(t) => t,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot take over sessions");
-                return;
-            }
+        let Some(last) = page.last() else { break };
+        after = Some(last.root);
+        let share: Vec<SessionId> = {
+            let mut patience = node.patience.lock().unwrap_or_else(|e| e.into_inner());
+            page.iter()
+                .filter(|o| {
+                    if rendezvous::owner_of(o.root.0, &live) == Some(me) {
+                        return true;
+                    }
+                    waiting.insert(o.root);
+                    patience.run_out(o.root)
+                })
+                .map(|o| o.root)
+                .collect()
         };
-        let full = orphans.len() == BATCH;
-        if taken.is_empty() && !full {
-            return;
+        if !share.is_empty() {
+            match node.store.claim_many(&share).await {
+                Ok(claimed) => {
+                    let claimed: HashSet<SessionId> = claimed.into_iter().collect();
+                    taken.extend(page.iter().filter(|o| claimed.contains(&o.root)));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot take over sessions");
+                    break;
+                }
+            }
         }
-        tracing::info!(
-            sessions = taken.len(),
-            "taking over sessions of a dead node"
-        );
-        let with_age = taken
-            .iter()
-            .map(|r| {
-                let age = orphans
-                    .iter()
-                    .find(|o| o.root == *r)
-                    .and_then(|o| o.dead_for_secs);
-                (*r, age)
-            })
-            .collect();
-        activate(node, with_age).await;
-        if !full {
-            return;
+        if page.len() < BATCH {
+            break;
         }
     }
+    node.patience
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .keep_only(&waiting);
+    if taken.is_empty() {
+        return;
+    }
+    let started = Instant::now();
+    activate(
+        node,
+        taken.iter().map(|o| (o.root, o.dead_for_secs)).collect(),
+    )
+    .await;
+    let took = started.elapsed().as_secs_f64();
+    for (from, (count, dead_for)) in by_previous_owner(&taken) {
+        let from = match from {
+            Some(id) => format!("node {id}"),
+            None => "no node (never owned, or released)".to_owned(),
+        };
+        let since = match dead_for {
+            Some(secs) => format!("{secs:.1} s after its last heartbeat"),
+            None => "its heartbeat unknown".to_owned(),
+        };
+        tracing::info!("took over {count} session(s) from {from} in {took:.2} s ({since})");
+    }
+}
+
+/// Sessions taken per previous owner, with the longest any of them had
+/// been dead for.
+fn by_previous_owner(taken: &[Orphan]) -> BTreeMap<Option<Uuid>, (usize, Option<f64>)> {
+    let mut out: BTreeMap<Option<Uuid>, (usize, Option<f64>)> = BTreeMap::new();
+    for o in taken {
+        let entry = out.entry(o.owner).or_insert((0, None));
+        entry.0 += 1;
+        entry.1 = match (entry.1, o.dead_for_secs) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    out
 }
 
 /// Activates roots this node holds the lease of, a bounded number at a
 /// time, recording how long after its owner's last heartbeat each came back.
-async fn activate(node: &Arc<Inner>, roots: Vec<(overseer_actors::model::SessionId, Option<f64>)>) {
+async fn activate(node: &Arc<Inner>, roots: Vec<(SessionId, Option<f64>)>) {
     let started = Instant::now();
     let runtime = node.overseer.runtime().clone();
     let mut activations = futures::stream::iter(roots)
@@ -117,5 +212,45 @@ async fn activate(node: &Arc<Inner>, roots: Vec<(overseer_actors::model::Session
                 tracing::warn!(session_id = %root, error = %e, "could not take over a session")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_root_left_to_another_node_is_taken_after_the_patience_rounds() {
+        let mut p = Patience::default();
+        let root = SessionId(Uuid::new_v4());
+        let seen: HashSet<SessionId> = [root].into();
+        for _ in 0..PATIENCE_ROUNDS {
+            assert!(!p.run_out(root));
+            p.keep_only(&seen);
+        }
+        assert!(p.run_out(root));
+        // Claimed meanwhile by its node: forgotten, the count starts over.
+        p.keep_only(&HashSet::new());
+        assert!(!p.run_out(root));
+    }
+
+    #[test]
+    fn takeovers_are_counted_per_previous_owner() {
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let orphan = |owner, dead_for_secs| Orphan {
+            root: SessionId(Uuid::new_v4()),
+            owner,
+            dead_for_secs,
+        };
+        let taken = [
+            orphan(Some(a), Some(4.5)),
+            orphan(Some(a), Some(5.0)),
+            orphan(Some(b), Some(6.0)),
+            orphan(None, None),
+        ];
+        let by = by_previous_owner(&taken);
+        assert_eq!(by[&Some(a)], (2, Some(5.0)));
+        assert_eq!(by[&Some(b)], (1, Some(6.0)));
+        assert_eq!(by[&None], (1, None));
     }
 }

@@ -14,10 +14,15 @@
 //! What counts as in flight: a request from admission until its handler has
 //! produced the response's head. An event stream therefore counts only
 //! until its stream starts (open streams are bounded by the connection cap
-//! instead), and `/healthz` and `/metrics` never count, so that an
-//! overloaded server still answers its liveness probe and its scraper.
+//! instead), and `/healthz`, `/readyz` and `/metrics` never count, so that an
+//! overloaded server still answers its probes and its scraper. In cluster
+//! mode a request forwarded to another node gives its slot back once it
+//! waits on that node (it then counts against the forward budget of
+//! `super::routing`): local work and forwards have separate budgets.
 //!
 //! [`HttpLimits::request_body_timeout`]: super::HttpLimits::request_body_timeout
+
+use std::sync::{Arc, Mutex};
 
 use axum::body::{Body, Bytes, HttpBody as _};
 use axum::extract::{Request, State};
@@ -25,12 +30,28 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::{ApiError, AppState, BODY_LIMIT_BYTES, MAX_URI_BYTES};
 
 /// Routes outside admission control: cheap, and most needed when the server
 /// is busiest.
-const ALWAYS_ADMITTED: [&str; 2] = ["/healthz", "/metrics"];
+const ALWAYS_ADMITTED: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+/// The in-flight slot a request was admitted with, in its extensions: the
+/// cluster router gives it back early when the request goes on to wait on
+/// another node.
+#[derive(Clone)]
+pub(super) struct AdmissionSlot(Arc<Mutex<Option<OwnedSemaphorePermit>>>);
+
+impl AdmissionSlot {
+    /// Gives the slot back now (it is given back anyway when the request
+    /// ends).
+    pub(super) fn release(&self) {
+        let permit = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(permit);
+    }
+}
 
 pub(super) async fn admit(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let target = request
@@ -48,7 +69,7 @@ pub(super) async fn admit(State(state): State<AppState>, request: Request, next:
     if ALWAYS_ADMITTED.contains(&request.uri().path()) {
         return next.run(request).await;
     }
-    let Ok(_slot) = state.in_flight().clone().try_acquire_owned() else {
+    let Ok(permit) = state.in_flight().clone().try_acquire_owned() else {
         return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "overloaded",
@@ -59,10 +80,14 @@ pub(super) async fn admit(State(state): State<AppState>, request: Request, next:
         )
         .into_response();
     };
-    let request = match read_body(request, &state).await {
+    // Held here until the response's head (the extension's copy may be
+    // dropped earlier, with the request).
+    let slot = AdmissionSlot(Arc::new(Mutex::new(Some(permit))));
+    let mut request = match read_body(request, &state).await {
         Ok(request) => request,
         Err(e) => return e.into_response(),
     };
+    request.extensions_mut().insert(slot.clone());
     next.run(request).await
 }
 

@@ -20,7 +20,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::sse::{self, Decoder, ENDED_WITHOUT_FINISH};
+use super::sse::{self, ended_without_finish, Decoder};
 use super::{
     excerpt, key_header, result_text, stream_error, Endpoint, ProviderConfigError, ProviderKind,
     DEFAULT_ANTHROPIC_MAX_TOKENS,
@@ -228,8 +228,11 @@ fn wire_request<'a>(
             // A summary of the compacted older transcript reads as context
             // the user gives.
             TranscriptEntry::Compaction { summary, .. } => ("user", text_block(summary)),
-            // A note for people; the model is simply served by the new route.
-            TranscriptEntry::ModelChanged { .. } | TranscriptEntry::ToolRuleSet { .. } => continue,
+            // Notes for people: the model is simply served by the new route,
+            // and never told of failures it did not say.
+            TranscriptEntry::ModelChanged { .. }
+            | TranscriptEntry::ToolRuleSet { .. }
+            | TranscriptEntry::Error { .. } => continue,
         };
         // The API rejects empty messages and wants roles to alternate: the
         // results of one step become one user message, and a user message
@@ -447,6 +450,9 @@ struct ToolBlock {
 struct EventDecoder {
     tools: BTreeMap<usize, ToolBlock>,
     usage: WireUsage,
+    /// Usage already handed on: the input side, from `message_start`, so a
+    /// stream cut before its end still has its prompt counted as reported.
+    reported: Usage,
     stop_reason: Option<String>,
     /// The answer tool of a request with an output schema.
     answer: Option<AnswerTool>,
@@ -475,6 +481,14 @@ impl Decoder for EventDecoder {
             StreamEvent::MessageStart { message } => {
                 if let Some(usage) = message.usage {
                     self.usage.merge(usage);
+                    let input = self.usage.to_usage().input_tokens;
+                    if input > 0 {
+                        self.reported.input_tokens = input;
+                        out.push(ProviderEvent::Usage(Usage {
+                            input_tokens: input,
+                            ..Usage::default()
+                        }));
+                    }
                 }
             }
             StreamEvent::ContentBlockStart {
@@ -556,7 +570,7 @@ impl Decoder for EventDecoder {
         } else if let Some(e) = self.unparsed.take() {
             Err(e)
         } else {
-            Err(ProviderError::BadResponse(ENDED_WITHOUT_FINISH.into()))
+            Err(ended_without_finish())
         }
     }
 
@@ -585,7 +599,17 @@ impl EventDecoder {
                 return Err(e);
             }
         }
-        out.push(ProviderEvent::Usage(self.usage.to_usage()));
+        // What was not handed on yet (usage events add up).
+        let total = self.usage.to_usage();
+        out.push(ProviderEvent::Usage(Usage {
+            input_tokens: total
+                .input_tokens
+                .saturating_sub(self.reported.input_tokens),
+            output_tokens: total
+                .output_tokens
+                .saturating_sub(self.reported.output_tokens),
+            ..Usage::default()
+        }));
         out.push(ProviderEvent::Done(match self.stop_reason.as_deref() {
             Some("end_turn" | "stop_sequence") => FinishReason::Stop,
             // Only the answer tool was used: the model has answered.
@@ -726,17 +750,28 @@ mod tests {
             json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 210000 tokens > 200000 maximum"}}),
         )
         .unwrap_err();
-        assert!(matches!(err, ProviderError::ContextOverflow(_)), "{err:?}");
+        assert!(
+            matches!(err, ProviderError::ContextOverflow { .. }),
+            "{err:?}"
+        );
     }
 
     #[test]
     fn cached_prompt_tokens_count_as_input() {
         let mut d = EventDecoder::default();
-        feed(
+        let start = feed(
             &mut d,
             json!({"type": "message_start", "message": {"usage": {"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 1}}}),
         )
         .unwrap();
+        // The prompt's side is handed on at once, the rest at the end.
+        assert_eq!(
+            start,
+            vec![ProviderEvent::Usage(Usage {
+                input_tokens: 100,
+                ..Usage::default()
+            })]
+        );
         feed(
             &mut d,
             json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}}),
@@ -748,7 +783,7 @@ mod tests {
             vec![
                 ProviderEvent::Usage(Usage {
                     provider_requests: 0,
-                    input_tokens: 100,
+                    input_tokens: 0,
                     output_tokens: 7,
                     tool_calls: 0
                 }),

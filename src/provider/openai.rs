@@ -21,7 +21,7 @@ use reqwest::header::{HeaderMap, AUTHORIZATION};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::sse::{self, Decoder, ENDED_WITHOUT_FINISH};
+use super::sse::{self, ended_without_finish, Decoder};
 use super::{
     excerpt, key_header, result_text, stream_error, Endpoint, ProviderConfigError, ProviderKind,
 };
@@ -85,6 +85,9 @@ struct ChatRequest<'a> {
     stream_options: StreamOptions,
     #[serde(skip_serializing_if = "Option::is_none")]
     max_tokens: Option<u32>,
+    /// The same cap, under the name OpenAI's own API takes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
     /// Native structured output (the session's `output_schema`).
     #[serde(skip_serializing_if = "Option::is_none")]
     response_format: Option<ResponseFormat<'a>>,
@@ -216,8 +219,11 @@ fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> Cha
             // A summary of the compacted older transcript reads as context
             // the user gives.
             TranscriptEntry::Compaction { summary, .. } => Message::User { content: summary },
-            // A note for people; the model is simply served by the new route.
-            TranscriptEntry::ModelChanged { .. } | TranscriptEntry::ToolRuleSet { .. } => continue,
+            // Notes for people: the model is simply served by the new route,
+            // and never told of failures it did not say.
+            TranscriptEntry::ModelChanged { .. }
+            | TranscriptEntry::ToolRuleSet { .. }
+            | TranscriptEntry::Error { .. } => continue,
             TranscriptEntry::Assistant {
                 text, tool_calls, ..
             } => Message::Assistant {
@@ -259,7 +265,12 @@ fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> Cha
         stream_options: StreamOptions {
             include_usage: true,
         },
-        max_tokens: endpoint.max_tokens,
+        max_tokens: endpoint
+            .max_tokens
+            .filter(|_| !endpoint.max_completion_tokens),
+        max_completion_tokens: endpoint
+            .max_tokens
+            .filter(|_| endpoint.max_completion_tokens),
         response_format: request.output_schema.as_ref().map(|schema| ResponseFormat {
             r#type: "json_schema",
             json_schema: JsonSchemaFormat {
@@ -401,7 +412,7 @@ impl Decoder for ChunkDecoder {
 
     fn end(&mut self) -> Result<Vec<ProviderEvent>, ProviderError> {
         let Some(mut finish) = self.finish else {
-            return Err(ProviderError::BadResponse(ENDED_WITHOUT_FINISH.into()));
+            return Err(ended_without_finish());
         };
         let mut out = self.flush_calls()?;
         // Some compatible servers say `stop` even when they called tools.
@@ -589,6 +600,6 @@ mod tests {
                 ..Event::default()
             })
             .unwrap_err();
-        assert_eq!(err, ProviderError::BadResponse(ENDED_WITHOUT_FINISH.into()));
+        assert_eq!(err, ended_without_finish());
     }
 }

@@ -3,12 +3,21 @@
 //! Before any visible output (a text delta or a tool call; see `visible`)
 //! a rate-limit, server or transport error is retried up to three times,
 //! waiting 1 s, 2 s, 4 s (doubling, capped at 10 s) or what the server's
-//! `retry-after` asks; an authentication error re-reads the key from the
-//! environment once and retries. Whatever came before the first visible
-//! output (usage so far) is held back meanwhile, and dropped with the failed
-//! attempt. Once output is visible, nothing is retried: the error passes
-//! through, and the runtime keeps the partial text and records
-//! `[Provider error: …]`.
+//! `retry-after` asks (on a 429 and a 5xx alike). A server that asks for
+//! more than `max_retry_after` (the route's `max_retry_after_secs`, 60 s by
+//! default) is not waited for: the request fails at once, saying so. A
+//! stream that ends before any output is a transport error, retried like a
+//! disconnect. An authentication error re-reads the key from the
+//! environment once and retries; when no key was sent at all, the error
+//! says which setting would send one. Whatever came before the first
+//! visible output (usage so far) is held back meanwhile. Once output is
+//! visible, nothing is retried: the error passes through, and the runtime
+//! keeps the partial text and records the error beside it.
+//!
+//! Every attempt is a request made: each failed one is reported to the
+//! caller as a usage event (1 in `provider_requests`, with the tokens it
+//! reported) when the next is made, so a session's usage counts retries
+//! too, even when it stops the stream while they go on.
 //!
 //! This module owns only that policy. It deliberately knows no wire format
 //! and no status code: the inner provider has already classified its failure
@@ -19,9 +28,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use overseer_actors::model::Usage;
 use overseer_actors::provider::{
     Provider, ProviderError, ProviderEvent, ProviderRequest, ProviderStream,
 };
+use serde_json::Value;
 
 use super::KeySource;
 
@@ -45,24 +56,21 @@ impl Default for RetryPolicy {
             max_retries: 3,
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(10),
-            max_retry_after: Duration::from_secs(60),
+            max_retry_after: Duration::from_secs(super::DEFAULT_MAX_RETRY_AFTER_SECS),
         }
     }
 }
 
 impl RetryPolicy {
     /// The wait before retry number `retry` (0-based) after `error`, or
-    /// `None` when the policy gives up.
+    /// `None` when the policy gives up (see [`RetryPolicy::too_long`] for
+    /// why, when the server asked for too long a wait).
     pub fn delay(&self, retry: u32, error: &ProviderError) -> Option<Duration> {
         if retry >= self.max_retries || !error.is_retryable() {
             return None;
         }
-        if let ProviderError::RateLimited {
-            retry_after: Some(wait),
-            ..
-        } = error
-        {
-            return (*wait <= self.max_retry_after).then_some(*wait);
+        if let Some(wait) = error.retry_after() {
+            return (wait <= self.max_retry_after).then_some(wait);
         }
         let factor = 2u32.saturating_pow(retry);
         Some(
@@ -71,10 +79,22 @@ impl RetryPolicy {
                 .min(self.max_backoff),
         )
     }
+
+    /// The wait `error` asks for, when it is more than this policy honours.
+    pub fn too_long(&self, error: &ProviderError) -> Option<Duration> {
+        error
+            .retry_after()
+            .filter(|wait| error.is_retryable() && *wait > self.max_retry_after)
+    }
 }
 
 /// A provider that applies the §11 error policy to another.
 pub struct RetryingProvider {
+    retrier: Arc<Retrier>,
+}
+
+/// The policy and what it needs, shared with the streams it drives.
+struct Retrier {
     inner: Arc<dyn Provider>,
     keys: Option<Arc<KeySource>>,
     policy: RetryPolicy,
@@ -89,20 +109,29 @@ impl RetryingProvider {
         policy: RetryPolicy,
     ) -> Self {
         Self {
-            inner,
-            keys,
-            policy,
+            retrier: Arc::new(Retrier {
+                inner,
+                keys,
+                policy,
+            }),
         }
     }
 }
 
 /// How one attempt ended before handing anything on.
 enum Attempt {
-    /// Output became visible (or the stream finished or ended): hand it all
-    /// on.
+    /// Output became visible (or the stream finished): hand it all on.
     Started(ProviderStream),
-    /// It failed before any visible output.
-    Failed(ProviderError),
+    /// It failed before any visible output, having reported this usage.
+    Failed(ProviderError, Usage),
+}
+
+/// What the policy makes of a failed attempt.
+enum Next {
+    /// Try again after this wait.
+    Retry(Duration),
+    /// Give up with this error.
+    Fail(ProviderError),
 }
 
 /// Whether `event` is output the caller shows (and so may not be repeated
@@ -112,18 +141,32 @@ fn visible(event: &ProviderEvent) -> bool {
     !matches!(event, ProviderEvent::Usage(_))
 }
 
-impl RetryingProvider {
+/// The usage events among `held`, added up.
+fn usage_of(held: &[Result<ProviderEvent, ProviderError>]) -> Usage {
+    let mut usage = Usage::default();
+    for event in held {
+        if let Ok(ProviderEvent::Usage(u)) = event {
+            usage.add(u);
+        }
+    }
+    usage
+}
+
+/// The message of a stream that ended before it showed anything.
+const ENDED_BEFORE_OUTPUT: &str = "the stream ended before any output";
+
+impl Retrier {
     /// One attempt, up to its first visible event. Waiting for that event
     /// here is what makes an error that comes before any output retryable.
     async fn attempt(&self, request: &ProviderRequest) -> Attempt {
         let mut stream = match self.inner.stream(request.clone()).await {
             Ok(stream) => stream,
-            Err(e) => return Attempt::Failed(e),
+            Err(e) => return Attempt::Failed(e, Usage::default()),
         };
         let mut held = Vec::new();
         loop {
             match stream.next().await {
-                Some(Err(e)) => return Attempt::Failed(e),
+                Some(Err(e)) => return Attempt::Failed(e, usage_of(&held)),
                 Some(Ok(event)) => {
                     let shown = visible(&event);
                     held.push(Ok(event));
@@ -131,9 +174,72 @@ impl RetryingProvider {
                         return Attempt::Started(futures::stream::iter(held).chain(stream).boxed());
                     }
                 }
-                // A stream without a finish is the caller's to judge.
-                None => return Attempt::Started(futures::stream::iter(held).boxed()),
+                // Ended with nothing to show and no finish: as good as a
+                // connection that broke there.
+                None => {
+                    return Attempt::Failed(
+                        ProviderError::Transport(ENDED_BEFORE_OUTPUT.into()),
+                        usage_of(&held),
+                    )
+                }
             }
+        }
+    }
+
+    /// What to do after attempt number `retries + 1` failed with `error`.
+    fn next(
+        &self,
+        error: ProviderError,
+        retries: &mut u32,
+        key_reloaded: &mut bool,
+        request: &ProviderRequest,
+    ) -> Next {
+        if let ProviderError::Auth(message) = &error {
+            let Some(keys) = self.keys.as_ref().filter(|_| !*key_reloaded) else {
+                return Next::Fail(error);
+            };
+            *key_reloaded = true;
+            if keys.var().is_none() {
+                let why = if keys.current().is_none() {
+                    "no API key was sent: a route with a base_url (--base-url) sends one \
+                     only from the environment variable its api_key_env (--api-key-env) \
+                     names, e.g. --api-key-env OPENAI_API_KEY"
+                } else {
+                    "the key was given directly and cannot be re-read"
+                };
+                return Next::Fail(ProviderError::Auth(format!("{message}; {why}")));
+            }
+            if let Err(why) = keys.reload() {
+                return Next::Fail(ProviderError::Auth(format!(
+                    "{message}; the key could not be re-read: {why} (api_key_env, --api-key-env)"
+                )));
+            }
+            tracing::warn!(
+                session_id = %request.session_id,
+                var = keys.var().unwrap_or_default(),
+                "provider refused the key; re-read it from the environment and retrying"
+            );
+            return Next::Retry(Duration::ZERO);
+        }
+        match self.policy.delay(*retries, &error) {
+            Some(wait) => {
+                *retries += 1;
+                tracing::warn!(
+                    session_id = %request.session_id,
+                    error = %error,
+                    retry = *retries,
+                    wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                    "provider request failed before any output; retrying"
+                );
+                Next::Retry(wait)
+            }
+            None => Next::Fail(match self.policy.too_long(&error) {
+                Some(asked) if *retries < self.policy.max_retries => {
+                    waited_too_long(error, asked, self.policy.max_retry_after)
+                }
+                _ if *retries > 0 => gave_up(error, *retries + 1),
+                _ => error,
+            }),
         }
     }
 }
@@ -141,71 +247,106 @@ impl RetryingProvider {
 #[async_trait::async_trait]
 impl Provider for RetryingProvider {
     fn context_window(&self, model: &str) -> Option<u64> {
-        self.inner.context_window(model)
+        self.retrier.inner.context_window(model)
     }
 
+    fn describe_route(&self, model: &str) -> Option<Value> {
+        self.retrier.inner.describe_route(model)
+    }
+
+    /// The attempts run inside the returned stream, so that each failed
+    /// one is reported (a usage event of one request, with the tokens it
+    /// reported) as soon as the next one is made: a caller that drops the
+    /// stream in between (an interrupt) has counted exactly the requests
+    /// made. The request of the attempt in flight is the caller's own.
     async fn stream(&self, request: ProviderRequest) -> Result<ProviderStream, ProviderError> {
-        let mut retries = 0u32;
-        let mut key_reloaded = false;
-        loop {
-            let error = match self.attempt(&request).await {
-                Attempt::Started(stream) => return Ok(stream),
-                Attempt::Failed(e) => e,
-            };
-            if let ProviderError::Auth(message) = &error {
-                let Some(keys) = self.keys.as_ref().filter(|_| !key_reloaded) else {
-                    return Err(error);
+        let retrier = self.retrier.clone();
+        Ok(Box::pin(async_stream::stream! {
+            let mut retries = 0u32;
+            let mut key_reloaded = false;
+            loop {
+                let (error, spent) = match retrier.attempt(&request).await {
+                    Attempt::Started(mut stream) => {
+                        while let Some(item) = stream.next().await {
+                            yield item;
+                        }
+                        return;
+                    }
+                    Attempt::Failed(e, spent) => (e, spent),
                 };
-                key_reloaded = true;
-                if let Err(why) = keys.reload() {
-                    return Err(ProviderError::Auth(format!(
-                        "{message}; the key could not be re-read: {why}"
-                    )));
+                match retrier.next(error, &mut retries, &mut key_reloaded, &request) {
+                    Next::Retry(wait) => {
+                        tokio::time::sleep(wait).await;
+                        yield Ok(ProviderEvent::Usage(Usage {
+                            provider_requests: 1,
+                            ..spent
+                        }));
+                    }
+                    Next::Fail(error) => {
+                        if spent.input_tokens > 0 || spent.output_tokens > 0 {
+                            yield Ok(ProviderEvent::Usage(Usage {
+                                provider_requests: 0,
+                                ..spent
+                            }));
+                        }
+                        yield Err(error);
+                        return;
+                    }
                 }
-                tracing::warn!(
-                    session_id = %request.session_id,
-                    var = keys.var().unwrap_or_default(),
-                    "provider refused the key; re-read it from the environment and retrying"
-                );
-                continue;
             }
-            match self.policy.delay(retries, &error) {
-                Some(wait) => {
-                    retries += 1;
-                    tracing::warn!(
-                        session_id = %request.session_id,
-                        error = %error,
-                        retry = retries,
-                        wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-                        "provider request failed before any output; retrying"
-                    );
-                    tokio::time::sleep(wait).await;
-                }
-                None if retries > 0 => return Err(gave_up(error, retries + 1)),
-                None => return Err(error),
-            }
-        }
+        }))
     }
 }
 
-/// Says in the error how hard we tried, so "server error 500" is not read
-/// as a single unlucky request.
-fn gave_up(error: ProviderError, attempts: u32) -> ProviderError {
-    let note = format!(" (gave up after {attempts} attempts)");
+/// Appends `note` to the message of a retryable error.
+fn noted(error: ProviderError, note: &str) -> ProviderError {
     match error {
         ProviderError::RateLimited {
             retry_after,
             message,
         } => ProviderError::RateLimited {
             retry_after,
-            message: message + &note,
+            message: message + note,
         },
-        ProviderError::Transport(m) => ProviderError::Transport(m + &note),
-        ProviderError::Server { status, message } => ProviderError::Server {
+        ProviderError::Transport(m) => ProviderError::Transport(m + note),
+        ProviderError::Server {
             status,
-            message: message + &note,
+            retry_after,
+            message,
+        } => ProviderError::Server {
+            status,
+            retry_after,
+            message: message + note,
         },
         other => other,
+    }
+}
+
+/// Says in the error how hard we tried, so "server error 500" is not read
+/// as a single unlucky request.
+fn gave_up(error: ProviderError, attempts: u32) -> ProviderError {
+    noted(error, &format!(" (gave up after {attempts} attempts)"))
+}
+
+/// Says in the error that the server asked for a longer wait than allowed,
+/// and which setting allows it.
+fn waited_too_long(error: ProviderError, asked: Duration, cap: Duration) -> ProviderError {
+    noted(
+        error,
+        &format!(
+            " (the server asked to retry after {} s, more than the {} s max_retry_after_secs allows: not retried)",
+            secs(asked),
+            secs(cap)
+        ),
+    )
+}
+
+/// Seconds, without a fraction when there is none.
+fn secs(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        d.as_secs().to_string()
+    } else {
+        format!("{:.1}", d.as_secs_f64())
     }
 }
 
@@ -285,8 +426,14 @@ mod tests {
         })
         .await;
         assert_eq!(calls, 2);
-        // The failed attempt's usage is not handed on; the retry's is.
-        assert_eq!(items, vec![Ok(usage(7)), Ok(hello), Ok(done)]);
+        // The failed attempt is handed on as a request made (with what it
+        // reported), ahead of the retry's own events.
+        let failed = ProviderEvent::Usage(Usage {
+            provider_requests: 1,
+            input_tokens: 5,
+            ..Usage::default()
+        });
+        assert_eq!(items, vec![Ok(failed), Ok(usage(7)), Ok(hello), Ok(done)]);
     }
 
     #[tokio::test]
@@ -313,6 +460,7 @@ mod tests {
         };
         let server = ProviderError::Server {
             status: 500,
+            retry_after: None,
             message: String::new(),
         };
         let waits: Vec<_> = (0..7).map(|r| p.delay(r, &server)).collect();

@@ -4,7 +4,8 @@
 //! This module owns the parts both providers share: the idle timeout (a
 //! stream silent for too long is cut, §11), the mapping of transport and
 //! framing failures onto [`ProviderError`], the rule that a stream which
-//! ends without a finish is an error, and its converse: a stream that had
+//! ends without a finish is a transport error (retried like a disconnect
+//! when nothing was output yet), and its converse: a stream that had
 //! reached its finish (OpenAI's `finish_reason`, Anthropic's `stop_reason`)
 //! is complete even when its connection then breaks or stalls before the
 //! trailer (usage, `[DONE]`, `message_stop`), so the tool calls it finished
@@ -36,7 +37,15 @@ pub(super) trait Decoder: Send + 'static {
 }
 
 /// The message of a stream that stopped before its finish.
-pub(super) const ENDED_WITHOUT_FINISH: &str = "stream ended without a finish";
+pub(super) const ENDED_WITHOUT_FINISH: &str = "the stream ended without a finish";
+
+/// A stream that stopped before its finish: a transport error, like a
+/// connection that broke at the same point (a server or proxy that closes
+/// the body cleanly mid-answer is no different), so before any output it
+/// is retried (§11).
+pub(super) fn ended_without_finish() -> ProviderError {
+    ProviderError::Transport(ENDED_WITHOUT_FINISH.into())
+}
 
 /// Decodes `response`'s body with `decoder`. The stream ends after `Done` or
 /// after the first error; dropping it drops the response, which cancels the
@@ -79,7 +88,7 @@ pub(super) fn decode<D: Decoder>(
                     if finished {
                         // A decoder that reports the end without a `Done`
                         // must not turn into a silent success.
-                        yield Err(ProviderError::BadResponse(ENDED_WITHOUT_FINISH.into()));
+                        yield Err(ended_without_finish());
                         return;
                     }
                 }

@@ -31,7 +31,10 @@
 //!
 //! The heartbeat renews this node's membership on a connection of its own,
 //! never waiting for the pool: a node busy writing must not lose its
-//! sessions for want of a connection.
+//! sessions for want of a connection. Joining ([`PgStore::join`]) refuses a
+//! URL that a live node already advertises. Every connection asks the
+//! server to end a transaction left idle for half the lease, so a node
+//! stopped mid-transaction cannot hold lease rows against a takeover.
 //!
 //! Transient failures (the database restarting, a dropped connection) are
 //! retried for a while, writes included: a checkpoint statement is
@@ -43,6 +46,7 @@
 //! routing): `crate::cluster` drives it through the methods here.
 
 mod schema;
+mod webhooks;
 mod writer;
 
 use std::str::FromStr;
@@ -53,10 +57,11 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 use overseer_actors::model::{
-    Event, QueuedMessage, SessionHeader, SessionId, SessionIdHasher, SessionStatus,
+    Event, QueuedMessage, SessionHeader, SessionId, SessionIdHasher, SessionStatus, TranscriptEntry,
 };
 use overseer_actors::store::{
-    Checkpoint, CheckpointStore, SessionSummary, StoreError, StoredSession,
+    decision_rows, Checkpoint, CheckpointStore, DecisionPage, DecisionQuery, DecisionRow,
+    SessionSummary, StoreError, StoredSession,
 };
 use sled::IVec;
 use tokio_postgres::error::SqlState;
@@ -168,12 +173,16 @@ pub struct NodeStatus {
     pub id: Uuid,
     /// Advertised URL.
     pub url: String,
-    /// Whether its heartbeat is within the lease.
+    /// Whether its heartbeat is within the lease (a dead node's row stays,
+    /// marked dead, until the live nodes prune it after
+    /// `cluster.dead_node_retention_secs`).
     pub alive: bool,
     /// Seconds since its last heartbeat.
     pub heartbeat_age_secs: f64,
-    /// Non-terminal root sessions whose lease it holds.
-    pub sessions_owned: i64,
+    /// Active sessions (running or awaiting approval, children included)
+    /// in the trees whose lease it holds: on a dead node, what is still to
+    /// be taken over. Idle and finished sessions are not counted.
+    pub active_sessions: i64,
 }
 
 /// A root whose owner is gone, found by [`PgStore::claimable_roots`].
@@ -181,9 +190,35 @@ pub struct NodeStatus {
 pub struct Orphan {
     /// The root session.
     pub root: SessionId,
+    /// The node its lease names (`None`: never owned, or released).
+    pub owner: Option<Uuid>,
     /// Seconds since its dead owner's last heartbeat (`None`: never owned,
     /// or the owner's row is gone).
     pub dead_for_secs: Option<f64>,
+}
+
+/// What one failover round decides by: the database's clock at the start
+/// of the round and the nodes alive by it. Every page of the round is read
+/// against the same instant, so a node that dies during the round counts
+/// as alive (or dead) for all of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundView {
+    /// The database's `now()`, in seconds since the Unix epoch.
+    pub at: f64,
+    /// Nodes whose heartbeat was within the lease at `at`, by id.
+    pub live: Vec<Uuid>,
+}
+
+/// Another live node already advertises the URL a node would join with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UrlTaken {
+    /// That node's id.
+    pub node: Uuid,
+    /// Seconds since its last heartbeat.
+    pub heartbeat_age_secs: f64,
+    /// Its last heartbeat, in seconds since the Unix epoch (a later one
+    /// proves it is still beating).
+    pub heartbeat_at: f64,
 }
 
 /// A lease this node holds: the epoch its checkpoints are conditional on.
@@ -245,6 +280,8 @@ struct Inner {
     heartbeat_conn: std::sync::Mutex<Option<tokio_postgres::Client>>,
     /// Request-response exchanges with the database this store waited on.
     round_trips: Arc<AtomicU64>,
+    /// Webhooks: when set, checkpoints insert the deliveries of their events.
+    webhooks: std::sync::OnceLock<Arc<crate::webhooks::Subscriptions>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -329,6 +366,17 @@ where
     }
 }
 
+/// Whether a planned fault skips this node's own-lease check (tests only).
+#[cfg(feature = "fault-injection")]
+fn own_lease_bypassed() -> bool {
+    overseer_actors::fault::bypassed(overseer_actors::fault::FaultPoint::IgnoreOwnLease)
+}
+
+#[cfg(not(feature = "fault-injection"))]
+fn own_lease_bypassed() -> bool {
+    false
+}
+
 fn session_id(id: Uuid) -> SessionId {
     SessionId(id)
 }
@@ -350,9 +398,21 @@ impl PgStore {
             config.connect_timeout(options.connect_timeout);
         }
         config.application_name("overseer");
+        // A node stopped (SIGSTOP, a hung VM) inside a transaction must not
+        // hold its row locks for ever: the lease rows it locked `FOR SHARE`
+        // would block every takeover of its trees. The server ends such a
+        // session well before the lease runs out; a healthy node never
+        // idles in a transaction (each is one pipelined exchange).
+        let idle = (options.lease / 2).max(Duration::from_secs(1));
+        let mut server_options = config.get_options().unwrap_or_default().to_owned();
+        server_options.push_str(&format!(
+            " -c idle_in_transaction_session_timeout={}",
+            idle.as_millis()
+        ));
         if options.durability == Durability::Os {
-            config.options("-c synchronous_commit=off");
+            server_options.push_str(" -c synchronous_commit=off");
         }
+        config.options(server_options.trim_start());
         let target = describe_target(&config);
         let manager = Manager::from_config(
             config.clone(),
@@ -404,6 +464,7 @@ impl PgStore {
                 writer,
                 heartbeat_conn: std::sync::Mutex::new(None),
                 round_trips,
+                webhooks: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -450,6 +511,54 @@ impl PgStore {
     }
 
     // ---- membership ----------------------------------------------------------
+
+    /// Joins with `url`: records this node's first heartbeat, unless another
+    /// node whose heartbeat is within the lease already advertises `url`
+    /// (then nothing is written and that node is returned). Checked and
+    /// written in one transaction under an advisory lock on the URL, so of
+    /// two nodes joining with one URL at once the second sees the first.
+    pub async fn join(&self, url: &str) -> Result<Result<(), UrlTaken>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(map_pg)?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+            &[&url],
+        )
+        .await
+        .map_err(map_pg)?;
+        let taken = tx
+            .query_opt(
+                "SELECT id, EXTRACT(EPOCH FROM now() - heartbeat_at)::float8,
+                        EXTRACT(EPOCH FROM heartbeat_at)::float8
+                 FROM nodes
+                 WHERE url = $1 AND id <> $2
+                   AND heartbeat_at > now() - make_interval(secs => $3)
+                 ORDER BY heartbeat_at DESC LIMIT 1",
+                &[
+                    &url,
+                    &self.inner.node,
+                    &self.inner.options.lease.as_secs_f64(),
+                ],
+            )
+            .await
+            .map_err(map_pg)?;
+        if let Some(row) = taken {
+            return Ok(Err(UrlTaken {
+                node: row.get(0),
+                heartbeat_age_secs: row.get(1),
+                heartbeat_at: row.get(2),
+            }));
+        }
+        tx.execute(
+            "INSERT INTO nodes (id, url) VALUES ($1, $2)
+             ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), url = EXCLUDED.url",
+            &[&self.inner.node, &url],
+        )
+        .await
+        .map_err(map_pg)?;
+        tx.commit().await.map_err(map_pg)?;
+        Ok(Ok(()))
+    }
 
     /// Records this node's heartbeat (joining with `url` on the first). On
     /// success this node may act on its leases until `lease` minus a margin
@@ -550,6 +659,14 @@ impl PgStore {
         self.inner.clock.valid()
     }
 
+    /// Whether this node must stop acting on its leases now: its own lease
+    /// ran out by its own clock. With the `fault-injection` feature a
+    /// planned `ignore_own_lease:N:bypass` makes it carry on regardless
+    /// (the test of the database's fence).
+    pub fn lease_lapsed(&self) -> bool {
+        !self.inner.clock.valid() && !own_lease_bypassed()
+    }
+
     /// Forgets every lease this node held, and stops writing until the next
     /// heartbeat: a node whose lease lapsed (paused, partitioned, slow)
     /// must assume other nodes took its sessions.
@@ -599,17 +716,23 @@ impl PgStore {
         Ok(())
     }
 
-    /// Removes rows of nodes dead for longer than `after` that own nothing.
-    pub async fn prune_nodes(&self, after: Duration) -> Result<u64, StoreError> {
+    /// Removes the rows of nodes whose last heartbeat is older than `after`
+    /// (never less than the lease: only dead nodes), and returns their ids.
+    /// The leases they still name stay: a lease naming no node row is
+    /// claimable like one naming a dead node, and its epoch still fences a
+    /// node that comes back (which heartbeats its row in again).
+    pub async fn prune_nodes(&self, after: Duration) -> Result<Vec<Uuid>, StoreError> {
+        let after = after.max(self.inner.options.lease);
         let client = self.client().await?;
-        client
-            .execute(
-                "DELETE FROM nodes n WHERE n.heartbeat_at < now() - make_interval(secs => $1)
-                   AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.node_id = n.id)",
+        let rows = client
+            .query(
+                "DELETE FROM nodes WHERE heartbeat_at < now() - make_interval(secs => $1)
+                 RETURNING id",
                 &[&after.as_secs_f64()],
             )
             .await
-            .map_err(map_pg)
+            .map_err(map_pg)?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// The key of node-to-node credentials, shared through the database.
@@ -633,9 +756,9 @@ impl PgStore {
                 "SELECT n.id, n.url,
                         n.heartbeat_at > now() - make_interval(secs => $1),
                         EXTRACT(EPOCH FROM now() - n.heartbeat_at)::float8,
-                        (SELECT count(*) FROM leases l JOIN sessions s ON s.id = l.root_id
+                        (SELECT count(*) FROM leases l JOIN sessions s ON s.root_id = l.root_id
                           WHERE l.node_id = n.id
-                            AND s.status NOT IN ('completed', 'failed', 'cancelled'))
+                            AND s.status IN ('running', 'awaiting_approval'))
                  FROM nodes n ORDER BY n.started_at, n.id",
                 &[&self.inner.options.lease.as_secs_f64()],
             )
@@ -648,7 +771,7 @@ impl PgStore {
                 url: r.get(1),
                 alive: r.get(2),
                 heartbeat_age_secs: r.get(3),
-                sessions_owned: r.get(4),
+                active_sessions: r.get(4),
             })
             .collect())
     }
@@ -687,26 +810,58 @@ impl PgStore {
         })
     }
 
-    /// Active roots (running or awaiting approval) whose owner is dead or
-    /// that nobody owns, at most `limit`: what failover takes.
-    pub async fn claimable_roots(&self, limit: usize) -> Result<Vec<Orphan>, StoreError> {
+    /// The database's clock and the nodes alive by it, for one failover
+    /// round (this node among them while its lease is valid).
+    pub async fn round_view(&self) -> Result<RoundView, StoreError> {
         let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT EXTRACT(EPOCH FROM now())::float8,
+                        COALESCE(array_agg(id ORDER BY id)
+                          FILTER (WHERE heartbeat_at > now() - make_interval(secs => $1)),
+                          '{}')
+                 FROM nodes",
+                &[&self.inner.options.lease.as_secs_f64()],
+            )
+            .await
+            .map_err(map_pg)?;
+        Ok(RoundView {
+            at: row.get(0),
+            live: row.get(1),
+        })
+    }
+
+    /// Active roots (running or awaiting approval) whose owner was dead at
+    /// `at` (a [`RoundView::at`]) or that nobody owns, in id order after
+    /// `after`, at most `limit`: what failover takes, a page at a time.
+    pub async fn claimable_roots(
+        &self,
+        at: f64,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<Orphan>, StoreError> {
+        let client = self.client().await?;
+        let after = after.map(|a| a.0);
         let rows = client
             .query(
-                "SELECT s.id,
+                "SELECT s.id, l.node_id,
                         CASE WHEN n.id IS NULL THEN NULL
-                             ELSE EXTRACT(EPOCH FROM now() - n.heartbeat_at)::float8 END
+                             ELSE EXTRACT(EPOCH FROM to_timestamp($1) - n.heartbeat_at)::float8 END
                  FROM sessions s
                  LEFT JOIN leases l ON l.root_id = s.id
                  LEFT JOIN nodes n ON n.id = l.node_id
                  WHERE s.status IN ('running', 'awaiting_approval')
                    AND s.parent_id IS NULL
+                   AND ($4::uuid IS NULL OR s.id > $4)
                    AND (l.node_id IS NULL OR n.id IS NULL
-                        OR (n.id <> $1 AND n.heartbeat_at <= now() - make_interval(secs => $2)))
-                 LIMIT $3",
+                        OR (n.id <> $2
+                            AND n.heartbeat_at <= to_timestamp($1) - make_interval(secs => $3)))
+                 ORDER BY s.id LIMIT $5",
                 &[
+                    &at,
                     &self.inner.node,
                     &self.inner.options.lease.as_secs_f64(),
+                    &after,
                     &signed(limit as u64),
                 ],
             )
@@ -716,7 +871,8 @@ impl PgStore {
             .iter()
             .map(|r| Orphan {
                 root: session_id(r.get(0)),
-                dead_for_secs: r.get(1),
+                owner: r.get(1),
+                dead_for_secs: r.get(2),
             })
             .collect())
     }
@@ -792,8 +948,9 @@ impl PgStore {
     /// The epoch a checkpoint of `root`'s tree is written under, or why it
     /// may not be written.
     fn fence(&self, root: SessionId, session: SessionId) -> Result<i64, StoreError> {
-        if !self.inner.clock.valid() {
-            metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL).increment(1);
+        if self.lease_lapsed() {
+            metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL, "by" => "node")
+                .increment(1);
             return Err(StoreError::NotOwner {
                 session,
                 reason: "this node's lease has run out (no recent heartbeat)".into(),
@@ -802,7 +959,7 @@ impl PgStore {
         match self.inner.leases.get(&root) {
             Some(l) => Ok(l.epoch),
             None => {
-                metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL)
+                metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL, "by" => "node")
                     .increment(1);
                 Err(StoreError::NotOwner {
                     session,
@@ -816,7 +973,8 @@ impl PgStore {
     fn lost(&self, root: SessionId, epoch: i64) {
         self.inner.leases.remove_if(&root, |_, l| l.epoch == epoch);
         self.publish_owned();
-        metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL).increment(1);
+        metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL, "by" => "database")
+            .increment(1);
     }
 
     // ---- store copy --------------------------------------------------------------
@@ -902,6 +1060,27 @@ impl PgStore {
             "INSERT INTO queue (session_id, seq, message)
              SELECT $1, * FROM unnest($2::bigint[], $3::text[])",
             &[&prepared.id, &prepared.queue_seqs, &prepared.queued],
+        )
+        .await
+        .map_err(map_pg)?;
+        // The copied log's decisions, as the checkpoints that recorded them
+        // would have indexed them.
+        tx.execute(
+            "INSERT INTO decisions (tenant, at_ms, session_id, call_id, agent, tool, decided_by, row_json)
+             SELECT $1, u.at_ms, $2, u.call_id, $3, u.tool, u.decided_by, u.row_json
+             FROM unnest($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[])
+                 AS u(at_ms, call_id, tool, decided_by, row_json)
+             ON CONFLICT DO NOTHING",
+            &[
+                &prepared.tenant,
+                &prepared.id,
+                &prepared.agent,
+                &prepared.decision_at,
+                &prepared.decision_calls,
+                &prepared.decision_tools,
+                &prepared.decision_by,
+                &prepared.decision_rows,
+            ],
         )
         .await
         .map_err(map_pg)?;
@@ -1101,6 +1280,7 @@ impl PgStore {
             "DELETE FROM transcript WHERE session_id = $1",
             "DELETE FROM events WHERE session_id = $1",
             "DELETE FROM queue WHERE session_id = $1",
+            "DELETE FROM decisions WHERE session_id = $1",
         ] {
             tx.execute(sql, &[&id.0]).await.map_err(map_pg)?;
         }
@@ -1167,12 +1347,27 @@ pub(crate) struct Prepared {
     queued: Vec<String>,
     dequeue_from: i64,
     dequeue_to: i64,
+    /// The session's agent (the decision rows' column).
+    agent: String,
+    /// The decision index's rows this checkpoint adds: time, call, tool,
+    /// decider, row JSON (see `overseer_actors::store::decision_rows`).
+    decision_at: Vec<i64>,
+    decision_calls: Vec<String>,
+    decision_tools: Vec<String>,
+    decision_by: Vec<Option<String>>,
+    decision_rows: Vec<String>,
     /// The epoch the write is conditional on (`None` only for imports).
     epoch: Option<i64>,
     /// The node writing (set by the writer).
     node: Option<Uuid>,
     /// First and last new event, to announce them.
     new_events: Option<(u64, u64)>,
+    /// Webhook seeds of its events: `webhook-id`s, event types, seed JSON.
+    hook_ids: Vec<String>,
+    hook_events: Vec<String>,
+    hook_seeds: Vec<String>,
+    /// When its deliveries are queued (and first due), ms since the epoch.
+    hook_now_ms: i64,
 }
 
 impl Prepared {
@@ -1184,7 +1379,8 @@ impl Prepared {
             + rows(&self.entries)
             + rows(&self.blob_data)
             + rows(&self.events)
-            + rows(&self.queued)) as u64
+            + rows(&self.queued)
+            + rows(&self.decision_rows)) as u64
     }
 }
 
@@ -1250,6 +1446,16 @@ fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, StoreError> 
                 .map_err(|e| corrupt(id, format!("cannot encode metadata: {e}")))
         })
         .transpose()?;
+    let decisions = decision_rows(cp);
+    let mut decision_json = Vec::with_capacity(decisions.len());
+    for row in &decisions {
+        decision_json.push(serde_json::to_string(row).map_err(|e| {
+            corrupt(
+                id,
+                format!("cannot encode the decision of {}: {e}", row.call_id),
+            )
+        })?);
+    }
     let new_events = match (cp.events.first(), cp.events.last()) {
         (Some(a), Some(b)) => Some((a.seq, b.seq)),
         _ => None,
@@ -1276,9 +1482,19 @@ fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, StoreError> 
         queued,
         dequeue_from: signed(cp.dequeued.start),
         dequeue_to: signed(cp.dequeued.end),
+        agent: h.agent.clone(),
+        decision_at: decisions.iter().map(|r| r.at_ms).collect(),
+        decision_calls: decisions.iter().map(|r| r.call_id.0.clone()).collect(),
+        decision_tools: decisions.iter().map(|r| r.tool.clone()).collect(),
+        decision_by: decisions.iter().map(|r| r.by.clone()).collect(),
+        decision_rows: decision_json,
         epoch,
         node: None,
         new_events,
+        hook_ids: Vec::new(),
+        hook_events: Vec::new(),
+        hook_seeds: Vec::new(),
+        hook_now_ms: 0,
     })
 }
 
@@ -1288,6 +1504,13 @@ impl CheckpointStore for PgStore {
         let id = checkpoint.header.id;
         let root = checkpoint.header.root_id;
         let epoch = self.fence(root, id)?;
+        // The events that go out as webhooks, whoever listens: the statement
+        // joins them with the endpoints table (see `writer`).
+        let hooks = self.inner.webhooks.get();
+        let seeds = match hooks {
+            Some(_) => crate::webhooks::seeds(&checkpoint),
+            None => Vec::new(),
+        };
         let prepared = if codec::may_be_large(&checkpoint) {
             tokio::task::spawn_blocking(move || prepare(&checkpoint, Some(epoch)))
                 .await
@@ -1295,10 +1518,16 @@ impl CheckpointStore for PgStore {
         } else {
             prepare(&checkpoint, Some(epoch))?
         };
+        let mut prepared = prepared;
+        webhooks::add_seeds(&mut prepared, &seeds)?;
         let bytes = prepared.size();
+        let wrote_hooks = !prepared.hook_ids.is_empty();
         match self.inner.writer.submit(prepared, self.inner.node).await? {
             true => {
                 overseer_actors::metrics::record_checkpoint_bytes(bytes);
+                if let (true, Some(hooks)) = (wrote_hooks, hooks) {
+                    hooks.written();
+                }
                 Ok(())
             }
             false => {
@@ -1450,6 +1679,119 @@ impl CheckpointStore for PgStore {
     /// Every checkpoint is committed before it is confirmed: nothing to do.
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// One indexed query (the primary key's order); one row more than the
+    /// page says whether another page follows.
+    async fn decisions(
+        &self,
+        tenant: &str,
+        query: &DecisionQuery,
+    ) -> Result<DecisionPage, StoreError> {
+        let limit = query.limit.max(1);
+        let before = query.before.as_ref();
+        let at = before.map(|p| p.at_ms);
+        let session = before.map(|p| p.session_id.0);
+        let call = before.map(|p| p.call_id.0.clone());
+        // Two statements rather than `$2 IS NULL OR …`, so that a later
+        // page's position is a range of the primary key, not a filter.
+        let sql = if before.is_some() {
+            r#"SELECT row_json FROM decisions
+               WHERE tenant = $1
+                 AND (at_ms, session_id, call_id) < ($2::bigint, $3::uuid, $4::text COLLATE "C")
+                 AND ($5::text IS NULL OR agent = $5)
+                 AND ($6::text IS NULL OR tool = $6)
+                 AND ($7::text IS NULL OR decided_by = $7)
+               ORDER BY at_ms DESC, session_id DESC, call_id DESC
+               LIMIT $8"#
+        } else {
+            r#"SELECT row_json FROM decisions
+               WHERE tenant = $1
+                 AND ($2::bigint IS NULL AND $3::uuid IS NULL AND $4::text IS NULL)
+                 AND ($5::text IS NULL OR agent = $5)
+                 AND ($6::text IS NULL OR tool = $6)
+                 AND ($7::text IS NULL OR decided_by = $7)
+               ORDER BY at_ms DESC, session_id DESC, call_id DESC
+               LIMIT $8"#
+        };
+        let rows = retrying(READ_RETRY, || async {
+            let client = self.client().await?;
+            let statement = client.prepare_cached(sql).await.map_err(map_pg)?;
+            self.trip();
+            client
+                .query(
+                    &statement,
+                    &[
+                        &tenant,
+                        &at,
+                        &session,
+                        &call,
+                        &query.agent,
+                        &query.tool,
+                        &query.by,
+                        &signed(limit as u64 + 1),
+                    ],
+                )
+                .await
+                .map_err(map_pg)
+        })
+        .await?;
+        let mut page = Vec::with_capacity(rows.len().min(limit));
+        for r in rows.iter().take(limit) {
+            let text: &str = r.get(0);
+            let row: DecisionRow = serde_json::from_str(text)
+                .map_err(|e| corrupt("decisions", format!("unreadable row: {e}")))?;
+            page.push(row);
+        }
+        let next = if rows.len() > limit {
+            page.last().map(DecisionRow::position)
+        } else {
+            None
+        };
+        Ok(DecisionPage { rows: page, next })
+    }
+
+    async fn entries(
+        &self,
+        id: SessionId,
+        range: std::ops::Range<u64>,
+    ) -> Result<Vec<Arc<TranscriptEntry>>, StoreError> {
+        if range.start >= range.end {
+            return Ok(Vec::new());
+        }
+        let (from, to) = (signed(range.start), signed(range.end));
+        let rows = retrying(READ_RETRY, || async {
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(
+                    "SELECT t.idx, t.entry, b.data FROM transcript t
+                     LEFT JOIN blobs b ON b.hash = t.result_blob
+                     WHERE t.session_id = $1 AND t.idx >= $2 AND t.idx < $3
+                       AND t.idx < (SELECT s.transcript_len FROM sessions s WHERE s.id = $1)
+                     ORDER BY t.idx",
+                )
+                .await
+                .map_err(map_pg)?;
+            self.trip();
+            client
+                .query(&statement, &[&id.0, &from, &to])
+                .await
+                .map_err(map_pg)
+        })
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                let idx: i64 = r.get(0);
+                let entry: String = r.get(1);
+                let blob: Option<String> = r.get(2);
+                codec::decode_entry(
+                    &id,
+                    u64::try_from(idx).unwrap_or(0),
+                    entry.as_bytes(),
+                    |_| Ok(blob.map(|b| IVec::from(b.as_bytes()))),
+                )
+            })
+            .collect()
     }
 
     /// A round trip to the database, within the lease.

@@ -42,14 +42,22 @@ pub struct World {
     pub ledger: PathBuf,
     pub database: String,
     pub client: reqwest::Client,
+    settings: Settings,
 }
 
 /// Tunables of a test cluster.
+#[derive(Clone)]
 pub struct Settings {
     pub heartbeat_secs: u64,
     pub lease_secs: u64,
     pub approval_timeout_secs: u64,
     pub store: &'static str,
+    /// `[http] max_in_flight_requests` (local work's budget).
+    pub max_in_flight_requests: usize,
+    /// `[cluster] max_in_flight_forwards`.
+    pub max_in_flight_forwards: usize,
+    /// `[cluster] dead_node_retention_secs`.
+    pub dead_node_retention_secs: u64,
 }
 
 impl Default for Settings {
@@ -59,8 +67,20 @@ impl Default for Settings {
             lease_secs: 4,
             approval_timeout_secs: 3_600,
             store: "postgres",
+            max_in_flight_requests: 128,
+            max_in_flight_forwards: 128,
+            dead_node_retention_secs: 3_600,
         }
     }
+}
+
+/// How one node differs from the others of its world.
+#[derive(Default)]
+pub struct NodeOptions {
+    /// `[cluster] advertise_url` (default: its own listener).
+    pub advertise_url: Option<String>,
+    /// `OVERSEER_FAULT` (`point:nth:action`).
+    pub fault: Option<String>,
 }
 
 impl World {
@@ -70,27 +90,8 @@ impl World {
         let scenario = dir.path().join("scenario.json");
         std::fs::write(&scenario, SCENARIO)?;
         let config = dir.path().join("overseer.toml");
-        let data = dir.path().join("data");
-        std::fs::write(
-            &config,
-            format!(
-                "[store]\nkind = \"{store}\"\ndata_dir = {data:?}\ndurability = \"fsync\"\npool_size = 8\n\n\
-                 [cluster]\nheartbeat_secs = {hb}\nlease_secs = {lease}\n\n\
-                 [provider]\nkind = \"scripted\"\nscenario = {scenario:?}\n\n\
-                 [[agents]]\nname = \"clerk\"\ntools = [\"ledger_append\"]\napproval = \"per_tool\"\n\
-                 approval_timeout_secs = {timeout}\n\n\
-                 [[agents]]\nname = \"lead\"\ntools = [\"ledger_append\"]\nsubagents = [\"clerk\"]\n\
-                 approval_timeout_secs = {timeout}\n",
-                store = settings.store,
-                data = data.display().to_string(),
-                hb = settings.heartbeat_secs,
-                lease = settings.lease_secs,
-                scenario = scenario.display().to_string(),
-                timeout = settings.approval_timeout_secs,
-            ),
-        )?;
         let ledger = dir.path().join("ledger");
-        Ok(Self {
+        let world = Self {
             dir,
             config,
             ledger,
@@ -98,12 +99,110 @@ impl World {
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))
                 .build()?,
-        })
+            settings: settings.clone(),
+        };
+        std::fs::write(&world.config, world.config_text(None))?;
+        Ok(world)
+    }
+
+    /// The configuration file's text, advertising `advertise_url` if given.
+    fn config_text(&self, advertise_url: Option<&str>) -> String {
+        let settings = &self.settings;
+        let scenario = self.dir.path().join("scenario.json");
+        let data = self.dir.path().join("data");
+        let advertise = advertise_url
+            .map(|u| format!("advertise_url = {u:?}\n"))
+            .unwrap_or_default();
+        format!(
+            "[store]\nkind = \"{store}\"\ndata_dir = {data:?}\ndurability = \"fsync\"\npool_size = 8\n\n\
+             [http]\nmax_in_flight_requests = {in_flight}\n\n\
+             [cluster]\nheartbeat_secs = {hb}\nlease_secs = {lease}\n\
+             max_in_flight_forwards = {forwards}\ndead_node_retention_secs = {retention}\n{advertise}\n\
+             [provider]\nkind = \"scripted\"\nscenario = {scenario:?}\n\n\
+             [[agents]]\nname = \"clerk\"\ntools = [\"ledger_append\"]\napproval = \"per_tool\"\n\
+             approval_timeout_secs = {timeout}\n\n\
+             [[agents]]\nname = \"lead\"\ntools = [\"ledger_append\"]\nsubagents = [\"clerk\"]\n\
+             approval_timeout_secs = {timeout}\n",
+            store = settings.store,
+            data = data.display().to_string(),
+            in_flight = settings.max_in_flight_requests,
+            hb = settings.heartbeat_secs,
+            lease = settings.lease_secs,
+            forwards = settings.max_in_flight_forwards,
+            retention = settings.dead_node_retention_secs,
+            scenario = scenario.display().to_string(),
+            timeout = settings.approval_timeout_secs,
+        )
     }
 
     /// Starts one node and waits until it listens.
     pub fn node(&self) -> anyhow::Result<Node> {
-        Node::start(self)
+        Node::start(self, &NodeOptions::default())
+    }
+
+    /// Starts one node that differs from the others, and waits until it
+    /// listens.
+    pub fn node_with(&self, options: &NodeOptions) -> anyhow::Result<Node> {
+        Node::start(self, options)
+    }
+
+    /// The `overseer serve` command of a node (its configuration written
+    /// for it when it differs from the others').
+    fn serve_command(&self, options: &NodeOptions) -> anyhow::Result<Command> {
+        let config = match &options.advertise_url {
+            None => self.config.clone(),
+            Some(url) => {
+                let path = self
+                    .dir
+                    .path()
+                    .join(format!("overseer-{}.toml", uuid::Uuid::new_v4()));
+                std::fs::write(&path, self.config_text(Some(url)))?;
+                path
+            }
+        };
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .env("OVERSEER_JWT_SECRET", SECRET)
+            .env("OVERSEER_DATABASE_URL", &self.database)
+            .env("OVERSEER_TEST_LEDGER", &self.ledger)
+            .env("RUST_LOG", "warn,overseer::cluster=info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(fault) = &options.fault {
+            cmd.env("OVERSEER_FAULT", fault);
+        }
+        Ok(cmd)
+    }
+
+    /// Runs a node expected to refuse to start: its exit status and stderr,
+    /// or an error if it is still running after `PATIENCE` (then killed).
+    pub fn refused_node(
+        &self,
+        options: &NodeOptions,
+    ) -> anyhow::Result<(std::process::ExitStatus, String)> {
+        let mut child = self.serve_command(options)?.spawn()?;
+        let mut stderr = child.stderr.take().context("stderr")?;
+        let reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+            text
+        });
+        let deadline = std::time::Instant::now() + PATIENCE;
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("the node did not stop within {PATIENCE:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let text = reader.join().unwrap_or_default();
+        Ok((status, text))
     }
 
     /// Ledger lines: entry → how many times it was appended.
@@ -130,18 +229,8 @@ pub struct Node {
 }
 
 impl Node {
-    fn start(world: &World) -> anyhow::Result<Self> {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&world.config)
-            .env("OVERSEER_JWT_SECRET", SECRET)
-            .env("OVERSEER_DATABASE_URL", &world.database)
-            .env("OVERSEER_TEST_LEDGER", &world.ledger)
-            .env("RUST_LOG", "warn,overseer::cluster=info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()?;
+    fn start(world: &World, options: &NodeOptions) -> anyhow::Result<Self> {
+        let mut child = world.serve_command(options)?.spawn()?;
         let stderr = child.stderr.take().context("stderr")?;
         let log = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -217,6 +306,17 @@ impl Node {
 
     /// A metric's value summed over its label sets, from `/metrics`.
     pub async fn metric(&self, world: &World, name: &str) -> anyhow::Result<f64> {
+        self.metric_where(world, name, "").await
+    }
+
+    /// A metric's value summed over the label sets that contain `label`
+    /// (e.g. `outcome="ok"`), from `/metrics`.
+    pub async fn metric_where(
+        &self,
+        world: &World,
+        name: &str,
+        label: &str,
+    ) -> anyhow::Result<f64> {
         let admin = super::token("acme", "ops", &["admin"]);
         let text = world
             .client
@@ -230,6 +330,7 @@ impl Node {
             .lines()
             .filter(|l| !l.starts_with('#'))
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .filter(|l| l.contains(label))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum())
     }

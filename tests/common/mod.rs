@@ -7,6 +7,7 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod chromium;
 pub mod cluster;
 pub mod npm;
 pub mod pg;

@@ -1,6 +1,8 @@
 //! The npm packages the tests run (`tests/package.json`, pinned by
 //! `tests/package-lock.json`): installed into `tests/node_modules` by the
-//! tests themselves, so `cargo test` passes on a fresh clone.
+//! tests themselves, so `cargo test` passes on a fresh clone: the MCP
+//! servers `tests/mcp.rs` runs and the Chromium of the browser tests
+//! (unpacked from its package by `chromium.rs`).
 //!
 //! [`installed`] runs `npm ci --prefix tests` when `tests/node_modules` is
 //! missing or was installed from another lock file, once per process and
@@ -23,7 +25,7 @@ use std::sync::OnceLock;
 
 use sha2::{Digest, Sha256};
 
-/// Oldest Node.js major version the servers support (their `engines`).
+/// Oldest Node.js major version the packages support (their `engines`).
 pub const NODE_MAJOR: u32 = 20;
 
 /// What to do without Node.js or npm.
@@ -84,16 +86,7 @@ pub async fn installed() -> PathBuf {
 /// Installs `dir/node_modules` from `dir/package-lock.json` with `npm ci`
 /// unless it is up to date, holding `dir/.npm-ci.lock` meanwhile. Blocks.
 pub fn ensure(dir: &Path, programs: Programs<'_>) -> Result<Install, String> {
-    let lock_path = dir.join(".npm-ci.lock");
-    let lock = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
-    // Released when `lock` is dropped (also if this thread panics).
-    lock.lock()
-        .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
+    let _lock = lock(dir)?;
     let stamp = stamp(dir)?;
     if is_up_to_date(dir, &stamp) {
         return Ok(Install::UpToDate);
@@ -122,6 +115,22 @@ pub fn ensure(dir: &Path, programs: Programs<'_>) -> Result<Install, String> {
     std::fs::write(&stamp_path, &stamp)
         .map_err(|e| format!("cannot write {}: {e}", stamp_path.display()))?;
     Ok(Install::Ran)
+}
+
+/// Takes the exclusive lock on `dir/.npm-ci.lock` that every change to
+/// `dir/node_modules` holds (`npm ci`, unpacking Chromium); released when
+/// the returned file is dropped (also if this thread panics). Blocks.
+pub fn lock(dir: &Path) -> Result<File, String> {
+    let lock_path = dir.join(".npm-ci.lock");
+    let lock = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
+    lock.lock()
+        .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
+    Ok(lock)
 }
 
 /// Whether `dir/node_modules` is a finished install of the inputs whose
@@ -157,12 +166,12 @@ fn check_node(programs: Programs<'_>) -> Result<(), String> {
     match major {
         Some(m) if output.status.success() && m >= NODE_MAJOR => Ok(()),
         _ => Err(format!(
-            "the MCP test servers need Node.js {NODE_MAJOR} or later, but `{} --version` says '{version}': {INSTALL_HINT}",
+            "the tests' npm packages (MCP servers, Chromium) need Node.js {NODE_MAJOR} or later, but `{} --version` says '{version}': {INSTALL_HINT}",
             programs.node
         )),
     }
 }
 
 fn missing(program: &str, error: &std::io::Error) -> String {
-    format!("the MCP tests cannot run `{program}` ({error}): {INSTALL_HINT}")
+    format!("the tests cannot run `{program}` ({error}): {INSTALL_HINT}")
 }

@@ -22,7 +22,7 @@ use anyhow::{bail, Context};
 const INSTALL_HINT: &str =
     "PostgreSQL server binaries (initdb, pg_ctl, postgres) were not found in \
 /usr/lib/postgresql/*/bin; the cluster-mode tests start a throwaway server with them. \
-Install Debian's package: `apt-get install postgresql` (the CI script .ci/run does this)";
+Install Debian's package: `apt-get install postgresql`";
 
 /// A running throwaway server.
 pub struct PgServer {

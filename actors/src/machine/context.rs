@@ -48,10 +48,11 @@ const SUMMARY_PREFIX: &str = "Summary of the earlier conversation (older message
 impl Session {
     /// The transcript as requests carry it: the latest summary (if any),
     /// then every entry from where it ends, compaction entries themselves
-    /// excluded.
+    /// excluded, and error entries too (the model did not say them).
     pub(super) fn context_view(&self) -> Vec<Arc<TranscriptEntry>> {
+        let sent = |e: &&Arc<TranscriptEntry>| !matches!(e.as_ref(), TranscriptEntry::Error { .. });
         let Some((at, through)) = self.latest_summary() else {
-            return self.transcript.clone();
+            return self.transcript.iter().filter(sent).cloned().collect();
         };
         let mut view = Vec::with_capacity(self.transcript.len().saturating_sub(through) + 1);
         if let Some(summary) = self.transcript.get(at) {
@@ -62,6 +63,7 @@ impl Session {
                 .iter()
                 .skip(through)
                 .filter(|e| !matches!(e.as_ref(), TranscriptEntry::Compaction { .. }))
+                .filter(sent)
                 .cloned(),
         );
         view
@@ -91,6 +93,11 @@ impl Session {
             .approx_chars()
             .saturating_mul(self.tokens_per_kchar())
             / 1000
+    }
+
+    /// The estimated tokens of `chars` characters the model streamed.
+    pub(super) fn estimate_streamed_tokens(&self, chars: u64) -> u64 {
+        chars.saturating_mul(self.tokens_per_kchar()).div_ceil(1000)
     }
 
     /// Learns, from the input tokens the provider reported for the request
@@ -187,7 +194,12 @@ impl Session {
                 .iter()
                 .take(through)
                 .skip(start)
-                .filter(|e| !matches!(e.as_ref(), TranscriptEntry::Compaction { .. }))
+                .filter(|e| {
+                    !matches!(
+                        e.as_ref(),
+                        TranscriptEntry::Compaction { .. } | TranscriptEntry::Error { .. }
+                    )
+                })
                 .cloned(),
         );
         let mut request = self.provider_request(ctx.tools);
@@ -210,7 +222,7 @@ impl Session {
         fx: &mut Vec<Effect>,
     ) {
         let summary = partial.text.trim().to_owned();
-        let failure = match result {
+        let failure = match &result {
             Err(e) => Some(format!("the conversation could not be compacted: {e}")),
             Ok(()) if summary.is_empty() => {
                 Some("the conversation could not be compacted: the summary was empty".to_owned())
@@ -218,18 +230,12 @@ impl Session {
             Ok(()) => None,
         };
         if let Some(message) = failure {
-            self.emit(
-                EventKind::Error {
-                    message: message.clone(),
-                },
-                ctx.now_ms,
-            );
-            self.push_entry(TranscriptEntry::Assistant {
-                text: format!("[{message}]"),
-                tool_calls: vec![],
-                at_ms: ctx.now_ms,
-                finish_reason: None,
-            });
+            // Said by no one in the conversation: an error entry, not text.
+            let kind = match &result {
+                Err(e) => Some(e.kind()),
+                Ok(()) => None,
+            };
+            self.record_error(message, kind, None, ctx);
             self.end_turn(StopReason::Error, ctx, fx);
             return;
         }

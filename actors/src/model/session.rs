@@ -15,7 +15,15 @@ use super::{SharedConfig, ToolCallRecord, Usage};
 /// header into rows of their own (written once, not at every checkpoint);
 /// remembered message ids are hashes. Version 1 snapshots are read and
 /// rewritten in the new layout by their next checkpoint.
-pub const SCHEMA_VERSION: u32 = 2;
+///
+/// 3: a transcript entry kind `error` (a failure of the turn, kept out of
+/// the assistant's text and out of requests), the stop reason
+/// `context_overflow`, and the configuration's `route` (what serves the
+/// session's model route). Purely additive: version 2 snapshots read as
+/// they are, and a session read from one is written as version 3 by its
+/// next checkpoint (`Session::from_stored`), since from then on it may hold
+/// what version 2 cannot read.
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Default of `max_delegation_depth` (§7): the deepest child is at this depth.
 pub const DEFAULT_MAX_DELEGATION_DEPTH: u32 = 3;
@@ -126,6 +134,9 @@ pub enum StopReason {
     Interrupted,
     /// The model refused to answer; the session goes on.
     Refusal,
+    /// The request did not fit the model's context window, and compacting
+    /// the transcript could not make it fit; the session goes on.
+    ContextOverflow,
 }
 
 impl StopReason {
@@ -140,6 +151,7 @@ impl StopReason {
             Self::MaxTokens => "max_tokens",
             Self::Interrupted => "interrupted",
             Self::Refusal => "refusal",
+            Self::ContextOverflow => "context_overflow",
         }
     }
 }
@@ -341,6 +353,7 @@ impl AgentConfig {
             instructions: self.instructions.clone(),
             tools,
             model: self.model.clone(),
+            route: None,
             approval: self.approval,
             max_steps: self.max_steps,
             parallel_tool_calls: self.parallel_tool_calls,
@@ -368,6 +381,14 @@ pub struct EffectiveConfig {
     pub tools: Vec<String>,
     /// Model route.
     pub model: String,
+    /// What serves the model route, as the provider edge described it when
+    /// the route was chosen (provider, endpoint, model id; never a secret):
+    /// it names the real route in the API, and lets a session whose route
+    /// only it remembers (one made from `overseer run`'s flags) be
+    /// continued on it. Opaque here: the actors crate knows no wire format.
+    /// Absent in snapshots from before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<Value>,
     /// Approval policy.
     pub approval: ApprovalPolicy,
     /// Most steps in one turn.
@@ -492,6 +513,12 @@ pub struct SessionHeader {
     /// Who started the session (or its root), e.g. a token's `sub`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_by: Option<String>,
+    /// For a session created under a client's idempotency key: a digest of
+    /// the create request (the edge's, e.g. SHA-256 hex), so that a retry is
+    /// told from a different request under the same key exactly, however
+    /// the session has changed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_digest: Option<String>,
     /// Agent name.
     pub agent: String,
     /// Optional title (bounded, see [`crate::Limits`]).
@@ -605,6 +632,7 @@ impl SessionHeader {
             id,
             tenant,
             created_by: None,
+            create_digest: None,
             agent,
             title: None,
             parent: None,

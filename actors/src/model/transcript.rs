@@ -92,6 +92,27 @@ pub enum TranscriptEntry {
         /// Wall-clock time of the change.
         at_ms: i64,
     },
+    /// A failure the turn ran into: the provider's (the partial text of the
+    /// step, if any, is the assistant entry before it) or a compaction's.
+    /// For people and the API only: never sent to the model, which did not
+    /// say it.
+    Error {
+        /// What went wrong, e.g. `provider error: transport error: …`.
+        message: String,
+        /// The kind of the provider's failure (`transport`,
+        /// `context_overflow`, …; see `ProviderError::kind`), if it was one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<String>,
+        /// For a context overflow: the request's tokens, as estimated here
+        /// (or counted by the provider when it said).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        estimated_tokens: Option<u64>,
+        /// For a context overflow: the tokens the model's context allows.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        context_window: Option<u64>,
+        /// Wall-clock time it was recorded.
+        at_ms: i64,
+    },
     /// A standing approval rule for a tool was set (not sent to the model).
     ToolRuleSet {
         /// Tool name.

@@ -5,11 +5,15 @@ use serde::{Deserialize, Serialize};
 /// What a session has spent. Accumulates across turns; never decreases.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
-    /// Provider inference requests issued (one per step attempt that reached the provider).
+    /// Provider inference requests issued: every attempt, retried,
+    /// interrupted and broken ones included.
     pub provider_requests: u64,
-    /// Prompt tokens reported by the provider.
+    /// Prompt tokens reported by the provider; for a request cut off before
+    /// it reported them (interrupted, broken) after it had streamed output,
+    /// the request's estimate.
     pub input_tokens: u64,
-    /// Completion tokens reported by the provider.
+    /// Completion tokens reported by the provider; for a request cut off
+    /// before it reported them, an estimate of what it streamed.
     pub output_tokens: u64,
     /// Tool calls that were dispatched to a tool.
     pub tool_calls: u64,

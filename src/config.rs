@@ -1297,7 +1297,10 @@ impl Config {
         // schema (`overseer_actors::schema`), reported here under its key.
         for (i, tool) in self.tools.iter().enumerate() {
             if let Err(e) = overseer_actors::schema::check(&tool.parameters) {
-                out.push(Problem::new(format!("tools[{i}].parameters"), e.to_string()));
+                out.push(Problem::new(
+                    format!("tools[{i}].parameters"),
+                    e.to_string(),
+                ));
             }
         }
         let available = tools.names().collect::<Vec<_>>().join(", ");
@@ -1989,7 +1992,10 @@ mod tests {
             overseer_actors::IdlePressure::default()
         );
         let text = "[runtime]\nidle_pressure_share_pct = 80\nidle_hibernate_floor_secs = 30\n[[agents]]\nname = \"a\"\n";
-        let p = load_text(text, no_env).unwrap().runtime_config().idle_pressure;
+        let p = load_text(text, no_env)
+            .unwrap()
+            .runtime_config()
+            .idle_pressure;
         assert_eq!((p.share_pct, p.floor), (80, Duration::from_secs(30)));
         let text = "[runtime]\nidle_pressure_share_pct = 0\nidle_hibernate_floor_secs = 0\n[[agents]]\nname = \"a\"\n";
         let e = load_text(text, no_env).unwrap_err().to_string();
@@ -2020,11 +2026,15 @@ mod tests {
         );
         let e = load_text(&text, no_env).unwrap_err().to_string();
         assert!(
-            e.contains(&format!("tools[0].parameters: nested deeper than {max} levels")),
+            e.contains(&format!(
+                "tools[0].parameters: nested deeper than {max} levels"
+            )),
             "{e}"
         );
         assert!(
-            e.contains(&format!("agents[0].output_schema: nested deeper than {max} levels")),
+            e.contains(&format!(
+                "agents[0].output_schema: nested deeper than {max} levels"
+            )),
             "{e}"
         );
         let text = format!(

@@ -74,9 +74,7 @@ fn recursive_with_patterns() -> Value {
 /// As large as the size bound allows: an object with as many described
 /// properties as fit, each one a validator of its own.
 fn wide() -> Value {
-    let property = |i: usize| {
-        json!({"type": "string", "maxLength": 64, "description": format!("field {i} of many")})
-    };
+    let property = |i: usize| json!({"type": "string", "maxLength": 64, "description": format!("field {i} of many")});
     let mut props = Map::new();
     let mut size = 40;
     for i in 0.. {
@@ -227,8 +225,16 @@ fn shapes() -> Vec<(&'static str, Value, String)> {
     };
     let objects = (depth(&properties(MAX_SCHEMA_DEPTH)) - 1) / 2;
     vec![
-        ("items", items(MAX_SCHEMA_DEPTH), nested_arrays(MAX_SCHEMA_DEPTH - 1)),
-        ("properties", properties(MAX_SCHEMA_DEPTH), nested_objects(objects)),
+        (
+            "items",
+            items(MAX_SCHEMA_DEPTH),
+            nested_arrays(MAX_SCHEMA_DEPTH - 1),
+        ),
+        (
+            "properties",
+            properties(MAX_SCHEMA_DEPTH),
+            nested_objects(objects),
+        ),
         // The first alternative at every level: all the way down.
         ("any_of", any_of(MAX_SCHEMA_DEPTH), "\"x\"".to_owned()),
         (
@@ -331,7 +337,10 @@ async fn worst_case_accepted_schemas_leave_the_servers_memory_where_it_was() {
     let dir = tempfile::tempdir().unwrap();
     let served = serve(dir.path());
     let http = reqwest::Client::new();
-    assert_eq!(run_one(&http, &served, "plain", &Value::Null).await, "completed");
+    assert_eq!(
+        run_one(&http, &served, "plain", &Value::Null).await,
+        "completed"
+    );
     let start = served.rss();
     for round in 0..20 {
         for (agent, schema, _) in shapes() {

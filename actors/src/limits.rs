@@ -122,7 +122,11 @@ mod tests {
         assert_eq!(at(100), 10.0);
         assert_eq!(at(1_000), 10.0);
         // Geometric: half way is the geometric mean of the two ends.
-        assert!((at(75) - (300.0f64 * 10.0).sqrt()).abs() < 0.01, "{}", at(75));
+        assert!(
+            (at(75) - (300.0f64 * 10.0).sqrt()).abs() < 0.01,
+            "{}",
+            at(75)
+        );
         let mut last = f64::MAX;
         for live in 50..=100 {
             assert!(at(live) <= last, "never longer as pressure grows");

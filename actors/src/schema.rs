@@ -287,7 +287,12 @@ mod tests {
         );
         let props = |n: usize| -> serde_json::Map<String, Value> {
             (0..n)
-                .map(|i| (format!("p{i}"), json!({"type": "string", "pattern": format!("^a{i}$")})))
+                .map(|i| {
+                    (
+                        format!("p{i}"),
+                        json!({"type": "string", "pattern": format!("^a{i}$")}),
+                    )
+                })
                 .collect()
         };
         assert_eq!(
@@ -303,9 +308,8 @@ mod tests {
         // One pattern whose automaton would be larger than its share.
         let err = check(&json!({"pattern": "\\w{100000}"})).unwrap_err();
         assert!(matches!(err, SchemaError::Invalid(_)), "{err:?}");
-        let mid: serde_json::Map<String, Value> = (0..3_000)
-            .map(|i| (format!("p{i}"), json!({})))
-            .collect();
+        let mid: serde_json::Map<String, Value> =
+            (0..3_000).map(|i| (format!("p{i}"), json!({}))).collect();
         let mid = json!({"properties": mid});
         assert_eq!(check(&mid), Ok(()));
         assert_eq!(

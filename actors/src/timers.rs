@@ -454,7 +454,10 @@ async fn drive_idle(shared: Arc<IdleShared>, look: Look) {
                     "live sessions past the pressure share: idle sessions hibernate sooner"
                 );
             } else {
-                tracing::info!(live = now_look.live, "pressure eased: idle sessions hibernate after the configured idle time");
+                tracing::info!(
+                    live = now_look.live,
+                    "pressure eased: idle sessions hibernate after the configured idle time"
+                );
             }
         }
         let (due, next) = take_idle(&mut shared.lock(), Instant::now(), &now_look);
@@ -599,7 +602,10 @@ mod tests {
         }
     }
 
-    async fn sink() -> (ActorRef<SessionMsg>, tokio::sync::mpsc::UnboundedReceiver<u64>) {
+    async fn sink() -> (
+        ActorRef<SessionMsg>,
+        tokio::sync::mpsc::UnboundedReceiver<u64>,
+    ) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let (actor, _) = ractor::Actor::spawn(None, Sink(tx), ()).await.unwrap();
         (actor, rx)

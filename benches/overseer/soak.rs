@@ -83,7 +83,10 @@ impl Tally {
     }
 
     fn errors(&self) -> BTreeMap<String, u64> {
-        self.errors.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -103,7 +106,10 @@ impl<E: std::fmt::Display> From<E> for Failure {
 
 /// Sends `req`, returning the answer if it is 2xx, else its status and code.
 async fn send(req: reqwest::RequestBuilder) -> Result<reqwest::Response, Failure> {
-    let resp = req.send().await.map_err(|e| Failure::Other(format!("transport: {e}")))?;
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| Failure::Other(format!("transport: {e}")))?;
     if resp.status().is_success() {
         return Ok(resp);
     }
@@ -144,7 +150,12 @@ async fn cycle(
     }
     // Registered before the decision, so a fast turn end is not missed.
     let ended = probe.expect(id, Want::TurnEnded);
-    send(client.post(approvals).json(&json!({ "decisions": decisions }))).await?;
+    send(
+        client
+            .post(approvals)
+            .json(&json!({ "decisions": decisions })),
+    )
+    .await?;
     match crate::common::wait_for(id, ended).await? {
         Reached::TurnEnded(_) => Ok(()),
         other => Err(Failure::Other(format!("did not complete: {other:?}"))),
@@ -231,12 +242,7 @@ pub async fn run(
 
     let mut rows = Rows::new(NAME, Some(mode), CLIENTS);
     let started = Instant::now();
-    let hibernations = || {
-        ov.runtime()
-            .metrics
-            .hibernations
-            .load(Ordering::Relaxed)
-    };
+    let hibernations = || ov.runtime().metrics.hibernations.load(Ordering::Relaxed);
     let (mut last_cycles, mut last_errors, mut last_hib) = (0u64, BTreeMap::new(), 0u64);
     let mut rss_by_minute = Vec::new();
     eprintln!(
@@ -290,9 +296,17 @@ pub async fn run(
         }
         add("RSS", mib(rss), "MiB");
         add("live session actors", live as f64, "actors");
-        add("hibernations in the minute", (hib - last_hib) as f64, "sessions");
+        add(
+            "hibernations in the minute",
+            (hib - last_hib) as f64,
+            "sessions",
+        );
         add("store on disk", mib(disk), "MiB");
-        add("harness: milestones held", probe.pending() as f64, "entries");
+        add(
+            "harness: milestones held",
+            probe.pending() as f64,
+            "entries",
+        );
         rss_by_minute.push(rss);
         (last_cycles, last_errors, last_hib) = (cycles, errors, hib);
     }
@@ -334,7 +348,12 @@ pub async fn run(
     if let (Some(first), Some(last)) = (rss_by_minute.first(), rss_by_minute.last()) {
         let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
         totals.add("RSS at minute 1", Some(mib(*first)), "MiB", "");
-        totals.add(&format!("RSS at minute {minutes}"), Some(mib(*last)), "MiB", "");
+        totals.add(
+            &format!("RSS at minute {minutes}"),
+            Some(mib(*last)),
+            "MiB",
+            "",
+        );
     }
     totals.add(
         "approved tools run",

@@ -148,10 +148,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
 /// Whether the request says its body is JSON (`application/json` or a
 /// `+json` type), as axum's `Json` decides it.
 fn is_json_type(headers: &axum::http::HeaderMap) -> bool {
-    let Some(value) = headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    else {
+    let Some(value) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
     };
     let essence = value

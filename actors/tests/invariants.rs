@@ -113,8 +113,11 @@ async fn until_nothing_held(ov: &Overseer) {
                     live_ended += 1;
                 }
             }
-            let held = (b.journal, b.timers, b.creating, live_ended);
-            (held == (0, 0, 0, 0)).then_some(())
+            // An idle timer is held only for a live idle actor: none once
+            // every session has ended or hibernated.
+            let idle_of_ended = if b.live == 0 { b.idle } else { 0 };
+            let held = (b.journal, b.timers, b.creating, live_ended, idle_of_ended);
+            (held == (0, 0, 0, 0, 0)).then_some(())
         },
     )
     .await;

@@ -27,8 +27,8 @@ use overseer_actors::{CreateSession, Overseer, SessionError, SessionOverrides};
 
 use super::{status, terminal, ApproveMode, CliError, RunArgs, CLI_TENANT, DENY_MESSAGE};
 use crate::config::{Config, LoadOptions, Overrides};
-use crate::render;
 use crate::provider::{process_env, ProviderKind, RouteConfig, RoutedProvider};
+use crate::render;
 use crate::tools::builtin_registry;
 use question::{Read, Watch};
 

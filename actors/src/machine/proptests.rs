@@ -1123,7 +1123,19 @@ fn run_case(
         format!("{:?}", read.to_stored()),
         format!("{:?}", s.to_stored())
     );
+    // A session read back has nothing to write: its next checkpoint
+    // carries only what happens after.
+    let cp = read.checkpoint();
     prop_assert!(!read.is_dirty());
+    prop_assert!(
+        cp.entries.is_empty()
+            && cp.events.is_empty()
+            && cp.queued.is_empty()
+            && cp.dequeued.is_empty()
+            && cp.metadata.is_none(),
+        "a session read back would write again: {:?}",
+        cp
+    );
 
     // Replay: the accepted inputs, applied again to the initial state with
     // their contexts (and checkpoints), rebuild the same state.

@@ -146,7 +146,7 @@ pub enum OrchestratorMsg {
         /// The failure that caused the restart.
         reason: String,
         /// The session as read (`None`: it no longer exists).
-        loaded: Result<Option<StoredSession>, SessionError>,
+        loaded: Result<Option<Box<StoredSession>>, SessionError>,
     },
     /// Cancel, in the store, a child session that no live parent will ever
     /// resume (its parent is terminal, gone, or no longer runs the call that

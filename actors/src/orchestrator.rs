@@ -228,13 +228,13 @@ impl OrchestratorState {
         myself: &ActorRef<OrchestratorMsg>,
         id: SessionId,
         reason: String,
-        loaded: Result<Option<StoredSession>, SessionError>,
+        loaded: Result<Option<Box<StoredSession>>, SessionError>,
     ) {
         if !self.reloading.remove(&id) || self.runtime.live.contains_key(&id) {
             return;
         }
         let loaded = match loaded {
-            Ok(Some(stored)) => stored,
+            Ok(Some(stored)) => *stored,
             Ok(None) => {
                 self.restarts.forget(&id);
                 return;
@@ -299,10 +299,13 @@ impl OrchestratorState {
 async fn reload(
     runtime: Arc<Runtime>,
     id: SessionId,
-) -> Result<Option<StoredSession>, SessionError> {
+) -> Result<Option<Box<StoredSession>>, SessionError> {
+    if runtime.is_shutting_down() {
+        return Ok(None); // nothing is restarted at shutdown
+    }
     match runtime.store.load(id).await? {
-        Some(stored) if stored.header.status.is_terminal() => Ok(Some(stored)),
-        Some(stored) => runtime.claimed(id, stored).await.map(Some),
+        Some(stored) if stored.header.status.is_terminal() => Ok(Some(Box::new(stored))),
+        Some(stored) => runtime.claimed(id, stored).await.map(|s| Some(Box::new(s))),
         None => Ok(None),
     }
 }

@@ -475,6 +475,68 @@ mod faults {
     }
 }
 
+// ---- no effect before its checkpoint is durable ------------------------------
+
+/// While the checkpoint of a decision is being written, nothing that depends
+/// on it has happened: the tool has not run, no event of it is published,
+/// the caller has no answer. Once it is durable, all of it follows.
+#[tokio::test(start_paused = true)]
+async fn nothing_happens_before_the_checkpoint_that_records_it_is_durable() {
+    let store = GatedStore::default();
+    let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let ov = Overseer::start(
+        vec![named("a", &["echo"])],
+        Arc::new(store.clone()),
+        provider(json!({"a": echo_then_answer()})),
+        tools(runs.clone(), Default::default()),
+        RuntimeConfig::default(),
+    )
+    .await
+    .unwrap();
+    let id = create(&ov, "a", "go").await;
+    let call = poll("the approval", Duration::from_millis(10), || async {
+        ov.pending_approvals(id).await.unwrap().into_iter().next()
+    })
+    .await
+    .call
+    .id;
+    let mut rx = ov.subscribe(id);
+    store.hold(id);
+    let decide = {
+        let ov = ov.clone();
+        tokio::spawn(async move {
+            ov.submit(id, Submission::one(call, Decision::approve()))
+                .await
+        })
+    };
+    bounded("the decision's checkpoint", store.entered.notified()).await;
+    // Paused time moves only when every task is idle: whatever could run
+    // before the checkpoint is durable has run by now (well within the
+    // caller's timeout).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the tool ran before its intent was durable"
+    );
+    assert!(
+        matches!(
+            rx.try_recv(),
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty)
+        ),
+        "an event was published before its checkpoint was durable"
+    );
+    assert!(
+        !decide.is_finished(),
+        "the caller was answered before the write"
+    );
+
+    store.release(id);
+    bounded("the decision", decide).await.unwrap().unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 // ---- handlers never wait on other actors -----------------------------------
 
 /// Cancelling a tree does not wait for its children: a child whose mailbox is

@@ -24,5 +24,6 @@ pub mod scope_token;
 pub mod service;
 pub mod store;
 pub mod tools;
+pub mod webhooks;
 
 pub use overseer_actors as actors;

@@ -3,7 +3,7 @@
 //! ```text
 //! cargo bench --bench overseer -- [--sessions N] [--durability fsync|os] [--full]
 //!                                 [--out FILE.json] [--workload NAME]... [--cache-mb MB]
-//!                                 [--compression none|zstd] [--webhook]
+//!                                 [--compression none|zstd] [--webhook] [--minutes N]
 //! ```
 //!
 //! Workloads, all on the scripted provider and real sled directories in temp
@@ -11,7 +11,9 @@
 //! history length (3), recovery after a kill (4), each of 1 and 2 at growing
 //! N (5), over HTTP (6), and resident memory before and after many finished
 //! sessions (7, `finished`: 100,000, a million with `--full`; not in the
-//! quick default, select it with `--workload finished`). The quick default
+//! quick default, select it with `--workload finished`), and the soak (8,
+//! `soak`: 64 HTTP clients doing create → approve → complete for
+//! `--minutes` at the default limits, a row per minute; on request only). The quick default
 //! finishes in under two minutes on two cores; `--full` adds N = 100,000
 //! (and a million idle sessions, guarded by free memory). It prints one table
 //! and writes the same rows as JSON to `--out`.
@@ -39,6 +41,8 @@ mod http;
 mod idle;
 #[path = "overseer/recovery.rs"]
 mod recovery;
+#[path = "overseer/soak.rs"]
+mod soak;
 #[path = "overseer/webhook.rs"]
 mod webhook;
 // The throwaway PostgreSQL server of the tests, for the cluster workloads.
@@ -69,7 +73,9 @@ usage: cargo bench --bench overseer -- [options]
                         not part of the default set); webhooks (approve with and without
                         one endpoint); cluster mode (not in the default
                         run; needs Debian's postgresql): pg-approve, pg-http, failover,
-                        cluster (= all three)
+                        cluster (= all three); soak (64 HTTP clients create -> approve ->
+                        complete at the default limits for --minutes, a row per minute;
+                        not part of the default set)
   --cache-mb MB         sled's page cache of every store opened (default: the store's
                         default, [store] cache_mb)
   --compression C       how every store opened compresses its log: none (default) or
@@ -80,7 +86,8 @@ usage: cargo bench --bench overseer -- [options]
   --webhook             approve-and-execute with one webhook endpoint of the bench tenant
                         registered on a local receiver (every event): adds the delivery
                         latency (event to receiver, p50/p99); the `webhooks` workload runs
-                        approve with and without it, to compare throughput";
+                        approve with and without it, to compare throughput
+  --minutes N           how long the soak runs (default 10)";
 
 /// Sessions in flight at once by default: enough for concurrent checkpoints
 /// to share flushes, few enough that a latency is not mostly harness queueing.
@@ -100,6 +107,7 @@ enum Workload {
     PgHttp,
     Failover,
     Finished,
+    Soak,
     Webhooks,
 }
 
@@ -118,6 +126,7 @@ impl Workload {
             "failover" => vec![Self::Failover],
             "cluster" => vec![Self::PgApprove, Self::PgHttp, Self::Failover],
             "finished" | "finished-sessions" | "memory" | "7" => vec![Self::Finished],
+            "soak" | "8" => vec![Self::Soak],
             "webhooks" | "webhook" => vec![Self::Webhooks],
             "all" => vec![
                 Self::Approve,
@@ -144,6 +153,7 @@ struct Args {
     dir: Option<PathBuf>,
     cache_mb: Option<u64>,
     compression: Option<overseer::store::Compression>,
+    minutes: Option<u64>,
     /// Register a webhook endpoint on a local receiver in approve.
     webhook: bool,
     /// Hidden: run one case in this process and print its rows.
@@ -209,6 +219,14 @@ fn parse_args() -> Result<Args, String> {
                     "zstd" => overseer::store::Compression::Zstd,
                     _ => return Err(format!("--compression is none or zstd, not {v}")),
                 });
+            }
+            "--minutes" => {
+                let v = value("--minutes")?;
+                let m: u64 = v.parse().map_err(|_| format!("bad --minutes: {v}"))?;
+                if m == 0 {
+                    return Err("--minutes must be at least 1".into());
+                }
+                args.minutes = Some(m);
             }
             "--case" => args.case = Some(value("--case")?),
             other => return Err(format!("unknown argument {other}\n\n{USAGE}")),
@@ -348,6 +366,13 @@ fn plan(args: &Args) -> Vec<Case> {
         add(Workload::Finished, "finished", mode, n);
         add(Workload::Finished, "finished-store", mode, n);
     }
+    // Churn at the default limits: fsync (as shipped), on request only.
+    add(
+        Workload::Soak,
+        "soak",
+        args.durability.unwrap_or(Mode::Fsync),
+        soak::CLIENTS,
+    );
     cases
 }
 
@@ -401,6 +426,9 @@ fn run_all(args: &Args) -> Res<ExitCode> {
         }
         if args.full {
             cmd.arg("--full");
+        }
+        if let Some(m) = args.minutes {
+            cmd.args(["--minutes", &m.to_string()]);
         }
         if args.webhook {
             cmd.arg("--webhook");
@@ -562,6 +590,7 @@ fn run_case(case: &str, args: &Args) -> Res<ExitCode> {
             "failover" => cluster::failover(mode, n, &base, &mut failures).await,
             "finished" => finished::run(mode, n, limit, &base, &mut failures).await,
             "finished-store" => finished::store_only(mode, n, limit, &base).await,
+            "soak" => soak::run(mode, args.minutes.unwrap_or(10), &base, &mut failures).await,
             "park-for-recovery" => recovery::park_and_wait(mode, n, limit, &base)
                 .await
                 .map(|()| Vec::new()),

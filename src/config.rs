@@ -563,6 +563,13 @@ pub struct RuntimeSection {
     /// Idle time before a session hibernates, seconds.
     #[serde(default = "default_idle_hibernate_secs")]
     pub idle_hibernate_secs: u64,
+    /// Percent of `limits.max_live_sessions` past which the idle time
+    /// shortens (see `overseer_actors::IdlePressure`).
+    #[serde(default = "default_idle_pressure_share_pct")]
+    pub idle_pressure_share_pct: u8,
+    /// The shortest idle time, reached at the live-session limit, seconds.
+    #[serde(default = "default_idle_hibernate_floor_secs")]
+    pub idle_hibernate_floor_secs: u64,
     /// How long an API call waits for a session actor, seconds.
     #[serde(default = "default_call_timeout_secs")]
     pub call_timeout_secs: u64,
@@ -572,6 +579,12 @@ pub struct RuntimeSection {
     pub compaction_threshold_pct: u8,
 }
 
+fn default_idle_pressure_share_pct() -> u8 {
+    overseer_actors::IdlePressure::default().share_pct
+}
+fn default_idle_hibernate_floor_secs() -> u64 {
+    overseer_actors::IdlePressure::default().floor.as_secs()
+}
 fn default_compaction_threshold_pct() -> u8 {
     overseer_actors::machine::DEFAULT_COMPACTION_THRESHOLD_PCT
 }
@@ -582,6 +595,8 @@ impl Default for RuntimeSection {
             max_restarts: default_max_restarts(),
             restart_window_secs: default_restart_window_secs(),
             idle_hibernate_secs: default_idle_hibernate_secs(),
+            idle_pressure_share_pct: default_idle_pressure_share_pct(),
+            idle_hibernate_floor_secs: default_idle_hibernate_floor_secs(),
             call_timeout_secs: default_call_timeout_secs(),
             compaction_threshold_pct: default_compaction_threshold_pct(),
         }
@@ -1137,6 +1152,10 @@ impl Config {
                 self.runtime.restart_window_secs,
             ),
             ("runtime.call_timeout_secs", self.runtime.call_timeout_secs),
+            (
+                "runtime.idle_hibernate_floor_secs",
+                self.runtime.idle_hibernate_floor_secs,
+            ),
         ];
         for (key, value) in at_least_one {
             if value == 0 {
@@ -1147,6 +1166,15 @@ impl Config {
             out.push(Problem::new(
                 "store.retention_days",
                 "must be at least 1 (leave it unset to keep sessions for ever)",
+            ));
+        }
+        if !(1..=100).contains(&self.runtime.idle_pressure_share_pct) {
+            out.push(Problem::new(
+                "runtime.idle_pressure_share_pct",
+                format!(
+                    "must be between 1 and 100 (percent of limits.max_live_sessions), found {}",
+                    self.runtime.idle_pressure_share_pct
+                ),
             ));
         }
         if !(10..=99).contains(&self.runtime.compaction_threshold_pct) {
@@ -1265,6 +1293,16 @@ impl Config {
                 "at least one [[agents]] table is required",
             ));
         }
+        // A declared tool's schema is held to the bounds of every user
+        // schema (`overseer_actors::schema`), reported here under its key.
+        for (i, tool) in self.tools.iter().enumerate() {
+            if let Err(e) = overseer_actors::schema::check(&tool.parameters) {
+                out.push(Problem::new(
+                    format!("tools[{i}].parameters"),
+                    e.to_string(),
+                ));
+            }
+        }
         let available = tools.names().collect::<Vec<_>>().join(", ");
         let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
         for (i, agent) in self.agents.iter().enumerate() {
@@ -1301,6 +1339,11 @@ impl Config {
             }
             if agent.max_children == 0 {
                 out.push(Problem::new(at("max_children"), "must be at least 1"));
+            }
+            if let Some(schema) = &agent.output_schema {
+                if let Err(e) = overseer_actors::schema::check_output(schema) {
+                    out.push(Problem::new(at("output_schema"), e.to_string()));
+                }
             }
             self.agent_tool_problems(i, &mut out);
             for (j, tool) in agent.tools.iter().enumerate() {
@@ -1541,6 +1584,10 @@ impl Config {
             },
             call_timeout: Duration::from_secs(self.runtime.call_timeout_secs),
             idle_hibernate: self.idle_hibernate(),
+            idle_pressure: overseer_actors::IdlePressure {
+                share_pct: self.runtime.idle_pressure_share_pct,
+                floor: Duration::from_secs(self.runtime.idle_hibernate_floor_secs),
+            },
             limits: self.limits.to_limits(),
             compaction_threshold_pct: self.runtime.compaction_threshold_pct,
             janitor: Some(overseer_actors::janitor::JanitorConfig {
@@ -1935,6 +1982,67 @@ mod tests {
             limits.max_queued_bytes,
             overseer_actors::Limits::default().max_queued_bytes
         );
+    }
+
+    #[test]
+    fn idle_pressure_keys_reach_the_runtime_and_are_checked() {
+        let c = load_text(MINIMAL, no_env).unwrap();
+        assert_eq!(
+            c.runtime_config().idle_pressure,
+            overseer_actors::IdlePressure::default()
+        );
+        let text = "[runtime]\nidle_pressure_share_pct = 80\nidle_hibernate_floor_secs = 30\n[[agents]]\nname = \"a\"\n";
+        let p = load_text(text, no_env)
+            .unwrap()
+            .runtime_config()
+            .idle_pressure;
+        assert_eq!((p.share_pct, p.floor), (80, Duration::from_secs(30)));
+        let text = "[runtime]\nidle_pressure_share_pct = 0\nidle_hibernate_floor_secs = 0\n[[agents]]\nname = \"a\"\n";
+        let e = load_text(text, no_env).unwrap_err().to_string();
+        assert!(
+            e.contains("runtime.idle_pressure_share_pct: must be between 1 and 100"),
+            "{e}"
+        );
+        assert!(
+            e.contains("runtime.idle_hibernate_floor_secs: must be at least 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn schemas_past_their_bounds_are_config_errors_naming_the_key() {
+        let deep = |levels: usize| {
+            format!(
+                "{}{{ type = \"string\" }}{}",
+                "{ items = ".repeat(levels - 1),
+                " }".repeat(levels - 1)
+            )
+        };
+        let max = overseer_actors::schema::MAX_SCHEMA_DEPTH;
+        let text = format!(
+            "[[tools]]\nname = \"t\"\ndescription = \"d\"\nurl = \"http://127.0.0.1:9/t\"\nparameters = {}\n[[agents]]\nname = \"a\"\noutput_schema = {}\n",
+            deep(max + 1),
+            deep(max + 1)
+        );
+        let e = load_text(&text, no_env).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!(
+                "tools[0].parameters: nested deeper than {max} levels"
+            )),
+            "{e}"
+        );
+        assert!(
+            e.contains(&format!(
+                "agents[0].output_schema: nested deeper than {max} levels"
+            )),
+            "{e}"
+        );
+        let text = format!(
+            "[[tools]]\nname = \"t\"\ndescription = \"d\"\nurl = \"http://127.0.0.1:9/t\"\nparameters = {}\n[[agents]]\nname = \"a\"\noutput_schema = {}\n",
+            deep(max),
+            deep(max)
+        );
+        load_text(&text, no_env).unwrap();
     }
 
     #[test]

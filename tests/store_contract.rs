@@ -1081,17 +1081,48 @@ async fn a_purge_never_deletes_a_blob_a_concurrent_checkpoint_names() {
     }
 }
 
-/// A node whose own lease ran out (no heartbeat) refuses to write at all.
+/// A node whose own lease ran out by its own clock (no heartbeat since)
+/// refuses to write and to claim, though it still holds the tree's lease
+/// and the database would take the write (the lease row names it, at its
+/// epoch): its clock alone stops it. A heartbeat gives the lease back, and
+/// the same write lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_past_its_own_lease_refuses_to_write() {
     let url = shared().database().await.unwrap();
-    let store = open_pg(&url, Duration::from_secs(10)).await;
+    let lease = Duration::from_secs(4);
+    let store = open_pg(&url, lease).await;
     let mut sim = Sim::new("acme");
     sim.write(&store).await;
-    store.drop_leases();
-    let err = store.checkpoint(sim.checkpoint()).await.unwrap_err();
-    assert!(err.is_not_owner(), "{err:?}");
-    assert!(store.claim(sim.id()).await.unwrap_err().is_not_owner());
+    // No heartbeat from here on.
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            (!store.lease_valid()).then_some(())
+        })
+        .await,
+        "the node's own lease never ran out"
+    );
+    assert_eq!(store.leases_held(), 1, "the tree's lease is still held");
+    let before = store.load(sim.id()).await.unwrap().unwrap().header;
+    sim.status(SessionStatus::Cancelled);
+    let cp = sim.checkpoint();
+    let err = store.checkpoint(cp.clone()).await.unwrap_err();
+    assert!(
+        err.is_not_owner() && err.to_string().contains("lease has run out"),
+        "{err:?}"
+    );
+    let stored = store.load(sim.id()).await.unwrap().unwrap();
+    assert_eq!(stored.header, before, "nothing landed");
+    match store.claim(sim.id()).await {
+        Err(e) if e.is_not_owner() => {}
+        other => panic!("a claim past the node's own lease: {other:?}"),
+    }
+    store
+        .heartbeat(&format!("http://node-{}", store.node_id()), lease)
+        .await
+        .unwrap();
+    store.checkpoint(cp).await.unwrap();
+    let stored = store.load(sim.id()).await.unwrap().unwrap();
+    assert_eq!(stored.header.status, SessionStatus::Cancelled);
 }
 
 /// A pool taken up by statements waiting on a lock (as under a burst of

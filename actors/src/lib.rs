@@ -36,6 +36,7 @@ pub mod overseer;
 pub mod ownership;
 pub mod provider;
 pub mod runtime;
+pub mod schema;
 pub mod scripted;
 pub mod session;
 pub mod store;
@@ -49,7 +50,7 @@ pub use error::SessionError;
 pub(crate) use fault::fault_point;
 #[cfg(not(feature = "fault-injection"))]
 pub(crate) use fault_off::fault_point;
-pub use limits::Limits;
+pub use limits::{IdlePressure, Limits};
 pub use model::SessionOverrides;
 pub use overseer::{CreateSession, Overseer, PendingApproval, TreeNode};
 pub use runtime::{Bookkeeping, Runtime, RuntimeConfig};

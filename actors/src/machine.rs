@@ -12,6 +12,8 @@
 
 mod context;
 mod output;
+#[cfg(test)]
+mod proptests;
 
 pub use context::{COMPACTION_INSTRUCTIONS, DEFAULT_COMPACTION_THRESHOLD_PCT};
 
@@ -574,8 +576,22 @@ impl Session {
         })
     }
 
-    /// Applies one input. On `Err` nothing changed.
+    /// Applies one input. On `Err` nothing changed, and an input that does
+    /// not apply (stale, out of phase) changes nothing either.
     pub fn apply(&mut self, input: Input, ctx: Ctx<'_>) -> Result<Vec<Effect>, SessionError> {
+        // Stamped only when this input changed something: a session with
+        // an unwritten earlier transition is dirty already, and an input it
+        // ignores must not move its `updated_at_ms` (input expiry reads it).
+        let dirty_before = std::mem::replace(&mut self.dirty, false);
+        let result = self.transition(input, ctx);
+        if self.dirty {
+            self.header.updated_at_ms = ctx.now_ms;
+        }
+        self.dirty |= dirty_before;
+        result
+    }
+
+    fn transition(&mut self, input: Input, ctx: Ctx<'_>) -> Result<Vec<Effect>, SessionError> {
         let mut fx = Vec::new();
         match input {
             Input::Message { text, message_id } => {
@@ -638,9 +654,6 @@ impl Session {
             Input::Done => self.on_done(ctx)?,
             Input::Resume { journal } => self.on_resume(journal, ctx, &mut fx),
             Input::Fail { reason } => self.on_fail(reason, ctx, &mut fx)?,
-        }
-        if self.dirty {
-            self.header.updated_at_ms = ctx.now_ms;
         }
         Ok(fx)
     }

@@ -138,10 +138,23 @@ pub enum OrchestratorMsg {
         /// The failure that caused the restart.
         reason: String,
     },
+    /// A restart's reload (read and claim, done off the mailbox) is over:
+    /// spawn from it, unless the session was activated meanwhile.
+    Reloaded {
+        /// Session.
+        id: SessionId,
+        /// The failure that caused the restart.
+        reason: String,
+        /// The session as read (`None`: it no longer exists).
+        loaded: Result<Option<Box<StoredSession>>, SessionError>,
+    },
     /// Cancel, in the store, a child session that no live parent will ever
     /// resume (its parent is terminal, gone, or no longer runs the call that
     /// started it), so none of its approvals is left orphaned.
     CancelOrphan(SessionId, RpcReplyPort<Result<(), SessionError>>),
+    /// The cancel of an orphan in the store (done off the mailbox) is over:
+    /// answer everyone who asked for it.
+    OrphanCancelled(SessionId, Result<(), SessionError>),
     /// How many sessions have a restart history (for leak checks).
     RestartHistories(RpcReplyPort<usize>),
 }

@@ -7,13 +7,22 @@
 //! only cancels, in the store, children whose parent will never resume them.
 //! It deliberately does no session I/O on the hot path: creating a session is
 //! checkpointed by the caller before the spawn request arrives, so creates
-//! share flushes instead of queueing here. It never dies of a child's
-//! failure: every supervision path logs and goes on.
+//! share flushes instead of queueing here. Nor does it wait on the store in
+//! its mailbox for a restart or an orphan: the reload (read and claim) and
+//! the orphan's cancel run in tasks of their own that report back as
+//! messages, so every other root's spawn goes on meanwhile. The one store
+//! write it waits for is the rare one past a root's restart limit (recording
+//! the session failed, [`Runtime::on_actor_failed`]). It never dies of a
+//! child's failure: every supervision path logs and goes on.
 
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, SupervisionEvent};
+use futures::FutureExt;
+use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::error::SessionError;
 use crate::machine::Session;
@@ -21,6 +30,7 @@ use crate::messages::{OrchestratorMsg, SessionMsg};
 use crate::model::SessionId;
 use crate::runtime::{AfterFailure, Runtime};
 use crate::session::{SessionActor, SessionArgs};
+use crate::store::StoredSession;
 use crate::supervision::Restarts;
 
 /// The actor.
@@ -37,6 +47,13 @@ pub struct OrchestratorState {
     runtime: Arc<Runtime>,
     by_actor: HashMap<ActorId, SessionId>,
     restarts: Restarts,
+    /// Roots whose restart is reading the store now; an actor spawned for
+    /// one meanwhile (a request activated it, from a later read) makes the
+    /// reload stale.
+    reloading: HashSet<SessionId>,
+    /// Orphans being cancelled in the store, with everyone waiting for it:
+    /// one cancel per orphan at a time.
+    cancelling: HashMap<SessionId, Vec<RpcReplyPort<Result<(), SessionError>>>>,
 }
 
 impl Actor for OrchestratorActor {
@@ -53,6 +70,8 @@ impl Actor for OrchestratorActor {
             runtime: args.runtime,
             by_actor: HashMap::new(),
             restarts: Restarts::default(),
+            reloading: HashSet::new(),
+            cancelling: HashMap::new(),
         })
     }
 
@@ -76,19 +95,17 @@ impl Actor for OrchestratorActor {
                 let result = state.spawn(&myself, *session).await;
                 let _ = reply.send(result);
             }
-            // Boxed: rare, and its future (~7.5 KB) would otherwise be
-            // allocated and copied with every message's.
-            OrchestratorMsg::Restart { id, reason } => {
-                Box::pin(state.restart(&myself, id, reason)).await
+            OrchestratorMsg::Restart { id, reason } => state.restart(&myself, id, reason),
+            // Boxed: rare, and its future would otherwise be allocated and
+            // copied with every message's.
+            OrchestratorMsg::Reloaded { id, reason, loaded } => {
+                Box::pin(state.reloaded(&myself, id, reason, loaded)).await
             }
-            OrchestratorMsg::CancelOrphan(id, reply) => {
-                let result = if state.runtime.live.contains_key(&id) {
-                    // Activated meanwhile by its parent: not an orphan.
-                    Ok(())
-                } else {
-                    state.runtime.cancel_in_store(id).await
-                };
-                let _ = reply.send(result);
+            OrchestratorMsg::CancelOrphan(id, reply) => state.cancel_orphan(&myself, id, reply),
+            OrchestratorMsg::OrphanCancelled(id, result) => {
+                for reply in state.cancelling.remove(&id).unwrap_or_default() {
+                    let _ = reply.send(result.clone());
+                }
             }
             OrchestratorMsg::RestartHistories(reply) => {
                 state.restarts.prune(&state.runtime.config.restart);
@@ -162,6 +179,8 @@ impl OrchestratorState {
         };
         match Actor::spawn_linked(None, SessionActor, args, myself.get_cell()).await {
             Ok((actor, _)) => {
+                // A restart still reading the store is superseded.
+                self.reloading.remove(&id);
                 self.by_actor.insert(actor.get_id(), id);
                 self.runtime.live.insert(id, actor.clone());
                 Ok((actor, true))
@@ -200,40 +219,51 @@ impl OrchestratorState {
         }
     }
 
-    async fn restart(&mut self, myself: &ActorRef<OrchestratorMsg>, id: SessionId, reason: String) {
-        if self.runtime.live.contains_key(&id) {
-            return; // already activated by a request in the meantime
+    /// Starts a restart: the session is read (and, in cluster mode,
+    /// claimed) in a task of its own, which reports [`OrchestratorMsg::Reloaded`].
+    fn restart(&mut self, myself: &ActorRef<OrchestratorMsg>, id: SessionId, reason: String) {
+        if self.runtime.live.contains_key(&id) || !self.reloading.insert(id) {
+            return; // activated by a request meanwhile, or already reloading
         }
-        let loaded = match self.runtime.store.load(id).await {
-            Ok(Some(stored)) if stored.header.status.is_terminal() => stored,
-            Ok(Some(stored)) => match self.runtime.claimed(id, stored).await {
-                Ok(stored) => stored,
-                Err(e @ (SessionError::Terminal { .. } | SessionError::NotFound(_))) => {
-                    tracing::info!(session_id = %id, "not restarting: {e}");
-                    self.restarts.forget(&id);
-                    return;
-                }
-                Err(SessionError::Store(e)) if e.is_not_owner() => {
-                    // Another node owns the tree now: it resumes it.
-                    tracing::info!(session_id = %id, "not restarting: {e}");
-                    self.restarts.forget(&id);
-                    return;
-                }
-                Err(e) => {
-                    let down = crate::supervision::store_down_error(&e);
-                    Box::pin(self.on_failure(myself, id, format!("reload failed: {e}"), down))
-                        .await;
-                    return;
-                }
-            },
+        let runtime = Arc::clone(&self.runtime);
+        off_the_mailbox(myself, id, reload(runtime, id), move |loaded| {
+            OrchestratorMsg::Reloaded { id, reason, loaded }
+        });
+    }
+
+    /// A restart's read is over: spawn the session from it, unless a request
+    /// activated it meanwhile (that actor, from a later read, is the session).
+    async fn reloaded(
+        &mut self,
+        myself: &ActorRef<OrchestratorMsg>,
+        id: SessionId,
+        reason: String,
+        loaded: Result<Option<Box<StoredSession>>, SessionError>,
+    ) {
+        if !self.reloading.remove(&id) || self.runtime.live.contains_key(&id) {
+            return;
+        }
+        let loaded = match loaded {
+            Ok(Some(stored)) => *stored,
             Ok(None) => {
+                self.restarts.forget(&id);
+                return;
+            }
+            Err(e @ (SessionError::Terminal { .. } | SessionError::NotFound(_))) => {
+                tracing::info!(session_id = %id, "not restarting: {e}");
+                self.restarts.forget(&id);
+                return;
+            }
+            Err(SessionError::Store(e)) if e.is_not_owner() => {
+                // Another node owns the tree now: it resumes it.
+                tracing::info!(session_id = %id, "not restarting: {e}");
                 self.restarts.forget(&id);
                 return;
             }
             Err(e) => {
                 // A respawn that fails counts as another failure (unless the
                 // store is down); it never takes the orchestrator down.
-                let down = e.is_unavailable();
+                let down = crate::supervision::store_down_error(&e);
                 Box::pin(self.on_failure(myself, id, format!("reload failed: {e}"), down)).await;
                 return;
             }
@@ -248,4 +278,71 @@ impl OrchestratorState {
             Box::pin(self.on_failure(myself, id, e.to_string(), down)).await;
         }
     }
+
+    /// Cancels an orphan in the store in a task of its own (one at a time
+    /// per orphan: a second request waits for the first's answer).
+    fn cancel_orphan(
+        &mut self,
+        myself: &ActorRef<OrchestratorMsg>,
+        id: SessionId,
+        reply: RpcReplyPort<Result<(), SessionError>>,
+    ) {
+        if self.runtime.live.contains_key(&id) {
+            // Activated meanwhile by its parent: not an orphan.
+            let _ = reply.send(Ok(()));
+            return;
+        }
+        match self.cancelling.entry(id) {
+            Entry::Occupied(mut waiting) => waiting.get_mut().push(reply),
+            Entry::Vacant(slot) => {
+                slot.insert(vec![reply]);
+                let runtime = Arc::clone(&self.runtime);
+                let cancel = async move { runtime.cancel_in_store(id).await };
+                off_the_mailbox(myself, id, cancel, move |result| {
+                    OrchestratorMsg::OrphanCancelled(id, result)
+                });
+            }
+        }
+    }
+}
+
+/// A restart's read of the session from the store, with the claim of its
+/// tree in cluster mode (which reads it again when the lease is new).
+async fn reload(
+    runtime: Arc<Runtime>,
+    id: SessionId,
+) -> Result<Option<Box<StoredSession>>, SessionError> {
+    if runtime.is_shutting_down() {
+        return Ok(None); // nothing is restarted at shutdown
+    }
+    match runtime.store.load(id).await? {
+        Some(stored) if stored.header.status.is_terminal() => Ok(Some(Box::new(stored))),
+        Some(stored) => runtime.claimed(id, stored).await.map(|s| Some(Box::new(s))),
+        None => Ok(None),
+    }
+}
+
+/// Runs store work for the orchestrator in a task of its own and reports
+/// its outcome as the message `report` makes: the mailbox goes on meanwhile.
+/// A panic in the work is reported as an error (a task of ours is not
+/// supervised by ractor); a report to an orchestrator that has stopped
+/// (shutdown) is dropped.
+fn off_the_mailbox<T: Send + 'static>(
+    myself: &ActorRef<OrchestratorMsg>,
+    id: SessionId,
+    work: impl Future<Output = Result<T, SessionError>> + Send + 'static,
+    report: impl FnOnce(Result<T, SessionError>) -> OrchestratorMsg + Send + 'static,
+) {
+    let myself = myself.clone();
+    tokio::spawn(async move {
+        let outcome = AssertUnwindSafe(work)
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| {
+                Err(SessionError::Internal(format!(
+                    "the store work for session {id} panicked"
+                )))
+            });
+        let _ = myself.cast(report(outcome));
+    });
 }

@@ -33,7 +33,7 @@ use crate::model::{
 use crate::provider::Provider;
 use crate::store::{CheckpointStore, StoredSession};
 use crate::supervision::{Decision, RestartPolicy, Restarts};
-use crate::timers::{ApprovalTimers, Due};
+use crate::timers::{ApprovalTimers, Due, IdleLook, IdleTimers};
 use crate::tool::ToolRegistry;
 
 /// Tunables of the runtime.
@@ -46,6 +46,9 @@ pub struct RuntimeConfig {
     /// Stop the actor of a session idle this long (awaiting input or
     /// approval) and keep it only on disk; `None` never hibernates.
     pub idle_hibernate: Option<Duration>,
+    /// How the idle time shortens as live sessions approach
+    /// `limits.max_live_sessions`.
+    pub idle_pressure: crate::limits::IdlePressure,
     /// Size and admission limits.
     pub limits: Limits,
     /// Share of a model's context window, in percent, past which a session
@@ -61,6 +64,7 @@ impl Default for RuntimeConfig {
             restart: RestartPolicy::default(),
             call_timeout: Duration::from_secs(30),
             idle_hibernate: Some(Duration::from_secs(300)),
+            idle_pressure: crate::limits::IdlePressure::default(),
             limits: Limits::default(),
             compaction_threshold_pct: crate::machine::DEFAULT_COMPACTION_THRESHOLD_PCT,
             janitor: Some(crate::janitor::JanitorConfig::default()),
@@ -101,6 +105,8 @@ pub struct Bookkeeping {
     pub journal: usize,
     /// Armed approval timers.
     pub timers: usize,
+    /// Armed idle timers (one per idle live session actor).
+    pub idle: usize,
     /// Ids being created right now.
     pub creating: usize,
 }
@@ -127,6 +133,8 @@ pub struct Runtime {
     pub(crate) orchestrator: std::sync::OnceLock<ActorRef<OrchestratorMsg>>,
     /// Approval timers, owned per (session, call).
     pub(crate) timers: ApprovalTimers,
+    /// Idle timers of live session actors.
+    pub(crate) idle: IdleTimers,
     /// Ids being created right now (see `Overseer::create_session`).
     pub(crate) creating: dashmap::DashSet<SessionId>,
     /// The in-memory half of the effect journal.
@@ -194,6 +202,7 @@ impl Runtime {
             metrics: Metrics::default(),
             orchestrator: std::sync::OnceLock::new(),
             timers: ApprovalTimers::default(),
+            idle: IdleTimers::default(),
             creating: dashmap::DashSet::new(),
             journal: Journal::default(),
             shutting_down: AtomicBool::new(false),
@@ -306,6 +315,17 @@ impl Runtime {
 
     /// A session actor of `tenant` started (`+1`) or stopped (`-1`).
     pub(crate) fn tenant_live_changed(&self, tenant: &str, started: bool) {
+        if started && self.config.idle_hibernate.is_some() {
+            // Past the pressure share each new actor shortens the idle time
+            // a little: the idle driver reads it again.
+            let start = self
+                .config
+                .idle_pressure
+                .start(self.config.limits.max_live_sessions);
+            if self.live.len() >= start {
+                self.idle.nudge();
+            }
+        }
         if started {
             *self.tenant_live.entry(tenant.to_owned()).or_insert(0) += 1;
         } else {
@@ -359,6 +379,7 @@ impl Runtime {
             live: self.live.len(),
             journal: self.journal.len(),
             timers: self.timers.len(),
+            idle: self.idle.len(),
             creating: self.creating.len(),
         }
     }
@@ -711,6 +732,35 @@ impl Runtime {
         }
         crate::metrics::set_pending(header.id, pending);
         true
+    }
+
+    /// Session `id`'s actor is idle from now, after its message number
+    /// `activity`: it is asked to hibernate once idle for the idle time of
+    /// the moment (`idle_hibernate`, shortened under pressure, see
+    /// [`crate::limits::IdlePressure`]) by the runtime's one idle driver.
+    pub(crate) fn arm_idle(
+        self: &Arc<Self>,
+        id: SessionId,
+        actor: ActorRef<SessionMsg>,
+        activity: u64,
+    ) {
+        let Some(idle) = self.config.idle_hibernate else {
+            return;
+        };
+        self.idle.start(|| {
+            let rt = Arc::downgrade(self);
+            Box::new(move || {
+                let rt = rt.upgrade()?;
+                Some(IdleLook {
+                    live: rt.live.len(),
+                    limit: rt.config.limits.max_live_sessions,
+                    idle,
+                    pressure: rt.config.idle_pressure,
+                })
+            })
+        });
+        self.idle
+            .arm(id, actor, activity, tokio::time::Instant::now());
     }
 
     /// Arms the approval timer of a call (see [`crate::timers`]): it fires

@@ -70,10 +70,13 @@ pub struct SessionState {
     child_restarts: Restarts,
     /// Set once this actor drains (hibernation, or its session ended).
     draining: bool,
-    /// The pending idle timer, if armed: one per actor, replaced when
-    /// re-armed and aborted when the actor goes, so a busy session does not
-    /// pile up sleeping timer tasks (each holding a reference to the actor).
-    idle_timer: Option<tokio::task::AbortHandle>,
+    /// This actor's id, to disarm its idle timer when it goes.
+    me: ActorId,
+    /// Whether this actor has an idle timer armed (an entry in the
+    /// runtime's idle queue, see [`crate::timers::IdleTimers`]): replaced
+    /// when re-armed, dropped when the session is busy again or the actor
+    /// goes. Only a change is written to the shared queue.
+    idle_armed: bool,
     /// This actor's share of the gauges; dropped with the state, however
     /// the actor ends.
     gauges: crate::metrics::SessionGauges,
@@ -87,8 +90,8 @@ impl Drop for SessionState {
         if let Some(h) = self.stream.take() {
             h.abort();
         }
-        if let Some(t) = self.idle_timer.take() {
-            t.abort();
+        if self.idle_armed {
+            self.runtime.idle.disarm(self.session.header.id, self.me);
         }
     }
 }
@@ -100,7 +103,7 @@ impl Actor for SessionActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         args: SessionArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let mut session = args.session;
@@ -121,7 +124,8 @@ impl Actor for SessionActor {
             children: HashMap::new(),
             child_restarts: Restarts::default(),
             draining: false,
-            idle_timer: None,
+            me: myself.get_id(),
+            idle_armed: false,
             gauges,
         })
     }
@@ -430,15 +434,15 @@ impl SessionState {
             let _ = myself.drain();
             return;
         }
-        if let Some(t) = self.idle_timer.take() {
-            t.abort();
-        }
-        if let Some(after) = self.runtime.config.idle_hibernate {
-            if self.is_idle() {
-                let n = self.activity;
-                let timer = myself.send_after(after, move || SessionMsg::Hibernate(n));
-                self.idle_timer = Some(timer.abort_handle());
-            }
+        if self.is_idle() && self.runtime.config.idle_hibernate.is_some() {
+            // Idle from now: re-armed after every message, so the idle time
+            // counts from the last thing that happened.
+            self.runtime
+                .arm_idle(self.session.header.id, myself.clone(), self.activity);
+            self.idle_armed = true;
+        } else if self.idle_armed {
+            self.runtime.idle.disarm(self.session.header.id, self.me);
+            self.idle_armed = false;
         }
     }
 

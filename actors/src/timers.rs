@@ -16,8 +16,13 @@
 //! about 1.4 KB per timer and a spawn per approval, which every session
 //! parked at a restart paid (131 MiB at 100,000 parked sessions).
 //!
+//! Idle timers (hibernation) follow the same pattern: an entry per idle
+//! session actor in one queue, one driver per runtime (see [`IdleTimers`]),
+//! in place of a sleeping task per session that a `send_after` cost.
+//!
 //! This module owns the bookkeeping and the waiting only; what a timeout
-//! means, and delivering it, is the runtime's and the machine's.
+//! means, and delivering it, is the runtime's and the machine's; how long a
+//! session may stay idle is [`crate::limits::IdlePressure`]'s.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -26,6 +31,9 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use ractor::ActorRef;
+
+use crate::messages::SessionMsg;
 use crate::model::{SessionId, SessionIdHasher, ToolCallId};
 
 /// Where a timer sits in the queue: when it fires, then a number that keeps
@@ -251,6 +259,224 @@ async fn drive(shared: Arc<Shared>, deliver: Deliver) {
     }
 }
 
+// ---------------------------------------------------------------------------
+// Idle timers
+
+/// A session idle since `since`, as its entry remembers it.
+struct Idle {
+    actor: ActorRef<SessionMsg>,
+    /// The actor's message count when it became idle (a hibernation request
+    /// for an older count is ignored: something happened since).
+    activity: u64,
+}
+
+#[derive(Default)]
+struct IdleState {
+    /// Each idle session's place in the queue.
+    by_session: HashMap<SessionId, Slot, SessionIdHasher>,
+    /// Idle sessions by when they became idle, earliest first.
+    queue: BTreeMap<Slot, (SessionId, Idle)>,
+    next: u64,
+}
+
+/// What the driver reads, once each time it looks, to know how long a
+/// session may stay idle (see [`crate::limits::IdlePressure`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IdleLook {
+    /// Live session actors now.
+    pub(crate) live: usize,
+    /// The live-session limit.
+    pub(crate) limit: usize,
+    /// The idle time without pressure.
+    pub(crate) idle: std::time::Duration,
+    /// How pressure shortens it.
+    pub(crate) pressure: crate::limits::IdlePressure,
+}
+
+impl IdleLook {
+    /// The idle time once `taken` of the live sessions have been asked to
+    /// hibernate.
+    fn idle_time(&self, taken: usize) -> std::time::Duration {
+        self.pressure
+            .idle_time(self.idle, self.live.saturating_sub(taken), self.limit)
+    }
+}
+
+/// Reads an [`IdleLook`]; `None` once the runtime is gone.
+pub(crate) type Look = Box<dyn Fn() -> Option<IdleLook> + Send + Sync>;
+
+#[derive(Default)]
+struct IdleShared {
+    state: Mutex<IdleState>,
+    /// Wakes the driver: the first entry was armed, or pressure grew (the
+    /// idle time of the moment may have shortened).
+    wake: Notify,
+}
+
+impl IdleShared {
+    fn lock(&self) -> MutexGuard<'_, IdleState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The idle timers of live sessions: one entry per idle session actor in a
+/// queue ordered by when it became idle, and one driver task per runtime.
+///
+/// Unlike an approval timer, an idle timer has no deadline of its own: the
+/// idle time is read when the driver looks, so one that shortens under
+/// pressure applies at once to every session already idle. Since every
+/// entry waits the same idle time, those due are always the oldest, a
+/// prefix of the queue: the driver takes them from the front, one at a
+/// time, reading the idle time again after each (each one it takes is one
+/// live session fewer), and sleeps until the next is due or it is woken.
+#[derive(Default)]
+pub struct IdleTimers {
+    shared: Arc<IdleShared>,
+    driver: OnceLock<AbortHandle>,
+}
+
+impl std::fmt::Debug for IdleTimers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdleTimers")
+            .field("armed", &self.len())
+            .finish()
+    }
+}
+
+impl IdleTimers {
+    /// Starts the driver task unless it runs already (`look` is only
+    /// called then). A tokio runtime must be current.
+    pub(crate) fn start(&self, look: impl FnOnce() -> Look) {
+        self.driver
+            .get_or_init(|| tokio::spawn(drive_idle(self.shared.clone(), look())).abort_handle());
+    }
+
+    /// `actor` (session `id`) is idle from `now` after message `activity`;
+    /// replaces the session's entry.
+    pub(crate) fn arm(
+        &self,
+        id: SessionId,
+        actor: ActorRef<SessionMsg>,
+        activity: u64,
+        now: Instant,
+    ) {
+        let first = {
+            let mut state = self.shared.lock();
+            let slot = (now, state.next);
+            state.next += 1;
+            if let Some(old) = state.by_session.insert(id, slot) {
+                state.queue.remove(&old);
+            }
+            state.queue.insert(slot, (id, Idle { actor, activity }));
+            state.queue.len() == 1
+        };
+        if first {
+            self.shared.wake.notify_one();
+        }
+    }
+
+    /// Session `id`'s actor `actor` is no longer idle (or is gone): drops
+    /// its entry, unless the entry is another actor's of the same session.
+    pub(crate) fn disarm(&self, id: SessionId, actor: ractor::ActorId) {
+        let mut state = self.shared.lock();
+        let Some(slot) = state.by_session.get(&id).copied() else {
+            return;
+        };
+        if state
+            .queue
+            .get(&slot)
+            .is_some_and(|(_, idle)| idle.actor.get_id() == actor)
+        {
+            state.queue.remove(&slot);
+            state.by_session.remove(&id);
+        }
+    }
+
+    /// Pressure grew: the driver reads the idle time again now.
+    pub(crate) fn nudge(&self) {
+        self.shared.wake.notify_one();
+    }
+
+    /// Idle session actors with an armed timer.
+    pub fn len(&self) -> usize {
+        self.shared.lock().queue.len()
+    }
+
+    /// Whether no idle timer is armed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for IdleTimers {
+    fn drop(&mut self) {
+        if let Some(driver) = self.driver.get() {
+            driver.abort();
+        }
+    }
+}
+
+/// Takes out, oldest first, the entries idle for longer than the idle time
+/// at `now`, which grows by each one taken. Returns them and when the next
+/// one is due.
+fn take_idle(state: &mut IdleState, now: Instant, look: &IdleLook) -> (Vec<Idle>, Option<Instant>) {
+    let mut due = Vec::new();
+    while let Some((&slot, _)) = state.queue.first_key_value() {
+        let at = slot.0 + look.idle_time(due.len());
+        if at > now {
+            return (due, Some(at));
+        }
+        if let Some((id, idle)) = state.queue.remove(&slot) {
+            state.by_session.remove(&id);
+            due.push(idle);
+        }
+    }
+    (due, None)
+}
+
+/// The idle driver: asks the sessions idle past the idle time of the
+/// moment to hibernate, sleeps until the next one is due (or until woken),
+/// and again, until aborted or the runtime is gone. It says when pressure
+/// begins to shorten the idle time, and when it no longer does.
+async fn drive_idle(shared: Arc<IdleShared>, look: Look) {
+    let mut pressed = false;
+    loop {
+        // Read outside the lock: it counts the live sessions.
+        let Some(now_look) = look() else { return };
+        let shortened = now_look.idle_time(0) < now_look.idle;
+        if shortened != pressed {
+            pressed = shortened;
+            if pressed {
+                tracing::info!(
+                    live = now_look.live,
+                    limit = now_look.limit,
+                    idle_secs = now_look.idle_time(0).as_secs_f64(),
+                    "live sessions past the pressure share: idle sessions hibernate sooner"
+                );
+            } else {
+                tracing::info!(
+                    live = now_look.live,
+                    "pressure eased: idle sessions hibernate after the configured idle time"
+                );
+            }
+        }
+        let (due, next) = take_idle(&mut shared.lock(), Instant::now(), &now_look);
+        for idle in due {
+            // Refused: the actor is already stopping.
+            let _ = idle.actor.cast(SessionMsg::Hibernate(idle.activity));
+        }
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    () = shared.wake.notified() => {}
+                }
+            }
+            None => shared.wake.notified().await,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -344,5 +570,122 @@ mod tests {
             assert_eq!(start.elapsed(), Duration::from_secs(expected as u64));
         }
         assert!(timers.is_empty());
+    }
+
+    /// Stands in for a session actor: reports the hibernation requests it
+    /// gets.
+    struct Sink(tokio::sync::mpsc::UnboundedSender<u64>);
+
+    impl ractor::Actor for Sink {
+        type Msg = SessionMsg;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(
+            &self,
+            _: ActorRef<SessionMsg>,
+            (): (),
+        ) -> Result<(), ractor::ActorProcessingErr> {
+            Ok(())
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<SessionMsg>,
+            msg: SessionMsg,
+            (): &mut (),
+        ) -> Result<(), ractor::ActorProcessingErr> {
+            if let SessionMsg::Hibernate(n) = msg {
+                let _ = self.0.send(n);
+            }
+            Ok(())
+        }
+    }
+
+    async fn sink() -> (
+        ActorRef<SessionMsg>,
+        tokio::sync::mpsc::UnboundedReceiver<u64>,
+    ) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (actor, _) = ractor::Actor::spawn(None, Sink(tx), ()).await.unwrap();
+        (actor, rx)
+    }
+
+    /// A look at `live` (shared with the test) under a limit of 10, 300 s
+    /// idle, pressure from 5 live down to 10 s at the limit.
+    fn look(live: Arc<std::sync::atomic::AtomicUsize>) -> Look {
+        Box::new(move || {
+            Some(IdleLook {
+                live: live.load(std::sync::atomic::Ordering::Relaxed),
+                limit: 10,
+                idle: Duration::from_secs(300),
+                pressure: crate::limits::IdlePressure {
+                    share_pct: 50,
+                    floor: Duration::from_secs(10),
+                },
+            })
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_timers_are_entries_of_one_driver_not_tasks() {
+        let tasks = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        let (actor, _rx) = sink().await;
+        let before = tasks();
+        let idle = IdleTimers::default();
+        idle.start(|| look(Arc::default()));
+        for n in 0..1_000 {
+            idle.arm(SessionId::generate(), actor.clone(), n, Instant::now());
+        }
+        assert_eq!(idle.len(), 1_000);
+        assert_eq!(tasks(), before + 1, "one driver for every idle session");
+        drop(idle);
+        for _ in 0..100 {
+            if tasks() == before {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(tasks(), before, "dropping the timers stops the driver");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_driver_reads_the_idle_time_when_it_looks_and_takes_the_oldest_first() {
+        let (actor, mut rx) = sink().await;
+        let live = Arc::new(std::sync::atomic::AtomicUsize::new(2));
+        let idle = IdleTimers::default();
+        idle.start(|| look(live.clone()));
+        let start = Instant::now();
+        idle.arm(SessionId::generate(), actor.clone(), 1, start);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        idle.arm(SessionId::generate(), actor.clone(), 2, Instant::now());
+        tokio::time::sleep(Duration::from_secs(49)).await;
+        assert!(rx.try_recv().is_err(), "no pressure: 300 s");
+        // At the limit the idle time is 10 s; after the oldest goes it is
+        // ~20 s (9 live), which the second has been idle for too.
+        live.store(10, std::sync::atomic::Ordering::Relaxed);
+        idle.nudge();
+        assert_eq!(rx.recv().await, Some(1));
+        assert_eq!(rx.recv().await, Some(2));
+        assert_eq!(start.elapsed(), Duration::from_secs(50), "at once");
+        assert!(idle.is_empty());
+        // Without pressure again, the configured idle time.
+        live.store(2, std::sync::atomic::Ordering::Relaxed);
+        let id = SessionId::generate();
+        let armed = Instant::now();
+        idle.arm(id, actor.clone(), 3, armed);
+        assert_eq!(rx.recv().await, Some(3));
+        assert_eq!(armed.elapsed(), Duration::from_secs(300));
+        // Another actor of the same session cannot disarm this one's timer.
+        let (other, _rx) = sink().await;
+        idle.arm(id, actor.clone(), 4, Instant::now());
+        idle.disarm(id, other.get_id());
+        assert_eq!(idle.len(), 1);
+        idle.disarm(id, actor.get_id());
+        assert!(idle.is_empty());
     }
 }

@@ -162,8 +162,9 @@ pub enum ToolRegistryError {
     /// Two tools share a name.
     #[error("tool '{0}' is declared twice")]
     Duplicate(String),
-    /// A tool's schema is not a valid JSON Schema.
-    #[error("tool '{name}' has an invalid JSON Schema: {detail}")]
+    /// A tool's schema is not a valid JSON Schema, or is past the bounds
+    /// of [`crate::schema`].
+    #[error("tool '{name}': parameters: {detail}")]
     InvalidSchema {
         /// Tool name.
         name: String,
@@ -197,7 +198,7 @@ impl ToolRegistry {
         let mut map = BTreeMap::new();
         for tool in tools {
             let spec = tool.spec();
-            let validator = jsonschema::validator_for(&spec.parameters).map_err(|e| {
+            let validator = crate::schema::compile(&spec.parameters).map_err(|e| {
                 ToolRegistryError::InvalidSchema {
                     name: spec.name.clone(),
                     detail: e.to_string(),
@@ -266,7 +267,7 @@ impl ToolRegistry {
             .iter_errors(arguments)
             .map(|e| {
                 json!({
-                    "path": e.instance_path.to_string(),
+                    "path": e.instance_path().to_string(),
                     "message": e.to_string(),
                 })
             })

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
+use overseer_actors::messages::SessionMsg;
 use overseer_actors::model::{
     AgentConfig, ChildApproval, Decision, EventKind, SessionId, SessionStatus, StopReason,
     Submission, TranscriptEntry,
@@ -113,8 +114,11 @@ async fn until_nothing_held(ov: &Overseer) {
                     live_ended += 1;
                 }
             }
-            let held = (b.journal, b.timers, b.creating, live_ended);
-            (held == (0, 0, 0, 0)).then_some(())
+            // An idle timer is held only for a live idle actor: none once
+            // every session has ended or hibernated.
+            let idle_of_ended = if b.live == 0 { b.idle } else { 0 };
+            let held = (b.journal, b.timers, b.creating, live_ended, idle_of_ended);
+            (held == (0, 0, 0, 0, 0)).then_some(())
         },
     )
     .await;
@@ -589,6 +593,68 @@ mod faults {
     }
 }
 
+// ---- no effect before its checkpoint is durable ------------------------------
+
+/// While the checkpoint of a decision is being written, nothing that depends
+/// on it has happened: the tool has not run, no event of it is published,
+/// the caller has no answer. Once it is durable, all of it follows.
+#[tokio::test(start_paused = true)]
+async fn nothing_happens_before_the_checkpoint_that_records_it_is_durable() {
+    let store = GatedStore::default();
+    let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let ov = Overseer::start(
+        vec![named("a", &["echo"])],
+        Arc::new(store.clone()),
+        provider(json!({"a": echo_then_answer()})),
+        tools(runs.clone(), Default::default()),
+        RuntimeConfig::default(),
+    )
+    .await
+    .unwrap();
+    let id = create(&ov, "a", "go").await;
+    let call = poll("the approval", Duration::from_millis(10), || async {
+        ov.pending_approvals(id).await.unwrap().into_iter().next()
+    })
+    .await
+    .call
+    .id;
+    let mut rx = ov.subscribe(id);
+    store.hold(id);
+    let decide = {
+        let ov = ov.clone();
+        tokio::spawn(async move {
+            ov.submit(id, Submission::one(call, Decision::approve()))
+                .await
+        })
+    };
+    bounded("the decision's checkpoint", store.entered.notified()).await;
+    // Paused time moves only when every task is idle: whatever could run
+    // before the checkpoint is durable has run by now (well within the
+    // caller's timeout).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the tool ran before its intent was durable"
+    );
+    assert!(
+        matches!(
+            rx.try_recv(),
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty)
+        ),
+        "an event was published before its checkpoint was durable"
+    );
+    assert!(
+        !decide.is_finished(),
+        "the caller was answered before the write"
+    );
+
+    store.release(id);
+    bounded("the decision", decide).await.unwrap().unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
 // ---- handlers never wait on other actors -----------------------------------
 
 /// Cancelling a tree does not wait for its children: a child whose mailbox is
@@ -774,8 +840,20 @@ async fn deciding_a_decided_call_again_is_a_conflict() {
 
 // ---- one live actor per session ------------------------------------------------
 
+/// The session actors a supervisor runs now (its live children), counted by
+/// ractor itself: independent of the runtime's registry of live actors.
+fn supervised_sessions(supervisor: &ractor::ActorCell) -> usize {
+    supervisor
+        .get_children()
+        .into_iter()
+        .filter(|c| c.get_status() == ractor::ActorStatus::Running)
+        .filter(|c| c.is_message_type_of::<SessionMsg>() == Some(true))
+        .count()
+}
+
 /// Many requests racing to a session that lives only on disk activate it
-/// once: one actor, every request answered by it.
+/// once: one actor, every request answered by it. Counted twice: the
+/// runtime's activations, and the actors the orchestrator really runs.
 #[tokio::test(start_paused = true)]
 async fn concurrent_requests_to_a_hibernated_session_activate_one_actor() {
     let h = harness_cfg(
@@ -786,11 +864,17 @@ async fn concurrent_requests_to_a_hibernated_session_activate_one_actor() {
     .await;
     let (id, mut rx) = h.start("go").await;
     until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let orchestrator = h.ov.runtime().live.get(&id).unwrap().get_cell();
+    let orchestrator = orchestrator.try_get_supervisor().unwrap();
     poll(
         "the session to hibernate",
         Duration::from_secs(1),
         || async { (!h.ov.runtime().live.contains_key(&id)).then_some(()) },
     )
+    .await;
+    poll("its actor to stop", Duration::from_millis(1), || async {
+        (supervised_sessions(&orchestrator) == 0).then_some(())
+    })
     .await;
     let before = h.ov.runtime().metrics.activations.load(Ordering::Relaxed);
     let reads = (0..32).map(|i| {
@@ -806,11 +890,220 @@ async fn concurrent_requests_to_a_hibernated_session_activate_one_actor() {
     let after = h.ov.runtime().metrics.activations.load(Ordering::Relaxed);
     assert_eq!(after - before, 1, "one activation for 32 racing requests");
     assert_eq!(
-        h.ov.runtime()
-            .live
-            .iter()
-            .filter(|e| *e.key() == id)
-            .count(),
-        1
+        supervised_sessions(&orchestrator),
+        1,
+        "the orchestrator runs one actor for the session"
     );
+}
+
+/// The same for a child: requests racing to a hibernated child activate
+/// the tree from the root down, and its parent runs one actor for it (the
+/// orchestrator none).
+#[tokio::test(start_paused = true)]
+async fn concurrent_requests_to_a_hibernated_child_activate_one_actor_under_its_parent() {
+    let agents = vec![lead("one_lead", "one_child"), named("one_child", &["echo"])];
+    let ov = start_with(
+        agents,
+        Arc::new(MemStore::new()),
+        provider(tree_steps("one_lead", "one_child")),
+        hibernating(10),
+    )
+    .await;
+    let id = create(&ov, "one_lead", "go").await;
+    let pending = poll(
+        "the child's approval",
+        Duration::from_millis(50),
+        || async { ov.pending_approvals(id).await.unwrap().into_iter().next() },
+    )
+    .await;
+    let child = pending.session_id;
+    poll("the tree to hibernate", Duration::from_secs(1), || async {
+        let live = &ov.runtime().live;
+        (!live.contains_key(&id) && !live.contains_key(&child)).then_some(())
+    })
+    .await;
+    let reads = (0..32).map(|i| {
+        let ov = ov.clone();
+        async move { ov.send_message(child, format!("message {i}")).await }
+    });
+    for r in futures::future::join_all(reads).await {
+        // A child waiting for a decision queues them behind its turn.
+        r.unwrap();
+    }
+    let parent = ov.runtime().live.get(&id).unwrap().get_cell();
+    let child_actor = ov.runtime().live.get(&child).unwrap().get_cell();
+    assert_eq!(
+        child_actor.try_get_supervisor().map(|s| s.get_id()),
+        Some(parent.get_id()),
+        "the child runs under its parent"
+    );
+    assert_eq!(
+        supervised_sessions(&parent),
+        1,
+        "its parent runs one actor for it"
+    );
+    let orchestrator = parent.try_get_supervisor().unwrap();
+    assert_eq!(
+        supervised_sessions(&orchestrator),
+        1,
+        "the orchestrator runs the root alone"
+    );
+}
+
+// ---- the orchestrator's mailbox never waits on the store --------------------
+
+/// The in-memory store, except that reads of "held" sessions wait until
+/// released (a slow disk), and the next checkpoint of a "doomed" session
+/// fails (its actor fails and is restarted).
+#[derive(Clone)]
+struct SlowReads {
+    inner: MemStore,
+    held: Arc<Mutex<HashSet<SessionId>>>,
+    doomed: Arc<Mutex<HashSet<SessionId>>>,
+    gate: Arc<Semaphore>,
+    entered: Arc<tokio::sync::Notify>,
+}
+
+impl SlowReads {
+    fn new() -> Self {
+        Self {
+            inner: MemStore::new(),
+            held: Arc::default(),
+            doomed: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
+            entered: Arc::default(),
+        }
+    }
+
+    fn release(&self, id: SessionId) {
+        self.held.lock().unwrap().remove(&id);
+        self.gate.add_permits(1_000);
+    }
+}
+
+#[async_trait::async_trait]
+impl CheckpointStore for SlowReads {
+    async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
+        if self.doomed.lock().unwrap().remove(&checkpoint.header.id) {
+            return Err(StoreError::Io("the disk refused the write (a test)".into()));
+        }
+        self.inner.checkpoint(checkpoint).await
+    }
+    async fn load(&self, id: SessionId) -> Result<Option<StoredSession>, StoreError> {
+        if self.held.lock().unwrap().contains(&id) {
+            self.entered.notify_one();
+            while self.held.lock().unwrap().contains(&id) {
+                if let Ok(p) = self.gate.acquire().await {
+                    p.forget();
+                }
+            }
+        }
+        self.inner.load(id).await
+    }
+    async fn load_header(
+        &self,
+        id: SessionId,
+    ) -> Result<Option<overseer_actors::model::SessionHeader>, StoreError> {
+        self.inner.load_header(id).await
+    }
+    async fn events_after(
+        &self,
+        id: SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<overseer_actors::model::Event>, StoreError> {
+        self.inner.events_after(id, after, limit).await
+    }
+    async fn list_by_status(
+        &self,
+        statuses: &[SessionStatus],
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        self.inner.list_by_status(statuses, after, limit).await
+    }
+    async fn list_tenant(
+        &self,
+        tenant: &str,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        self.inner.list_tenant(tenant, after, limit).await
+    }
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush().await
+    }
+}
+
+/// A root restarting reads its checkpoint in a task of its own: while that
+/// read waits on a slow store, the orchestrator starts other roots at once
+/// (a create answers), and the restart completes when the read does.
+#[tokio::test(start_paused = true)]
+async fn a_restart_waiting_on_the_store_holds_up_no_other_root() {
+    let store = SlowReads::new();
+    let steps = json!({
+        "slow": [
+            {"tool_calls": [{"name": "echo", "arguments": {"text": "x"}}]},
+            {"text": "slow: {{tool_result}}"}
+        ],
+        "quick": [{"text": "quick answer"}]
+    });
+    let ov = start_with(
+        vec![named("slow", &["echo"]), named("quick", &[])],
+        Arc::new(store.clone()),
+        provider(steps),
+        RuntimeConfig::default(),
+    )
+    .await;
+    let slow = create(&ov, "slow", "go").await;
+    let mut slow_rx = ov.subscribe(slow);
+    let call = poll("the approval", Duration::from_millis(10), || async {
+        ov.pending_approvals(slow).await.unwrap().into_iter().next()
+    })
+    .await
+    .call
+    .id;
+
+    // The approval's checkpoint fails: nothing is accepted, the actor
+    // fails, and the orchestrator's restart reads the session, slowly.
+    store.doomed.lock().unwrap().insert(slow);
+    store.held.lock().unwrap().insert(slow);
+    let approve = || Submission::one(call.clone(), Decision::approve());
+    assert!(ov.submit(slow, approve()).await.is_err());
+    bounded("the restart to read the store", store.entered.notified()).await;
+
+    // Meanwhile another root starts and finishes its turn.
+    let quick = bounded(
+        "a create while a restart reads the store",
+        ov.create_session(CreateSession {
+            agent: "quick".into(),
+            tenant: "t".into(),
+            prompt: Some("hello".into()),
+            ..CreateSession::default()
+        }),
+    )
+    .await
+    .expect("a create is not held up by another root's restart");
+    poll(
+        "the quick session's answer",
+        Duration::from_millis(10),
+        || async {
+            let s = ov.state(quick).await.unwrap();
+            (s.header.status == SessionStatus::AwaitingInput).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        !ov.runtime().live.contains_key(&slow),
+        "the restart is still reading"
+    );
+
+    // The read returns: the session is back, waiting for the same decision.
+    store.release(slow);
+    poll("the restart", Duration::from_millis(10), || async {
+        ov.runtime().live.contains_key(&slow).then_some(())
+    })
+    .await;
+    ov.submit(slow, approve()).await.unwrap();
+    assert_eq!(turn_end(&mut slow_rx).await, StopReason::EndTurn);
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::*;
 use overseer_actors::model::{SessionStatus, StopReason};
 use overseer_actors::store::CheckpointStore;
-use overseer_actors::{CreateSession, Limits, RuntimeConfig, SessionError};
+use overseer_actors::{CreateSession, IdlePressure, Limits, RuntimeConfig, SessionError};
 use serde_json::json;
 
 fn limited(limits: Limits) -> RuntimeConfig {
@@ -254,4 +254,105 @@ async fn a_tenants_live_quota_refuses_until_one_of_its_sessions_ends() {
         || async { h.ov.create_session(create("acme")).await.ok() },
     )
     .await;
+}
+
+/// Idle for 300 s without pressure; pressure begins past half of a limit
+/// of 10 live sessions and the idle time falls to 10 s at the limit.
+fn pressured() -> RuntimeConfig {
+    RuntimeConfig {
+        idle_hibernate: Some(Duration::from_secs(300)),
+        idle_pressure: IdlePressure {
+            share_pct: 50,
+            floor: Duration::from_secs(10),
+        },
+        limits: Limits {
+            max_live_sessions: 10,
+            ..Limits::default()
+        },
+        ..RuntimeConfig::default()
+    }
+}
+
+/// Starts `n` sessions that answer and wait for input, at the same instant.
+async fn idle_sessions(h: &Harness, n: usize) -> Vec<overseer_actors::model::SessionId> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let (id, mut rx) = h.start("hi").await;
+        assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+        ids.push(id);
+    }
+    ids
+}
+
+fn live(h: &Harness) -> usize {
+    h.ov.runtime().live.len()
+}
+
+fn hibernations(h: &Harness) -> u64 {
+    h.ov.runtime()
+        .metrics
+        .hibernations
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Waits, in paused time and without touching any session (a request would
+/// count as activity), until `n` sessions are live.
+async fn until_live(h: &Harness, n: usize) {
+    poll(
+        &format!("{n} live sessions"),
+        Duration::from_millis(100),
+        || async { (live(h) == n).then_some(()) },
+    )
+    .await
+}
+
+/// Below the pressure share, an idle session stays live for the configured
+/// idle time, not a moment less, then hibernates.
+#[tokio::test(start_paused = true)]
+async fn without_pressure_idle_sessions_stay_for_the_configured_idle_time() {
+    let h = harness_cfg(agent(&[]), scripted(chat()), pressured()).await;
+    idle_sessions(&h, 5).await;
+    tokio::time::sleep(Duration::from_secs(299)).await;
+    assert_eq!(live(&h), 5, "5 of 10 is not past the share: 300 s");
+    assert_eq!(hibernations(&h), 0);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    until_live(&h, 0).await;
+    assert_eq!(hibernations(&h), 5);
+    assert_eq!(h.ov.runtime().bookkeeping().idle, 0);
+}
+
+/// Past the pressure share, idle sessions hibernate sooner, oldest first,
+/// until the live count is back at the share (the rest wait the configured
+/// idle time); a hibernated session still answers, activated from its
+/// checkpoint. Nothing else asked them to: no create was refused.
+#[tokio::test(start_paused = true)]
+async fn under_pressure_idle_sessions_hibernate_sooner_and_still_answer() {
+    let h = harness_cfg(agent(&[]), scripted(chat()), pressured()).await;
+    let ids = idle_sessions(&h, 8).await;
+    assert_eq!(h.ov.runtime().bookkeeping().idle, 8);
+    // 8 of 10 live: the idle time is 300 s × (10/300)^0.6 ≈ 39 s, then
+    // ≈ 77 s at 7 and ≈ 152 s at 6, each counted from when a session
+    // became idle: by 200 s three have gone, the first by 40 s.
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    until_live(&h, 7).await;
+    tokio::time::sleep(Duration::from_secs(160)).await;
+    until_live(&h, 5).await;
+    assert_eq!(hibernations(&h), 3);
+    // At the share the configured idle time applies again.
+    tokio::time::sleep(Duration::from_secs(99)).await;
+    assert_eq!(live(&h), 5);
+    // The oldest hibernated first, and answers as if it never had.
+    let first = ids[0];
+    assert!(!h.ov.runtime().live.contains_key(&first));
+    let mut rx = h.ov.subscribe(first);
+    h.ov.send_message(first, "again").await.unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(final_text(&h.transcript(first).await), "two");
+    assert!(
+        h.ov.runtime()
+            .metrics
+            .activations
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
 }

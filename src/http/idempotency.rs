@@ -177,6 +177,8 @@ impl<K: Hash + Eq + Clone, E: Clone> IdempotencyLog<K, E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use overseer_actors::model::SessionId;
+    use overseer_actors::SessionError;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[tokio::test]
@@ -236,10 +238,27 @@ mod tests {
         ));
         let entry = log.lock().entries.get("m").cloned();
         let entry = entry.unwrap();
-        assert_eq!(entry.fingerprint, digest(&[&text]));
-        // The entry is a fixed-size record: nothing in it grows with the text.
-        assert!(std::mem::size_of::<Entry<()>>() <= 128);
+        // Everything an entry holds, by name and type, each of a fixed
+        // size: a field added to keep more (the text, the request), or a
+        // digest turned into a buffer, fails to compile here. (Measuring
+        // the entry's size could not see what it points to.)
+        let Entry {
+            fingerprint,
+            generation,
+            outcome,
+        } = &*entry;
+        let _: (&Digest32, &u64) = (fingerprint, generation);
+        let _: &OnceCell<Result<(), ()>> = outcome;
+        assert_eq!(*fingerprint, digest(&[&text]));
+        assert_eq!(outcome.get(), Some(&Ok(())), "a success holds nothing else");
         drop(entry);
+        // And the keys the API uses are fixed-size too: a session id, and a
+        // session id with the digest of the client's `message_id`.
+        fn keys(inner: &super::super::Inner) {
+            let _: &IdempotencyLog<SessionId, SessionError> = &inner.creates;
+            let _: &IdempotencyLog<(SessionId, Digest32), SessionError> = &inner.messages;
+        }
+        let _ = keys;
         // The same text again matches; one byte different does not.
         assert!(matches!(
             log.run("m", &text, || async { Ok(()) }).await,

@@ -13,13 +13,15 @@ pub(crate) fn check(schema: &Value, answer: &str) -> Result<Value, String> {
     let text = strip_fence(answer.trim());
     let value: Value = serde_json::from_str(text)
         .map_err(|e| format!("the answer is not a JSON document ({e})"))?;
-    let validator = jsonschema::validator_for(schema)
-        .map_err(|e| format!("the output schema itself is invalid: {e}"))?;
+    // Checked at creation; compiled again here under the same bounds, so
+    // what a check costs never depends on where the schema came from.
+    let validator = crate::schema::compile(schema)
+        .map_err(|e| format!("the output schema itself is unusable: {e}"))?;
     let errors: Vec<String> = validator
         .iter_errors(&value)
         .take(5)
         .map(|e| {
-            let at = e.instance_path.to_string();
+            let at = e.instance_path().to_string();
             if at.is_empty() {
                 e.to_string()
             } else {

@@ -40,14 +40,10 @@ pub struct SessionOverrides {
 }
 
 /// Whether `schema` is a JSON Schema answers can be checked against (an
-/// object or a boolean the validator compiles); the error says why not.
+/// object or a boolean the validator compiles, within the bounds of
+/// [`crate::schema`]); the error says why not.
 pub fn check_output_schema(schema: &serde_json::Value) -> Result<(), String> {
-    if !(schema.is_object() || schema.is_boolean()) {
-        return Err("must be a JSON Schema (an object)".to_owned());
-    }
-    jsonschema::validator_for(schema)
-        .map(|_| ())
-        .map_err(|e| format!("not a valid JSON Schema: {e}"))
+    crate::schema::check_output(schema).map_err(|e| e.to_string())
 }
 
 impl SessionOverrides {

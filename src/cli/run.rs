@@ -338,7 +338,7 @@ async fn run_session(
     // The same runtime as `serve`'s; recovery is `drive`'s, after it has
     // subscribed to its session.
     let (overseer, _store) =
-        crate::service::open(&config, all_tools.registry.clone(), provider).await?;
+        crate::service::open(&config, &all_tools, provider).await?;
     let outcome = drive(&overseer, &resume, target, mode, data_dir).await;
     // Shut down whatever happened, so the store is flushed.
     let shutdown = overseer.shutdown().await;

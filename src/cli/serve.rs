@@ -142,14 +142,15 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         let (overseer, cluster, listener, bound) = match config.store.kind {
             StoreKind::Sled => {
                 let (overseer, _store) =
-                    service::start(&config, all_tools.registry.clone(), provider).await?;
+                    service::start(&config, &all_tools, provider).await?;
                 let (listener, bound) = bind(addr).await?;
                 (overseer, None, listener, bound)
             }
             StoreKind::Postgres => {
                 let store = service::open_postgres(&config).await?;
-                let overseer = overseer_actors::Overseer::start(
+                let overseer = overseer_actors::Overseer::start_with(
                     config.agent_configs(),
+                    all_tools.library.clone(),
                     std::sync::Arc::new(store.clone()),
                     provider,
                     all_tools.registry.clone(),

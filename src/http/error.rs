@@ -141,6 +141,13 @@ impl From<SessionError> for ApiError {
             SessionError::UnknownAgent(name) => {
                 Self::bad_request("unknown_agent", message).with_details(json!({"agent": name}))
             }
+            SessionError::UnknownTask(task) => {
+                Self::new(StatusCode::NOT_FOUND, "unknown_task", message)
+                    .with_details(json!({"task": task}))
+            }
+            SessionError::InvalidContext { field, .. } => {
+                Self::bad_request("invalid_context", message).with_details(json!({"field": field}))
+            }
             SessionError::Terminal { status, .. } => {
                 Self::conflict("session_terminal", message).with_details(json!({"status": status}))
             }

@@ -22,7 +22,10 @@
 //! `sessions:read`; create, message, cancel, done, interrupt and model
 //! need `sessions:write`; deciding approvals and setting a session's
 //! standing rule for a tool (`POST /v1/sessions/{id}/rules`) need
-//! `approvals:write`;
+//! `approvals:write`; stored tasks, skills and forks (§17): `GET /v1/tasks`
+//! and `GET /v1/sessions/{id}/history` need `sessions:read`, `POST
+//! /v1/tasks/{id}/runs`, `POST /v1/sessions/{id}/skills` and `POST
+//! /v1/sessions/{id}/fork` `sessions:write`;
 //! `admin` implies all three. `admin` does not cross tenants. `/healthz`,
 //! `/readyz` and the approval inbox's page (`/`, `/ui/*`: static files, no
 //! data) are unauthenticated. `/metrics` needs `admin` unless
@@ -47,11 +50,14 @@ mod conn;
 mod error;
 mod events;
 mod extract;
+mod fork;
 mod idempotency;
 mod inbox;
 mod metrics;
 mod routing;
 mod sessions;
+mod skills;
+mod tasks;
 mod tenant_events;
 mod ui;
 
@@ -400,6 +406,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sessions/{id}/model", post(sessions::set_model))
         .route("/v1/sessions/{id}/rules", post(sessions::set_rule))
         .route("/v1/sessions/{id}/events", get(events::stream))
+        .route("/v1/sessions/{id}/skills", post(skills::activate))
+        .route("/v1/sessions/{id}/fork", post(fork::fork))
+        .route("/v1/sessions/{id}/history", get(fork::history))
+        .route("/v1/tasks", get(tasks::list))
+        .route("/v1/tasks/{id}/runs", post(tasks::run))
         .route("/v1/approvals", get(inbox::list))
         .route("/v1/events", get(tenant_events::stream))
         .fallback(not_found)

@@ -55,5 +55,5 @@ pub(crate) use fault_off::fault_point;
 pub use library::Library;
 pub use limits::Limits;
 pub use model::SessionOverrides;
-pub use overseer::{CreateSession, Overseer, PendingApproval, TreeNode};
+pub use overseer::{CreateSession, HistoryPoint, Overseer, PendingApproval, TaskRun, TreeNode};
 pub use runtime::{Bookkeeping, Runtime, RuntimeConfig};

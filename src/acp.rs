@@ -20,6 +20,7 @@
 //! carries nothing but protocol: logs and progress go to stderr.
 
 mod agent;
+mod commands;
 mod error;
 mod follow;
 mod fs;

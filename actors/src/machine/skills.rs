@@ -206,3 +206,52 @@ pub(super) fn after_their_steps(view: Vec<Arc<TranscriptEntry>>) -> Vec<Arc<Tran
     out.append(&mut held);
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{AgentConfig, SessionHeader, SessionId, SCHEMA_VERSION};
+    use crate::store::StoredSession;
+
+    /// Version 4 only adds: a version 3 snapshot (no skills, tasks, task or
+    /// forked_from, no skill entries) reads as it is, with nothing active,
+    /// and its next checkpoint says version 4.
+    #[test]
+    fn a_version_3_snapshot_is_read_and_written_as_4() {
+        let header = SessionHeader::new(
+            SessionId(uuid::Uuid::from_u128(3)),
+            "t".into(),
+            "a".into(),
+            AgentConfig::new("a", &[]).effective(),
+            1,
+        );
+        let mut v3 = serde_json::to_value(&header).unwrap();
+        v3["schema_version"] = json!(3);
+        for key in ["task", "forked_from"] {
+            assert!(v3.get(key).is_none(), "{key} is written only when set");
+        }
+        for key in ["skills", "tasks"] {
+            assert!(v3["config"].get(key).is_none(), "{key} is written only when set");
+        }
+        let read: SessionHeader = serde_json::from_value(v3).unwrap();
+        assert_eq!(read.schema_version, 3);
+        assert!(read.task.is_none() && read.forked_from.is_none());
+        assert!(read.config.skills.is_empty() && read.config.tasks.is_empty());
+        let entries: Vec<TranscriptEntry> = serde_json::from_value(json!([
+            {"role": "user", "text": "hi", "at_ms": 1},
+            {"role": "assistant", "text": "hello", "at_ms": 2}
+        ]))
+        .unwrap();
+        let entries: Vec<Arc<TranscriptEntry>> = entries.into_iter().map(Arc::new).collect();
+        let session = Session::from_stored(StoredSession {
+            header: read,
+            transcript: entries,
+            metadata: Value::Null,
+            inbox: Vec::new(),
+            needs_rewrite: false,
+        });
+        assert!(session.active_skills().is_empty());
+        assert_eq!(session.checkpoint().header.schema_version, SCHEMA_VERSION);
+        assert_eq!(SCHEMA_VERSION, 4);
+    }
+}

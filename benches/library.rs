@@ -94,10 +94,7 @@ async fn skills_figures() {
         .map(|s| activation_text(&s.name, &s.body))
         .collect::<Vec<_>>()
         .join("\n\n");
-    let library = Library::new(
-        TaskCatalog::default(),
-        SkillCatalog::new(skills).unwrap(),
-    );
+    let library = Library::new(TaskCatalog::default(), SkillCatalog::new(skills).unwrap());
     let mut agent = AgentConfig::new("a", &[]);
     agent.instructions = "You are a helpful assistant for the operations team.".into();
     agent.skills = names;
@@ -169,7 +166,10 @@ async fn long_session(store: &SledStore, entries: u64) -> SessionId {
         let text = format!("question {turn}: {}", "how does this part work? ".repeat(4));
         transcript.push(TranscriptEntry::User { text, at_ms: now });
         ev(EventKind::TurnStarted { turn: turn as u32 }, &mut events);
-        let answer = format!("answer {turn}: {}", "it works like this, step by step. ".repeat(6));
+        let answer = format!(
+            "answer {turn}: {}",
+            "it works like this, step by step. ".repeat(6)
+        );
         transcript.push(TranscriptEntry::Assistant {
             text: answer.clone(),
             tool_calls: vec![],
@@ -252,9 +252,18 @@ async fn fork_figures(runs: usize) {
         assert_eq!(points.len(), 5_000);
     }
     println!("fork of a session with 10,000 transcript entries, 15,001 events (sled, durability os, {runs} runs, p50):");
-    println!("  at its latest checkpoint:        {:>8.1} ms", p50(latest).as_secs_f64() * 1e3);
-    println!("  at an event mid-history:         {:>8.1} ms", p50(at_mid).as_secs_f64() * 1e3);
-    println!("  GET history (5,000 fork points): {:>8.1} ms", p50(history).as_secs_f64() * 1e3);
+    println!(
+        "  at its latest checkpoint:        {:>8.1} ms",
+        p50(latest).as_secs_f64() * 1e3
+    );
+    println!(
+        "  at an event mid-history:         {:>8.1} ms",
+        p50(at_mid).as_secs_f64() * 1e3
+    );
+    println!(
+        "  GET history (5,000 fork points): {:>8.1} ms",
+        p50(history).as_secs_f64() * 1e3
+    );
     ov.shutdown().await.unwrap();
 }
 

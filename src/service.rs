@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use overseer_actors::provider::Provider;
 use overseer_actors::store::StoreError;
-use overseer_actors::tool::ToolRegistry;
 use overseer_actors::tasks::TaskCatalog;
+use overseer_actors::tool::ToolRegistry;
 use overseer_actors::{Library, Overseer, SessionError};
 
 use overseer_actors::tool::Tool;

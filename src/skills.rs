@@ -200,8 +200,8 @@ pub fn parse(
             format!("'{name}' must equal its folder's name '{folder}'"),
         ));
     }
-    let description = text_field("description")?
-        .ok_or_else(|| invalid(path, "description", "required"))?;
+    let description =
+        text_field("description")?.ok_or_else(|| invalid(path, "description", "required"))?;
     let chars = description.chars().count();
     if description.trim().is_empty() || chars > MAX_DESCRIPTION {
         return Err(invalid(
@@ -351,14 +351,26 @@ mod tests {
             ("b", "---\nname: a\ndescription: d\n---\n", "name"),
             ("a", "---\nname: a\n---\n", "description"),
             ("a", "---\nname: a\ndescription: 3\n---\n", "description"),
-            ("a", "---\nname: a\ndescription: d\nmetadata: 3\n---\n", "metadata"),
+            (
+                "a",
+                "---\nname: a\ndescription: d\nmetadata: 3\n---\n",
+                "metadata",
+            ),
             (
                 "a",
                 "---\nname: a\ndescription: d\nmetadata:\n  requires-trust: maybe\n---\n",
                 "metadata.requires-trust",
             ),
-            ("a", "---\nname: a\ndescription: d\ncompatibility: ''\n---\n", "compatibility"),
-            ("a", "---\nname: a\ndescription: d\nallowed-tools: {x: 1}\n---\n", "allowed-tools"),
+            (
+                "a",
+                "---\nname: a\ndescription: d\ncompatibility: ''\n---\n",
+                "compatibility",
+            ),
+            (
+                "a",
+                "---\nname: a\ndescription: d\nallowed-tools: {x: 1}\n---\n",
+                "allowed-tools",
+            ),
         ];
         for (folder, text, field) in cases {
             match parse_text(folder, text) {

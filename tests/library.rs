@@ -116,7 +116,9 @@ fn results(session: &Value) -> Vec<Value> {
 }
 
 async fn session(s: &Server, token: &str, id: &str) -> Value {
-    let (status, v) = send(s.get(&format!("/v1/sessions/{id}"), token)).await.unwrap();
+    let (status, v) = send(s.get(&format!("/v1/sessions/{id}"), token))
+        .await
+        .unwrap();
     assert_eq!(status, 200, "{v}");
     v
 }
@@ -151,7 +153,11 @@ async fn a_task_runs_for_the_model_and_for_a_person_over_http() {
         .unwrap();
     let p = &pending["pending"][0];
     assert_eq!(p["name"], "write_record", "{pending}");
-    assert_eq!(p["session_path"].as_array().unwrap().len(), 2, "a child's call, decided at the root");
+    assert_eq!(
+        p["session_path"].as_array().unwrap().len(),
+        2,
+        "a child's call, decided at the root"
+    );
     let call_id = p["call_id"].as_str().unwrap();
     let (status, v) = send(s.post(
         &format!("/v1/sessions/{root}/approvals"),
@@ -189,9 +195,13 @@ async fn a_task_runs_for_the_model_and_for_a_person_over_http() {
         .contains("\"id\": 3"));
 
     // Unknown task: 404 naming it; bad context: 400 naming the field.
-    let e = expect_error(s.post("/v1/tasks/nope/runs", &t, &json!({})), 404, "unknown_task")
-        .await
-        .unwrap();
+    let e = expect_error(
+        s.post("/v1/tasks/nope/runs", &t, &json!({})),
+        404,
+        "unknown_task",
+    )
+    .await
+    .unwrap();
     assert!(e["error"]["message"].as_str().unwrap().contains("nope"));
     let e = expect_error(
         s.post(
@@ -222,7 +232,10 @@ async fn a_task_runs_for_the_model_and_for_a_person_over_http() {
     )
     .await
     .unwrap();
-    assert!(e["error"]["message"].as_str().unwrap().contains("contxt"), "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("contxt"),
+        "{e}"
+    );
 }
 
 #[tokio::test]
@@ -260,9 +273,15 @@ async fn skills_from_real_folders_are_listed_activated_read_and_kept_inside_thei
         .unwrap();
     let specs = writer["skill_specs"].as_array().unwrap();
     assert_eq!(specs.len(), 3);
-    let deploy = specs.iter().find(|s| s["name"] == "production-deploy").unwrap();
+    let deploy = specs
+        .iter()
+        .find(|s| s["name"] == "production-deploy")
+        .unwrap();
     assert_eq!(deploy["requires_trust"], true);
-    assert!(deploy["description"].as_str().unwrap().starts_with("Deploy a release"));
+    assert!(deploy["description"]
+        .as_str()
+        .unwrap()
+        .starts_with("Deploy a release"));
 
     let id = s.create(&t, "writer", Some("notes for 2.0")).await.unwrap();
     let mut events = Sse::open(s, &t, &id, None).await.unwrap();
@@ -271,7 +290,10 @@ async fn skills_from_real_folders_are_listed_activated_read_and_kept_inside_thei
     // Listed by description only: no body in the instructions.
     let instructions = v["config"]["instructions"].as_str().unwrap();
     assert!(instructions.contains("- release-notes: Write release notes"));
-    assert!(!instructions.contains("Group the changes"), "a body is in the prompt");
+    assert!(
+        !instructions.contains("Group the changes"),
+        "a body is in the prompt"
+    );
     let res = results(&v);
     let by = |i: usize| (res[i]["state"].as_str().unwrap(), res[i]["result"].clone());
     assert_eq!(by(0).0, "completed");
@@ -297,7 +319,10 @@ async fn skills_from_real_folders_are_listed_activated_read_and_kept_inside_thei
         .filter(|e| e["role"] == "skill_activated")
         .collect();
     assert_eq!(bodies.len(), 2);
-    assert!(bodies[0]["body"].as_str().unwrap().contains("Group the changes"));
+    assert!(bodies[0]["body"]
+        .as_str()
+        .unwrap()
+        .contains("Group the changes"));
 
     // A person activates the skill that needs trust; twice is a 409.
     let (status, h) = send(s.post(
@@ -417,7 +442,10 @@ async fn forks_over_http_keep_the_source_and_another_tenant_gets_404() {
     let (_, src_pending) = send(s.get(&format!("/v1/sessions/{src}/approvals"), &t))
         .await
         .unwrap();
-    let src_call = src_pending["pending"][0]["call_id"].as_str().unwrap().to_owned();
+    let src_call = src_pending["pending"][0]["call_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let (status, _) = send(s.post(
         &format!("/v1/sessions/{src}/approvals"),
         &t,
@@ -437,13 +465,10 @@ async fn forks_over_http_keep_the_source_and_another_tenant_gets_404() {
 
     // Forked at the result: the fork goes on to the next step by itself.
     let seq = points[0]["seq"].as_u64().unwrap();
-    let (status, at_result) = send(s.post(
-        &format!("/v1/sessions/{src}/fork"),
-        &t,
-        &json!({"at": seq}),
-    ))
-    .await
-    .unwrap();
+    let (status, at_result) =
+        send(s.post(&format!("/v1/sessions/{src}/fork"), &t, &json!({"at": seq})))
+            .await
+            .unwrap();
     assert_eq!(status, 201, "{at_result}");
     assert_eq!(at_result["forked_from"]["at"], seq);
     let fork2 = at_result["id"].as_str().unwrap().to_owned();
@@ -535,12 +560,22 @@ fn a_malformed_skill_md_stops_start_up_naming_the_file_and_the_field() {
     let file = config(tmp.path(), &skills);
     let (code, _, stderr) = overseer(
         tmp.path(),
-        &["run", "--config", file.to_str().unwrap(), "--approve", "auto", "hello"],
+        &[
+            "run",
+            "--config",
+            file.to_str().unwrap(),
+            "--approve",
+            "auto",
+            "hello",
+        ],
     );
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("bad-skill/SKILL.md"), "{stderr}");
     assert!(stderr.contains(": name: "), "{stderr}");
-    assert!(stderr.lines().filter(|l| l.contains("error")).count() <= 1, "one line: {stderr}");
+    assert!(
+        stderr.lines().filter(|l| l.contains("error")).count() <= 1,
+        "one line: {stderr}"
+    );
     assert!(!tmp.path().join("data").exists(), "nothing was opened");
 }
 

@@ -48,7 +48,10 @@ impl Library {
         }
         for t in self.tasks.iter() {
             if !agents.iter().any(|a| a.name == t.agent) {
-                return Err(format!("task '{}': agent: no agent named '{}'", t.id, t.agent));
+                return Err(format!(
+                    "task '{}': agent: no agent named '{}'",
+                    t.id, t.agent
+                ));
             }
             for s in &t.skills {
                 if self.skills.get(s).is_none() {

@@ -25,7 +25,6 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::delegation::{spawns_child, DelegateArgs, DELEGATE_TASK};
-use crate::tasks::{RunTaskArgs, RUN_TASK};
 use crate::error::SessionError;
 use crate::limits::Limits;
 use crate::model::decision::merge_override;
@@ -38,6 +37,7 @@ use crate::provider::{
     FinishReason, ProviderError, ProviderEvent, ProviderRequest, RequestPurpose,
 };
 use crate::store::{Checkpoint, StoredSession};
+use crate::tasks::{RunTaskArgs, RUN_TASK};
 use crate::tool::{not_available, ToolRegistry};
 
 /// How many message ids a session remembers for idempotent retries. A retry
@@ -1171,11 +1171,10 @@ impl Session {
         ctx: Ctx<'_>,
         fx: &mut Vec<Effect>,
     ) {
-        let Some(i) = self
-            .header
-            .open_calls
-            .iter()
-            .position(|c| c.id == call_id && c.state == CallState::Running && c.attempt == attempt)
+        let Some(i) =
+            self.header.open_calls.iter().position(|c| {
+                c.id == call_id && c.state == CallState::Running && c.attempt == attempt
+            })
         else {
             return; // stale: cancelled, or an older attempt
         };

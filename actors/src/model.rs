@@ -23,10 +23,9 @@ pub use overrides::{check_output_schema, SessionOverrides};
 pub use prompt::PromptClosed;
 pub use session::{
     AgentConfig, ApprovalPolicy, Budget, ChildApproval, ContextState, EffectiveConfig, ForkOrigin,
-    ParentLink,
-    QueueIndex, QueuedMessage, RecentMessage, SessionHeader, SessionId, SessionIdHasher,
-    SessionStatus, StopReason, ToolRule, DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DELEGATION_DEPTH,
-    SCHEMA_VERSION,
+    ParentLink, QueueIndex, QueuedMessage, RecentMessage, SessionHeader, SessionId,
+    SessionIdHasher, SessionStatus, StopReason, ToolRule, DEFAULT_MAX_CHILDREN,
+    DEFAULT_MAX_DELEGATION_DEPTH, SCHEMA_VERSION,
 };
 pub use shared_config::SharedConfig;
 pub use transcript::{FinishReason, ProposedCall, TranscriptEntry};

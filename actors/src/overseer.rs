@@ -350,7 +350,9 @@ impl Overseer {
         // Skills a person asked for are active before the first message.
         for name in &extras.skills {
             let Some(skill) = self.runtime.library.skills.get(name) else {
-                return Err(SessionError::Invalid(format!("skills: no skill named '{name}'")));
+                return Err(SessionError::Invalid(format!(
+                    "skills: no skill named '{name}'"
+                )));
             };
             session.apply(
                 Input::ActivateSkill {

@@ -151,8 +151,8 @@ pub fn with_section(instructions: &str, extra: &str) -> String {
 pub fn trust_refusal(name: &str) -> Value {
     json!({"error": format!(
         "skill '{name}' needs a person's trust: only a person can activate it. Ask the user to \
-activate it (in the API: POST /v1/sessions/<id>/skills, on the command line: overseer run --skill \
-{name}, or the editor's /skill command), then wait for them; do not try to do its job without it."
+    activate it (in the API: POST /v1/sessions/<id>/skills, on the command line: overseer run --skill \
+    {name}, or the editor's /skill command), then wait for them; do not try to do its job without it."
     )})
 }
 

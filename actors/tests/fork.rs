@@ -79,24 +79,42 @@ async fn forks_at_a_pending_approval_after_a_tool_result_and_at_the_end_go_on_on
 
     // 1. Mid-turn, while the source's call waits for a decision: the fork
     //    asks again; nothing runs until someone decides in the fork.
-    let mid = h.ov.fork(src, ForkAt::Latest, Some("bob".into())).await.unwrap();
+    let mid =
+        h.ov.fork(src, ForkAt::Latest, Some("bob".into()))
+            .await
+            .unwrap();
     assert_eq!(settle(&h, mid).await, SessionStatus::AwaitingApproval);
     let asked = pending_in(&h, mid).await;
-    assert_eq!(asked, vec![("echo".to_owned(), json!({"text": "one"}), false)]);
-    assert_eq!(h.echo_runs.load(Ordering::SeqCst), 0, "nothing ran silently");
+    assert_eq!(
+        asked,
+        vec![("echo".to_owned(), json!({"text": "one"}), false)]
+    );
+    assert_eq!(
+        h.echo_runs.load(Ordering::SeqCst),
+        0,
+        "nothing ran silently"
+    );
     let m = h.ov.state(mid).await.unwrap();
     let origin = m.header.forked_from.unwrap();
     assert_eq!(origin.session, src);
     assert_eq!(m.header.created_by.as_deref(), Some("bob"));
     assert!(m.header.parent.is_none() && m.header.root_id == mid);
-    assert_eq!(h.pending(src).await.len(), 1, "the source still waits, untouched");
+    assert_eq!(
+        h.pending(src).await.len(),
+        1,
+        "the source still waits, untouched"
+    );
 
     // The source goes on: its first call runs, then its second one waits.
     approve_all(&h, src).await;
-    poll("the source's second call", std::time::Duration::from_millis(2), || async {
-        let p = pending_in(&h, src).await;
-        (p.len() == 1 && p[0].1 == json!({"text": "two"})).then_some(())
-    })
+    poll(
+        "the source's second call",
+        std::time::Duration::from_millis(2),
+        || async {
+            let p = pending_in(&h, src).await;
+            (p.len() == 1 && p[0].1 == json!({"text": "two"})).then_some(())
+        },
+    )
     .await;
 
     // 2. After the first tool result (a point of the source's history):
@@ -104,14 +122,15 @@ async fn forks_at_a_pending_approval_after_a_tool_result_and_at_the_end_go_on_on
     let history = h.ov.history(src).await.unwrap();
     let after_one = history
         .iter()
-        .find(|p| matches!(&p.kind, ForkPointKind::ToolResult { name, state, .. }
-            if name == "echo" && *state == CallState::Completed))
+        .find(|p| {
+            matches!(&p.kind, ForkPointKind::ToolResult { name, state, .. }
+            if name == "echo" && *state == CallState::Completed)
+        })
         .expect("the first result is a fork point");
-    let at_result = h
-        .ov
-        .fork(src, ForkAt::Seq(after_one.seq), None)
-        .await
-        .unwrap();
+    let at_result =
+        h.ov.fork(src, ForkAt::Seq(after_one.seq), None)
+            .await
+            .unwrap();
     assert_eq!(settle(&h, at_result).await, SessionStatus::AwaitingApproval);
     assert_eq!(
         pending_in(&h, at_result).await,
@@ -121,15 +140,27 @@ async fn forks_at_a_pending_approval_after_a_tool_result_and_at_the_end_go_on_on
     let t = transcript_of(&h.ov, at_result).await;
     let kept = tool_results(&t);
     assert_eq!(kept.len(), 1, "{t:#?}");
-    assert_eq!(kept[0].1, CallState::Completed, "the finished call keeps its result");
-    assert_eq!(h.echo_runs.load(Ordering::SeqCst), 1, "only the source ran it");
+    assert_eq!(
+        kept[0].1,
+        CallState::Completed,
+        "the finished call keeps its result"
+    );
+    assert_eq!(
+        h.echo_runs.load(Ordering::SeqCst),
+        1,
+        "only the source ran it"
+    );
 
     // The source finishes its turn.
     approve_all(&h, src).await;
-    poll("the source's turn to end", std::time::Duration::from_millis(2), || async {
-        let s = h.ov.state(src).await.unwrap();
-        (s.header.status == SessionStatus::AwaitingInput).then_some(())
-    })
+    poll(
+        "the source's turn to end",
+        std::time::Duration::from_millis(2),
+        || async {
+            let s = h.ov.state(src).await.unwrap();
+            (s.header.status == SessionStatus::AwaitingInput).then_some(())
+        },
+    )
     .await;
     let source_transcript = transcript_of(&h.ov, src).await;
 
@@ -142,7 +173,10 @@ async fn forks_at_a_pending_approval_after_a_tool_result_and_at_the_end_go_on_on
     let mut rx = h.ov.subscribe(end);
     h.ov.send_message(end, "more").await.unwrap();
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
-    assert_eq!(final_text(&transcript_of(&h.ov, end).await), "a later answer");
+    assert_eq!(
+        final_text(&transcript_of(&h.ov, end).await),
+        "a later answer"
+    );
 
     // The other forks go on too: each decides its own calls.
     let mut rx = h.ov.subscribe(mid);
@@ -163,17 +197,16 @@ async fn forks_at_a_pending_approval_after_a_tool_result_and_at_the_end_go_on_on
     let s = h.ov.state(src).await.unwrap();
     assert!(s.header.forked_from.is_none());
     // Its history lists both turns' results and its turn's end.
-    let kinds: Vec<&str> = h
-        .ov
-        .history(src)
-        .await
-        .unwrap()
-        .iter()
-        .map(|p| match p.kind {
-            ForkPointKind::TurnEnded { .. } => "turn",
-            ForkPointKind::ToolResult { .. } => "result",
-        })
-        .collect();
+    let kinds: Vec<&str> =
+        h.ov.history(src)
+            .await
+            .unwrap()
+            .iter()
+            .map(|p| match p.kind {
+                ForkPointKind::TurnEnded { .. } => "turn",
+                ForkPointKind::ToolResult { .. } => "result",
+            })
+            .collect();
     assert_eq!(kinds, ["result", "result", "turn"]);
     assert_all_terminal(&h, mid).await;
     assert_all_terminal(&h, end).await;
@@ -185,9 +218,11 @@ async fn a_fork_by_transcript_index_reopens_the_step_and_asks_again() {
     let (src, mut rx) = h.start("go").await;
     settle(&h, src).await;
     approve_all(&h, src).await;
-    poll("the second call", std::time::Duration::from_millis(2), || async {
-        (pending_in(&h, src).await.len() == 1).then_some(())
-    })
+    poll(
+        "the second call",
+        std::time::Duration::from_millis(2),
+        || async { (pending_in(&h, src).await.len() == 1).then_some(()) },
+    )
     .await;
     approve_all(&h, src).await;
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
@@ -258,8 +293,15 @@ async fn a_running_source_is_forked_from_its_latest_checkpoint_and_keeps_running
         "the fork answers"
     );
     let s = h.ov.state(src).await.unwrap();
-    assert_eq!(s.header.status, SessionStatus::Running, "the source still streams");
-    assert!(s.transcript.iter().all(|e| !matches!(e.as_ref(), TranscriptEntry::Assistant { .. })));
+    assert_eq!(
+        s.header.status,
+        SessionStatus::Running,
+        "the source still streams"
+    );
+    assert!(s
+        .transcript
+        .iter()
+        .all(|e| !matches!(e.as_ref(), TranscriptEntry::Assistant { .. })));
     h.ov.cancel(src).await.unwrap();
 }
 
@@ -289,8 +331,11 @@ async fn a_call_running_at_the_fork_point_is_asked_again_as_of_unknown_outcome()
     let f = h.ov.state(fork).await.unwrap();
     let call = &f.header.open_calls[0];
     assert!(call.child.is_none() && call.attempt == 0 && call.result.is_none());
-    assert_ne!(call.idempotency_key.as_deref(), Some(call.id.as_str()),
-        "a run the fork approves is an effect of its own");
+    assert_ne!(
+        call.idempotency_key.as_deref(),
+        Some(call.id.as_str()),
+        "a run the fork approves is an effect of its own"
+    );
     h.ov.cancel(src).await.unwrap();
     h.ov.cancel(fork).await.unwrap();
 }

@@ -229,9 +229,16 @@ async fn a_task_run_by_the_model_asks_at_the_root_and_returns_its_structured_out
     let pending = r.ov.pending_approvals(root).await.unwrap();
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!(pending[0].call.name, "echo");
-    assert_eq!(pending[0].path.len(), 2, "decided at the root, owned by the child");
+    assert_eq!(
+        pending[0].path.len(),
+        2,
+        "decided at the root, owned by the child"
+    );
     let child = pending[0].session_id;
-    assert_eq!(approve_the_pending_call(&r.ov, root).await, StopReason::EndTurn);
+    assert_eq!(
+        approve_the_pending_call(&r.ov, root).await,
+        StopReason::EndTurn
+    );
 
     let t = transcript_of(&r.ov, root).await;
     let res = results(&t);
@@ -266,7 +273,9 @@ async fn a_task_run_by_the_model_asks_at_the_root_and_returns_its_structured_out
     // listing, and the lead's prompt listed the tasks by description.
     let requests = r.requests.lock().unwrap().clone();
     let lead_first = &requests[0];
-    assert!(lead_first.instructions.contains("- triage: Triage a ticket"));
+    assert!(lead_first
+        .instructions
+        .contains("- triage: Triage a ticket"));
     assert!(lead_first.tools.iter().any(|t| t.name() == "run_task"));
 }
 
@@ -286,18 +295,29 @@ async fn an_unknown_task_a_bad_context_and_a_task_needing_trust_are_errors_the_m
     .await;
     let root = start(&r.ov, "lead", "go").await;
     let mut rx = r.ov.subscribe(root);
-    poll("the lead's turn to end", std::time::Duration::from_millis(5), || async {
-        let s = r.ov.state(root).await.unwrap();
-        (s.header.status == SessionStatus::AwaitingInput).then_some(())
-    })
+    poll(
+        "the lead's turn to end",
+        std::time::Duration::from_millis(5),
+        || async {
+            let s = r.ov.state(root).await.unwrap();
+            (s.header.status == SessionStatus::AwaitingInput).then_some(())
+        },
+    )
     .await;
     drop(rx.try_recv());
     let res = results(&transcript_of(&r.ov, root).await);
     assert_eq!(res.len(), 3, "{res:?}");
-    assert!(res.iter().all(|(_, s, _)| *s == CallState::Failed), "{res:?}");
+    assert!(
+        res.iter().all(|(_, s, _)| *s == CallState::Failed),
+        "{res:?}"
+    );
     let error = |i: usize| res[i].2["error"].as_str().unwrap().to_owned();
     assert!(error(0).contains("unknown task 'nope'"), "{}", error(0));
-    assert!(error(0).contains("triage"), "it lists the tasks: {}", error(0));
+    assert!(
+        error(0).contains("triage"),
+        "it lists the tasks: {}",
+        error(0)
+    );
     assert!(error(1).contains("context.ticket.id"), "{}", error(1));
     assert!(error(2).contains("only a person"), "{}", error(2));
     // None of them started a child.
@@ -311,9 +331,8 @@ async fn a_person_runs_a_task_as_a_root_session_and_may_use_skills_that_need_tru
         "ops": [{"text": "opened"}, {"text": "{\"severity\": \"low\"}"}]
     }))
     .await;
-    let id = r
-        .ov
-        .run_task(TaskRun {
+    let id =
+        r.ov.run_task(TaskRun {
             task: "open-vault".into(),
             tenant: "t".into(),
             created_by: Some("alice".into()),
@@ -324,7 +343,10 @@ async fn a_person_runs_a_task_as_a_root_session_and_may_use_skills_that_need_tru
     let mut rx = r.ov.subscribe(id);
     let s = r.ov.state(id).await.unwrap();
     assert_eq!(s.header.task.as_deref(), Some("open-vault"));
-    assert!(s.header.parent.is_none(), "a person's run is a root session");
+    assert!(
+        s.header.parent.is_none(),
+        "a person's run is a root session"
+    );
     assert!(matches!(s.transcript[0].as_ref(),
         TranscriptEntry::SkillActivated { name, by: Some(by), .. } if name == "vault" && by == "alice"));
     if s.header.status != SessionStatus::AwaitingInput {
@@ -338,9 +360,8 @@ async fn a_person_runs_a_task_as_a_root_session_and_may_use_skills_that_need_tru
     );
 
     // Unknown task, bad context: errors naming what is wrong.
-    let unknown = r
-        .ov
-        .run_task(TaskRun {
+    let unknown =
+        r.ov.run_task(TaskRun {
             task: "nope".into(),
             tenant: "t".into(),
             ..TaskRun::default()
@@ -352,9 +373,8 @@ async fn a_person_runs_a_task_as_a_root_session_and_may_use_skills_that_need_tru
         (None, "context"),
         (Some(json!({"ticket": {"id": "x"}})), "context.ticket.id"),
     ] {
-        let e = r
-            .ov
-            .run_task(TaskRun {
+        let e =
+            r.ov.run_task(TaskRun {
                 task: "triage".into(),
                 context,
                 tenant: "t".into(),
@@ -401,8 +421,12 @@ async fn skills_are_listed_by_description_activated_once_and_trust_is_a_persons(
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
     let requests = r.requests.lock().unwrap().clone();
     let first = &requests[0];
-    assert!(first.instructions.contains("- notes: Use when writing findings down."));
-    assert!(first.instructions.contains("- vault: Use to open the vault."));
+    assert!(first
+        .instructions
+        .contains("- notes: Use when writing findings down."));
+    assert!(first
+        .instructions
+        .contains("- vault: Use to open the vault."));
     assert!(
         !first.instructions.contains("NOTES-BODY") && !first.instructions.contains("VAULT-BODY"),
         "bodies are not in the prompt before activation"
@@ -424,11 +448,17 @@ async fn skills_are_listed_by_description_activated_once_and_trust_is_a_persons(
     let t = transcript_of(&r.ov, id).await;
     let res = results(&t);
     assert_eq!(res[0].2["status"], "activated");
-    assert!(res[0].2.get("instructions").is_none(), "the body left the result");
+    assert!(
+        res[0].2.get("instructions").is_none(),
+        "the body left the result"
+    );
     assert_eq!(res[1].2["status"], "already active");
     assert_eq!(res[2].1, CallState::Failed);
     let refusal = res[2].2["error"].as_str().unwrap();
-    assert!(refusal.contains("only a person") && refusal.contains("Ask the user"), "{refusal}");
+    assert!(
+        refusal.contains("only a person") && refusal.contains("Ask the user"),
+        "{refusal}"
+    );
     assert!(res[3].2["error"].as_str().unwrap().contains("not active"));
     let activations = |t: &[TranscriptEntry]| {
         t.iter()
@@ -500,7 +530,10 @@ async fn an_activated_skill_survives_a_restart_and_a_compaction() {
         .find(|q| q.purpose == RequestPurpose::Compaction)
         .unwrap();
     assert!(
-        !summary_request.transcript.iter().any(|e| matches!(e.as_ref(), TranscriptEntry::SkillActivated { .. })),
+        !summary_request
+            .transcript
+            .iter()
+            .any(|e| matches!(e.as_ref(), TranscriptEntry::SkillActivated { .. })),
         "a skill's body is never given to the summary"
     );
     let after = requests.last().unwrap();

@@ -67,13 +67,10 @@ impl Offer {
         if !self.skills.is_empty() {
             let names: Vec<&str> = self.skills.iter().map(|(n, _)| n.as_str()).collect();
             commands.push(
-                AvailableCommand::new(
-                    SKILL,
-                    format!("Activate a skill: {}", names.join(", ")),
-                )
-                .input(AvailableCommandInput::Unstructured(
-                    UnstructuredCommandInput::new("skill name"),
-                )),
+                AvailableCommand::new(SKILL, format!("Activate a skill: {}", names.join(", ")))
+                    .input(AvailableCommandInput::Unstructured(
+                        UnstructuredCommandInput::new("skill name"),
+                    )),
             );
         }
         SessionUpdate::AvailableCommandsUpdate(AvailableCommandsUpdate::new(commands))

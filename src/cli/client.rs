@@ -484,7 +484,11 @@ async fn run(args: SessionsArgs) -> Result<(), CliError> {
             for p in h["points"].as_array().into_iter().flatten() {
                 let what = match p["kind"].as_str() {
                     Some("turn_ended") => {
-                        format!("turn {} ended ({})", p["turn"], p["stop_reason"].as_str().unwrap_or("?"))
+                        format!(
+                            "turn {} ended ({})",
+                            p["turn"],
+                            p["stop_reason"].as_str().unwrap_or("?")
+                        )
                     }
                     _ => format!(
                         "{} {} {}",
@@ -493,7 +497,12 @@ async fn run(args: SessionsArgs) -> Result<(), CliError> {
                         p["state"].as_str().unwrap_or("?")
                     ),
                 };
-                print(&format!("{}\t{}\t{}", p["seq"], p["index"], terminal::inline(&what)))?;
+                print(&format!(
+                    "{}\t{}\t{}",
+                    p["seq"],
+                    p["index"],
+                    terminal::inline(&what)
+                ))?;
             }
         }
         SessionsCommand::Show { id, .. } => {

@@ -27,8 +27,8 @@ use overseer_actors::{CreateSession, Overseer, SessionError, SessionOverrides, T
 
 use super::{status, terminal, ApproveMode, CliError, RunArgs, CLI_TENANT, DENY_MESSAGE};
 use crate::config::{Config, LoadOptions, Overrides};
-use crate::render;
 use crate::provider::{process_env, ProviderKind, RouteConfig, RoutedProvider};
+use crate::render;
 use crate::tools::builtin_registry;
 use question::{Read, Watch};
 
@@ -199,10 +199,18 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         match config.tasks.iter().find(|t| t.id.as_deref() == Some(task)) {
             Some(t) => agent.clone_from(&t.agent),
             None => {
-                let ids: Vec<&str> = config.tasks.iter().filter_map(|t| t.id.as_deref()).collect();
+                let ids: Vec<&str> = config
+                    .tasks
+                    .iter()
+                    .filter_map(|t| t.id.as_deref())
+                    .collect();
                 return Err(CliError::Usage(format!(
                     "--task: no task named '{task}' (tasks: {})",
-                    if ids.is_empty() { "none".to_owned() } else { ids.join(", ") }
+                    if ids.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        ids.join(", ")
+                    }
                 )));
             }
         }
@@ -361,8 +369,7 @@ async fn run_session(
     let all_tools = crate::service::build_tools(&mut config).await?;
     // The same runtime as `serve`'s; recovery is `drive`'s, after it has
     // subscribed to its session.
-    let (overseer, _store) =
-        crate::service::open(&config, &all_tools, provider).await?;
+    let (overseer, _store) = crate::service::open(&config, &all_tools, provider).await?;
     let outcome = drive(&overseer, &resume, target, mode, data_dir).await;
     // Shut down whatever happened, so the store is flushed.
     let shutdown = overseer.shutdown().await;

@@ -285,11 +285,7 @@ impl Config {
 /// file's tables).
 fn explain_task(table: &Table, whole: &str) -> Vec<Problem> {
     let mut base = Table::new();
-    for (k, v) in [
-        ("description", "_"),
-        ("instructions", "_"),
-        ("agent", "_"),
-    ] {
+    for (k, v) in [("description", "_"), ("instructions", "_"), ("agent", "_")] {
         base.insert(k.into(), Value::String(v.into()));
     }
     let mut problems: Vec<Problem> = table

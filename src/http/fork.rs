@@ -75,9 +75,7 @@ pub(super) async fn fork(
     let at = fork_at(&body)?;
     owned_header(&state, &principal, id).await?;
     let overseer = state.overseer();
-    let fork = overseer
-        .fork(id, at, Some(principal.sub.clone()))
-        .await?;
+    let fork = overseer.fork(id, at, Some(principal.sub.clone())).await?;
     let stored = overseer.state(fork).await?;
     let mut response = (StatusCode::CREATED, Json(session_json(&stored))).into_response();
     if let Ok(location) = HeaderValue::from_str(&format!("/v1/sessions/{fork}")) {

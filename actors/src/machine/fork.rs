@@ -136,7 +136,10 @@ pub fn fork_points(stored: &StoredSession, events: &[Event]) -> Vec<ForkPoint> {
             EventKind::TurnEnded {
                 turn, stop_reason, ..
             } => {
-                let index = starts.get(*turn as usize).copied().unwrap_or(transcript.len());
+                let index = starts
+                    .get(*turn as usize)
+                    .copied()
+                    .unwrap_or(transcript.len());
                 Some((
                     index,
                     ForkPointKind::TurnEnded {
@@ -225,7 +228,12 @@ impl Session {
 }
 
 /// A call of the source asked again in the fork.
-fn reask(record: &ToolCallRecord, running: bool, spec: &ForkSpec, timeout_secs: u64) -> ToolCallRecord {
+fn reask(
+    record: &ToolCallRecord,
+    running: bool,
+    spec: &ForkSpec,
+    timeout_secs: u64,
+) -> ToolCallRecord {
     let mut r = ToolCallRecord::proposed(
         record.id.clone(),
         record.name.clone(),
@@ -615,10 +623,7 @@ fn build(stored: &StoredSession, cut: Cut, spec: ForkSpec) -> Session {
     session.header.open_calls = cut.open;
     if cut.status != SessionStatus::Pending {
         session.header.status = cut.status;
-        session.emit(
-            EventKind::StatusChanged { status: cut.status },
-            spec.now_ms,
-        );
+        session.emit(EventKind::StatusChanged { status: cut.status }, spec.now_ms);
     }
     session
 }

@@ -38,9 +38,9 @@ impl Session {
     }
 
     fn skill_is_active(&self, name: &str) -> bool {
-        self.transcript.iter().any(|e| {
-            matches!(e.as_ref(), TranscriptEntry::SkillActivated { name: n, .. } if n == name)
-        })
+        self.transcript.iter().any(
+            |e| matches!(e.as_ref(), TranscriptEntry::SkillActivated { name: n, .. } if n == name),
+        )
     }
 
     fn skill_unavailable(&self, name: &str) -> Option<Value> {
@@ -231,7 +231,10 @@ mod tests {
             assert!(v3.get(key).is_none(), "{key} is written only when set");
         }
         for key in ["skills", "tasks"] {
-            assert!(v3["config"].get(key).is_none(), "{key} is written only when set");
+            assert!(
+                v3["config"].get(key).is_none(),
+                "{key} is written only when set"
+            );
         }
         let read: SessionHeader = serde_json::from_value(v3).unwrap();
         assert_eq!(read.schema_version, 3);

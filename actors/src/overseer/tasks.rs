@@ -76,7 +76,9 @@ impl Overseer {
         }
         for s in &skills {
             if self.runtime.library.skills.get(s).is_none() {
-                return Err(SessionError::Invalid(format!("skills: no skill named '{s}'")));
+                return Err(SessionError::Invalid(format!(
+                    "skills: no skill named '{s}'"
+                )));
             }
         }
         let req = CreateSession {
@@ -107,7 +109,9 @@ impl Overseer {
     ) -> Result<SessionId, SessionError> {
         for s in &skills {
             if self.runtime.library.skills.get(s).is_none() {
-                return Err(SessionError::Invalid(format!("skills: no skill named '{s}'")));
+                return Err(SessionError::Invalid(format!(
+                    "skills: no skill named '{s}'"
+                )));
             }
         }
         let extras = Extras {
@@ -134,7 +138,9 @@ impl Overseer {
             .ok_or_else(|| SessionError::Invalid(format!("name: no skill named '{name}'")))?;
         let args = (skill.name.clone(), skill.body.clone(), by);
         self.runtime
-            .route(id, move |reply| SessionMsg::ActivateSkill(args.clone(), reply))
+            .route(id, move |reply| {
+                SessionMsg::ActivateSkill(args.clone(), reply)
+            })
             .await
     }
 }

@@ -23,8 +23,6 @@ use serde_json::Value;
 
 use super::{Child, SessionActor, SessionArgs, SessionMsg, SessionState};
 use crate::delegation::{child_result, spawns_child, DelegateArgs};
-use crate::skills::{ACTIVATE_SKILL, READ_SKILL_RESOURCE};
-use crate::tasks::RUN_TASK;
 use crate::error::SessionError;
 use crate::machine::{Input, Session};
 use crate::model::{
@@ -32,6 +30,8 @@ use crate::model::{
     SessionStatus, ToolCallId, TranscriptEntry, Usage,
 };
 use crate::runtime::{AfterFailure, Runtime};
+use crate::skills::{ACTIVATE_SKILL, READ_SKILL_RESOURCE};
+use crate::tasks::RUN_TASK;
 
 /// What a finished (or failed) child reports to its parent.
 pub(super) fn report_of(session: &Session) -> (Result<Value, Value>, Usage) {
@@ -214,8 +214,8 @@ pub(super) struct RunningCall {
 impl SessionState {
     fn running_call_of(&self, child: SessionId) -> Option<RunningCall> {
         self.session.header.open_calls.iter().find_map(|c| {
-            (spawns_child(&c.name) && c.state == CallState::Running && c.child == Some(child))
-                .then(|| {
+            (spawns_child(&c.name) && c.state == CallState::Running && c.child == Some(child)).then(
+                || {
                     let arg = |k: &str| c.run_arguments().get(k).and_then(Value::as_str);
                     RunningCall {
                         call_id: c.id.clone(),
@@ -224,7 +224,8 @@ impl SessionState {
                         task: (c.name == RUN_TASK)
                             .then(|| arg("task").unwrap_or_default().to_owned()),
                     }
-                })
+                },
+            )
         })
     }
 

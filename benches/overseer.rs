@@ -3,7 +3,7 @@
 //! ```text
 //! cargo bench --bench overseer -- [--sessions N] [--durability fsync|os] [--full]
 //!                                 [--out FILE.json] [--workload NAME]... [--cache-mb MB]
-//!                                 [--compression none|zstd]
+//!                                 [--compression none|zstd] [--webhook]
 //! ```
 //!
 //! Workloads, all on the scripted provider and real sled directories in temp
@@ -39,6 +39,8 @@ mod http;
 mod idle;
 #[path = "overseer/recovery.rs"]
 mod recovery;
+#[path = "overseer/webhook.rs"]
+mod webhook;
 // The throwaway PostgreSQL server of the tests, for the cluster workloads.
 #[allow(dead_code)]
 #[path = "../tests/common/pg.rs"]
@@ -64,7 +66,8 @@ usage: cargo bench --bench overseer -- [options]
   --workload NAME       only this workload (repeatable): approve, round-trip, idle, http,
                         checkpoint, recovery, scaling (= approve + idle), finished (RSS
                         before/after 100000 finished sessions, 1000000 with --full;
-                        not part of the default set); cluster mode (not in the default
+                        not part of the default set); webhooks (approve with and without
+                        one endpoint); cluster mode (not in the default
                         run; needs Debian's postgresql): pg-approve, pg-http, failover,
                         cluster (= all three)
   --cache-mb MB         sled's page cache of every store opened (default: the store's
@@ -73,7 +76,11 @@ usage: cargo bench --bench overseer -- [options]
                         zstd ([store] compression)
   --concurrency C       sessions in flight at once (default 1000)
   --rounds R            checkpoints measured per history length (default 500)
-  --dir DIR             where the temp sled directories go (default: the temp dir)";
+  --dir DIR             where the temp sled directories go (default: the temp dir)
+  --webhook             approve-and-execute with one webhook endpoint of the bench tenant
+                        registered on a local receiver (every event): adds the delivery
+                        latency (event to receiver, p50/p99); the `webhooks` workload runs
+                        approve with and without it, to compare throughput";
 
 /// Sessions in flight at once by default: enough for concurrent checkpoints
 /// to share flushes, few enough that a latency is not mostly harness queueing.
@@ -93,6 +100,7 @@ enum Workload {
     PgHttp,
     Failover,
     Finished,
+    Webhooks,
 }
 
 impl Workload {
@@ -110,6 +118,7 @@ impl Workload {
             "failover" => vec![Self::Failover],
             "cluster" => vec![Self::PgApprove, Self::PgHttp, Self::Failover],
             "finished" | "finished-sessions" | "memory" | "7" => vec![Self::Finished],
+            "webhooks" | "webhook" => vec![Self::Webhooks],
             "all" => vec![
                 Self::Approve,
                 Self::RoundTrip,
@@ -135,6 +144,8 @@ struct Args {
     dir: Option<PathBuf>,
     cache_mb: Option<u64>,
     compression: Option<overseer::store::Compression>,
+    /// Register a webhook endpoint on a local receiver in approve.
+    webhook: bool,
     /// Hidden: run one case in this process and print its rows.
     case: Option<String>,
 }
@@ -148,6 +159,7 @@ fn parse_args() -> Result<Args, String> {
             // cargo bench passes it to every bench target; nothing to do.
             "--bench" => {}
             "--full" => args.full = true,
+            "--webhook" => args.webhook = true,
             "--sessions" => {
                 let v = value("--sessions")?;
                 let n: usize = v.parse().map_err(|_| format!("bad --sessions: {v}"))?;
@@ -286,6 +298,13 @@ fn plan(args: &Args) -> Vec<Case> {
             add(Workload::Approve, "approve", m, n);
         }
     }
+    // Throughput with one webhook endpoint against none, back to back.
+    for &n in &sizes {
+        for &m in &modes {
+            add(Workload::Webhooks, "approve", m, n);
+            add(Workload::Webhooks, "approve-webhook", m, n);
+        }
+    }
     for &n in &sizes {
         add(Workload::Idle, "idle", idle_mode, n);
         add(Workload::Idle, "hibernate", idle_mode, n);
@@ -382,6 +401,9 @@ fn run_all(args: &Args) -> Res<ExitCode> {
         }
         if args.full {
             cmd.arg("--full");
+        }
+        if args.webhook {
+            cmd.arg("--webhook");
         }
         let mut child = cmd.spawn()?;
         let stdout = child.stdout.take().ok_or("no stdout from a case process")?;
@@ -526,7 +548,8 @@ fn run_case(case: &str, args: &Args) -> Res<ExitCode> {
     let mut failures = Vec::new();
     let outcome = rt.block_on(async {
         match case {
-            "approve" => approve::run(mode, n, limit, &base, &mut failures).await,
+            "approve" => approve::run(mode, n, limit, &base, &mut failures, args.webhook).await,
+            "approve-webhook" => approve::run(mode, n, limit, &base, &mut failures, true).await,
             "round-trip" => approve::serial(mode, n, limit, &base, &mut failures).await,
             "idle" => idle::run(mode, n, limit, &base).await,
             "hibernate" => idle::hibernated(mode, n, limit, &base).await,

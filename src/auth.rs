@@ -71,16 +71,20 @@ pub enum Scope {
     SessionsWrite,
     /// Decide pending tool calls.
     ApprovalsWrite,
+    /// Register, list and delete the tenant's webhook endpoints and read
+    /// their delivery logs.
+    WebhooksWrite,
     /// Everything above.
     Admin,
 }
 
 impl Scope {
     /// Every scope, in wire order.
-    pub const ALL: [Scope; 4] = [
+    pub const ALL: [Scope; 5] = [
         Scope::SessionsRead,
         Scope::SessionsWrite,
         Scope::ApprovalsWrite,
+        Scope::WebhooksWrite,
         Scope::Admin,
     ];
 
@@ -90,6 +94,7 @@ impl Scope {
             Self::SessionsRead => "sessions:read",
             Self::SessionsWrite => "sessions:write",
             Self::ApprovalsWrite => "approvals:write",
+            Self::WebhooksWrite => "webhooks:write",
             Self::Admin => "admin",
         }
     }
@@ -188,7 +193,7 @@ pub enum AuthError {
     #[error("invalid auth key: {0}")]
     InvalidKey(String),
     /// `mint` was asked for a scope that does not exist.
-    #[error("unknown scope '{0}' (known: sessions:read, sessions:write, approvals:write, admin)")]
+    #[error("unknown scope '{0}' (known: sessions:read, sessions:write, approvals:write, webhooks:write, admin)")]
     UnknownScope(String),
     /// A required claim value is empty.
     #[error("the '{0}' claim must not be empty")]
@@ -197,7 +202,7 @@ pub enum AuthError {
     #[error("the '{0}' claim must not contain control characters")]
     InvalidClaim(&'static str),
     /// `mint` was asked for no scope at all.
-    #[error("at least one scope is required (known: sessions:read, sessions:write, approvals:write, admin)")]
+    #[error("at least one scope is required (known: sessions:read, sessions:write, approvals:write, webhooks:write, admin)")]
     NoScopes,
     /// `mint` was asked for a lifetime out of range.
     #[error("the TTL must be between 1 and {max} seconds, got {got}")]

@@ -18,15 +18,17 @@
 //! rendering rule ([`crate::render`]) beside its raw data.
 //!
 //! Scopes per route: reads (`GET` of sessions, tree, approvals, events,
-//! agents, and the tenant-wide `/v1/approvals` and `/v1/events`) need
-//! `sessions:read`; create, message, cancel, done, interrupt and model
+//! agents, and the tenant-wide `/v1/approvals`, `/v1/decisions` and
+//! `/v1/events`) need `sessions:read`; `/v1/me` (who the token is and what
+//! it may do) needs a valid token only; create, message, cancel, done, interrupt and model
 //! need `sessions:write`; deciding approvals and setting a session's
 //! standing rule for a tool (`POST /v1/sessions/{id}/rules`) need
 //! `approvals:write`; stored tasks, skills and forks (§17): `GET /v1/tasks`
 //! and `GET /v1/sessions/{id}/history` need `sessions:read`, `POST
 //! /v1/tasks/{id}/runs`, `POST /v1/sessions/{id}/skills` and `POST
-//! /v1/sessions/{id}/fork` `sessions:write`;
-//! `admin` implies all three. `admin` does not cross tenants. `/healthz`,
+//! /v1/sessions/{id}/fork` `sessions:write`; the webhook routes
+//! (`/v1/webhooks`, reads included) need `webhooks:write`;
+//! `admin` implies all four. `admin` does not cross tenants. `/healthz`,
 //! `/readyz` and the approval inbox's page (`/`, `/ui/*`: static files, no
 //! data) are unauthenticated. `/metrics` needs `admin` unless
 //! [`HttpOptions::metrics_public`] (why: see the `metrics` submodule).
@@ -47,12 +49,14 @@
 
 mod admission;
 mod conn;
+mod decisions;
 mod error;
 mod events;
 mod extract;
 mod fork;
 mod idempotency;
-mod inbox;
+pub(crate) mod inbox;
+mod me;
 mod metrics;
 mod routing;
 mod sessions;
@@ -60,6 +64,7 @@ mod skills;
 mod tasks;
 mod tenant_events;
 mod ui;
+mod webhooks;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -73,6 +78,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use overseer_actors::model::SessionId;
+use overseer_actors::store::StoreError;
 use overseer_actors::{Overseer, SessionError};
 use serde_json::json;
 use tokio::sync::{watch, Semaphore};
@@ -121,6 +127,8 @@ pub struct HttpOptions {
     /// Model routes a session may be created with or switched to besides
     /// the ones agents use (`overseer serve` passes the `[[models]]` names).
     pub model_routes: Vec<String>,
+    /// Webhooks (§18): the `/v1/webhooks` routes answer 404 without them.
+    pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
 }
 
 /// How long the server waits for a client and how much it takes at once.
@@ -221,7 +229,7 @@ impl HttpOptions {
         Ok(Some(
             CorsLayer::new()
                 .allow_origin(origin)
-                .allow_methods([Method::GET, Method::POST])
+                .allow_methods([Method::GET, Method::POST, Method::DELETE])
                 .allow_headers([
                     header::AUTHORIZATION,
                     header::CONTENT_TYPE,
@@ -373,6 +381,10 @@ impl AppState {
     pub(crate) fn tenant_feeds(&self) -> &Arc<tenant_events::TenantFeeds> {
         &self.inner.tenant_feeds
     }
+
+    pub(crate) fn webhooks(&self) -> Option<&Arc<crate::webhooks::Webhooks>> {
+        self.inner.options.webhooks.as_ref()
+    }
 }
 
 /// The API's routes over `state`. Invalid CORS origins are skipped with an
@@ -412,7 +424,15 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tasks", get(tasks::list))
         .route("/v1/tasks/{id}/runs", post(tasks::run))
         .route("/v1/approvals", get(inbox::list))
+        .route("/v1/decisions", get(decisions::list))
+        .route("/v1/me", get(me::me))
         .route("/v1/events", get(tenant_events::stream))
+        .route("/v1/webhooks", get(webhooks::list).post(webhooks::create))
+        .route(
+            "/v1/webhooks/{id}",
+            get(webhooks::show).delete(webhooks::delete),
+        )
+        .route("/v1/webhooks/{id}/deliveries", get(webhooks::deliveries))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES));
@@ -424,14 +444,21 @@ pub fn router(state: AppState) -> Router {
         )),
         None => router,
     };
-    let router = router
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            admission::admit,
-        ))
-        .layer(axum::middleware::from_fn(ui::security_headers))
-        .layer(TraceLayer::new_for_http())
-        .with_state(state);
+    let router =
+        router
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                admission::admit,
+            ))
+            .layer(axum::middleware::from_fn(ui::security_headers))
+            // A 5xx is logged where it is decided (a storage failure as an
+            // error; a store outage by the store, once, then a reminder a
+            // minute), not once more per response: during an outage every
+            // request is a 503, and a line each would drown the log.
+            .layer(TraceLayer::new_for_http().on_failure(
+                tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+            ))
+            .with_state(state);
     match cors {
         Some(cors) => router.layer(cors),
         None => router,
@@ -493,23 +520,68 @@ async fn readyz(State(state): State<AppState>) -> Response {
         .into_response();
     }
     let store = state.overseer().runtime().store.clone();
-    let problem = match tokio::time::timeout(STORE_CHECK_TIMEOUT, store.health_check()).await {
+    let (reason, why) = match tokio::time::timeout(STORE_CHECK_TIMEOUT, store.health_check()).await
+    {
         Ok(Ok(())) => return Json(json!({"status": "ready"})).into_response(),
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => format!(
-            "the store did not complete a write within {} s",
-            STORE_CHECK_TIMEOUT.as_secs()
-        ),
+        Ok(Err(e)) => {
+            if e.is_unavailable() {
+                // The store reports its own outage (a warning, then a
+                // reminder a minute): probes every few seconds add nothing.
+                tracing::debug!(error = %e, "not ready: the store is unavailable");
+            } else {
+                tracing::warn!(error = %e, "not ready: store check failed");
+            }
+            outage_reason(&e)
+        }
+        Err(_) => {
+            tracing::warn!(
+                "not ready: the store did not complete a write within {} s",
+                STORE_CHECK_TIMEOUT.as_secs()
+            );
+            ("slow", "the store did not complete a write in time")
+        }
     };
     // The route is unauthenticated: the store's own error (paths, OS error
-    // texts) is for the operator's log, not for whoever asks.
-    tracing::warn!(error = %problem, "not ready: store check failed");
+    // texts) is for the operator's log; whoever asks gets the kind of
+    // problem only.
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "store_unavailable",
-        "the store is not writable; see the server log",
+        format!(
+            "the store does not take writes: {why}; it recovers on its own once that is fixed \
+             (details in the server log)"
+        ),
     )
+    .with_details(json!({
+        "reason": reason,
+        "retry_after_secs": crate::http::error::STORE_RETRY_AFTER_SECS,
+    }))
     .into_response()
+}
+
+/// The kind of problem behind a failed store check, as a stable code and a
+/// sentence that reveals no path or OS text: `/readyz` answers anyone.
+fn outage_reason(e: &StoreError) -> (&'static str, &'static str) {
+    let text = e.to_string();
+    let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
+    if has(&[
+        "No space left on device",
+        "StorageFull",
+        "os error 28",
+        "code: 28,",
+    ]) {
+        ("disk_full", "the disk is full")
+    } else if has(&["Disk quota exceeded", "os error 122", "code: 122,"]) {
+        ("disk_quota", "the disk quota is exceeded")
+    } else if has(&["Read-only file system", "os error 30", "code: 30,"]) {
+        ("read_only", "the file system is read-only")
+    } else if has(&["Input/output error", "os error 5)", "code: 5,"]) {
+        ("io_error", "the disk reports I/O errors")
+    } else if let StoreError::Unavailable(_) = e {
+        ("unavailable", "the store cannot be reached or written")
+    } else {
+        ("write_failed", "a test write failed")
+    }
 }
 
 async fn not_found() -> ApiError {

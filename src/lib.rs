@@ -25,5 +25,6 @@ pub mod service;
 pub mod skills;
 pub mod store;
 pub mod tools;
+pub mod webhooks;
 
 pub use overseer_actors as actors;

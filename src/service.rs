@@ -27,6 +27,7 @@ use crate::tools::http_request::HttpRequestTool;
 use crate::tools::http_tool::http_tools;
 use crate::tools::mcp::McpHub;
 use crate::tools::skills::ReadSkillResource;
+use crate::webhooks::{Subscriptions, SystemClock, WebhookStore, Webhooks};
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +71,9 @@ pub enum ServiceError {
     /// exist (§17).
     #[error("{0}")]
     Library(String),
+    /// The webhook endpoints could not be read at start.
+    #[error("webhooks: cannot read the registered endpoints: {0}")]
+    Webhooks(StoreError),
 }
 
 fn store_open_message(dir: &str, source: &StoreError) -> String {
@@ -223,19 +227,7 @@ pub async fn open(
     tools: &Tools,
     provider: Arc<dyn Provider>,
 ) -> Result<(Overseer, SledStore), ServiceError> {
-    let dir = config.store.data_dir.clone();
-    let options = config.store.options();
-    // Opening sled reads and replays its log: blocking work.
-    let opened = tokio::task::spawn_blocking(move || SledStore::open_with(&dir, &options))
-        .await
-        .map_err(|e| ServiceError::Store {
-            dir: config.store.data_dir.display().to_string(),
-            source: StoreError::Io(e.to_string()),
-        })?;
-    let store = opened.map_err(|source| ServiceError::Store {
-        dir: config.store.data_dir.display().to_string(),
-        source,
-    })?;
+    let store = open_sled(config).await?;
     let overseer = Overseer::start_with(
         config.agent_configs(),
         tools.library.clone(),
@@ -246,6 +238,48 @@ pub async fn open(
     )
     .await?;
     Ok((overseer, store))
+}
+
+/// Opens the sled store of the configuration (its data directory).
+pub async fn open_sled(config: &Config) -> Result<SledStore, ServiceError> {
+    let dir = config.store.data_dir.clone();
+    let options = config.store.options();
+    // Opening sled reads and replays its log: blocking work.
+    let opened = tokio::task::spawn_blocking(move || SledStore::open_with(&dir, &options))
+        .await
+        .map_err(|e| ServiceError::Store {
+            dir: config.store.data_dir.display().to_string(),
+            source: StoreError::Io(e.to_string()),
+        })?;
+    opened.map_err(|source| ServiceError::Store {
+        dir: config.store.data_dir.display().to_string(),
+        source,
+    })
+}
+
+/// The webhooks of `overseer serve` over `store` when `[webhooks] enabled`:
+/// `install` puts their outbox view on the store's write path, which must
+/// happen before any session checkpoints (so before the runtime starts and
+/// recovers).
+pub async fn webhooks(
+    config: &Config,
+    store: Arc<dyn WebhookStore>,
+    install: impl FnOnce(Arc<Subscriptions>),
+) -> Result<Option<Arc<Webhooks>>, ServiceError> {
+    if !config.webhooks.enabled {
+        return Ok(None);
+    }
+    let subscriptions = Arc::new(Subscriptions::new());
+    install(subscriptions.clone());
+    let hooks = Webhooks::open(
+        store,
+        subscriptions,
+        config.webhooks.options(),
+        Arc::new(SystemClock),
+    )
+    .await
+    .map_err(ServiceError::Webhooks)?;
+    Ok(Some(hooks))
 }
 
 /// Opens the PostgreSQL store of cluster mode (`store.kind = "postgres"`)

@@ -16,6 +16,10 @@
 //! | `metadata`   | id                               | the caller's metadata JSON    |
 //! | `meta`       | `format_version`, `commit_seq`, `health_check`, `purge:` ‖ id | big-endian u32, u64; a nonce; the tenant of a purge under way |
 //!
+//! and the webhook trees (`webhooks`, `webhook_outbox`, `webhook_deliveries`,
+//! `webhook_due`; see `webhooks`): a checkpoint's outbox rows are written in
+//! its group before its header, like every row the header commits.
+//!
 //! plus, beside the database, `overseer.commit`: the number of the last group
 //! of checkpoints a flush confirmed (`sidecar`), checked at every open so that
 //! a database that lost confirmed checkpoints (its files damaged or replaced,
@@ -73,14 +77,17 @@ pub mod postgres;
 mod purge;
 mod readers;
 mod sidecar;
+mod webhooks;
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use overseer_actors::model::{Event, SessionHeader, SessionId, SessionStatus};
+use overseer_actors::model::{Event, SessionHeader, SessionId, SessionStatus, TranscriptEntry};
 use overseer_actors::store::{
-    Checkpoint, CheckpointStore, SessionSummary, StoreError, StoredSession,
+    recorded_by, Checkpoint, CheckpointStore, DecisionPage, DecisionPosition, DecisionQuery,
+    DecisionRow, SessionSummary, StoreError, StoredSession,
 };
 use tokio::sync::oneshot;
 
@@ -208,6 +215,9 @@ struct Inner {
     // directory is closed (and its lock released), so it can be reopened at
     // once, e.g. by a restarted runtime or a test.
     commit: GroupCommit,
+    /// Webhooks (`webhooks`): which tenants' events each checkpoint writes
+    /// outbox rows for. Unset: none.
+    webhooks: std::sync::OnceLock<Arc<crate::webhooks::Subscriptions>>,
 }
 
 impl std::fmt::Debug for SledStore {
@@ -266,10 +276,20 @@ impl SledStore {
                 readers,
                 commit,
                 slots: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_COMMANDS)),
+                webhooks: std::sync::OnceLock::new(),
                 #[cfg(test)]
                 least_free: std::sync::atomic::AtomicUsize::new(usize::MAX),
             }),
         })
+    }
+
+    /// A handle that tells, without keeping the store open, what it has not
+    /// confirmed yet (for a shutdown that will not wait for ever).
+    pub fn watch(&self) -> StoreWatch {
+        StoreWatch {
+            slots: self.inner.slots.clone(),
+            shared: Arc::downgrade(&self.inner.shared),
+        }
     }
 
     /// Number of flushes performed so far: far fewer than checkpoints under
@@ -365,7 +385,7 @@ impl SledStore {
         // If this future is dropped after the submit, the command still
         // completes; only its outcome goes unobserved.
         rx.await.map_err(|_| {
-            StoreError::Io(format!(
+            StoreError::Unavailable(format!(
                 "the store writer stopped before confirming {}",
                 what()
             ))
@@ -378,6 +398,32 @@ impl SledStore {
         self.inner.shared.gate.get().unwrap()
     }
 }
+
+/// What a [`SledStore`] has not confirmed yet, readable after it is gone
+/// (see [`SledStore::watch`]).
+#[derive(Clone)]
+pub struct StoreWatch {
+    slots: Arc<tokio::sync::Semaphore>,
+    shared: std::sync::Weak<Shared>,
+}
+
+impl StoreWatch {
+    /// Writes (checkpoints, flushes, purges, health checks) handed to the
+    /// store and not answered yet: none of them was acknowledged to anyone.
+    pub fn unconfirmed(&self) -> usize {
+        MAX_PENDING_COMMANDS.saturating_sub(self.slots.available_permits())
+    }
+
+    /// Why the store does not take writes, if it does not (and is still
+    /// open).
+    pub fn outage(&self) -> Option<String> {
+        self.shared.upgrade()?.gate.outage()
+    }
+}
+
+/// Most rows of the decision index one page examines (see
+/// `Trees::decisions`).
+const DECISION_SCAN: usize = 4096;
 
 /// Rows decoded at once by one thread at least (below it, one thread
 /// decodes them all: starting threads would cost more).
@@ -741,6 +787,112 @@ impl Trees {
         Ok(out)
     }
 
+    /// Transcript entries of `id` in `range`, below the header's
+    /// `transcript_len` (rows beyond it are uncommitted).
+    fn entries(
+        &self,
+        id: &SessionId,
+        range: std::ops::Range<u64>,
+    ) -> Result<Vec<Arc<TranscriptEntry>>, StoreError> {
+        let Some(header) = self.header(id)? else {
+            return Ok(Vec::new());
+        };
+        let end = range.end.min(header.transcript_len);
+        let mut out = Vec::new();
+        if range.start >= end {
+            return Ok(out);
+        }
+        for item in self
+            .transcript
+            .range(codec::seq_key(id, range.start)..codec::seq_key(id, end))
+        {
+            let (key, value) =
+                item.map_err(|e| io(format_args!("reading the transcript of session {id}"), e))?;
+            let idx = codec::seq_of(&key).ok_or_else(|| corrupt(id, "malformed transcript key"))?;
+            let entry = codec::decode_entry(id, idx, &value, |hash| {
+                self.blobs
+                    .get(hash.as_bytes())
+                    .map_err(|e| io(format_args!("reading blob {hash} of session {id}"), e))
+            })?;
+            out.push(entry);
+        }
+        Ok(out)
+    }
+
+    /// A page of the decision index, newest first (see
+    /// [`CheckpointStore::decisions`]). Rows are written before the header
+    /// that commits them, so a row is answered only when its session's
+    /// committed log holds the event that recorded it (a crash between the
+    /// two leaves a row nobody sees). At most [`DECISION_SCAN`] rows are
+    /// examined per page: a rare filter answers a short page with a `next`
+    /// instead of walking a tenant's whole history in one request.
+    fn decisions(&self, tenant: &str, query: &DecisionQuery) -> Result<DecisionPage, StoreError> {
+        let limit = query.limit.max(1);
+        let start = codec::tenant_prefix(tenant);
+        let end = match &query.before {
+            Some(p) => codec::decision_key(tenant, p),
+            None => codec::tenant_end(tenant),
+        };
+        let mut headers: HashMap<SessionId, Option<SessionHeader>> = HashMap::new();
+        let mut rows: Vec<DecisionRow> = Vec::new();
+        let mut examined = 0usize;
+        let mut last_examined: Option<DecisionPosition> = None;
+        for item in self.decisions.range(start..end).rev() {
+            let (_, value) =
+                item.map_err(|e| io(format_args!("reading the decisions of tenant {tenant}"), e))?;
+            let row: DecisionRow = serde_json::from_slice(&value)
+                .map_err(|e| corrupt("decisions", format!("unreadable row: {e}")))?;
+            examined += 1;
+            if examined > DECISION_SCAN {
+                // More may follow: the next page starts after what was seen.
+                return Ok(DecisionPage {
+                    rows,
+                    next: last_examined,
+                });
+            }
+            last_examined = Some(row.position());
+            if row.tenant != tenant
+                || !query.matches(&row)
+                || !self.committed(&mut headers, &row)?
+            {
+                continue;
+            }
+            if rows.len() == limit {
+                // One more matching row: there is a next page.
+                let next = rows.last().map(DecisionRow::position);
+                return Ok(DecisionPage { rows, next });
+            }
+            rows.push(row);
+        }
+        Ok(DecisionPage { rows, next: None })
+    }
+
+    /// Whether the committed log of `row`'s session holds the event that
+    /// recorded it.
+    fn committed(
+        &self,
+        headers: &mut HashMap<SessionId, Option<SessionHeader>>,
+        row: &DecisionRow,
+    ) -> Result<bool, StoreError> {
+        let id = row.session_id;
+        let header = match headers.entry(id) {
+            std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+            std::collections::hash_map::Entry::Vacant(slot) => slot.insert(self.header(&id)?),
+        };
+        let Some(header) = header else {
+            return Ok(false);
+        };
+        if header.tenant != row.tenant || header.last_event_seq < row.seq {
+            return Ok(false);
+        }
+        let mut found = false;
+        self.committed_events(&id, row.seq, row.seq, |event| {
+            found = recorded_by(row, &event);
+            false
+        })?;
+        Ok(found)
+    }
+
     fn tenant(
         &self,
         tenant: &str,
@@ -786,7 +938,13 @@ impl Trees {
 impl CheckpointStore for SledStore {
     async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
         let id = checkpoint.header.id;
-        let prepared = if codec::may_be_large(&checkpoint) {
+        // The webhook outbox rows of its events go in the same write (see
+        // `webhooks`); for a tenant without endpoints this is a lookup.
+        let outbox = match self.inner.webhooks.get() {
+            Some(subscriptions) => webhooks::outbox_rows(subscriptions, &checkpoint)?,
+            None => Vec::new(),
+        };
+        let mut prepared = if codec::may_be_large(&checkpoint) {
             tokio::task::spawn_blocking(move || codec::prepare(&checkpoint))
                 .await
                 .map_err(|e| io(format_args!("encoding the checkpoint of session {id}"), e))??
@@ -795,6 +953,8 @@ impl CheckpointStore for SledStore {
             // blocking pool.
             codec::prepare(&checkpoint)?
         };
+        let wrote_outbox = !outbox.is_empty();
+        prepared.outbox = outbox;
         let bytes = prepared.size() as u64;
         self.send(
             |reply| Command::Checkpoint(Box::new(prepared), reply),
@@ -802,6 +962,11 @@ impl CheckpointStore for SledStore {
         )
         .await?;
         overseer_actors::metrics::record_checkpoint_bytes(bytes);
+        if wrote_outbox {
+            if let Some(subscriptions) = self.inner.webhooks.get() {
+                subscriptions.written();
+            }
+        }
         Ok(())
     }
 
@@ -855,6 +1020,24 @@ impl CheckpointStore for SledStore {
 
     async fn flush(&self) -> Result<(), StoreError> {
         self.send(Command::Flush, || "a flush".into()).await
+    }
+
+    async fn decisions(
+        &self,
+        tenant: &str,
+        query: &DecisionQuery,
+    ) -> Result<DecisionPage, StoreError> {
+        let (tenant, query) = (tenant.to_owned(), query.clone());
+        self.list(move |trees| trees.decisions(&tenant, &query))
+            .await
+    }
+
+    async fn entries(
+        &self,
+        id: SessionId,
+        range: std::ops::Range<u64>,
+    ) -> Result<Vec<Arc<TranscriptEntry>>, StoreError> {
+        self.read(move |trees| trees.entries(&id, range)).await
     }
 
     /// Has the writer write a fresh value under `health_check` in `meta`,
@@ -1317,6 +1500,55 @@ mod tests {
             sims.push(sim);
         }
         sims
+    }
+
+    /// sled 0.34 writes a snapshot to `snap.<lsn>.generating` and renames
+    /// it when complete; when the write fails (a full disk) the file stays,
+    /// and sled takes it for its newest snapshot at every later open, which
+    /// then fails as damaged: the store would never open again, not even
+    /// after space returns. `store check` names the file; a serving open
+    /// removes it and finds everything that was written.
+    #[tokio::test]
+    async fn a_snapshot_sled_never_finished_does_not_keep_the_store_from_opening() {
+        let dir = tempfile::tempdir().unwrap();
+        let sims = {
+            let store = open(dir.path());
+            write_sessions(&store, 20).await
+        };
+        // What a snapshot write cut short by a full disk leaves behind.
+        let leftover = dir.path().join("snap.7FFFFFFFFFFFFFFF.generating");
+        std::fs::write(&leftover, b"").unwrap();
+
+        let report = check(dir.path()).unwrap();
+        assert!(!report.is_healthy());
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|p| p.contains("snap.7FFFFFFFFFFFFFFF.generating")
+                    && p.contains("never finished")),
+            "{report}"
+        );
+        assert!(
+            leftover.exists(),
+            "store check must not change the directory"
+        );
+
+        let store = open(dir.path());
+        assert!(!leftover.exists());
+        for sim in &sims {
+            assert_same(&store.load(sim.id()).await.unwrap().unwrap(), sim);
+        }
+        let mut sim = sims[0].clone();
+        sim.user("and again?");
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        assert!(check_after_drop(store, dir.path()).is_healthy());
+    }
+
+    /// `store check` of `dir` once `store` is closed.
+    fn check_after_drop(store: SledStore, dir: &Path) -> CheckReport {
+        drop(store);
+        check(dir).unwrap()
     }
 
     #[tokio::test]
@@ -2009,6 +2241,117 @@ mod tests {
         );
     }
 
+    /// A decision whose checkpoint a crash cut short before its header
+    /// leaves a row in `decisions` that no reader answers; the decision
+    /// made again after the restart is the one listed, once.
+    #[tokio::test]
+    async fn a_decision_row_written_ahead_of_a_lost_header_stays_invisible() {
+        use overseer_actors::model::{Decision, DecisionRecord};
+        use overseer_actors::store::DecisionQuery;
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut sim = Sim::new("acme");
+        let mut call = ToolCallRecord::proposed(
+            ToolCallId::generate(),
+            "write_record".into(),
+            json!({"key": 1}),
+            3,
+        );
+        call.state = CallState::AwaitingApproval;
+        sim.header.open_calls.push(call.clone());
+        sim.status(SessionStatus::AwaitingApproval);
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        let committed = sim.clone();
+
+        let decide = |sim: &mut Sim, by: &str, at_ms: i64| {
+            sim.emit(EventKind::DecisionRecorded {
+                call_id: call.id.clone(),
+                record: DecisionRecord {
+                    decision: Decision::approve(),
+                    by: Some(by.into()),
+                    at_ms,
+                    metadata: None,
+                    args_diff: None,
+                },
+            });
+        };
+        decide(&mut sim, "lost", 1_000);
+        let trees = store.current().trees.clone();
+        trees
+            .drop_headers
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        store.checkpoint(sim.checkpoint()).await.unwrap_err();
+        assert_eq!(trees.decisions.len(), 1, "the row was written ahead");
+        let all = DecisionQuery {
+            limit: 10,
+            ..DecisionQuery::default()
+        };
+        let check = |store: SledStore| async {
+            let page = store.decisions("acme", &all).await.unwrap();
+            assert_eq!(
+                page.rows,
+                Vec::new(),
+                "a row without its commit is answered"
+            );
+            store
+        };
+        let store = check(store).await;
+        drop(trees);
+        drop(store);
+        let store = check(open(dir.path())).await;
+
+        // Decided again, at another time: that row, with the same event
+        // number the lost one had, is the only one listed.
+        let mut sim = committed;
+        decide(&mut sim, "alice", 2_000);
+        store.checkpoint(sim.checkpoint()).await.unwrap();
+        let page = store.decisions("acme", &all).await.unwrap();
+        assert_eq!(page.rows.len(), 1, "{:?}", page.rows);
+        assert_eq!(page.rows[0].by.as_deref(), Some("alice"));
+        assert_eq!(page.rows[0].tool, "write_record");
+        assert_eq!(page.next, None);
+    }
+
+    /// A purge takes the session's rows out of the decision index itself,
+    /// not only out of sight (readers skip rows without a header anyway).
+    #[tokio::test]
+    async fn a_purge_removes_the_sessions_decision_rows_from_the_tree() {
+        use overseer_actors::model::{Decision, DecisionRecord};
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let mut sims = Vec::new();
+        for n in 0..2 {
+            let mut sim = Sim::new("acme");
+            for at_ms in [10 + n, 20 + n] {
+                sim.emit(EventKind::DecisionRecorded {
+                    call_id: ToolCallId::generate(),
+                    record: DecisionRecord {
+                        decision: Decision::deny("no"),
+                        by: Some("alice".into()),
+                        at_ms,
+                        metadata: None,
+                        args_diff: None,
+                    },
+                });
+                // One checkpoint per decision: rows from several event rows.
+                store.checkpoint(sim.checkpoint()).await.unwrap();
+            }
+            sim.status(SessionStatus::Completed);
+            store.checkpoint(sim.checkpoint()).await.unwrap();
+            sims.push(sim);
+        }
+        let trees = store.current().trees.clone();
+        assert_eq!(trees.decisions.len(), 4);
+        store.purge(sims[0].id()).await.unwrap();
+        assert_eq!(
+            trees.decisions.len(),
+            2,
+            "only the purged session's rows go"
+        );
+        store.purge(sims[1].id()).await.unwrap();
+        assert_eq!(trees.decisions.len(), 0);
+    }
+
     #[test]
     fn durability_reads_as_lowercase() {
         assert_eq!(Durability::default(), Durability::Fsync);
@@ -2103,25 +2446,57 @@ mod tests {
         }
     }
 
-    /// A read waits for a closed gate from when it was asked for: one whose
-    /// time is up fails at once, naming why, instead of waiting again behind
-    /// the reads queued before it; once the gate reopens, reads go through.
+    /// A read waits for the gate only while the writer reopens the
+    /// directory, and only until its own deadline; while the store is down
+    /// and nobody reopens it, it fails at once as `Unavailable` (HTTP 503),
+    /// never after a wait. Once the gate reopens, reads go through.
     #[tokio::test]
-    async fn a_read_whose_wait_is_over_fails_at_once_while_the_gate_is_closed() {
+    async fn a_read_fails_at_once_while_the_store_is_down_and_waits_only_for_a_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
         let gate = &store.inner.shared.gate;
         let generation = store.current();
-        gate.withdraw(&generation);
-        let Err(err) = gate.get_by(std::time::Instant::now()) else {
+        // Taken from readers, and the reopen given up: the store is down.
+        gate.begin_reopen(Some(&generation));
+        gate.reopen_failed("the disk still refuses data");
+        let far = || std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        let Err(err) = gate.get_by(far()) else {
             panic!("a closed gate gave an opening");
         };
-        assert!(err.to_string().contains("being reopened"), "{err}");
-        gate.install(generation.clone(), true, "");
-        let Ok(reopened) = gate.get_by(std::time::Instant::now()) else {
-            panic!("a reopened gate gave no opening");
+        assert!(err.is_unavailable(), "{err}");
+        assert!(
+            err.to_string().contains("until the disk takes data"),
+            "{err}"
+        );
+        assert!(store
+            .load(SessionId::generate())
+            .await
+            .unwrap_err()
+            .is_unavailable());
+        // Reopening: a read whose time is up fails, naming why ...
+        gate.begin_reopen(None);
+        let Err(err) = gate.get_by(std::time::Instant::now()) else {
+            panic!("a reopening gate gave an opening");
         };
-        assert!(Arc::ptr_eq(&reopened, &generation));
+        assert!(err.to_string().contains("being reopened"), "{err}");
+        // ... and one with time left gets the new opening.
+        let (asked, asking) = std::sync::mpsc::channel();
+        let waiting = {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let _ = asked.send(());
+                store
+                    .inner
+                    .shared
+                    .gate
+                    .get_by(far())
+                    .map(|g| Arc::as_ptr(&g) as usize)
+            })
+        };
+        asking.recv().unwrap();
+        gate.install(generation.clone(), true, "");
+        let got = waiting.join().unwrap().unwrap();
+        assert_eq!(got, Arc::as_ptr(&generation) as usize);
         assert!(store.load(SessionId::generate()).await.unwrap().is_none());
     }
 }

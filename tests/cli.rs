@@ -1245,7 +1245,10 @@ fn a_terminal_question_decided_elsewhere_ends_saying_who_decided() {
     );
     // The lead's own call is asked next, and the answer decides it.
     let asked = tty.wait_for("the lead's question", "? [y]es/[n]o/[e]dit: ");
-    assert!(asked.contains("approve current_time {} (call_"), "{asked}");
+    // The call is shown as what the tool will receive, then asked about.
+    assert!(asked.contains("current_time (call_"), "{asked}");
+    assert!(asked.contains(" will receive:\n{}\n"), "{asked}");
+    assert!(asked.contains("approve current_time (call_"), "{asked}");
     tty.type_line("y");
     tty.wait_for("the acknowledgement", " approve\n");
     let run = tty.finish();

@@ -438,3 +438,283 @@ async fn store_failures_answer_stable_codes_without_io_details() -> TestResult {
     assert_eq!(status, 200);
     s.stop().await
 }
+
+// ---- issue 32 item 8: bodies, Retry-After, echoes, HTTP/2 -------------------------------------
+
+/// Every POST validates its body as the README says: `interrupt`, `cancel`
+/// and `done` take no parameters (no body, or `{}`), and refuse anything
+/// else instead of ignoring it; the routes with parameters refuse a body
+/// that is not JSON (415) or not well-formed (400). A refused request
+/// changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_post_validates_its_body_the_parameterless_ones_included() -> TestResult {
+    let s = Server::start().await?;
+    let t = token("acme", "alice", ALL);
+    let id = s.create(&t, "chat", None).await?;
+    let raw = |path: &str, content_type: Option<&str>, body: &'static str| {
+        let mut request = s.client.post(s.url(path)).bearer_auth(&t).body(body);
+        if let Some(ct) = content_type {
+            request = request.header("content-type", ct);
+        }
+        request
+    };
+    for action in ["interrupt", "cancel", "done"] {
+        let path = format!("/v1/sessions/{id}/{action}");
+        for (content_type, body, status, code) in [
+            (Some("application/json"), "garbage", 400, "malformed_json"),
+            (
+                Some("application/json"),
+                "{\"force\": true}",
+                400,
+                "invalid_body",
+            ),
+            (Some("application/json"), "[]", 400, "invalid_body"),
+            (Some("application/json"), "null", 400, "invalid_body"),
+            (
+                Some("text/plain"),
+                "stop now",
+                415,
+                "unsupported_media_type",
+            ),
+            (None, "stop now", 415, "unsupported_media_type"),
+        ] {
+            let v = expect_error(raw(&path, content_type, body), status, code).await?;
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+                "{action} {body:?}: {v}"
+            );
+        }
+        let v = expect_error(
+            raw(&path, Some("application/json"), "{\"force\": true}"),
+            400,
+            "invalid_body",
+        )
+        .await?;
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("`force`"),
+            "the message names the field: {v}"
+        );
+    }
+    let (_, state) = send(s.get(&format!("/v1/sessions/{id}"), &t)).await?;
+    assert_eq!(
+        state["status"], "pending",
+        "a refused request changed the session"
+    );
+
+    // No body, or `{}`, is accepted.
+    let (status, v) = send(raw(&format!("/v1/sessions/{id}/interrupt"), None, "")).await?;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = send(raw(
+        &format!("/v1/sessions/{id}/interrupt"),
+        Some("application/json"),
+        "{}",
+    ))
+    .await?;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = send(raw(
+        &format!("/v1/sessions/{id}/cancel"),
+        Some("application/json"),
+        " {} ",
+    ))
+    .await?;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["status"], "cancelled");
+
+    // The routes with parameters.
+    let other = s.create(&t, "chat", None).await?;
+    for path in [
+        "/v1/sessions".to_owned(),
+        format!("/v1/sessions/{other}/messages"),
+        format!("/v1/sessions/{other}/approvals"),
+        format!("/v1/sessions/{other}/model"),
+        format!("/v1/sessions/{other}/rules"),
+    ] {
+        expect_error(
+            raw(&path, Some("text/plain"), "hello"),
+            415,
+            "unsupported_media_type",
+        )
+        .await?;
+        expect_error(
+            raw(&path, Some("application/json"), "{"),
+            400,
+            "malformed_json",
+        )
+        .await?;
+    }
+    s.stop().await
+}
+
+/// Every 429 says when to come back, as every 503 does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_queue_answers_429_with_retry_after() -> TestResult {
+    let s = Server::start_with_runtime(overseer_actors::RuntimeConfig {
+        limits: overseer_actors::Limits {
+            max_queued_messages: 1,
+            ..overseer_actors::Limits::default()
+        },
+        ..overseer_actors::RuntimeConfig::default()
+    })
+    .await?;
+    let t = token("acme", "alice", ALL);
+    let (id, _call) = s.create_pending(&t).await?;
+    let path = format!("/v1/sessions/{id}/messages");
+    let (status, v) = send(s.post(&path, &t, &json!({"text": "queued"}))).await?;
+    assert_eq!(status, 202, "{v}");
+    let resp = s
+        .post(&path, &t, &json!({"text": "one too many"}))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 429);
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .context("a 429 without Retry-After")?
+        .to_str()?
+        .parse::<u64>()?;
+    assert!(retry_after >= 1);
+    let v: Value = resp.json().await?;
+    assert_eq!(v["error"]["code"], "queue_full", "{v}");
+    s.stop().await
+}
+
+/// A client's string echoed in an error (an id, a cursor, a name, a key, a
+/// value serde could not take) is cut to 200 characters, saying how long it
+/// was: an error never ships a client's megabyte back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn client_strings_echoed_in_errors_are_cut_to_200_characters() -> TestResult {
+    let s = Server::start().await?;
+    let t = token("acme", "alice", ALL);
+    let id = s.create(&t, "chat", None).await?;
+    let long = |n: usize| "x".repeat(n);
+    // At most 200 of the client's characters in a row, and the count.
+    let check = |what: &str, v: &Value, total: usize| {
+        let text = v.to_string();
+        assert!(
+            !text.contains(&long(201)),
+            "{what}: more than 200 characters echoed: {text}"
+        );
+        assert!(
+            text.contains(&format!("({total} characters)")),
+            "{what}: does not say how long the string was: {text}"
+        );
+    };
+    let v = expect_error(
+        s.get(&format!("/v1/sessions/{}", long(5000)), &t),
+        400,
+        "invalid_id",
+    )
+    .await?;
+    check("a session id", &v, 5000);
+    let v = expect_error(
+        s.get(&format!("/v1/approvals?cursor={}", long(6000)), &t),
+        400,
+        "invalid_query",
+    )
+    .await?;
+    check("an inbox cursor", &v, 6000);
+    let v = expect_error(
+        s.post("/v1/sessions", &t, &json!({"agent": long(100_000)})),
+        400,
+        "unknown_agent",
+    )
+    .await?;
+    check("an agent name", &v, 100_000);
+    let v = expect_error(
+        s.post(
+            "/v1/sessions",
+            &t,
+            &json!({"agent": "chat", "model": long(50_000)}),
+        ),
+        400,
+        "invalid_body",
+    )
+    .await?;
+    check("a model route", &v, 50_000);
+    let v = expect_error(
+        s.post(
+            "/v1/sessions",
+            &t,
+            &json!({"agent": "chat", "max_steps": long(70_000)}),
+        ),
+        400,
+        "invalid_body",
+    )
+    .await?;
+    check("a value of the wrong type", &v, 70_000);
+    let v = expect_error(
+        s.post(
+            "/v1/sessions",
+            &t,
+            &json!({"agent": "chat", long(30_000): 1}),
+        ),
+        400,
+        "invalid_body",
+    )
+    .await?;
+    check("an unknown field", &v, 30_000);
+    let decisions: serde_json::Map<String, Value> = (0..100)
+        .map(|n| (format!("{n}{}", long(1000)), json!({"decision": "approve"})))
+        .collect();
+    let v = expect_error(
+        s.post(
+            &format!("/v1/sessions/{id}/approvals"),
+            &t,
+            &json!({"decisions": decisions}),
+        ),
+        400,
+        "unknown_calls",
+    )
+    .await?;
+    check("unknown call ids", &v, 1001);
+    assert!(
+        v["error"]["details"]["call_ids"].as_array().unwrap().len() <= 50,
+        "{v}"
+    );
+    assert!(v.to_string().len() < 64 * 1024, "{v}");
+    s.stop().await
+}
+
+/// A client that opens with HTTP/2's preface (prior knowledge) gets one
+/// clear answer in HTTP/2: the server's SETTINGS, then GOAWAY with
+/// HTTP_1_1_REQUIRED and a sentence; HTTP/1.1 goes on as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_http2_prior_knowledge_client_is_told_to_use_http_1_1() -> TestResult {
+    let s = Server::start().await?;
+    let mut c = connect(&s).await?;
+    c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await?;
+    // The client's own SETTINGS frame (empty).
+    c.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await?;
+    let answer = read_to_close(&mut c).await?;
+    let mut frames = Vec::new();
+    let mut rest = &answer[..];
+    while rest.len() >= 9 {
+        let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+        let (kind, stream) = (
+            rest[3],
+            u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]),
+        );
+        let payload = rest.get(9..9 + len).context("a truncated frame")?;
+        frames.push((kind, stream, payload.to_vec()));
+        rest = &rest[9 + len..];
+    }
+    assert!(rest.is_empty(), "trailing bytes: {answer:?}");
+    let kinds: Vec<u8> = frames.iter().map(|f| f.0).collect();
+    assert_eq!(kinds, [4, 7], "SETTINGS then GOAWAY: {answer:?}");
+    let goaway = &frames[1].2;
+    assert_eq!(frames[1].1, 0, "GOAWAY is on stream 0");
+    assert_eq!(&goaway[0..4], &[0, 0, 0, 0], "no stream was processed");
+    assert_eq!(
+        u32::from_be_bytes([goaway[4], goaway[5], goaway[6], goaway[7]]),
+        0xd
+    );
+    let debug = String::from_utf8_lossy(&goaway[8..]);
+    assert!(debug.contains("HTTP/1.1"), "{debug}");
+
+    drop(c);
+    let (status, _) = send(s.client.get(s.url("/healthz"))).await?;
+    assert_eq!(status, 200);
+    s.stop().await
+}

@@ -502,11 +502,12 @@ async fn readyz_is_503_when_the_store_cannot_write() -> Result {
         },
     ));
     let v = expect_error(reqwest::Client::new().get(&url), 503, "store_unavailable").await?;
-    // The route is unauthenticated: the store's error goes to the log only.
-    assert_eq!(
-        v["error"]["message"], "the store is not writable; see the server log",
-        "{v}"
-    );
+    // The route is unauthenticated: it says what kind of problem it is
+    // (issue 32: `/readyz` says why), the store's own error goes to the log.
+    assert_eq!(v["error"]["details"]["reason"], "disk_full", "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("the disk is full"), "{v}");
+    assert!(!message.contains("No space left on device"), "{v}");
     let _ = stop.send(());
     tokio::time::timeout(PATIENCE, server).await???;
     overseer.shutdown().await?;

@@ -9,7 +9,8 @@
 //! large results in content-addressed blobs, refusal of a newer schema,
 //! tenant listing and the recovery listing, the bounded walk over every
 //! session (`scan`), purging a terminal session whole (refused for one that
-//! is not). PostgreSQL-only behaviour (fencing, purge and ownership, blobs
+//! is not), the decision index (newest first, paged, filtered, per tenant,
+//! purged with its session) and bounded transcript reads. PostgreSQL-only behaviour (fencing, purge and ownership, blobs
 //! left behind, migrations, start-up errors, group commit, the heartbeat's own
 //! connection) follows.
 
@@ -23,11 +24,13 @@ use std::time::Duration;
 use overseer::store::postgres::{Owner, PgOpenError, PgOptions, PgStore};
 use overseer::store::{Durability, SledStore};
 use overseer_actors::model::{
-    AgentConfig, CallState, Event, EventKind, QueuedMessage, SessionHeader, SessionId,
-    SessionStatus, ToolCallId, ToolCallRecord, TranscriptEntry, Usage, SCHEMA_VERSION,
+    AgentConfig, CallState, Decision, DecisionRecord, Event, EventKind, QueuedMessage,
+    SessionHeader, SessionId, SessionStatus, ToolCallId, ToolCallRecord, TranscriptEntry, Usage,
+    SCHEMA_VERSION,
 };
 use overseer_actors::store::{
-    all_by_status, Checkpoint, CheckpointStore, StoreError, StoredSession,
+    all_by_status, Checkpoint, CheckpointStore, DecisionKind, DecisionQuery, DecisionRow,
+    StoreError, StoredSession,
 };
 use serde_json::json;
 
@@ -620,6 +623,277 @@ async fn purging_a_session_that_has_not_ended_is_refused(store: &dyn CheckpointS
         store.purge(sim.id()).await.unwrap();
         assert!(store.load(sim.id()).await.unwrap().is_none(), "{status}");
     }
+}
+
+/// A call of `tool` waiting for a decision in `sim`'s open step.
+fn ask(sim: &mut Sim, tool: &str) -> ToolCallId {
+    let mut call =
+        ToolCallRecord::proposed(ToolCallId::generate(), tool.into(), json!({"k": 1}), 3);
+    call.state = CallState::AwaitingApproval;
+    let id = call.id.clone();
+    sim.header.open_calls.push(call);
+    id
+}
+
+/// Records `decision` by `by` at `at_ms` for `call` of the open step.
+fn decide(
+    sim: &mut Sim,
+    call: &ToolCallId,
+    decision: Decision,
+    by: &str,
+    at_ms: i64,
+    diff: Option<serde_json::Value>,
+) {
+    let record = DecisionRecord {
+        decision,
+        by: Some(by.into()),
+        at_ms,
+        metadata: None,
+        args_diff: diff,
+    };
+    let open = sim
+        .header
+        .open_calls
+        .iter_mut()
+        .find(|c| &c.id == call)
+        .unwrap();
+    open.decision = Some(record.clone());
+    open.state = CallState::Approved;
+    sim.emit(EventKind::DecisionRecorded {
+        call_id: call.clone(),
+        record,
+    });
+}
+
+/// Moves the open step's calls into the transcript (the step closes).
+fn close_step(sim: &mut Sim) {
+    for mut call in std::mem::take(&mut sim.header.open_calls) {
+        call.finish(CallState::Completed, json!({"ok": true}), 5);
+        sim.push(TranscriptEntry::ToolResult { call });
+    }
+}
+
+fn query(limit: usize) -> DecisionQuery {
+    DecisionQuery {
+        limit,
+        ..DecisionQuery::default()
+    }
+}
+
+/// Every row of the tenant's history under `q`, page by page.
+async fn history(
+    store: &dyn CheckpointStore,
+    tenant: &str,
+    mut q: DecisionQuery,
+) -> Vec<DecisionRow> {
+    let mut out = Vec::new();
+    for _ in 0..100 {
+        let page = store.decisions(tenant, &q).await.unwrap();
+        assert!(page.rows.len() <= q.limit, "a page holds at most its limit");
+        out.extend(page.rows);
+        match page.next {
+            Some(next) => q.before = Some(next),
+            None => return out,
+        }
+    }
+    panic!("the history did not end within 100 pages");
+}
+
+fn times(rows: &[DecisionRow]) -> Vec<i64> {
+    rows.iter().map(|r| r.at_ms).collect()
+}
+
+contract!(decisions_are_indexed_per_tenant_newest_first_and_purged_with_their_session);
+async fn decisions_are_indexed_per_tenant_newest_first_and_purged_with_their_session(
+    store: &dyn CheckpointStore,
+) {
+    // `one` (agent a, titled): an approval, a denial, and an edit whose
+    // checkpoint also closes the step (the call is then only in the new
+    // transcript entries).
+    let mut one = Sim::new("acme");
+    one.header.title = Some("Ledger".into());
+    let (c1, c2, c3) = (
+        ask(&mut one, "write"),
+        ask(&mut one, "fetch"),
+        ask(&mut one, "write"),
+    );
+    one.status(SessionStatus::AwaitingApproval);
+    one.write(store).await;
+    decide(&mut one, &c1, Decision::approve(), "alice", 100, None);
+    one.write(store).await;
+    decide(&mut one, &c2, Decision::deny("not today"), "bob", 200, None);
+    let edit = Decision::Approve {
+        override_args: json!({"k": 2}).as_object().cloned(),
+        remove_args: Vec::new(),
+    };
+    decide(
+        &mut one,
+        &c3,
+        edit,
+        "alice",
+        300,
+        Some(json!({"k": {"from": 1, "to": 2}})),
+    );
+    close_step(&mut one);
+    one.status(SessionStatus::Running);
+    one.write(store).await;
+    // `two` (agent b): a timeout and a standing rule.
+    let mut two = Sim::new("acme");
+    two.header.agent = "b".into();
+    let (t1, t2) = (ask(&mut two, "write"), ask(&mut two, "write"));
+    decide(
+        &mut two,
+        &t1,
+        Decision::deny("No approval decision received"),
+        "system",
+        150,
+        None,
+    );
+    decide(&mut two, &t2, Decision::approve(), "rule:allow", 250, None);
+    two.status(SessionStatus::Running);
+    two.write(store).await;
+    // Another tenant's decision, between them in time.
+    let mut other = Sim::new("globex");
+    let g = ask(&mut other, "write");
+    decide(&mut other, &g, Decision::approve(), "eve", 275, None);
+    other.write(store).await;
+
+    let all = history(store, "acme", query(50)).await;
+    assert_eq!(times(&all), vec![300, 250, 200, 150, 100]);
+    let kinds: Vec<DecisionKind> = all.iter().map(|r| r.decision).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            DecisionKind::ApproveWithEdit,
+            DecisionKind::Rule,
+            DecisionKind::Deny,
+            DecisionKind::Timeout,
+            DecisionKind::Approve
+        ]
+    );
+    let edit = &all[0];
+    assert_eq!(edit.session_id, one.id());
+    assert_eq!(edit.root_session_id, one.id());
+    assert_eq!(edit.agent, "a");
+    assert_eq!(edit.title.as_deref(), Some("Ledger"));
+    assert_eq!(edit.call_id, c3);
+    assert_eq!(edit.tool, "write", "found in the step's closing entries");
+    assert_eq!(edit.by.as_deref(), Some("alice"));
+    assert!(edit.approved);
+    assert_eq!(edit.args_diff, Some(json!({"k": {"from": 1, "to": 2}})));
+    let denial = &all[2];
+    assert_eq!((denial.tool.as_str(), denial.approved), ("fetch", false));
+    assert_eq!(denial.reason.as_deref(), Some("not today"));
+    assert!(all.iter().all(|r| r.tenant == "acme"));
+
+    // Pages of two give the same rows; a page after the newest starts below it.
+    assert_eq!(history(store, "acme", query(2)).await, all);
+    let first = store.decisions("acme", &query(2)).await.unwrap();
+    assert_eq!(times(&first.rows), vec![300, 250]);
+    assert_eq!(first.next, Some(all[1].position()));
+    let after_newest = DecisionQuery {
+        before: Some(all[0].position()),
+        ..query(50)
+    };
+    assert_eq!(
+        times(&history(store, "acme", after_newest).await),
+        vec![250, 200, 150, 100]
+    );
+    // The last page says there is no more.
+    let last = store.decisions("acme", &query(5)).await.unwrap();
+    assert_eq!(last.rows.len(), 5);
+    assert_eq!(last.next, None);
+
+    // Each filter, exact.
+    let by_agent = DecisionQuery {
+        agent: Some("b".into()),
+        ..query(1)
+    };
+    assert_eq!(
+        times(&history(store, "acme", by_agent).await),
+        vec![250, 150]
+    );
+    let by_tool = DecisionQuery {
+        tool: Some("fetch".into()),
+        ..query(1)
+    };
+    assert_eq!(times(&history(store, "acme", by_tool).await), vec![200]);
+    let by_who = DecisionQuery {
+        by: Some("alice".into()),
+        ..query(1)
+    };
+    assert_eq!(times(&history(store, "acme", by_who).await), vec![300, 100]);
+    let nobody = DecisionQuery {
+        by: Some("mallory".into()),
+        ..query(3)
+    };
+    assert!(history(store, "acme", nobody).await.is_empty());
+
+    // Tenants apart: each sees its own, whatever the cursor.
+    assert_eq!(times(&history(store, "globex", query(10)).await), vec![275]);
+    let foreign_cursor = DecisionQuery {
+        before: Some(all[0].position()),
+        ..query(10)
+    };
+    assert_eq!(
+        times(&history(store, "globex", foreign_cursor).await),
+        vec![275]
+    );
+    assert!(history(store, "initech", query(10)).await.is_empty());
+
+    // Purging a session removes its rows, and only its.
+    one.status(SessionStatus::Completed);
+    one.write(store).await;
+    store.purge(one.id()).await.unwrap();
+    assert_eq!(
+        times(&history(store, "acme", query(10)).await),
+        vec![250, 150]
+    );
+    assert_eq!(times(&history(store, "globex", query(10)).await), vec![275]);
+}
+
+/// The in-memory store keeps the same index (actors' tests and embedders
+/// read it).
+#[tokio::test]
+async fn the_memory_store_keeps_the_same_decision_index_and_ranges() {
+    let store = overseer_actors::store::MemStore::new();
+    decisions_are_indexed_per_tenant_newest_first_and_purged_with_their_session(&store).await;
+    entries_read_a_bounded_range_of_the_committed_transcript(&store).await;
+}
+
+contract!(entries_read_a_bounded_range_of_the_committed_transcript);
+async fn entries_read_a_bounded_range_of_the_committed_transcript(store: &dyn CheckpointStore) {
+    let mut sim = Sim::new("acme");
+    for n in 0..6 {
+        sim.user(&format!("m{n}"));
+    }
+    sim.push(tool_result(big_result()));
+    sim.write(store).await;
+    let texts = |entries: Vec<Arc<TranscriptEntry>>| -> Vec<String> {
+        entries
+            .iter()
+            .map(|e| match &**e {
+                TranscriptEntry::User { text, .. } => text.clone(),
+                TranscriptEntry::ToolResult { .. } => "result".into(),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(
+        texts(store.entries(sim.id(), 2..4).await.unwrap()),
+        vec!["m2", "m3"]
+    );
+    // Past the end: what there is; a blob is read back whole.
+    let tail = store.entries(sim.id(), 5..100).await.unwrap();
+    assert_eq!(texts(tail.clone()), vec!["m5", "result"]);
+    assert_eq!(*tail[1], *sim.transcript[6]);
+    assert!(store.entries(sim.id(), 7..9).await.unwrap().is_empty());
+    assert!(store.entries(sim.id(), 3..3).await.unwrap().is_empty());
+    assert!(store
+        .entries(SessionId::generate(), 0..5)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 // ---------------------------------------------------------------------------

@@ -3,7 +3,13 @@
 //! decisions (edit with the server's validation message at the field, deny
 //! with a reason, several at once, keyboard shortcuts), delegation paths and
 //! the tree, cards removed everywhere when decided anywhere, tenants kept
-//! apart, model text rendered inert, an expired token back at sign-in.
+//! apart, model text rendered inert, an expired token back at sign-in; the
+//! review desk: search, filters, grouping, order by deadline with the mark
+//! of calls close to their automatic denial, why a call is asked, the
+//! standing-rule button, the decision history with the diffs of decisions
+//! made from the API, the CLI and the page, a read-only token without
+//! decide buttons, `D` + reason + Enter, no top bar at sign-in, labels that
+//! tell sessions of the same second apart.
 //!
 //! The browser is the headless Chromium of the npm package
 //! `@sparticuz/chromium`, which the tests install and unpack themselves
@@ -141,7 +147,8 @@ async fn sign_in_then_an_edit_refused_at_the_field_then_fixed_shows_the_result()
     b.screenshot("inbox").await?;
 
     // Edit the arguments with a value the tool's schema refuses: the
-    // server's message is shown at the field, which is marked invalid.
+    // change is shown before it is confirmed; then the server's message is
+    // shown at the field, which is marked invalid.
     b.click(&format!("{card} button[aria-label^='Edit arguments']"))
         .await?;
     b.fill(
@@ -151,6 +158,17 @@ async fn sign_in_then_an_edit_refused_at_the_field_then_fixed_shows_the_result()
     .await?;
     b.click(&format!("{card} form.edit button[type=submit]"))
         .await?;
+    b.wait(
+        "the change shown before it is confirmed",
+        &format!(
+            "!document.querySelector({}).hidden",
+            lit(&format!("{card} .edit-preview"))
+        ),
+    )
+    .await?;
+    let preview = b.text(&format!("{card} .edit-preview")).await?;
+    assert!(preview.contains(r#"key: 42 → "forty-two""#), "{preview}");
+    b.click(&format!("{card} button.confirm-edit")).await?;
     b.wait(
         "the validation message at the field",
         &format!(
@@ -181,11 +199,12 @@ async fn sign_in_then_an_edit_refused_at_the_field_then_fixed_shows_the_result()
     assert!(s.tool_calls().is_empty(), "nothing ran");
     b.screenshot("edit-error").await?;
 
-    // Fixed, it is approved; the card goes away.
+    // Fixed, reviewed and confirmed, it is approved; the card goes away.
     b.fill(&format!("{card} textarea.args-editor"), r#"{"key": 43}"#)
         .await?;
     b.click(&format!("{card} form.edit button[type=submit]"))
         .await?;
+    b.click(&format!("{card} button.confirm-edit")).await?;
     b.wait("the decided card to go", &card_gone(&call)).await?;
     b.wait(
         "the inbox count at zero",
@@ -545,6 +564,20 @@ async fn a_card_decided_anywhere_leaves_every_inbox_and_tenants_see_only_their_o
         &shows("No pending approvals"),
     )
     .await?;
+    // A card goes when its decision is recorded; the tool runs after that.
+    common::eventually(
+        "the approved calls to run",
+        std::time::Duration::from_millis(50),
+        || async {
+            let calls = s.tool_calls();
+            if calls.len() >= 5 {
+                Ok(())
+            } else {
+                Err(format!("{calls:?}"))
+            }
+        },
+    )
+    .await;
     let ran: Vec<i64> = s
         .tool_calls()
         .iter()
@@ -665,6 +698,10 @@ async fn an_expired_token_returns_to_sign_in_with_a_clear_message() -> Result {
     // A stored token the server refuses (it expired while the tab was
     // away): the next request answers 401 and the page says why.
     paste_sign_in(&b, &s, &s.token("acme", "erin")).await?;
+    // Once the inbox has loaded, nothing is asked of the server until the
+    // next action.
+    b.wait("the empty inbox", &shows("No pending approvals"))
+        .await?;
     let expired = token_until("acme", "erin", jsonwebtoken::get_current_timestamp() - 60);
     b.js(
         "sessionStorage.setItem('overseer.token', arguments[0])",
@@ -684,6 +721,677 @@ async fn an_expired_token_returns_to_sign_in_with_a_clear_message() -> Result {
         .await?
         .as_bool()
         .unwrap());
+    Ok(())
+}
+
+// ---- the review desk -------------------------------------------------------------
+
+/// The condition "the card for `call` is shown and `cond` holds of it (`c`)".
+fn card_where(call: &str, cond: &str) -> String {
+    format!(
+        "(() => {{ const c = document.querySelector('.board .card[data-call=' + {} + ']'); return Boolean(c && ({cond})); }})()",
+        lit(&format!("\"{call}\""))
+    )
+}
+
+/// The call ids of the cards shown, in order.
+async fn shown_calls(b: &Window) -> anyhow::Result<Vec<String>> {
+    let v = b
+        .js(
+            "return [...document.querySelectorAll('.board .card')].map(c => c.dataset.call)",
+            json!([]),
+        )
+        .await?;
+    Ok(serde_json::from_value(v)?)
+}
+
+/// Sets a filter control's value as a person would (an input or change event).
+async fn set_control(b: &Window, css: &str, value: &str, event: &str) -> Result {
+    b.js(
+        "const e = document.querySelector(arguments[0]); e.value = arguments[1]; e.dispatchEvent(new Event(arguments[2], {bubbles: true}));",
+        json!([css, value, event]),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sign_in_screen_has_no_top_bar() -> Result {
+    let s = Served::start().await?;
+    let b = Browser::open().await?;
+    b.goto(&s.page("")).await?;
+    b.wait("the sign-in form", "document.getElementById('token')")
+        .await?;
+    let top = b
+        .js(
+            "const t = document.getElementById('top'); const r = t.getBoundingClientRect(); \
+             return [t.hidden, getComputedStyle(t).display, r.height, document.getElementById('sign-out').offsetParent === null];",
+            json!([]),
+        )
+        .await?;
+    assert_eq!(
+        top,
+        json!([true, "none", 0, true]),
+        "the top bar shows at sign-in"
+    );
+    // Signed in, it shows; signed out again, it goes.
+    paste_sign_in(&b, &s, &s.token("acme", "alice")).await?;
+    assert_eq!(
+        b.js(
+            "return getComputedStyle(document.getElementById('top')).display",
+            json!([])
+        )
+        .await?,
+        json!("flex")
+    );
+    b.click("#sign-out").await?;
+    b.wait(
+        "the top bar gone at sign-in",
+        "document.getElementById('token') && getComputedStyle(document.getElementById('top')).display === 'none'",
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labels_of_two_sessions_created_in_the_same_second_differ() -> Result {
+    let s = Served::start().await?;
+    let alice = s.token("acme", "alice");
+    let b = Browser::open().await?;
+    paste_sign_in(&b, &s, &alice).await?;
+    let first = s
+        .create(&alice, "ops", "please write record 1", None)
+        .await?;
+    let second = s
+        .create(&alice, "ops", "please write record 2", None)
+        .await?;
+    // Same time prefix (UUIDv7): what the page used to show.
+    assert_eq!(first[..6], second[..6], "{first} {second}");
+    let (c1, c2) = (
+        s.pending_call(&alice, &first).await?,
+        s.pending_call(&alice, &second).await?,
+    );
+    b.wait(
+        "both cards",
+        &format!("{} && {}", card_shown(&c1), card_shown(&c2)),
+    )
+    .await?;
+    let label = |call: &str| format!(".card[data-call=\"{call}\"] a.session-link");
+    let (l1, l2) = (b.text(&label(&c1)).await?, b.text(&label(&c2)).await?);
+    assert_ne!(l1, l2, "two sessions of the same second look the same");
+    assert!(
+        !l1.contains(&first[..8]) && !l2.contains(&second[..8]),
+        "{l1} / {l2}"
+    );
+    // The session view's title tells them apart too.
+    b.goto(&s.page(&format!("#/s/{first}"))).await?;
+    b.wait("the first session", "document.querySelector('.status')")
+        .await?;
+    let h1 = b.text("main h1").await?;
+    b.goto(&s.page(&format!("#/s/{second}"))).await?;
+    b.wait("the second session", &format!("document.querySelector('main h1') && document.querySelector('main h1').textContent !== {}", lit(&h1)))
+        .await?;
+    assert_eq!(b.text("main h1").await?, l2);
+    assert_eq!(h1, l1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_desk_searches_filters_groups_and_orders_by_deadline() -> Result {
+    let s = Served::start().await?;
+    let alice = s.token("acme", "alice");
+    let b = Browser::open().await?;
+    paste_sign_in(&b, &s, &alice).await?;
+    let ledger = s
+        .create(
+            &alice,
+            "ops",
+            "please write record 43",
+            Some("Quarterly ledger"),
+        )
+        .await?;
+    let ledger_call = s.pending_call(&alice, &ledger).await?;
+    let milk = s.create(&alice, "echo", "remember the milk", None).await?;
+    let milk_call = s.pending_call(&alice, &milk).await?;
+    let pair = s
+        .create(&alice, "pair", "please write record 7", Some("Pair"))
+        .await?;
+    s.pending_call(&alice, &pair).await?;
+    let pair_calls: Vec<String> = s
+        .api(
+            Method::GET,
+            &format!("/v1/sessions/{pair}/approvals"),
+            &alice,
+            None,
+        )
+        .await?["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["call_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(pair_calls.len(), 2);
+    // Asked last, but denied automatically first (45 s).
+    let urgent = s
+        .create(&alice, "urgent", "please write record 9", None)
+        .await?;
+    let urgent_call = s.pending_call(&alice, &urgent).await?;
+    b.wait(
+        "five cards",
+        "document.querySelectorAll('.board .card').length === 5",
+    )
+    .await?;
+    // Newest request first.
+    assert_eq!(shown_calls(&b).await?[0], urgent_call);
+
+    // Search: the session's title, the text of the arguments, several words.
+    set_control(&b, "input.search", "ledger", "input").await?;
+    b.wait(
+        "only the ledger",
+        "document.querySelectorAll('.board .card').length === 1",
+    )
+    .await?;
+    assert_eq!(shown_calls(&b).await?, vec![ledger_call.clone()]);
+    assert!(b.text(".shown-count").await?.contains("Showing 1 of 5"));
+    set_control(&b, "input.search", "MILK remember", "input").await?;
+    b.wait("only the milk", &card_shown(&milk_call)).await?;
+    assert_eq!(shown_calls(&b).await?, vec![milk_call.clone()]);
+    set_control(&b, "input.search", "nothing like this", "input").await?;
+    b.wait("none shown", "document.querySelectorAll('.board .card').length === 0 && !document.querySelector('.none-shown').hidden").await?;
+    set_control(&b, "input.search", "", "input").await?;
+    // Filters: agent, tool.
+    set_control(&b, "select.filter-agent", "pair", "change").await?;
+    b.wait(
+        "the pair's two",
+        "document.querySelectorAll('.board .card').length === 2",
+    )
+    .await?;
+    set_control(&b, "select.filter-agent", "", "change").await?;
+    set_control(&b, "select.filter-tool", "annotate", "change").await?;
+    b.wait(
+        "the annotate card",
+        "document.querySelectorAll('.board .card').length === 1",
+    )
+    .await?;
+    assert_eq!(shown_calls(&b).await?, vec![milk_call.clone()]);
+    set_control(&b, "select.filter-tool", "", "change").await?;
+    b.wait(
+        "all five",
+        "document.querySelectorAll('.board .card').length === 5",
+    )
+    .await?;
+
+    // Grouped by session: the pair's two calls under one heading, with a
+    // button that approves both.
+    b.click("input.group-by-session").await?;
+    b.wait(
+        "groups",
+        "document.querySelectorAll('.board .group').length === 4",
+    )
+    .await?;
+    let group = format!(".group[data-session=\"{pair}\"]");
+    let head = b.text(&format!("{group} .group-head")).await?;
+    assert!(
+        head.contains("Pair") && head.contains("2 pending"),
+        "{head}"
+    );
+    let in_group: Vec<String> = serde_json::from_value(
+        b.js("return [...document.querySelectorAll(arguments[0] + ' .card')].map(c => c.dataset.call)", json!([group]))
+            .await?,
+    )?;
+    assert_eq!(in_group.len(), 2);
+    assert!(pair_calls.iter().all(|c| in_group.contains(c)));
+    b.click(&format!("{group} button.approve-session")).await?;
+    b.wait(
+        "the pair's cards gone",
+        &format!(
+            "{} && {}",
+            card_gone(&pair_calls[0]),
+            card_gone(&pair_calls[1])
+        ),
+    )
+    .await?;
+    b.click("input.group-by-session").await?;
+
+    // By deadline: the urgent call first, marked close to its automatic
+    // denial, its countdown ticking every second.
+    set_control(&b, "select.order", "deadline", "change").await?;
+    b.wait(
+        "the urgent card first",
+        &format!(
+            "document.querySelector('.board .card').dataset.call === {}",
+            lit(&urgent_call)
+        ),
+    )
+    .await?;
+    assert_eq!(
+        shown_calls(&b).await?,
+        vec![urgent_call.clone(), ledger_call.clone(), milk_call.clone()]
+    );
+    b.wait(
+        "the urgent card marked",
+        &card_where(
+            &urgent_call,
+            "c.classList.contains('due-soon') && !c.querySelector('.due-mark').hidden",
+        ),
+    )
+    .await?;
+    assert!(b
+        .text(&format!(".card[data-call=\"{urgent_call}\"] .due-mark"))
+        .await?
+        .contains("automatic denial"));
+    let ledger_marked = b
+        .js(
+            "return document.querySelector(arguments[0]).classList.contains('due-soon')",
+            json!([format!(".card[data-call=\"{ledger_call}\"]")]),
+        )
+        .await?;
+    assert_eq!(ledger_marked, json!(false), "a day away is not close");
+    let clock = format!(".card[data-call=\"{urgent_call}\"] time.clock[data-kind=until]");
+    let before = b.text(&clock).await?;
+    b.wait(
+        "the countdown to move",
+        &format!(
+            "document.querySelector({}).textContent !== {}",
+            lit(&clock),
+            lit(&before)
+        ),
+    )
+    .await?;
+    common::eventually(
+        "the pair's two calls to run",
+        std::time::Duration::from_millis(50),
+        || async {
+            let calls = s.tool_calls();
+            if calls.len() == 2 {
+                Ok(())
+            } else {
+                Err(format!("{calls:?}"))
+            }
+        },
+    )
+    .await;
+    let mut keys: Vec<i64> = s
+        .tool_calls()
+        .iter()
+        .map(|(_, a)| a["key"].as_i64().unwrap())
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(keys, vec![7, 8], "only the approved pair ran");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d_then_a_reason_then_enter_denies_the_selection() -> Result {
+    let s = Served::start().await?;
+    let bob = s.token("acme", "bob");
+    let b = Browser::open().await?;
+    paste_sign_in(&b, &s, &bob).await?;
+    let mut calls = Vec::new();
+    for n in 1..=3 {
+        let id = s
+            .create(&bob, "ops", &format!("please write record {n}"), None)
+            .await?;
+        calls.push((id.clone(), s.pending_call(&bob, &id).await?));
+    }
+    let all = calls
+        .iter()
+        .map(|(_, c)| card_shown(c))
+        .collect::<Vec<_>>()
+        .join(" && ");
+    b.wait("three cards", &all).await?;
+    // Select the two newest with the keyboard, then D, a reason, Enter.
+    b.js("document.getElementById('main').focus()", json!([]))
+        .await?;
+    b.keys(&["j", "x", "j", "x"]).await?;
+    b.wait("two selected", &shows("2 selected")).await?;
+    b.keys(&["D"]).await?;
+    b.wait(
+        "the reason field focused",
+        "document.activeElement.classList.contains('bulk-reason')",
+    )
+    .await?;
+    b.type_into("input.bulk-reason", "not this week").await?;
+    b.keys(&["Enter"]).await?;
+    let (kept, denied) = (&calls[0], &calls[1..]);
+    b.wait(
+        "the selection denied",
+        &format!("{} && {}", card_gone(&denied[0].1), card_gone(&denied[1].1)),
+    )
+    .await?;
+    assert!(
+        b.js(
+            &format!("return Boolean({})", card_shown(&kept.1)),
+            json!([])
+        )
+        .await?
+        .as_bool()
+        .unwrap(),
+        "the unselected card stays"
+    );
+    assert!(s.tool_calls().is_empty(), "a denied call never runs");
+    for (id, call) in denied {
+        let state = s
+            .api(Method::GET, &format!("/v1/sessions/{id}"), &bob, None)
+            .await?;
+        let text = state.to_string();
+        assert!(
+            text.contains("Tool denied by user: not this week"),
+            "{call}: {text}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_token_sees_no_decide_buttons() -> Result {
+    let s = Served::start().await?;
+    let alice = s.token("acme", "alice");
+    let id = s
+        .create(&alice, "ops", "please write record 4", Some("Audit"))
+        .await?;
+    let call = s.pending_call(&alice, &id).await?;
+    let reader = served::token_scoped("acme", "rita", &["sessions:read"]);
+    let b = Browser::open().await?;
+    paste_sign_in(&b, &s, &reader).await?;
+    b.wait("the card", &card_shown(&call)).await?;
+    let controls = b
+        .js(
+            "return [...document.querySelectorAll('main button.approve, main button.deny, main button.edit, main .rule-allow, main .rule-reject, main input.select, main .bulk, main .approve-session')].length",
+            json!([]),
+        )
+        .await?;
+    assert_eq!(controls, json!(0), "a read-only token is offered decisions");
+    assert!(b.text("main").await?.contains("Read-only"));
+    assert!(b.text("#whoami").await?.contains("read-only"));
+    assert!(b
+        .js(
+            "return document.getElementById('nav-new').hidden",
+            json!([])
+        )
+        .await?
+        .as_bool()
+        .unwrap());
+    // Keyboard shortcuts decide nothing either.
+    b.js("document.querySelector('.board .card').focus()", json!([]))
+        .await?;
+    b.keys(&["a", "x", "A"]).await?;
+    // Grouped, no approve-all; the session view has no cards' buttons.
+    b.click("input.group-by-session").await?;
+    b.wait("grouped", "document.querySelector('.board .group')")
+        .await?;
+    assert_eq!(b.count(".approve-session").await?, 0);
+    b.goto(&s.page(&format!("#/s/{id}"))).await?;
+    b.wait(
+        "the session's pending card",
+        "document.querySelector('main .card')",
+    )
+    .await?;
+    assert_eq!(b.count("main .card button").await?, 0);
+    let pending = s
+        .api(
+            Method::GET,
+            &format!("/v1/sessions/{id}/approvals"),
+            &alice,
+            None,
+        )
+        .await?;
+    assert_eq!(
+        pending["pending"][0]["call_id"],
+        json!(call),
+        "still pending"
+    );
+    assert!(s.tool_calls().is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rule_button_stops_the_next_call_from_being_asked() -> Result {
+    let s = Served::start().await?;
+    let alice = s.token("acme", "alice");
+    let b = Browser::open().await?;
+    paste_sign_in(&b, &s, &alice).await?;
+    // Every card this session ever shows is counted.
+    b.js(
+        "window.__seen = new Set(); const o = new MutationObserver(() => { for (const c of document.querySelectorAll('.board .card')) window.__seen.add(c.dataset.call); }); o.observe(document, {subtree: true, childList: true});",
+        json!([]),
+    )
+    .await?;
+    let id = s
+        .create(&alice, "twice", "please write record 3", None)
+        .await?;
+    let call = s.pending_call(&alice, &id).await?;
+    b.wait("the first call's card", &card_shown(&call)).await?;
+    // The card explains itself: the model's text and the user's message.
+    let why = format!(".card[data-call=\"{call}\"] details.why");
+    assert_eq!(
+        b.js(
+            "return document.querySelector(arguments[0]).open",
+            json!([why])
+        )
+        .await?,
+        json!(false),
+        "collapsed by default"
+    );
+    b.click(&format!("{why} summary")).await?;
+    let text = b.text(&why).await?;
+    assert!(
+        text.contains("First: record 3.") && text.contains("please write record 3"),
+        "{text}"
+    );
+
+    b.click(&format!(".card[data-call=\"{call}\"] button.rule-allow"))
+        .await?;
+    b.wait("the card gone", &card_gone(&call)).await?;
+    // The next call of the tool runs without being asked.
+    common::eventually(
+        "the turn to end",
+        std::time::Duration::from_millis(50),
+        || async {
+            let state = s
+                .api(Method::GET, &format!("/v1/sessions/{id}"), &alice, None)
+                .await
+                .map_err(|e| e.to_string())?;
+            if state["status"] == "awaiting_input" {
+                Ok(())
+            } else {
+                Err(state["status"].to_string())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        s.tool_calls(),
+        vec![
+            ("write_record".to_owned(), json!({"key": 3})),
+            ("write_record".to_owned(), json!({"key": 99}))
+        ]
+    );
+    let seen = b.js("return [...window.__seen]", json!([])).await?;
+    assert_eq!(seen, json!([call]), "the second call was asked");
+    let history = s.api(Method::GET, "/v1/decisions", &alice, None).await?;
+    let kinds: Vec<(String, String)> = history["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["decision"].as_str().unwrap().to_owned(),
+                d["by"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("rule".into(), "rule:allow".into()),
+            ("approve".into(), "alice".into())
+        ]
+    );
+    let state = s
+        .api(Method::GET, &format!("/v1/sessions/{id}"), &alice, None)
+        .await?;
+    assert_eq!(state["tool_rules"], json!({"write_record": "allow"}));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_history_lists_decisions_made_from_the_api_the_cli_and_the_page_with_their_diffs(
+) -> Result {
+    let s = Served::start().await?;
+    let alice = s.token("acme", "alice");
+    let b = Browser::open().await?;
+    paste_sign_in(&b, &s, &alice).await?;
+
+    // From the API, with an edit.
+    let api_session = s
+        .create(&alice, "ops", "please write record 42", Some("By API"))
+        .await?;
+    let api_call = s.pending_call(&alice, &api_session).await?;
+    s.api(
+        Method::POST,
+        &format!("/v1/sessions/{api_session}/approvals"),
+        &alice,
+        Some(json!({"decisions": {&api_call: {"decision": "approve", "override_args": {"key": 43}}}})),
+    )
+    .await?;
+    // From the CLI, as carol.
+    let cli_session = s
+        .create(&alice, "ops", "please write record 5", None)
+        .await?;
+    let cli_call = s.pending_call(&alice, &cli_session).await?;
+    let out = std::process::Command::new(served::BIN)
+        .args([
+            "sessions",
+            "--url",
+            &s.url,
+            "approve",
+            &cli_session,
+            "--deny",
+            "from the terminal",
+        ])
+        .env("OVERSEER_TOKEN", s.token("acme", "carol"))
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // From the page: an edit that changes a value and removes an optional
+    // argument, shown as a diff before it is confirmed.
+    let page_session = s.create(&alice, "echo", "remember the milk", None).await?;
+    let page_call = s.pending_call(&alice, &page_session).await?;
+    b.wait("the page's card", &card_shown(&page_call)).await?;
+    let card = format!(".card[data-call=\"{page_call}\"]");
+    b.click(&format!("{card} button.edit")).await?;
+    b.fill(
+        &format!("{card} textarea.args-editor"),
+        r#"{"text": "remember the oat milk"}"#,
+    )
+    .await?;
+    b.click(&format!("{card} form.edit button[type=submit]"))
+        .await?;
+    b.wait(
+        "the diff before confirming",
+        &format!(
+            "!document.querySelector({}).hidden",
+            lit(&format!("{card} .edit-preview"))
+        ),
+    )
+    .await?;
+    let preview = b.text(&format!("{card} .edit-preview")).await?;
+    assert!(
+        preview.contains(r#"text: "remember the milk" → "remember the oat milk""#),
+        "{preview}"
+    );
+    assert!(
+        preview.contains(r#"note: "optional" → removed"#),
+        "{preview}"
+    );
+    assert!(
+        s.tool_calls().iter().all(|(tool, _)| tool != "annotate"),
+        "nothing runs before the edit is confirmed"
+    );
+    b.click(&format!("{card} button.confirm-edit")).await?;
+    b.wait("the edited card gone", &card_gone(&page_call))
+        .await?;
+
+    // The history: all three, newest first, each with who and its diff.
+    b.click("#nav-history").await?;
+    b.wait(
+        "three decisions",
+        "document.querySelectorAll('.decision-row').length === 3",
+    )
+    .await?;
+    let order: Vec<String> = serde_json::from_value(
+        b.js(
+            "return [...document.querySelectorAll('.decision-row')].map(r => r.dataset.call)",
+            json!([]),
+        )
+        .await?,
+    )?;
+    assert_eq!(
+        order,
+        vec![page_call.clone(), cli_call.clone(), api_call.clone()]
+    );
+    let row = |call: &str| format!(".decision-row[data-call=\"{call}\"]");
+    let page_row = b.text(&row(&page_call)).await?;
+    for want in [
+        "Approved with edits",
+        "annotate",
+        "by alice",
+        r#"note: "optional" → removed"#,
+        r#"text: "remember the milk" → "remember the oat milk""#,
+    ] {
+        assert!(
+            page_row.contains(want),
+            "the page's row lacks {want:?}: {page_row}"
+        );
+    }
+    let cli_row = b.text(&row(&cli_call)).await?;
+    for want in ["Denied", "by carol", "write_record"] {
+        assert!(
+            cli_row.contains(want),
+            "the CLI's row lacks {want:?}: {cli_row}"
+        );
+    }
+    let api_row = b.text(&row(&api_call)).await?;
+    for want in ["Approved with edits", "by alice", "key: 42 → 43", "By API"] {
+        assert!(
+            api_row.contains(want),
+            "the API's row lacks {want:?}: {api_row}"
+        );
+    }
+    // Filtered by who decided.
+    b.fill(".history-filters input[name=by]", "carol").await?;
+    b.click(".history-filters button[type=submit]").await?;
+    b.wait("carol's only", &format!("document.querySelectorAll('.decision-row').length === 1 && document.querySelector('.decision-row').dataset.call === {}", lit(&cli_call)))
+        .await?;
+    // What ran is exactly what was approved (a decision is recorded before
+    // its tool runs).
+    common::eventually(
+        "the approved calls to run",
+        std::time::Duration::from_millis(50),
+        || async {
+            let calls = s.tool_calls();
+            if calls.len() >= 2 {
+                Ok(())
+            } else {
+                Err(format!("{calls:?}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        s.tool_calls(),
+        vec![
+            ("write_record".to_owned(), json!({"key": 43})),
+            (
+                "annotate".to_owned(),
+                json!({"text": "remember the oat milk"})
+            )
+        ]
+    );
+    b.screenshot("history").await?;
     Ok(())
 }
 

@@ -72,6 +72,11 @@ pub enum SessionError {
     /// The request itself is invalid (empty message, bad option).
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// Something of the runtime's own failed (it is not started, a record
+    /// it relies on is missing): not the caller's doing, and never answered
+    /// as a bad request.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// The checkpoint could not be written or read; the request was not applied.
     #[error(transparent)]
     Store(#[from] StoreError),

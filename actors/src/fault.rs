@@ -35,6 +35,10 @@ pub enum FaultPoint {
     /// on as if its lease were valid, so its stale writes reach the
     /// database's epoch fence.
     IgnoreOwnLease,
+    /// In a store, right before it flushes a group of checkpoints (the sled
+    /// store's flusher thread); with [`FaultAction::Hang`], a disk that
+    /// never answers.
+    StoreFlush,
 }
 
 impl FaultPoint {
@@ -47,6 +51,7 @@ impl FaultPoint {
             "mid_stream" => Self::MidStream,
             "after_decision_ack" => Self::AfterDecisionAck,
             "ignore_own_lease" => Self::IgnoreOwnLease,
+            "store_flush" => Self::StoreFlush,
             _ => return None,
         })
     }
@@ -61,6 +66,9 @@ pub enum FaultAction {
     Abort,
     /// Skip the safety check the point stands for (from the Nth hit on).
     Bypass,
+    /// Block the thread that hit the point for as long as the process
+    /// lives (a call that never returns, e.g. a wedged disk).
+    Hang,
 }
 
 /// One planned fault.
@@ -91,7 +99,7 @@ pub fn arm(plan: FaultPlan) {
         .push((plan, 0));
 }
 
-/// Arms the plan in env `OVERSEER_FAULT` = `point:nth:panic|abort|bypass`,
+/// Arms the plan in env `OVERSEER_FAULT` = `point:nth:panic|abort|bypass|hang`,
 /// if set (`bypass` holds from the Nth hit on).
 /// Returns a description of what was armed, or an error naming the bad part.
 pub fn arm_from_env() -> Result<Option<String>, String> {
@@ -101,7 +109,7 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
     let parts: Vec<&str> = spec.split(':').collect();
     let [point, nth, action] = parts.as_slice() else {
         return Err(format!(
-            "OVERSEER_FAULT={spec}: expected point:nth:panic|abort|bypass"
+            "OVERSEER_FAULT={spec}: expected point:nth:panic|abort|bypass|hang"
         ));
     };
     let point =
@@ -113,6 +121,7 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
         "panic" => FaultAction::Panic,
         "abort" => FaultAction::Abort,
         "bypass" => FaultAction::Bypass,
+        "hang" => FaultAction::Hang,
         other => return Err(format!("OVERSEER_FAULT: unknown action '{other}'")),
     };
     arm(FaultPlan {
@@ -131,8 +140,27 @@ pub fn hit(point: FaultPoint, session: SessionId, agent: &str) {
     match check(point, session, agent) {
         Some(FaultAction::Panic) => panic!("injected fault at {point:?}"),
         Some(FaultAction::Abort) => abort(point),
+        Some(FaultAction::Hang) => hang(point),
         Some(FaultAction::Bypass) | None => {}
     }
+}
+
+/// Blocks this thread for as long as the process lives.
+pub fn hang(point: FaultPoint) -> ! {
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "injected fault: hanging at {point:?} for good"
+    );
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Counts a hit of a point outside any session (a store's) and fires a
+/// matching plan.
+pub fn hit_outside_sessions(point: FaultPoint) {
+    hit(point, SessionId(uuid::Uuid::nil()), "")
 }
 
 /// Aborts the process like a `kill -9` would end it.

@@ -76,6 +76,10 @@ pub(crate) fn spawn(runtime: Weak<Runtime>, config: JanitorConfig) -> JoinHandle
                         );
                     }
                 }
+                // The store reports its own outage: a line every tick
+                // would drown it. It goes on from where it was once the
+                // store serves again.
+                Err(e) if e.is_unavailable() => tracing::debug!("janitor: {e}"),
                 Err(e) => {
                     tracing::warn!("janitor: {e}; retrying from the start");
                     cursor = None;
@@ -138,6 +142,9 @@ pub(crate) async fn sweep(
                     // In a cluster the node owning the tree purges it.
                     Err(e) if e.is_not_owner() => {
                         tracing::debug!(session_id = %h.id, "not purged here: {e}")
+                    }
+                    Err(e) if e.is_unavailable() => {
+                        tracing::debug!(session_id = %h.id, "not purged now: {e}")
                     }
                     Err(e) => tracing::warn!(session_id = %h.id, "purge failed: {e}"),
                 }

@@ -1121,13 +1121,27 @@ impl Session {
         let mut merged = Vec::new();
         for (id, decision) in &sub.decisions {
             if let Decision::Approve {
-                override_args: Some(over),
+                override_args,
+                remove_args,
             } = decision
             {
+                if override_args.is_none() && remove_args.is_empty() {
+                    continue;
+                }
                 let Some(call) = self.header.open_calls.iter().find(|c| &c.id == id) else {
                     continue;
                 };
-                let (args, diff) = merge_override(&call.arguments, over);
+                let none = serde_json::Map::new();
+                let over = override_args.as_ref().unwrap_or(&none);
+                let (args, diff) = match merge_override(&call.arguments, over, remove_args) {
+                    Ok(merged) => merged,
+                    Err(problem) => {
+                        return Err(SessionError::InvalidOverride {
+                            call_id: id.clone(),
+                            error: json!({"error": problem}),
+                        })
+                    }
+                };
                 if let Err(error) = ctx.tools.validate(&call.name, &args) {
                     return Err(SessionError::InvalidOverride {
                         call_id: id.clone(),

@@ -115,8 +115,17 @@ impl Actor for OrchestratorActor {
                     state.restarts.forget(&id);
                     return Ok(());
                 }
-                tracing::warn!(session_id = %id, "session actor failed: {err}");
-                state.on_failure(&myself, id, err.to_string()).await;
+                let store_down = crate::supervision::store_down(&err);
+                if store_down {
+                    // The store reports its own outage; one line per
+                    // session would drown it.
+                    tracing::debug!(session_id = %id, "session actor failed: {err}");
+                } else {
+                    tracing::warn!(session_id = %id, "session actor failed: {err}");
+                }
+                state
+                    .on_failure(&myself, id, err.to_string(), store_down)
+                    .await;
             }
             SupervisionEvent::ActorTerminated(cell, _, _) => {
                 if let Some(id) = state.forget(cell.get_id()) {
@@ -139,7 +148,7 @@ impl OrchestratorState {
     ) -> Result<(ActorRef<SessionMsg>, bool), SessionError> {
         let id = session.header.id;
         if session.header.parent.is_some() {
-            return Err(SessionError::Invalid(format!(
+            return Err(SessionError::Internal(format!(
                 "session {id} is a child session: only its parent's actor starts it"
             )));
         }
@@ -175,10 +184,11 @@ impl OrchestratorState {
         myself: &ActorRef<OrchestratorMsg>,
         id: SessionId,
         reason: String,
+        store_down: bool,
     ) {
         match self
             .runtime
-            .on_actor_failed(&mut self.restarts, id, &reason)
+            .on_actor_failed(&mut self.restarts, id, &reason, store_down)
             .await
         {
             AfterFailure::RestartAfter(after) => {
@@ -210,7 +220,9 @@ impl OrchestratorState {
                     return;
                 }
                 Err(e) => {
-                    Box::pin(self.on_failure(myself, id, format!("reload failed: {e}"))).await;
+                    let down = crate::supervision::store_down_error(&e);
+                    Box::pin(self.on_failure(myself, id, format!("reload failed: {e}"), down))
+                        .await;
                     return;
                 }
             },
@@ -219,9 +231,10 @@ impl OrchestratorState {
                 return;
             }
             Err(e) => {
-                // A respawn that fails counts as another failure; it never
-                // takes the orchestrator down.
-                Box::pin(self.on_failure(myself, id, format!("reload failed: {e}"))).await;
+                // A respawn that fails counts as another failure (unless the
+                // store is down); it never takes the orchestrator down.
+                let down = e.is_unavailable();
+                Box::pin(self.on_failure(myself, id, format!("reload failed: {e}"), down)).await;
                 return;
             }
         };
@@ -231,7 +244,8 @@ impl OrchestratorState {
         }
         tracing::info!(session_id = %id, "restarting session after: {reason}");
         if let Err(e) = self.spawn(myself, Session::from_stored(loaded)).await {
-            Box::pin(self.on_failure(myself, id, e.to_string())).await;
+            let down = crate::supervision::store_down_error(&e);
+            Box::pin(self.on_failure(myself, id, e.to_string(), down)).await;
         }
     }
 }

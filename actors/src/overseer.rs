@@ -71,6 +71,10 @@ pub struct CreateSession {
     /// narrowed the agent's: each must be among the tools given to this id
     /// with [`Overseer::set_session_tools`] first.
     pub session_tools: Vec<String>,
+    /// A digest of the request, recorded in the header
+    /// ([`SessionHeader::create_digest`]) so that a retry under a client's
+    /// key can be told from a different request exactly.
+    pub create_digest: Option<String>,
 }
 
 /// The in-process API of overseer. Cheap to clone.
@@ -121,7 +125,7 @@ impl Overseer {
         } else {
             tools
                 .extended(vec![Arc::new(crate::delegation::DelegateTask::default())])
-                .map_err(|e| SessionError::Invalid(e.to_string()))?
+                .map_err(|e| SessionError::Internal(e.to_string()))?
         };
         let mut builtins: Vec<Arc<dyn crate::tool::Tool>> = Vec::new();
         if tools.spec(crate::tasks::RUN_TASK).is_none() {
@@ -150,7 +154,7 @@ impl Overseer {
             },
         )
         .await
-        .map_err(|e| SessionError::Invalid(format!("could not start the orchestrator: {e}")))?;
+        .map_err(|e| SessionError::Internal(format!("could not start the orchestrator: {e}")))?;
         let _ = runtime.orchestrator.set(orchestrator.clone());
         if let Some(janitor) = runtime.config.janitor {
             crate::janitor::spawn(Arc::downgrade(&runtime), janitor);
@@ -179,7 +183,7 @@ impl Overseer {
             .await
         {
             Ok(CallResult::Success(n)) => Ok(n),
-            _ => Err(SessionError::Invalid(
+            _ => Err(SessionError::Internal(
                 "the orchestrator did not answer".into(),
             )),
         }
@@ -343,6 +347,7 @@ impl Overseer {
         let now = self.runtime.now_ms();
         let mut header = SessionHeader::new(id, req.tenant, agent.name.clone(), config, now);
         header.created_by = req.created_by;
+        header.create_digest = req.create_digest;
         header.title = req.title;
         header.auto_complete = req.auto_complete;
         header.task = extras.task;
@@ -365,12 +370,19 @@ impl Overseer {
         }
         if let Some(text) = req.prompt {
             // The effects are recomputed by the actor's resume on start.
+            // One instant for the whole creation: the prompt is stamped with
+            // the session's creation time, which is how a prompt is told
+            // from a later message (a clock reading of its own could fall
+            // in the next millisecond).
+            let tools = self.runtime.tools_for(id);
+            let mut ctx = self.runtime.ctx_with(&tools);
+            ctx.now_ms = now;
             session.apply(
                 Input::Message {
                     text,
                     message_id: None,
                 },
-                self.runtime.ctx_with(&self.runtime.tools_for(id)),
+                ctx,
             )?;
         }
         // A new tree's lease, in a store shared by several nodes (§15).

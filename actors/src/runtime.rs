@@ -396,7 +396,7 @@ impl Runtime {
     pub(crate) fn orchestrator(&self) -> Result<&ActorRef<OrchestratorMsg>, SessionError> {
         self.orchestrator
             .get()
-            .ok_or(SessionError::Invalid("the runtime is not started".into()))
+            .ok_or(SessionError::Internal("the runtime is not started".into()))
     }
 
     pub(crate) fn is_shutting_down(&self) -> bool {
@@ -813,12 +813,23 @@ impl Runtime {
     /// every session actor (its children): decide about a failure of `id`,
     /// and past the limit record the session as failed. The caller schedules
     /// the restart, or reports the failed session to whoever waits for it.
+    ///
+    /// A failure the store caused while it was down (`store_down`) is not
+    /// the session's: it is retried at the longest backoff, uncounted, until
+    /// the store serves again, instead of using up the restarts and failing
+    /// the session for good over a full disk.
     pub(crate) async fn on_actor_failed(
         &self,
         restarts: &mut Restarts,
         id: SessionId,
         reason: &str,
+        store_down: bool,
     ) -> AfterFailure {
+        if store_down {
+            let after = Duration::from_millis(self.config.restart.backoff_max_ms)
+                .max(crate::supervision::STORE_DOWN_RETRY);
+            return AfterFailure::RestartAfter(after);
+        }
         match restarts.on_failure(&self.config.restart, id) {
             Decision::Restart(after) => {
                 self.metrics.restarts.fetch_add(1, Ordering::Relaxed);

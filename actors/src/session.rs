@@ -28,6 +28,7 @@ use crate::messages::{crashed, SessionMsg, ToolCallMsg};
 use crate::model::{CallState, Notification, SessionId, ToolCallId};
 use crate::provider::{ProviderError, ProviderEvent, ProviderRequest};
 use crate::runtime::Runtime;
+use crate::store::StoreError;
 use crate::supervision::Restarts;
 use crate::tool::ToolContext;
 use crate::tool_call::{ToolCallActor, ToolCallArgs};
@@ -386,7 +387,8 @@ impl SessionState {
                 }
                 if let Some(child) = self.children.remove(&cell.get_id()) {
                     self.forget_child_actor(&child);
-                    Box::pin(self.on_child_failed(myself, child.id, err.to_string())).await;
+                    let down = crate::supervision::store_down(&err);
+                    Box::pin(self.on_child_failed(myself, child.id, err.to_string(), down)).await;
                 } else if let Some((call_id, attempt, _)) = self.tools.remove(&cell.get_id()) {
                     tracing::warn!(tool_call_id = %call_id, "tool crashed: {err}");
                     let input = Input::ToolFinished {
@@ -466,9 +468,14 @@ impl SessionState {
                 // then fail so the supervisor restarts us from the last
                 // durable state (or, if another node owns the session now,
                 // lets it go: the caller is told so, to go to the owner).
-                let _ = reply.send(Err(match crate::ownership::not_owner(&fatal) {
-                    Some(e) => SessionError::Store(e),
-                    None => SessionError::Unavailable {
+                let _ = reply.send(Err(match fatal.downcast_ref::<StoreError>() {
+                    // Another node owns it (the caller goes there), or the
+                    // store is down for now (the caller retries): the
+                    // caller is told which.
+                    Some(e) if e.is_not_owner() || e.is_unavailable() => {
+                        SessionError::Store(e.clone())
+                    }
+                    _ => SessionError::Unavailable {
                         id: self.session.header.id,
                         reason: fatal.to_string(),
                     },

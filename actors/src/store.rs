@@ -4,10 +4,16 @@
 //! ([`Checkpoint`]: one session's header plus its new transcript entries and
 //! new events, written atomically) and an in-memory implementation for tests
 //! and embedding. It deliberately knows no disk format: the sled store lives
-//! in the `overseer` crate (`src/store.rs`).
+//! in the `overseer` crate (`src/store.rs`). The decision index every store
+//! derives from checkpoints, and its contract, are in `decisions`.
 
+mod decisions;
 mod memory;
 
+pub use decisions::{
+    decision_rows, order_bits, recorded_by, DecisionKind, DecisionPage, DecisionPosition,
+    DecisionQuery, DecisionRow,
+};
 pub use memory::MemStore;
 
 use std::sync::Arc;
@@ -86,11 +92,17 @@ pub enum StoreError {
         /// Newest version this binary reads.
         supported: u32,
     },
-    /// A database shared over the network (§15) cannot be reached now (it
-    /// is restarting, or the network is down). Retried by the store for a
-    /// while first; the write may or may not have landed, so the caller
-    /// treats it like a timeout: retry, or look at the session's state.
-    #[error("the database is unreachable: {0}")]
+    /// The store cannot serve now, and will again on its own: a database
+    /// shared over the network (§15) cannot be reached (it is restarting, or
+    /// the network is down), or a local store stopped taking writes after a
+    /// failed write or flush (a full disk, an I/O error) and recovers once
+    /// the disk takes data again. Answered as "retry shortly" (HTTP 503
+    /// `store_unavailable`), never as a failure of the request itself. The
+    /// write may or may not have landed (a network store retries for a
+    /// while first; a local one confirms nothing it did not make durable),
+    /// so the caller treats it like a timeout: retry, or look at the
+    /// session's state.
+    #[error("the store is unavailable: {0}")]
     Unavailable(String),
     /// Cluster mode (§15): this node does not own the session's tree (another
     /// live node holds its lease, or this node lost it). Nothing was written;
@@ -117,6 +129,13 @@ impl StoreError {
     /// to another node, so this node must neither retry nor restart it.
     pub fn is_not_owner(&self) -> bool {
         matches!(self, Self::NotOwner { .. })
+    }
+
+    /// Whether this is [`StoreError::Unavailable`]: the store is down for
+    /// now and recovers on its own, so a failure it caused is no reason to
+    /// give up on a session.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
     }
 }
 
@@ -231,8 +250,43 @@ pub trait CheckpointStore: Send + Sync + 'static {
         Err(StoreError::Io("this store cannot be scanned".into()))
     }
 
+    /// The tenant's decision history, newest first: a page of the decision
+    /// index (see [`DecisionRow`] and the contract in `decisions`: rows are
+    /// derived by the store from each checkpoint's `decision_recorded`
+    /// events, in the same write, and purged with their session). A store
+    /// that keeps no index keeps this default, an error.
+    async fn decisions(
+        &self,
+        tenant: &str,
+        query: &DecisionQuery,
+    ) -> Result<DecisionPage, StoreError> {
+        let _ = (tenant, query);
+        Err(StoreError::Io("this store keeps no decision index".into()))
+    }
+
+    /// Transcript entries of `id` whose index is in `range` and that its
+    /// header commits (below `transcript_len`), in order; fewer, or none,
+    /// where the range reaches past them or the session does not exist. A
+    /// bounded read of a long transcript (the inbox reads the few entries
+    /// before a call). The default loads the whole session.
+    async fn entries(
+        &self,
+        id: SessionId,
+        range: Range<u64>,
+    ) -> Result<Vec<Arc<TranscriptEntry>>, StoreError> {
+        let Some(stored) = self.load(id).await? else {
+            return Ok(Vec::new());
+        };
+        let end = usize::try_from(range.end)
+            .unwrap_or(usize::MAX)
+            .min(stored.transcript.len());
+        let start = usize::try_from(range.start).unwrap_or(usize::MAX).min(end);
+        Ok(stored.transcript[start..end].to_vec())
+    }
+
     /// Deletes a terminal session whole: header, transcript, events, queue,
-    /// metadata, index entries, and the blobs no other session references.
+    /// metadata, index entries (its decision rows too), and the blobs no
+    /// other session references.
     /// The header goes first, so a purge cut short leaves invisible rows,
     /// never a session with holes. Purging a session that is not terminal is
     /// refused ([`StoreError::NotTerminal`]); purging one that does not exist

@@ -1,5 +1,8 @@
 //! Restart policy (§10) as a pure decision: given the policy, the restarts
-//! seen so far and the time, restart after a backoff or give up.
+//! seen so far and the time, restart after a backoff or give up. A failure
+//! the store caused while it was down ([`store_down`]) is not counted: the
+//! session is retried at the longest backoff until the store serves again,
+//! so a full disk never fails sessions for good.
 //!
 //! Owns only the arithmetic and the per-session bookkeeping every supervisor
 //! keeps ([`Restarts`], shared by the orchestrator for roots and by each
@@ -10,8 +13,26 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::model::SessionId;
+use crate::store::StoreError;
 
 use serde::{Deserialize, Serialize};
+
+/// Whether an actor failed because the store could not serve (it is down
+/// for now and recovers on its own, see [`StoreError::Unavailable`]): not
+/// the session's fault, so not counted against its restarts.
+pub(crate) fn store_down(err: &ractor::ActorProcessingErr) -> bool {
+    err.downcast_ref::<StoreError>()
+        .is_some_and(StoreError::is_unavailable)
+}
+
+/// [`store_down`] for a reload or respawn that failed.
+pub(crate) fn store_down_error(e: &crate::SessionError) -> bool {
+    matches!(e, crate::SessionError::Store(s) if s.is_unavailable())
+}
+
+/// The least delay between two attempts to restart a session while the
+/// store is down.
+pub(crate) const STORE_DOWN_RETRY: Duration = Duration::from_secs(1);
 
 /// The restart policy of §10.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -74,6 +74,8 @@ impl Actor for ToolCallActor {
                     futures::future::pending::<()>().await;
                 }
                 Some(FaultAction::Abort) => crate::fault::abort(FaultPoint::DuringTool),
+                // A tool that never returns (its timeout ends it).
+                Some(FaultAction::Hang) => futures::future::pending::<()>().await,
                 // Not a check to skip: nothing to do here.
                 Some(FaultAction::Bypass) | None => {}
             }

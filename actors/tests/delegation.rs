@@ -226,6 +226,7 @@ async fn a_propagated_approval_is_listed_and_decided_at_the_root() {
             "approve" => Decision::approve(),
             "edit" => Decision::Approve {
                 override_args: json!({"text": "edited"}).as_object().cloned(),
+                remove_args: Vec::new(),
             },
             _ => Decision::deny("not from the child"),
         };

@@ -208,6 +208,121 @@ impl CheckpointStore for GatedStore {
     }
 }
 
+// ---- a store that is down ----------------------------------------------------
+
+/// The in-memory store, except that its next `failing` checkpoints fail as
+/// `Unavailable` (a disk that is full for a while).
+#[derive(Clone, Default)]
+struct DownStore {
+    inner: MemStore,
+    failing: Arc<std::sync::atomic::AtomicU32>,
+}
+
+#[async_trait::async_trait]
+impl CheckpointStore for DownStore {
+    async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
+        let down = self
+            .failing
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if down {
+            return Err(StoreError::Unavailable("the disk is full (a test)".into()));
+        }
+        self.inner.checkpoint(checkpoint).await
+    }
+    async fn load(&self, id: SessionId) -> Result<Option<StoredSession>, StoreError> {
+        self.inner.load(id).await
+    }
+    async fn load_header(
+        &self,
+        id: SessionId,
+    ) -> Result<Option<overseer_actors::model::SessionHeader>, StoreError> {
+        self.inner.load_header(id).await
+    }
+    async fn events_after(
+        &self,
+        id: SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<overseer_actors::model::Event>, StoreError> {
+        self.inner.events_after(id, after, limit).await
+    }
+    async fn list_by_status(
+        &self,
+        statuses: &[SessionStatus],
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        self.inner.list_by_status(statuses, after, limit).await
+    }
+    async fn list_tenant(
+        &self,
+        tenant: &str,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<SessionSummary>, StoreError> {
+        self.inner.list_tenant(tenant, after, limit).await
+    }
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.inner.flush().await
+    }
+}
+
+/// A store that is down is nobody's fault: the caller is told so
+/// (`Store(Unavailable)`, HTTP 503 `store_unavailable`), and a session's
+/// failures while it lasts do not count against its restarts (§10): more of
+/// them than `max_restarts` within the window never fail the session for
+/// good, and once the store takes writes again it goes on.
+#[tokio::test(start_paused = true)]
+async fn failures_while_the_store_is_down_never_fail_a_session() {
+    let store = DownStore::default();
+    let ov = start_with(
+        vec![named("a", &[])],
+        Arc::new(store.clone()),
+        provider(json!({"a": [{"text": "back"}]})),
+        RuntimeConfig::default(),
+    )
+    .await;
+    let id = ov
+        .create_session(CreateSession {
+            agent: "a".into(),
+            tenant: "t".into(),
+            ..CreateSession::default()
+        })
+        .await
+        .unwrap();
+    let limit = RuntimeConfig::default().restart.max_restarts;
+    store.failing.store(limit + 1, Ordering::SeqCst);
+    for _ in 0..=limit {
+        let err = bounded(
+            "a message while the store is down",
+            ov.send_message(id, "hi"),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, SessionError::Store(e) if e.is_unavailable()),
+            "{err}"
+        );
+    }
+    // Supervision events come before messages: the orchestrator has dealt
+    // with every failure once it answers this.
+    ov.restart_histories().await.unwrap();
+    bounded(
+        "a message once the store is back",
+        ov.send_message(id, "hi"),
+    )
+    .await
+    .unwrap();
+    poll("the turn to end", Duration::from_millis(10), || async {
+        match ov.header(id).await.map(|h| h.status) {
+            Ok(SessionStatus::AwaitingInput) => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+}
+
 // ---- cancel-safe create ----------------------------------------------------
 
 /// A create whose future is dropped half-way (the client went away while
@@ -594,6 +709,7 @@ async fn the_model_sees_the_arguments_that_ran() {
     let call = h.pending(id).await.remove(0);
     let edit = Decision::Approve {
         override_args: json!({"text": "edited"}).as_object().cloned(),
+        remove_args: Vec::new(),
     };
     h.ov.submit(id, Submission::one(call.clone(), edit))
         .await

@@ -80,6 +80,7 @@ async fn approve_with_valid_override_runs_merged_arguments_and_records_the_diff(
             call.clone(),
             Decision::Approve {
                 override_args: over,
+                remove_args: Vec::new(),
             },
         ),
     )
@@ -123,6 +124,7 @@ async fn schema_invalid_override_is_refused_and_the_call_stays_decidable() {
                 call.clone(),
                 Decision::Approve {
                     override_args: over,
+                    remove_args: Vec::new(),
                 },
             ),
         )
@@ -145,6 +147,62 @@ async fn schema_invalid_override_is_refused_and_the_call_stays_decidable() {
     assert_eq!(
         h.echo_seen.lock().unwrap().clone(),
         vec![json!({"text": "hi"})]
+    );
+}
+
+#[tokio::test]
+async fn an_approval_can_remove_an_optional_argument_and_only_a_proposed_one() {
+    let steps = json!([
+        {"text": "Echo twice?", "tool_calls": [{"name": "echo", "arguments": {"text": "hi", "count": 2}}]},
+        {"text": "Result: {{tool_result}}"}
+    ]);
+    let h = harness(agent(&["echo"]), steps).await;
+    let (id, mut rx) = h.start("go").await;
+    until_status(&mut rx, SessionStatus::AwaitingApproval).await;
+    let call = h.pending(id).await.remove(0);
+    let removing = |keys: &[&str]| Decision::Approve {
+        override_args: None,
+        remove_args: keys.iter().map(|k| (*k).to_owned()).collect(),
+    };
+    // A required argument cannot go (the schema says so), nor one that was
+    // never proposed; nothing is applied.
+    for (keys, says) in [
+        (&["text"][..], "schema validation failed"),
+        (&["zzz"][..], "'zzz' is not among the proposed arguments"),
+    ] {
+        match h
+            .ov
+            .submit(id, Submission::one(call.clone(), removing(keys)))
+            .await
+        {
+            Err(SessionError::InvalidOverride { error, .. }) => {
+                assert!(error["error"].as_str().unwrap().contains(says), "{error}");
+            }
+            other => panic!("removing {keys:?}: unexpected {other:?}"),
+        }
+    }
+    assert_eq!(h.pending(id).await, vec![call.clone()], "still pending");
+    h.ov.submit(id, Submission::one(call.clone(), removing(&["count"])))
+        .await
+        .unwrap();
+    assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
+    assert_eq!(
+        h.echo_seen.lock().unwrap().clone(),
+        vec![json!({"text": "hi"})]
+    );
+    let rec = h
+        .transcript(id)
+        .await
+        .iter()
+        .find_map(|e| match e {
+            TranscriptEntry::ToolResult { call } => Some(call.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(rec.effective_arguments, Some(json!({"text": "hi"})));
+    assert_eq!(
+        rec.decision.unwrap().args_diff,
+        Some(json!({"count": {"from": 2, "removed": true}}))
     );
 }
 

@@ -22,24 +22,40 @@ use crate::common::{
 pub const NAME: &str = "approve-and-execute";
 /// Workload name of the concurrency-1 round trip.
 pub const SERIAL: &str = "approval-round-trip";
+/// Workload name of workload 1 with one webhook endpoint registered.
+pub const HOOKED: &str = "approve-and-execute+webhook";
 
-/// Runs workload 1 at `n` sessions, `limit` in flight at a time.
+/// Runs workload 1 at `n` sessions, `limit` in flight at a time; with
+/// `webhook`, one endpoint of the bench tenant receives every event on a
+/// local receiver (`--webhook`).
 pub async fn run(
     mode: Mode,
     n: usize,
     limit: usize,
     base: &Path,
     failures: &mut Vec<String>,
+    webhook: bool,
 ) -> Res<Vec<Row>> {
+    let (bench, hook) = if webhook {
+        let (bench, webhooks) =
+            Bench::start_with_webhooks("approve", mode, base, RuntimeConfig::default()).await?;
+        let hook = crate::webhook::Hook::start(webhooks, &bench.ov, "bench").await?;
+        (bench, Some(hook))
+    } else {
+        (
+            Bench::start("approve", mode, base, RuntimeConfig::default()).await?,
+            None,
+        )
+    };
     let Bench {
         dir,
         backend,
         probe,
         runs,
         ov,
-    } = Bench::start("approve", mode, base, RuntimeConfig::default()).await?;
+    } = bench;
     let size0 = backend.size_on_disk()?;
-    let mut rows = Rows::new(NAME, Some(mode), n);
+    let mut rows = Rows::new(if webhook { HOOKED } else { NAME }, Some(mode), n);
 
     let f0 = backend.flushes();
     let c0 = probe.checkpoints();
@@ -59,6 +75,37 @@ pub async fn run(
     let c2 = probe.checkpoints();
     let cpu2 = cpu_seconds()?;
     eprintln!("  finished {n} in {finish_time:.2?}");
+
+    // Three webhooks a session: approval.requested, approval.decided and
+    // session.finished (the bench sessions complete at the end of the turn).
+    if let Some(hook) = hook {
+        let t = Instant::now();
+        let (got, mut latencies) = hook.wait(3 * n, crate::common::STUCK_AFTER).await;
+        eprintln!(
+            "  {got} webhooks delivered ({:.2?} after the last turn ended)",
+            t.elapsed()
+        );
+        rows.add(
+            "webhooks delivered",
+            Some(got as f64),
+            "deliveries",
+            &format!("= {}", 3 * n),
+        );
+        rows.latency(
+            "webhook delivery (event to receiver)",
+            &mut latencies,
+            "",
+            "",
+        );
+        if got < 3 * n {
+            failures.push(format!(
+                "{HOOKED} {} N={n}: {got} of {} webhooks delivered",
+                mode.as_str(),
+                3 * n
+            ));
+        }
+        hook.stop().await;
+    }
 
     // Sizes are read after a flush so `os` mode counts what it buffered too.
     backend.store.flush().await?;

@@ -289,6 +289,36 @@ impl Bench {
     }
 }
 
+impl Bench {
+    /// [`Bench::start`] with webhooks installed on the store before the
+    /// runtime starts (`--webhook`); the endpoint is registered later.
+    pub async fn start_with_webhooks(
+        name: &str,
+        mode: Mode,
+        base: &Path,
+        config: RuntimeConfig,
+    ) -> Res<(Self, Arc<overseer::webhooks::Webhooks>)> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("overseer-bench-{name}-"))
+            .tempdir_in(base)?;
+        let backend = Backend::open(dir.path(), mode)?;
+        let (webhooks, _) = crate::webhook::Hook::install(backend.sled()).await?;
+        let probe = Arc::new(Probe::new(backend.store.clone()));
+        let runs = Arc::new(Runs::default());
+        let ov = start_with(probe.clone(), runs.clone(), config).await?;
+        Ok((
+            Self {
+                dir,
+                backend,
+                probe,
+                runs,
+                ov,
+            },
+            webhooks,
+        ))
+    }
+}
+
 /// sled's page cache of the stores this process opens, MiB (`--cache-mb`;
 /// default: the store's own default). Process-wide because every case runs
 /// in a process of its own.
@@ -337,6 +367,11 @@ impl Backend {
             store: Arc::new(sled.clone()),
             sled,
         })
+    }
+
+    /// The sled store itself.
+    pub fn sled(&self) -> &overseer::store::SledStore {
+        &self.sled
     }
 
     /// Bytes the database occupies on disk.

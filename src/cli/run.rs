@@ -1175,6 +1175,7 @@ async fn ask(overseer: &Overseer, id: SessionId, call: &PendingCall, by: &str) {
                         }
                         Decision::Approve {
                             override_args: Some(override_args),
+                            remove_args: Vec::new(),
                         }
                     }
                     Err(e) => {
@@ -1218,7 +1219,14 @@ fn print_block(name: &str, arguments: &Value) {
 /// the person is asked to approve that. An edit replaces the keys it names
 /// (a shallow merge, as the session applies it).
 fn show_edit(call: &PendingCall, edit: &Map<String, Value>) {
-    let (merged, diff) = merge_override(&call.arguments, edit);
+    let (merged, diff) = match merge_override(&call.arguments, edit, &[]) {
+        Ok(merged) => merged,
+        // Only removals can be refused, and this edit removes nothing.
+        Err(problem) => {
+            status(problem);
+            return;
+        }
+    };
     match diff.as_object().filter(|d| !d.is_empty()) {
         Some(changes) => {
             status("your edit changes:");

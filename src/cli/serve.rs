@@ -5,7 +5,10 @@
 //! the listener, recovering before serving, and the graceful shutdown on
 //! SIGTERM/SIGINT (stop accepting, give open connections
 //! `http.shutdown_grace_secs` to finish and drop the rest, stop the actors,
-//! flush sled, exit 0). The API itself is `crate::http`.
+//! flush sled, exit 0). The shutdown has a deadline whatever state the store
+//! is in: [`EXIT_SLACK`] after the grace, a watchdog ends the process,
+//! saying what the store had not confirmed (none of it was acknowledged to
+//! anyone, so nothing confirmed is lost). The API itself is `crate::http`.
 //!
 //! `token` validates everything before minting (a token with no scope, one
 //! that never expires, a tenant with a newline, a guessable secret are all
@@ -15,7 +18,10 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use overseer_actors::Runtime;
 
 use crate::auth::{self, AuthConfig};
 use crate::cluster::{Cluster, ClusterOptions};
@@ -50,7 +56,7 @@ pub struct TokenArgs {
     #[arg(long)]
     pub sub: String,
     /// Comma-separated scopes (at least one): sessions:read, sessions:write,
-    /// approvals:write, admin.
+    /// approvals:write, webhooks:write, admin.
     #[arg(long, value_delimiter = ',', required = true)]
     pub scopes: Vec<String>,
     /// Lifetime in seconds (1 to 31622400, a year and a day).
@@ -139,15 +145,38 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         // http_request, MCP servers connected here).
         let all_tools = service::build_tools(&mut config).await?;
         let _ = &tools;
-        let (overseer, cluster, listener, bound) = match config.store.kind {
+        let (overseer, cluster, listener, bound, webhooks, watch) = match config.store.kind {
             StoreKind::Sled => {
-                let (overseer, _store) =
-                    service::start(&config, &all_tools, provider).await?;
+                let store = service::open_sled(&config).await?;
+                let webhooks =
+                    service::webhooks(&config, Arc::new(store.clone()), |view| {
+                        store.set_webhooks(view)
+                    })
+                    .await?;
+                let overseer = overseer_actors::Overseer::start_with(
+                    config.agent_configs(),
+                    all_tools.library.clone(),
+                    Arc::new(store.clone()),
+                    provider,
+                    all_tools.registry.clone(),
+                    config.runtime_config(),
+                )
+                .await
+                .map_err(crate::service::ServiceError::from)?;
+                overseer
+                    .recover()
+                    .await
+                    .map_err(crate::service::ServiceError::from)?;
                 let (listener, bound) = bind(addr).await?;
-                (overseer, None, listener, bound)
+                (overseer, None, listener, bound, webhooks, Some(store.watch()))
             }
             StoreKind::Postgres => {
                 let store = service::open_postgres(&config).await?;
+                let webhooks =
+                    service::webhooks(&config, Arc::new(store.clone()), |view| {
+                        store.set_webhooks(view)
+                    })
+                    .await?;
                 let overseer = overseer_actors::Overseer::start_with(
                     config.agent_configs(),
                     all_tools.library.clone(),
@@ -186,8 +215,21 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
                 .await
                 .map_err(ServeError::from)?;
                 http_options.cluster = Some(cluster.routing());
-                (overseer, Some(cluster), listener, bound)
+                (overseer, Some(cluster), listener, bound, webhooks, None)
             }
+        };
+        // Deliveries run beside the sessions, from the outbox the store
+        // writes with their checkpoints (what a previous process left too).
+        let (stop_hooks, hooks_stopped) = tokio::sync::watch::channel(false);
+        let delivery = webhooks
+            .as_ref()
+            .map(|hooks| hooks.start(overseer.runtime(), hooks_stopped));
+        http_options.webhooks = webhooks;
+        let grace = http_options.limits.shutdown_grace;
+        let runtime = Arc::downgrade(overseer.runtime());
+        let signal = async move {
+            shutdown_signal().await;
+            arm_exit_watchdog(grace + EXIT_SLACK, watch, runtime);
         };
         // Scripts and tests read the bound address (the port may be 0).
         // Not eprintln!: a closed stderr must not panic a running service.
@@ -197,7 +239,7 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
             listener,
             auth,
             http_options,
-            shutdown_signal(),
+            signal,
         )
         .await
         .map_err(|source| ServeError::Io {
@@ -211,10 +253,20 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         if let Some(cluster) = &cluster {
             cluster.stop_tasks();
         }
-        overseer
-            .shutdown()
-            .await
-            .map_err(crate::service::ServiceError::from)?;
+        // Attempts in flight are dropped; their deliveries stay pending and
+        // go out (with the same webhook-id) after the next start.
+        let _ = stop_hooks.send(true);
+        if let Some(task) = delivery {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+        if let Err(e) = overseer.shutdown().await {
+            let _ = writeln!(
+                std::io::stderr(),
+                "shutting down: the store's final flush failed; every checkpoint confirmed \
+                 before was already on disk, and nothing after the failure was acknowledged"
+            );
+            return Err(crate::service::ServiceError::from(e).into());
+        }
         if let Some(cluster) = cluster {
             // The other nodes take this node's active sessions at once.
             if let Err(e) = cluster.leave().await {
@@ -223,8 +275,95 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         }
         Ok::<(), CliError>(())
     })?;
-    rt.shutdown_timeout(Duration::from_secs(5));
+    // Blocking tasks still running (a listing) are not waited for long: the
+    // watchdog's deadline holds in any case.
+    rt.shutdown_timeout(Duration::from_secs(1));
     Ok(())
+}
+
+/// How long after the shutdown grace the process may take to stop its
+/// sessions and flush the store before the watchdog ends it: the whole
+/// shutdown stays within `shutdown_grace_secs` + 5 s.
+const EXIT_SLACK: Duration = Duration::from_millis(4_500);
+
+/// Starts a thread that ends the process `after` from now unless it has
+/// ended by then, saying what was not confirmed: a store that cannot write
+/// (a full disk), a session actor waiting on it, or anything else stuck must
+/// not keep a stopping server, and the store's lock with it, for ever.
+/// Nothing it cuts short was acknowledged to a caller: a checkpoint is
+/// confirmed only once durable.
+fn arm_exit_watchdog(
+    after: Duration,
+    store: Option<crate::store::StoreWatch>,
+    runtime: Weak<Runtime>,
+) {
+    let deadline = Instant::now() + after;
+    let spawned = std::thread::Builder::new()
+        .name("overseer-exit-watchdog".into())
+        .spawn(move || {
+            while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+                std::thread::sleep(left);
+            }
+            let _ = writeln!(
+                std::io::stderr(),
+                "{}",
+                unconfirmed_at_exit(after, store.as_ref(), &runtime)
+            );
+            std::process::exit(EXIT_WATCHDOG);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the shutdown watchdog; the shutdown has no deadline");
+    }
+}
+
+/// The exit status of a shutdown the watchdog ended.
+const EXIT_WATCHDOG: i32 = 3;
+
+/// Most session ids named in the watchdog's line.
+const NAMED_SESSIONS: usize = 10;
+
+/// The watchdog's line: what the store had not confirmed, and which
+/// sessions were still stopping.
+fn unconfirmed_at_exit(
+    after: Duration,
+    store: Option<&crate::store::StoreWatch>,
+    runtime: &Weak<Runtime>,
+) -> String {
+    let mut line = format!(
+        "shutting down: not done {:.1} s after the signal; exiting without waiting further",
+        after.as_secs_f64()
+    );
+    if let Some(store) = store {
+        line.push_str(&format!(
+            "; {} store write(s) (checkpoints, flushes) not confirmed",
+            store.unconfirmed()
+        ));
+        if let Some(outage) = store.outage() {
+            line.push_str(&format!(" ({outage})"));
+        }
+    }
+    if let Some(rt) = runtime.upgrade() {
+        let ids: Vec<String> = rt.live.iter().map(|e| e.key().to_string()).collect();
+        if !ids.is_empty() {
+            let named = ids.iter().take(NAMED_SESSIONS).cloned().collect::<Vec<_>>();
+            let more = ids.len().saturating_sub(NAMED_SESSIONS);
+            line.push_str(&format!(
+                "; {} session(s) still stopping: {}{}",
+                ids.len(),
+                named.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            ));
+        }
+    }
+    line.push_str(
+        "; none of it was acknowledged to a caller, so nothing confirmed is lost: those \
+         sessions resume from their last checkpoint at the next start",
+    );
+    line
 }
 
 async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), ServeError> {

@@ -6,9 +6,13 @@
 //! time, closing connections whose client stopped reading, and dropping
 //! whatever is still open once the shutdown grace has passed. It speaks
 //! HTTP/1.1 only (through hyper's `http1` connection; TLS and HTTP/2 belong
-//! to a proxy in front). It deliberately knows nothing of routes, auth or
-//! sessions: each request goes to the router as is, and what a request may
-//! take once it exists is `admission`'s.
+//! to a proxy in front). A client that opens with HTTP/2's connection
+//! preface (prior knowledge, `h2c`) gets one clear answer in its own
+//! protocol, a `GOAWAY` with `HTTP_1_1_REQUIRED` and a sentence saying so
+//! ([`refuse_h2`]), instead of a connection closed without a word. It
+//! deliberately knows nothing of routes, auth or sessions: each request goes
+//! to the router as is, and what a request may take once it exists is
+//! `admission`'s.
 //!
 //! Why not `axum::serve`: it has no header-read timeout, no connection cap
 //! and no deadline on its graceful shutdown, so one client that never
@@ -138,6 +142,13 @@ async fn serve_one(
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "could not set TCP_NODELAY");
     }
+    match opening(&stream, limits.header_read_timeout).await {
+        Opening::Http1 => {}
+        // Nothing within the time a request head has: hyper would close it
+        // too.
+        Opening::Silent => return,
+        Opening::Http2 => return refuse_h2(stream, REFUSAL_LINGER.min(limits.idle_timeout)).await,
+    }
     let io = TokioIo::new(ConnIo::new(stream, limits.idle_timeout));
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         app.clone().oneshot(request.map(axum::body::Body::new))
@@ -165,6 +176,105 @@ async fn serve_one(
             grace_secs = limits.shutdown_grace.as_secs(),
             "dropping a connection still open at the shutdown deadline"
         );
+    }
+}
+
+/// HTTP/2's connection preface (RFC 9113 §3.4): a client with prior
+/// knowledge sends it first.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How a connection opens.
+#[derive(Debug, PartialEq, Eq)]
+enum Opening {
+    /// Anything but HTTP/2's preface: hyper's HTTP/1.1 takes it.
+    Http1,
+    /// HTTP/2 with prior knowledge.
+    Http2,
+    /// Nothing (or only part of the preface) within the wait.
+    Silent,
+}
+
+/// Looks (without reading) at the first bytes of a connection, waiting at
+/// most `wait` for them: whether it opens with HTTP/2's preface. An HTTP/1.1
+/// request differs from it by its second byte at the latest, so this costs
+/// one `peek` per connection.
+async fn opening(stream: &TcpStream, wait: Duration) -> Opening {
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut buf = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.peek(&mut buf)).await {
+            Ok(Ok(n)) => n,
+            // An error reading is hyper's to meet (and report).
+            Ok(Err(_)) => return Opening::Http1,
+            Err(_) => return Opening::Silent,
+        };
+        if n == 0 || buf[..n] != H2_PREFACE[..n] {
+            return Opening::Http1;
+        }
+        if n == H2_PREFACE.len() {
+            return Opening::Http2;
+        }
+        // Part of the preface so far: look again shortly (a peek returns
+        // at once while those bytes are unread).
+        if tokio::time::timeout_at(deadline, tokio::time::sleep(PREFACE_POLL))
+            .await
+            .is_err()
+        {
+            return Opening::Silent;
+        }
+    }
+}
+
+/// How often [`opening`] looks again at a connection that sent part of the
+/// HTTP/2 preface.
+const PREFACE_POLL: Duration = Duration::from_millis(10);
+
+/// Most time an HTTP/2 connection is kept after its refusal, for the client
+/// to read it and close (a shutdown waits for it too).
+const REFUSAL_LINGER: Duration = Duration::from_secs(2);
+
+/// What an HTTP/2 client is told: the server's preface (an empty SETTINGS
+/// frame), then `GOAWAY` (last stream 0, `HTTP_1_1_REQUIRED`) whose debug
+/// data says what to do.
+fn h2_refusal() -> Vec<u8> {
+    const SETTINGS: u8 = 0x4;
+    const GOAWAY: u8 = 0x7;
+    const HTTP_1_1_REQUIRED: u32 = 0xd;
+    let debug: &[u8] = b"this server speaks HTTP/1.1 only: send the request as HTTP/1.1 \
+        (or put an HTTP/2 proxy in front of it)";
+    let frame = |kind: u8, payload: &[u8]| {
+        let len = payload.len().to_be_bytes();
+        let mut out = vec![len[len.len() - 3], len[len.len() - 2], len[len.len() - 1]];
+        out.extend_from_slice(&[kind, 0, 0, 0, 0, 0]);
+        out.extend_from_slice(payload);
+        out
+    };
+    let mut goaway = Vec::with_capacity(8 + debug.len());
+    goaway.extend_from_slice(&0u32.to_be_bytes());
+    goaway.extend_from_slice(&HTTP_1_1_REQUIRED.to_be_bytes());
+    goaway.extend_from_slice(debug);
+    let mut out = frame(SETTINGS, &[]);
+    out.extend(frame(GOAWAY, &goaway));
+    out
+}
+
+/// Answers an HTTP/2 client with [`h2_refusal`] and closes the connection
+/// once the client has read it. What the client sent is read and dropped
+/// until it closes (at most `wait`): closing a socket with unread input
+/// resets it, and the client could lose the answer.
+async fn refuse_h2(mut stream: TcpStream, wait: Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tracing::debug!("an HTTP/2 (prior knowledge) connection: answered GOAWAY HTTP_1_1_REQUIRED");
+    let answered = tokio::time::timeout(wait, async {
+        stream.write_all(&h2_refusal()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<(), io::Error>(())
+    })
+    .await;
+    if let Ok(Err(e)) = answered {
+        tracing::debug!(error = %e, "the HTTP/2 refusal could not be delivered");
     }
 }
 

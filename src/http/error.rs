@@ -17,10 +17,12 @@
 //! the session's state: terminal, busy, already decided, key reused), 408
 //! (body not received in time), 413 (body over the limit), 414 (request
 //! target too long), 415 (body without `Content-Type: application/json`),
-//! 431 (request head too large), 503 (session unavailable, server not ready
-//! or over its in-flight limit; always with `Retry-After`) and 500 (storage
-//! failure). Messages of 5xx answers are stable sentences: the underlying
-//! error (an I/O error, a path) is logged, never sent.
+//! 429 (a session's queue or a tenant's quota is full; with `Retry-After`),
+//! 431 (request head too large), 503 (session or store unavailable, server
+//! not ready or over its in-flight limit; always with `Retry-After`) and 500
+//! (an internal failure: a corrupt record, a bug). A failure of the server's
+//! own is never a 400. Messages of 5xx answers are stable sentences: the
+//! underlying error (an I/O error, a path) is logged, never sent.
 
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -99,7 +101,7 @@ impl ApiError {
             JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
                 Self::payload_too_large()
             }
-            other => Self::bad_request("invalid_body", other.body_text()),
+            other => Self::bad_request("invalid_body", strip_prefix(&other.body_text())),
         }
     }
 
@@ -110,7 +112,22 @@ impl ApiError {
 
     /// Maps a rejected path.
     pub fn from_path_rejection(rejection: PathRejection) -> Self {
-        Self::bad_request("invalid_path", rejection.body_text())
+        Self::bad_request(
+            "invalid_path",
+            clip_quoted(&rejection.body_text(), &['`', '"']),
+        )
+    }
+
+    /// The 503 of a request that needs the store while it cannot serve (a
+    /// full disk, an unreachable database): it recovers on its own.
+    pub fn store_unavailable() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            "the session store cannot serve right now (it recovers on its own); nothing was \
+             changed, retry shortly",
+        )
+        .with_details(json!({"retry_after_secs": STORE_RETRY_AFTER_SECS}))
     }
 
     /// The 413 for a body over the limit.
@@ -123,23 +140,105 @@ impl ApiError {
     }
 }
 
+/// Most characters of a client's string echoed back in an error (an id, a
+/// cursor, a key, a name): enough to recognise it, never the whole of a
+/// 1 MiB field.
+pub const ECHO_CHARS: usize = 200;
+
+/// Most ids listed in one error (`unknown_calls` and the like).
+const ECHO_IDS: usize = 50;
+
+/// `s` as echoed in an error: cut to [`ECHO_CHARS`] characters, saying how
+/// long it was.
+pub(crate) fn clip(s: &str) -> String {
+    let total = s.chars().count();
+    if total <= ECHO_CHARS {
+        return s.to_owned();
+    }
+    let kept: String = s.chars().take(ECHO_CHARS).collect();
+    format!("{kept}… ({total} characters)")
+}
+
+/// `text` with every segment quoted by one of `quotes` (a value serde or a
+/// message quotes: `` `x` ``, `"x"`, `'x'`) cut by [`clip`]. Quotes that do
+/// not pair up leave the rest as it is.
+fn clip_quoted(text: &str, quotes: &[char]) -> String {
+    let mut text = text.to_owned();
+    for &q in quotes {
+        if !text.chars().any(|c| c == q) {
+            continue;
+        }
+        let parts: Vec<&str> = text.split(q).collect();
+        let last = parts.len() - 1;
+        let mut out = String::with_capacity(text.len().min(4096));
+        for (n, part) in parts.iter().enumerate() {
+            if n > 0 {
+                out.push(q);
+            }
+            // Odd parts sit between a pair of quotes (unless the last one
+            // is unpaired).
+            if n % 2 == 1 && !(n == last && last % 2 == 1) {
+                out.push_str(&clip(part));
+            } else {
+                out.push_str(part);
+            }
+        }
+        text = out;
+    }
+    text
+}
+
+/// Most characters of an error message: a last guard against an echo no
+/// rule above caught.
+const MAX_MESSAGE_CHARS: usize = 2_000;
+
 /// Axum prefixes rejection texts with a generic sentence
 /// ("Failed to deserialize the JSON body into the target type: "); the
 /// specific part after it is what a client needs.
 fn strip_prefix(text: &str) -> String {
+    // serde quotes what it could not take (`unknown field `x``, `invalid
+    // type: string "x"`): the client's own text, cut.
+    let text = match text.split_once(": ") {
+        Some((head, rest)) if head.starts_with("Failed to") => rest,
+        _ => text,
+    };
+    // A data error starts with the path of the value (`decisions.<id>:`),
+    // whose keys can be the client's too.
     match text.split_once(": ") {
-        Some((head, rest)) if head.starts_with("Failed to") => rest.to_owned(),
-        _ => text.to_owned(),
+        Some((path, rest)) if !path.contains(' ') => {
+            format!("{}: {}", clip(path), clip_quoted(rest, &['`', '"']))
+        }
+        _ => clip_quoted(text, &['`', '"']),
     }
+}
+
+/// Ids as echoed in an error: each cut by [`clip`], at most [`ECHO_IDS`].
+fn echo_ids<T: std::fmt::Display>(ids: &[T]) -> Vec<String> {
+    ids.iter()
+        .take(ECHO_IDS)
+        .map(|id| clip(&id.to_string()))
+        .collect()
+}
+
+/// `ids` as a message lists them (see [`echo_ids`]).
+fn list_ids<T: std::fmt::Display>(ids: &[T]) -> String {
+    let mut list = echo_ids(ids).join(", ");
+    if ids.len() > ECHO_IDS {
+        list.push_str(&format!(" and {} more", ids.len() - ECHO_IDS));
+    }
+    list
 }
 
 impl From<SessionError> for ApiError {
     fn from(e: SessionError) -> Self {
-        let message = e.to_string();
+        // Client strings inside messages of the domain (a tool name, a
+        // route) are quoted: each is cut, whatever the message.
+        let message = clip_quoted(&e.to_string(), &['`', '"', '\'']);
         match e {
             SessionError::NotFound(id) => Self::session_not_found(id),
             SessionError::UnknownAgent(name) => {
-                Self::bad_request("unknown_agent", message).with_details(json!({"agent": name}))
+                Self::bad_request("unknown_agent", format!("unknown agent '{}'", clip(&name)))
+                    .with_details(json!({"agent": clip(&name)}))
             }
             SessionError::UnknownTask(task) => {
                 Self::new(StatusCode::NOT_FOUND, "unknown_task", message)
@@ -154,15 +253,24 @@ impl From<SessionError> for ApiError {
             SessionError::Busy { status, .. } => {
                 Self::conflict("session_busy", message).with_details(json!({"status": status}))
             }
-            SessionError::UnknownCalls(ids) => {
-                Self::bad_request("unknown_calls", message).with_details(json!({"call_ids": ids}))
-            }
-            SessionError::AlreadyDecided(ids) => {
-                Self::conflict("already_decided", message).with_details(json!({"call_ids": ids}))
-            }
-            SessionError::StrayMetadata(ids) => {
-                Self::bad_request("stray_metadata", message).with_details(json!({"call_ids": ids}))
-            }
+            SessionError::UnknownCalls(ids) => Self::bad_request(
+                "unknown_calls",
+                format!("unknown tool call id(s): {}", list_ids(&ids)),
+            )
+            .with_details(json!({"call_ids": echo_ids(&ids)})),
+            SessionError::AlreadyDecided(ids) => Self::conflict(
+                "already_decided",
+                format!("tool call(s) already decided: {}", list_ids(&ids)),
+            )
+            .with_details(json!({"call_ids": echo_ids(&ids)})),
+            SessionError::StrayMetadata(ids) => Self::bad_request(
+                "stray_metadata",
+                format!(
+                    "metadata given for tool call(s) not decided in this submission: {}",
+                    list_ids(&ids)
+                ),
+            )
+            .with_details(json!({"call_ids": echo_ids(&ids)})),
             SessionError::EmptySubmission => Self::bad_request("empty_submission", message),
             SessionError::InvalidOverride { call_id, error } => {
                 Self::bad_request("invalid_override", message)
@@ -171,6 +279,15 @@ impl From<SessionError> for ApiError {
             SessionError::AlreadyExists(_) => Self::conflict("already_exists", message),
             SessionError::Conflict(_) => Self::conflict("conflict", message),
             SessionError::Invalid(_) => Self::bad_request("invalid_request", message),
+            SessionError::Internal(detail) => {
+                // For the operator's log, not for the caller.
+                tracing::error!(error = %detail, "internal failure while serving a request");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "an internal error occurred; the request was not applied",
+                )
+            }
             SessionError::Unavailable { id, reason } => {
                 // The reason can be a storage error's text (a failed
                 // checkpoint): for the operator's log, not for the caller.
@@ -207,12 +324,10 @@ impl From<SessionError> for ApiError {
                 )
             }
             SessionError::Store(StoreError::Unavailable(reason)) => {
-                tracing::warn!(%reason, "database unreachable while serving a request");
-                Self::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store_unavailable",
-                    "the database is unreachable; retry shortly",
-                )
+                // The store reports its own outage (once, then a reminder a
+                // minute); a line per refused request would drown it.
+                tracing::debug!(%reason, "store unavailable while serving a request");
+                Self::store_unavailable()
             }
             SessionError::Store(store) => {
                 // The details are for operators, not for callers.
@@ -226,6 +341,15 @@ impl From<SessionError> for ApiError {
         }
     }
 }
+
+/// The `Retry-After` of a `store_unavailable` answer: the store tries to
+/// recover every 2 s at most, so sooner is rarely worth it.
+pub const STORE_RETRY_AFTER_SECS: u64 = 2;
+
+/// The `Retry-After` of a 429 or 503 that names no delay of its own: a
+/// session's queue drains, and a restarting session is back, within about a
+/// second.
+const DEFAULT_RETRY_AFTER_SECS: u64 = 1;
 
 /// The code of the 503 a node answers when a session it was serving turned
 /// out to be owned by another node (cluster mode).
@@ -272,7 +396,24 @@ impl From<AuthError> for ApiError {
 }
 
 impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+    fn into_response(mut self) -> Response {
+        if self.message.chars().count() > MAX_MESSAGE_CHARS {
+            let total = self.message.chars().count();
+            self.message = format!(
+                "{}… ({total} characters)",
+                self.message
+                    .chars()
+                    .take(MAX_MESSAGE_CHARS)
+                    .collect::<String>()
+            );
+        }
+        let retry_after = self
+            .details
+            .as_ref()
+            .and_then(|d| d.get("retry_after_secs"))
+            .and_then(Value::as_u64)
+            .unwrap_or(DEFAULT_RETRY_AFTER_SECS)
+            .max(1);
         let mut error = json!({"code": self.code, "message": self.message});
         if let (Some(details), Some(obj)) = (self.details, error.as_object_mut()) {
             obj.insert("details".into(), details);
@@ -287,11 +428,12 @@ impl IntoResponse for ApiError {
                     .headers_mut()
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
-            StatusCode::SERVICE_UNAVAILABLE => {
-                // A restarting session is usually back within a second.
+            // Every 503 and 429 says when to come back: the delay the error
+            // names (`overloaded`, `store_unavailable`), or a second.
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => {
                 response
                     .headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
             }
             _ => {}
         }

@@ -47,6 +47,10 @@ pub struct Read;
 pub struct Write;
 /// Routes that decide tool calls (`approvals:write`).
 pub struct Approve;
+/// Webhook routes (`webhooks:write`): registering, listing and deleting
+/// endpoints and reading their delivery logs (an endpoint's URL and log
+/// are the tenant's configuration, not session data a reader should see).
+pub struct Hooks;
 /// Operator routes (`admin`): `/metrics` unless it is public.
 pub struct Admin;
 
@@ -58,6 +62,9 @@ impl RequiredScope for Write {
 }
 impl RequiredScope for Approve {
     const SCOPE: Scope = Scope::ApprovalsWrite;
+}
+impl RequiredScope for Hooks {
+    const SCOPE: Scope = Scope::WebhooksWrite;
 }
 impl RequiredScope for Admin {
     const SCOPE: Scope = Scope::Admin;
@@ -90,7 +97,10 @@ impl<S: Send + Sync> FromRequestParts<S> for SessionPath {
         raw.parse::<SessionId>().map(SessionPath).map_err(|e| {
             ApiError::bad_request(
                 "invalid_id",
-                format!("path segment 'id': '{raw}' is not a valid session id (a UUID): {e}"),
+                format!(
+                    "path segment 'id': '{}' is not a valid session id (a UUID): {e}",
+                    super::error::clip(&raw)
+                ),
             )
         })
     }
@@ -108,6 +118,71 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
             .await
             .map(|axum::Json(v)| ApiJson(v))
             .map_err(ApiError::from_json_rejection)
+    }
+}
+
+/// The body of a POST that takes no parameters (`cancel`, `done`,
+/// `interrupt`): none at all, or an empty JSON object. Anything else is
+/// refused as any JSON body would be: without `Content-Type:
+/// application/json` 415, malformed 400 `malformed_json`, anything but `{}`
+/// 400 `invalid_body` naming what was wrong; over the limit 413.
+#[derive(Debug, Clone, Copy)]
+pub struct NoParams;
+
+impl<S: Send + Sync> FromRequest<S> for NoParams {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let (parts, body) = req.into_parts();
+        let bytes =
+            axum::body::Bytes::from_request(Request::from_parts(parts.clone(), body), state)
+                .await
+                .map_err(|e| {
+                    if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                        ApiError::payload_too_large()
+                    } else {
+                        ApiError::bad_request("invalid_body", "the request body could not be read")
+                    }
+                })?;
+        if bytes.is_empty() {
+            return Ok(NoParams);
+        }
+        let request = Request::from_parts(parts, axum::body::Body::from(bytes));
+        let axum::Json(value) = axum::Json::<serde_json::Value>::from_request(request, state)
+            .await
+            .map_err(ApiError::from_json_rejection)?;
+        match value {
+            serde_json::Value::Object(fields) => match fields.keys().next() {
+                None => Ok(NoParams),
+                Some(field) => Err(ApiError::bad_request(
+                    "invalid_body",
+                    format!(
+                        "unknown field `{}`: this request takes no parameters (send no body, or {{}})",
+                        super::error::clip(field)
+                    ),
+                )),
+            },
+            other => Err(ApiError::bad_request(
+                "invalid_body",
+                format!(
+                    "expected an empty JSON object, found {}: this request takes no parameters \
+                     (send no body, or {{}})",
+                    json_kind(&other)
+                ),
+            )),
+        }
+    }
+}
+
+/// What kind of JSON value `v` is, for a message.
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
     }
 }
 

@@ -1,9 +1,10 @@
 //! `GET /v1/approvals`: every pending approval of the caller's tenant, newest
 //! first, cursor-paginated, each as the card the approval inbox shows (agent,
 //! session title, session path, tool name and description, arguments,
-//! requested-at and deadline) and the `warnings` of the rendering rule
-//! ([`crate::render`]) about its title, tool name, description and
-//! arguments; the data itself stays raw.
+//! requested-at and deadline, and why it is asked: the model's text before
+//! the call and the user message of its turn, bounded) and the `warnings`
+//! of the rendering rule ([`crate::render`]) about its title, tool name,
+//! description, arguments and context; the data itself stays raw.
 //!
 //! This module owns that shape ([`ApprovalItem`], also sent live by the
 //! tenant event stream) and how it is read: from the headers of the sessions
@@ -26,7 +27,9 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
-use overseer_actors::model::{CallState, SessionHeader, SessionId, SessionStatus, ToolCallRecord};
+use overseer_actors::model::{
+    CallState, SessionHeader, SessionId, SessionStatus, ToolCallRecord, TranscriptEntry,
+};
 use overseer_actors::store::{each_page_by_status, StoreError};
 use overseer_actors::Runtime;
 use serde::{Deserialize, Serialize};
@@ -93,6 +96,58 @@ pub struct ApprovalItem {
     /// direction-changing characters and words that mix scripts, each at
     /// its field (`/title`, `/name`, `/description`, `/arguments/…`).
     pub warnings: Vec<Warning>,
+    /// Why the call is asked: the model's text before it and the user
+    /// message that started the turn, each bounded (see [`CallContext`]).
+    /// Read from the transcript's last entries when the card is made for a
+    /// list or a live event; absent when they could not be found.
+    pub context: Option<CallContext>,
+    /// The owner's transcript length when the card was made: where the
+    /// context is looked for.
+    #[serde(skip)]
+    transcript_len: u64,
+}
+
+/// Most bytes of each text of a card's [`CallContext`]; longer texts are
+/// cut at a character boundary and marked `truncated` (the whole text is
+/// in the session's transcript).
+pub const CONTEXT_TEXT_BYTES: usize = 4096;
+/// Most transcript entries looked at, back from the end, for a card's
+/// context.
+const CONTEXT_MAX_ENTRIES: u64 = 128;
+
+/// A text of a card's context, bounded.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BoundedText {
+    /// At most [`CONTEXT_TEXT_BYTES`] bytes of it.
+    pub text: String,
+    /// Whether `text` is only its beginning.
+    pub truncated: bool,
+    /// The whole text's length in bytes.
+    pub bytes: usize,
+}
+
+impl BoundedText {
+    fn new(text: &str) -> Self {
+        let mut end = text.len().min(CONTEXT_TEXT_BYTES);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        Self {
+            text: text[..end].to_owned(),
+            truncated: end < text.len(),
+            bytes: text.len(),
+        }
+    }
+}
+
+/// Why a call is asked, from the owner's transcript.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CallContext {
+    /// What the model said in the step that proposed the call (or, when
+    /// that step has no text, the latest text of the turn before it).
+    pub model_text: Option<BoundedText>,
+    /// The user message that started the turn (a child's goal).
+    pub user_message: Option<BoundedText>,
 }
 
 impl ApprovalItem {
@@ -144,7 +199,57 @@ impl ApprovalItem {
                 .map_or(call.proposed_at_ms, |d| d.saturating_sub(timeout_ms)),
             approval_deadline_ms: call.approval_deadline_ms,
             warnings: warnings.finish(),
+            context: None,
+            transcript_len: owner.transcript_len,
         }
+    }
+
+    /// Fills in [`ApprovalItem::context`] from the owner's transcript: a
+    /// walk back from its end, a few entries at a time, to the assistant
+    /// entry that proposed the call and on to the user message of its turn
+    /// (at most [`CONTEXT_MAX_ENTRIES`] entries).
+    pub(crate) async fn load_context(&mut self, runtime: &Runtime) -> Result<(), StoreError> {
+        let floor = self.transcript_len.saturating_sub(CONTEXT_MAX_ENTRIES);
+        let mut end = self.transcript_len;
+        let mut window = 4;
+        let mut context = CallContext::default();
+        let mut found_call = false;
+        while end > floor && context.user_message.is_none() {
+            let start = end.saturating_sub(window).max(floor);
+            let entries = runtime.store.entries(self.session_id, start..end).await?;
+            for entry in entries.iter().rev() {
+                match entry.as_ref() {
+                    TranscriptEntry::Assistant {
+                        text, tool_calls, ..
+                    } => {
+                        if !found_call {
+                            found_call = tool_calls.iter().any(|c| c.id.as_str() == self.call_id);
+                        }
+                        if found_call && context.model_text.is_none() && !text.trim().is_empty() {
+                            context.model_text = Some(BoundedText::new(text));
+                        }
+                    }
+                    TranscriptEntry::User { text, .. } if found_call => {
+                        context.user_message = Some(BoundedText::new(text));
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            end = start;
+            window = (window * 4).min(32);
+        }
+        // The texts are shown like the rest of the card: with warnings.
+        let mut warnings = Warnings::new();
+        if let Some(t) = &context.model_text {
+            warnings.text("/context/model_text/text", &t.text);
+        }
+        if let Some(t) = &context.user_message {
+            warnings.text("/context/user_message/text", &t.text);
+        }
+        self.warnings.extend(warnings.finish());
+        self.context = Some(context);
+        Ok(())
     }
 
     /// Position in the inbox's order: newest request first, then by call id
@@ -249,7 +354,8 @@ fn parse_cursor(raw: &str) -> Result<(i64, String), ApiError> {
         ApiError::bad_request(
             "invalid_query",
             format!(
-                "cursor: '{raw}' is not a cursor of this list; pass the next_cursor of a previous page"
+                "cursor: '{}' is not a cursor of this list; pass the next_cursor of a previous page",
+                super::error::clip(raw)
             ),
         )
     };
@@ -283,7 +389,13 @@ pub(super) async fn list(
             .position(|i| i.key() < (*at, call.as_str()))
             .unwrap_or(all.len()),
     };
-    let page: Vec<&ApprovalItem> = all[start..].iter().take(limit).collect();
+    let mut page: Vec<ApprovalItem> = all[start..].iter().take(limit).cloned().collect();
+    // Only the page's cards: the context is a read of each owner's
+    // transcript.
+    let runtime = state.overseer().runtime();
+    for item in &mut page {
+        item.load_context(runtime).await?;
+    }
     let next_cursor = match page.last() {
         Some(last) if start + page.len() < all.len() => {
             Some(format!("{}.{}", last.requested_at_ms, last.call_id))

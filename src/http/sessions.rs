@@ -24,7 +24,7 @@ use overseer_actors::{CreateSession, SessionError};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::extract::{ApiJson, ApiQuery, Approve, Authorized, Read, SessionPath, Write};
+use super::extract::{ApiJson, ApiQuery, Approve, Authorized, NoParams, Read, SessionPath, Write};
 use super::idempotency::{digest, Outcome};
 use super::{ApiError, AppState};
 use crate::auth::Principal;
@@ -173,6 +173,7 @@ pub(super) async fn create(
             Some(keyed_session_id(&principal.tenant, key))
         }
     };
+    let create_digest = keyed_id.map(|_| create_digest(&body));
     let metadata = body
         .metadata
         .clone()
@@ -202,6 +203,7 @@ pub(super) async fn create(
         overrides,
         // An HTTP client has no tools of its own to give a session.
         session_tools: Vec::new(),
+        create_digest: create_digest.clone(),
     };
     let overseer = state.overseer();
     let id = match keyed_id {
@@ -227,11 +229,18 @@ pub(super) async fn create(
         }
     };
     let stored = overseer.state(id).await?;
-    if keyed_id.is_some() && !same_create(&stored, &principal, &body, &metadata) {
-        return Err(ApiError::conflict(
-            "already_exists",
-            "idempotency_key was already used for a different request",
-        ));
+    if let Some(digest) = &create_digest {
+        let same = match &stored.header.create_digest {
+            Some(recorded) => recorded == digest,
+            // Created before the digest was recorded (issue 32).
+            None => same_create(&stored, &principal, &body, &metadata),
+        };
+        if !same {
+            return Err(ApiError::conflict(
+                "already_exists",
+                "idempotency_key was already used for a different request",
+            ));
+        }
     }
     let mut response = (StatusCode::CREATED, Json(session_view(&stored))).into_response();
     if let Ok(location) = HeaderValue::from_str(&format!("/v1/sessions/{id}")) {
@@ -267,7 +276,8 @@ fn check_route(state: &AppState, model: &str) -> Result<(), ApiError> {
     Err(ApiError::bad_request(
         "invalid_body",
         format!(
-            "model: '{model}' is not a configured model route (configured: {})",
+            "model: '{}' is not a configured model route (configured: {})",
+            super::error::clip(model),
             routes.join(", ")
         ),
     ))
@@ -292,8 +302,66 @@ fn check_client_key(field: &str, key: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// What a keyed create records to tell a retry from a different request:
+/// the SHA-256 (hex) of every field of the request but the key itself, as
+/// canonical JSON (object keys sorted at every depth, so the order a client
+/// writes them in does not matter; values compared as JSON, so `1` and
+/// `1.0` differ as they would in the stored session).
+fn create_digest(body: &CreateBody) -> String {
+    let request = json!({
+        "agent": body.agent,
+        "prompt": body.prompt,
+        "title": body.title,
+        "metadata": body.metadata,
+        "auto_complete": body.auto_complete,
+        "instructions": body.instructions,
+        "tools": body.tools,
+        "model": body.model,
+        "max_steps": body.max_steps,
+        "approval_timeout_secs": body.approval_timeout_secs,
+        "budget": body.budget,
+        "output_schema": body.output_schema,
+    });
+    let mut canonical = Vec::new();
+    write_canonical(&request, &mut canonical);
+    let d = digest(&[b"overseer create request v1", &canonical]);
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `value` as JSON with the keys of every object in sorted order.
+fn write_canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push(b'{');
+            for (n, key) in keys.into_iter().enumerate() {
+                if n > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(Value::String(key.clone()).to_string().as_bytes());
+                out.push(b':');
+                write_canonical(&map[key], out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (n, item) in items.iter().enumerate() {
+                if n > 0 {
+                    out.push(b',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(b']');
+        }
+        scalar => out.extend_from_slice(scalar.to_string().as_bytes()),
+    }
+}
+
 /// Whether a stored session is what `body` would have created, so a retry
-/// can be answered as the original was.
+/// can be answered as the original was. For sessions created before the
+/// request's digest was recorded ([`create_digest`]).
 fn same_create(stored: &StoredSession, p: &Principal, body: &CreateBody, metadata: &Value) -> bool {
     let h = &stored.header;
     // A prompt given at creation is the first user entry, stamped with the
@@ -440,7 +508,10 @@ pub(super) async fn message(
                 Outcome::Mismatch => {
                     return Err(ApiError::conflict(
                         "message_id_reused",
-                        format!("message_id '{mid}' was already used with a different text"),
+                        format!(
+                            "message_id '{}' was already used with a different text",
+                            super::error::clip(mid)
+                        ),
                     ))
                 }
                 Outcome::Failed(e) => return Err(e.into()),
@@ -544,7 +615,8 @@ pub(super) async fn decide(
             return Err(ApiError::bad_request(
                 "invalid_body",
                 format!(
-                    "approved_by: '{claimed}' differs from the token's subject '{}'; omit it, it is taken from the token",
+                    "approved_by: '{}' differs from the token's subject '{}'; omit it, it is taken from the token",
+                    super::error::clip(&claimed),
                     principal.sub
                 ),
             ))
@@ -600,6 +672,7 @@ pub(super) async fn cancel(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,
     SessionPath(id): SessionPath,
+    _: NoParams,
 ) -> Result<Json<Value>, ApiError> {
     owned_header(&state, &principal, id).await?;
     state.overseer().cancel(id).await?;
@@ -611,6 +684,7 @@ pub(super) async fn done(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,
     SessionPath(id): SessionPath,
+    _: NoParams,
 ) -> Result<Json<Value>, ApiError> {
     owned_header(&state, &principal, id).await?;
     state.overseer().done(id).await?;
@@ -626,6 +700,7 @@ pub(super) async fn interrupt(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,
     SessionPath(id): SessionPath,
+    _: NoParams,
 ) -> Result<Json<Value>, ApiError> {
     owned_header(&state, &principal, id).await?;
     state.overseer().interrupt(id).await?;

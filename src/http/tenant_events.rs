@@ -7,8 +7,9 @@
 //! event to that tenant's feed: a bounded in-memory replay buffer with its own
 //! sequence. Summaries carry ids, names, states and statuses, never texts,
 //! results or arguments (those are on the per-session stream), except that an
-//! `approval_requested` carries the whole inbox card ([`ApprovalItem`]), so a
-//! new approval shows up without another request.
+//! `approval_requested` carries the whole inbox card ([`ApprovalItem`], with
+//! its arguments and its bounded context: the model's text and the user
+//! message of the turn), so a new approval shows up without another request.
 //!
 //! Resumption. Every event's id is `<stream>-<seq>`: the stream names one
 //! feed of one process (a random node id and a feed generation), `seq`
@@ -410,7 +411,10 @@ async fn card(
     };
     let call = pending_calls(&owner).find(|c| c.id.as_str() == call_id)?;
     let chain = lineage(runtime, &mut HashMap::new(), &owner).await.ok()?;
-    Some(ApprovalItem::new(runtime, &owner, call, &chain))
+    let mut item = ApprovalItem::new(runtime, &owner, call, &chain);
+    // Without its context the card still says what to decide.
+    let _ = item.load_context(runtime).await;
+    Some(item)
 }
 
 /// An event without its texts, results and arguments.

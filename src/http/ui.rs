@@ -96,6 +96,16 @@ const ASSETS: &[Asset] = &[
         content_type: JS,
         body: include_str!("ui/create.js"),
     },
+    Asset {
+        name: "desk.js",
+        content_type: JS,
+        body: include_str!("ui/desk.js"),
+    },
+    Asset {
+        name: "history.js",
+        content_type: JS,
+        body: include_str!("ui/history.js"),
+    },
 ];
 
 /// Strong validators of the assets (hash of their bytes), computed once.

@@ -11,7 +11,7 @@ use overseer_actors::model::{
     Event, EventKind, QueuedMessage, SessionHeader, SessionId, SessionStatus, TranscriptEntry,
     SCHEMA_VERSION,
 };
-use overseer_actors::store::{Checkpoint, StoreError};
+use overseer_actors::store::{decision_rows, order_bits, Checkpoint, DecisionPosition, StoreError};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use sled::IVec;
@@ -57,6 +57,26 @@ pub(super) fn blob_ref_key(hash: &str, id: &SessionId) -> Vec<u8> {
     let mut key = Vec::with_capacity(hash.len() + 16);
     key.extend_from_slice(hash.as_bytes());
     key.extend_from_slice(id.as_bytes());
+    key
+}
+
+/// `tenant ‖ 0x00 ‖ time ‖ id ‖ call`: the key of a row of the decision
+/// index (`decisions`), in the index's order within a tenant (time as
+/// [`order_bits`], big-endian), so that a page newest first is a reverse
+/// range walk.
+pub(super) fn decision_key(tenant: &str, position: &DecisionPosition) -> Vec<u8> {
+    let mut key = tenant_prefix(tenant);
+    key.reserve(24 + position.call_id.0.len());
+    key.extend_from_slice(&order_bits(position.at_ms).to_be_bytes());
+    key.extend_from_slice(position.session_id.as_bytes());
+    key.extend_from_slice(position.call_id.0.as_bytes());
+    key
+}
+
+/// The first key past every [`decision_key`] of `tenant`.
+pub(super) fn tenant_end(tenant: &str) -> Vec<u8> {
+    let mut key = tenant.as_bytes().to_vec();
+    key.push(1);
     key
 }
 
@@ -205,6 +225,11 @@ pub(super) struct Prepared {
     pub(super) dequeued: Vec<[u8; 24]>,
     /// The metadata, in the checkpoint that writes it.
     pub(super) metadata: Option<IVec>,
+    /// Webhook outbox rows of its events (`webhooks::outbox_key` → seed),
+    /// written before the header like every row it commits.
+    pub(super) outbox: Vec<([u8; 40], IVec)>,
+    /// Rows of the decision index its decisions add (key, row JSON).
+    pub(super) decisions: Vec<(Vec<u8>, IVec)>,
 }
 
 impl Prepared {
@@ -224,6 +249,12 @@ impl Prepared {
                 .sum::<usize>()
             + self.queued.iter().map(|(_, v)| v.len() + 24).sum::<usize>()
             + self.metadata.as_ref().map_or(0, |m| m.len())
+            + self.outbox.iter().map(|(_, v)| v.len() + 40).sum::<usize>()
+            + self
+                .decisions
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
     }
 }
 
@@ -314,6 +345,19 @@ pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
         }
         None => None,
     };
+    let mut decisions = Vec::new();
+    for row in decision_rows(cp) {
+        let value = to_json(&row, ROW_GUESS).map_err(|e| {
+            corrupt(
+                id,
+                format!("cannot encode the decision of {}: {e}", row.call_id),
+            )
+        })?;
+        decisions.push((
+            decision_key(&row.tenant, &row.position()),
+            IVec::from(value),
+        ));
+    }
     Ok(Prepared {
         id,
         schema_version: cp.header.schema_version,
@@ -327,6 +371,8 @@ pub(super) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
         queued,
         dequeued: cp.dequeued.clone().map(|seq| seq_key(&id, seq)).collect(),
         metadata,
+        outbox: Vec::new(),
+        decisions,
     })
 }
 

@@ -20,13 +20,29 @@
 //! refuses every later write until the database is opened again, and holds in
 //! memory writes that may never reach the disk. Whoever sees the failure
 //! closes the `gate` first (no reader sees those writes any more), then fails
-//! the callers concerned; nothing was confirmed to them, so nothing confirmed
-//! is lost. The writer then reopens the directory — sled recovers what is
-//! durable, in which each checkpoint is whole or absent — and tries a write
-//! and a flush on it. Until one goes through, every write is refused at once
-//! (readers get the reopened database meanwhile) and the writer retries with
-//! a growing delay, first checking that the disk takes a file again, so a
-//! long outage costs one small probe every few seconds.
+//! the callers concerned with [`StoreError::Unavailable`]; nothing was
+//! confirmed to them, so nothing confirmed is lost. From then on every write
+//! is refused at once, and the writer tries to recover with a growing delay
+//! (at most [`MAX_BACKOFF`]), never blocking on it, so it keeps answering:
+//!
+//! 1. it checks that the disk takes a file of [`SPACE_PROBE_BYTES`] again.
+//!    Nothing touches sled before that: opening sled on a full disk makes it
+//!    write a snapshot, which fails, and sled 0.34 then leaves an empty
+//!    `snap.*.generating` file that it takes for a damaged snapshot at every
+//!    later open (`open` removes such leftovers, but not opening at all on a
+//!    full disk is what keeps the outage from getting worse);
+//! 2. it waits, without blocking, until nobody else holds the failed
+//!    opening (a read in progress, the flusher), waking sled's own waiters
+//!    if that takes long (see [`kick`]), then closes it, which releases
+//!    sled's lock on the directory;
+//! 3. it opens the directory again — sled recovers what is durable, in
+//!    which each checkpoint is whole or absent — installs it for readers and
+//!    tries a write and a flush on it; once they go through, the gate opens
+//!    for writes.
+//!
+//! So a long outage costs one small probe every few seconds, and the store
+//! takes writes again within [`MAX_BACKOFF`] and a reopen of the disk taking
+//! data again.
 //!
 //! Purges (`purge`) are writes too, so the writer runs them, after the
 //! checkpoints of the group they arrive in, numbered as a group of their
@@ -64,12 +80,19 @@ const MAX_GROUP_BYTES: usize = 4 * 1024 * 1024;
 /// recovery starts without waiting for the next write.
 const IDLE_TICK: Duration = Duration::from_millis(500);
 /// Delay before the second attempt to recover, doubled after each failed
-/// attempt up to [`MAX_BACKOFF`]. The first attempt is immediate.
+/// attempt up to [`MAX_BACKOFF`]. The first attempt is immediate. An
+/// attempt while the disk is still full costs one write of
+/// [`SPACE_PROBE_BYTES`] (refused), so a short ceiling is cheap, and it
+/// bounds how long after the disk takes data again writes are refused.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// How long a reopen waits for readers and the flusher to let go of the
-/// failed database (sled's lock is released only then).
-const RELEASE_WAIT: Duration = Duration::from_secs(10);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How often the writer looks again whether readers and the flusher have
+/// let go of a failed opening it waits to close (sled's lock on the
+/// directory is released only then).
+const RELEASE_POLL: Duration = Duration::from_millis(10);
+/// How long they may hold it before the writer wakes sled's waiters (see
+/// [`kick`]).
+const RELEASE_KICK: Duration = Duration::from_secs(1);
 /// The file written (and removed) to see whether the disk takes data again
 /// before a database that reads fine is closed to be reopened, and its size:
 /// about what sled needs to take a write (a log segment and a snapshot).
@@ -229,7 +252,7 @@ impl GroupCommit {
     pub(super) fn submit(&self, cmd: Command) -> Result<(), StoreError> {
         self.tx
             .send(cmd)
-            .map_err(|_| StoreError::Io("the store writer thread has stopped".into()))
+            .map_err(|_| StoreError::Unavailable("the store writer thread has stopped".into()))
     }
 }
 
@@ -237,10 +260,36 @@ struct Threads(Vec<JoinHandle<()>>);
 
 impl Drop for Threads {
     fn drop(&mut self) {
-        for handle in self.0.drain(..) {
-            if handle.join().is_err() {
-                tracing::error!("a store thread panicked");
-            }
+        join_within(self.0.drain(..), JOIN_WAIT, "store");
+    }
+}
+
+/// How long dropping the store waits for one of its threads to end.
+pub(super) const JOIN_WAIT: Duration = Duration::from_secs(10);
+
+/// Joins `handles` in order, each within `wait`. A thread still running
+/// then is stuck (inside sled, see [`kick`]) and is left behind with an
+/// error line: whoever drops the store (a shutdown) must not hang with it.
+pub(super) fn join_within(
+    handles: impl Iterator<Item = JoinHandle<()>>,
+    wait: Duration,
+    what: &str,
+) {
+    for handle in handles {
+        let deadline = Instant::now() + wait;
+        while !handle.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        if !handle.is_finished() {
+            tracing::error!(
+                thread = handle.thread().name().unwrap_or("?"),
+                "a {what} thread did not stop within {} s; leaving it behind",
+                wait.as_secs()
+            );
+            continue;
+        }
+        if handle.join().is_err() {
+            tracing::error!("a {what} thread panicked");
         }
     }
 }
@@ -256,7 +305,22 @@ enum State {
         held: Option<Arc<Generation>>,
         next_try: Instant,
         backoff: Duration,
+        /// Since when the writer waits for others to let go of `held`, and
+        /// whether it woke sled's waiters already.
+        releasing: Option<(Instant, bool)>,
     },
+}
+
+impl State {
+    /// Writes refused, a first recovery attempt due now.
+    fn failed(held: Option<Arc<Generation>>) -> Self {
+        Self::Unwritable {
+            held,
+            next_try: Instant::now(),
+            backoff: FIRST_BACKOFF,
+            releasing: None,
+        }
+    }
 }
 
 struct Writer {
@@ -334,14 +398,7 @@ impl Writer {
                     // sled's close of a database that failed to write may
                     // panic (it syncs once more); that must not turn a
                     // clean shutdown into a panicking thread.
-                    let state = std::mem::replace(
-                        &mut self.state,
-                        State::Unwritable {
-                            held: None,
-                            next_try: Instant::now(),
-                            backoff: FIRST_BACKOFF,
-                        },
-                    );
+                    let state = std::mem::replace(&mut self.state, State::failed(None));
                     let _ = catch_sled_panic(move || drop(state));
                     return;
                 }
@@ -350,6 +407,9 @@ impl Writer {
             if matches!(&self.state, State::Unwritable { next_try, .. } if *next_try <= Instant::now())
             {
                 self.recover();
+            }
+            if matches!(self.state, State::Unwritable { .. }) {
+                self.shared.gate.remind();
             }
             let Some(first) = first else { continue };
 
@@ -387,11 +447,7 @@ impl Writer {
     fn failed(&mut self, generation: Arc<Generation>) {
         // What it says about stored headers may include writes now lost.
         self.cache.clear();
-        self.state = State::Unwritable {
-            held: Some(generation),
-            next_try: Instant::now(),
-            backoff: FIRST_BACKOFF,
-        };
+        self.state = State::failed(Some(generation));
     }
 
     fn write_group(&mut self, generation: &Arc<Generation>, group: Group) {
@@ -502,45 +558,78 @@ impl Writer {
         };
         if let Err(mpsc::SendError(batch)) = self.flush_tx.send(batch) {
             for reply in batch.replies {
-                let _ = reply.send(Err(StoreError::Io(
+                let _ = reply.send(Err(StoreError::Unavailable(
                     "the store flusher thread has stopped".into(),
                 )));
             }
         }
     }
 
-    /// One attempt to make the store writable again: close what is held,
-    /// reopen the directory, write and flush once. Reschedules itself on
-    /// failure.
+    /// One step towards making the store writable again (see the module
+    /// docs): check the disk takes data, let go of what is held, reopen,
+    /// write and flush once. Never blocks on anyone else: a step that cannot
+    /// finish now reschedules itself.
     fn recover(&mut self) {
-        let State::Unwritable { held, backoff, .. } = &mut self.state else {
+        let State::Unwritable {
+            held,
+            backoff,
+            releasing,
+            ..
+        } = &mut self.state
+        else {
             return;
         };
         let backoff_now = *backoff;
         let shared = self.shared.clone();
-        let reschedule = |state: &mut State, held: Option<Arc<Generation>>| {
+        let retry_later = |state: &mut State, held: Option<Arc<Generation>>| {
             *state = State::Unwritable {
                 held,
                 next_try: Instant::now() + backoff_now,
                 backoff: (backoff_now * 2).min(MAX_BACKOFF),
+                releasing: None,
             };
         };
-        if let Some(generation) = held.take() {
-            if generation.failure().is_none() {
-                // A reopening that reads fine: kept for readers until the
-                // disk seems to take data again.
-                if let Err(e) = shared.space_probe() {
-                    tracing::debug!(error = %e, "store recovery: the disk still refuses data");
-                    reschedule(&mut self.state, Some(generation));
-                    return;
-                }
-                shared.gate.withdraw(&generation);
-            }
-            if let Err(generation) = release(generation) {
-                tracing::debug!("store recovery: the failed database is still in use");
-                reschedule(&mut self.state, Some(generation));
+        if releasing.is_none() {
+            // Nothing touches sled before the disk takes data (see the
+            // module docs).
+            if let Err(e) = shared.space_probe() {
+                let cause = format!("the disk still refuses data: {e}");
+                tracing::debug!(error = %cause, "store recovery");
+                shared.gate.reopen_failed(&cause);
+                let held = held.take();
+                retry_later(&mut self.state, held);
                 return;
             }
+        }
+        if let Some(generation) = held.take() {
+            let (since, kicked) = releasing.get_or_insert_with(|| {
+                shared.gate.begin_reopen(Some(&generation));
+                (Instant::now(), false)
+            });
+            if Arc::strong_count(&generation) > 1 {
+                // A read in progress, or the flusher: look again shortly,
+                // answering commands meanwhile.
+                if !*kicked && since.elapsed() >= RELEASE_KICK {
+                    *kicked = true;
+                    kick(&generation);
+                }
+                let waiting = (*since, *kicked);
+                self.state = State::Unwritable {
+                    held: Some(generation),
+                    next_try: Instant::now() + RELEASE_POLL,
+                    backoff: backoff_now,
+                    releasing: Some(waiting),
+                };
+                return;
+            }
+            // Closing a database sled did not itself see fail flushes it, and
+            // sled panics if the final sync fails: that must not take the
+            // writer down.
+            if catch_sled_panic(move || drop(generation)).is_err() {
+                tracing::debug!("store recovery: closing the failed database panicked");
+            }
+        } else {
+            shared.gate.begin_reopen(None);
         }
         let opened = match open::open(&shared.dir, &shared.options, Purpose::Serve) {
             Ok(opened) => opened,
@@ -555,11 +644,12 @@ impl Writer {
                 let text = e.to_string();
                 if lasting && self.reported.as_deref() != Some(text.as_str()) {
                     tracing::error!(error = %text, "the store cannot recover on its own");
-                    self.reported = Some(text);
+                    self.reported = Some(text.clone());
                 } else {
                     tracing::debug!(error = %text, "store recovery: reopening failed");
                 }
-                reschedule(&mut self.state, None);
+                shared.gate.reopen_failed(&text);
+                retry_later(&mut self.state, None);
                 return;
             }
         };
@@ -580,29 +670,37 @@ impl Writer {
             Err(cause) => {
                 tracing::debug!(error = %cause, "store recovery: the reopened store refuses writes");
                 shared.gate.install(generation.clone(), false, &cause);
-                reschedule(&mut self.state, Some(generation));
+                retry_later(&mut self.state, Some(generation));
             }
         }
     }
 }
 
-/// Waits until this thread holds the only reference to `generation`, then
-/// drops it, which closes the database and releases its lock. Gives it back
-/// if readers or the flusher still hold it after [`RELEASE_WAIT`].
-fn release(generation: Arc<Generation>) -> Result<(), Arc<Generation>> {
-    let deadline = Instant::now() + RELEASE_WAIT;
-    while Arc::strong_count(&generation) > 1 {
-        if Instant::now() >= deadline {
-            return Err(generation);
-        }
-        std::thread::sleep(Duration::from_millis(5));
+/// Wakes every thread waiting inside sled for `generation`'s log to become
+/// stable, by asking for a flush from a thread of its own.
+///
+/// sled 0.34 records a failed log write in a flag that every waiter checks,
+/// and wakes the waiters on most failure paths, but not all: when the write
+/// is issued on the way out of a reservation
+/// (`pagecache/logger.rs`, `Log::exit_reservation`) it sets the flag without
+/// waking them, so a flush or a read that waits for that part of the log
+/// (the flusher, a reader) can sleep for ever, and the failed opening is
+/// never let go. A new flush sees the flag at once and wakes them all (the
+/// same file, `iobuf::make_stable_inner`). It runs on a thread of its own
+/// because on a database whose failure was ours rather than sled's (an
+/// `fsync` of ours), sled's flush does real work.
+fn kick(generation: &Generation) {
+    let db = generation.trees.db.clone();
+    let spawned = std::thread::Builder::new()
+        .name("overseer-store-kick".into())
+        .spawn(move || {
+            let _ = catch_sled_panic(move || {
+                let _ = db.flush();
+            });
+        });
+    if let Err(e) = spawned {
+        tracing::debug!(error = %e, "store recovery: cannot start a thread to wake sled's waiters");
     }
-    // Closing a database sled did not itself see fail flushes it, and sled
-    // panics if the final sync fails: that must not take the writer down.
-    if catch_sled_panic(move || drop(generation)).is_err() {
-        tracing::debug!("store recovery: closing the failed database panicked");
-    }
-    Ok(())
 }
 
 enum HealthError {
@@ -653,6 +751,10 @@ fn run_flusher(shared: &Shared, rx: &Receiver<Batch>, mut sidecar: Sidecar) {
             }
         }
         for run in runs {
+            #[cfg(feature = "fault-injection")]
+            overseer_actors::fault::hit_outside_sessions(
+                overseer_actors::fault::FaultPoint::StoreFlush,
+            );
             let outcome = match run.generation.failure() {
                 Some(cause) => Err(cause),
                 None => {
@@ -674,7 +776,8 @@ fn run_flusher(shared: &Shared, rx: &Receiver<Batch>, mut sidecar: Sidecar) {
                 // Before anyone hears of it (see the module docs).
                 Err(cause) => shared.gate.close(&run.generation, cause),
             }
-            let outcome = outcome.map_err(|e| StoreError::Io(format!("flushing the store: {e}")));
+            let outcome =
+                outcome.map_err(|e| StoreError::Unavailable(format!("flushing the store: {e}")));
             for reply in run.replies {
                 let _ = reply.send(outcome.clone());
             }
@@ -754,12 +857,16 @@ type Write = (sled::IVec, Option<sled::IVec>);
 /// [`apply`]).
 #[derive(Default)]
 struct Writes {
+    /// Webhook outbox rows (`super::webhooks`): before everything, so the
+    /// header that commits their events comes after them.
+    outbox: Vec<Write>,
     blobs: Vec<Write>,
     blob_refs: Vec<Write>,
     transcript: Vec<Write>,
     events: Vec<Write>,
     queue: Vec<Write>,
     metadata: Vec<Write>,
+    decisions: Vec<Write>,
     tenants_added: Vec<Write>,
     active_added: Vec<Write>,
     sessions: Vec<Write>,
@@ -778,7 +885,7 @@ struct Writes {
 /// lock), since nothing needs atomicity within one tree: plain inserts, in an
 /// order that makes the `sessions` header the commit record of a checkpoint:
 ///
-/// 1. `blobs`, `blob_refs`, `transcript`, `events`, and the index entries a session gains;
+/// 1. `blobs`, `blob_refs`, `transcript`, `events`, `decisions`, and the index entries a session gains;
 /// 2. `sessions`: the headers;
 /// 3. the index entries a session loses.
 ///
@@ -860,10 +967,18 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                 for (k, v) in &p.queued {
                     writes.queue.push((k[..].into(), Some(v.clone())));
                 }
+                for (k, v) in &p.outbox {
+                    writes.outbox.push((k[..].into(), Some(v.clone())));
+                }
                 if let Some(m) = &p.metadata {
                     writes
                         .metadata
                         .push((p.id.as_bytes()[..].into(), Some(m.clone())));
+                }
+                // Before the header, like every row it commits; readers
+                // trust a row only once the session's log holds its event.
+                for (k, v) in &p.decisions {
+                    writes.decisions.push((k[..].into(), Some(v.clone())));
                 }
                 // Rows a header no longer covers go after it: until then the
                 // previous header still counts them.
@@ -934,7 +1049,7 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                 WriteError::Io(text) | WriteError::Hook(text) => text,
             };
             for (n, id) in &accepted {
-                outcomes[*n] = Err(StoreError::Io(format!(
+                outcomes[*n] = Err(StoreError::Unavailable(format!(
                     "checkpoint of session {id}: {text}"
                 )));
             }
@@ -978,12 +1093,14 @@ fn empty() -> sled::IVec {
 /// leaves the files untouched.
 fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
     let Writes {
+        outbox,
         blobs,
         blob_refs,
         transcript,
         events,
         queue,
         metadata,
+        decisions,
         tenants_added,
         active_added,
         sessions,
@@ -998,6 +1115,7 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         (&trees.events, events, "events"),
         (&trees.queue, queue, "queue"),
         (&trees.metadata, metadata, "metadata"),
+        (&trees.decisions, decisions, "decisions"),
         (&trees.tenants, tenants_added, "tenants"),
         (&trees.active, active_added, "active"),
         (&trees.sessions, sessions, "sessions"),
@@ -1005,6 +1123,18 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         (&trees.active, active_removed, "active"),
         (&trees.queue, queue_removed, "queue"),
     ];
+    if !outbox.is_empty() {
+        let tree = trees
+            .db
+            .open_tree(super::webhooks::OUTBOX_TREE)
+            .map_err(|e| WriteError::Io(format!("opening the webhook outbox: {e}")))?;
+        for (key, value) in outbox {
+            if let Some(value) = value {
+                tree.insert(key, value)
+                    .map_err(|e| WriteError::Io(format!("writing the webhook outbox: {e}")))?;
+            }
+        }
+    }
     for (n, (tree, writes, name)) in order.into_iter().enumerate() {
         if writes.is_empty() {
             continue;
@@ -1038,7 +1168,7 @@ fn crashed_before(trees: &Trees, n: usize) -> bool {
 
 /// Where the `sessions` writes (the commit records) are in [`write`]'s order.
 #[cfg(test)]
-const SESSIONS_WRITES: usize = 8;
+const SESSIONS_WRITES: usize = 9;
 
 #[cfg(not(test))]
 fn crashed_before(_: &Trees, _: usize) -> bool {
@@ -1123,6 +1253,7 @@ mod tests {
             active: open("active"),
             blobs: open("blobs"),
             blob_refs: open("blob_refs"),
+            decisions: open("decisions"),
             meta: open("meta"),
             drop_headers: Arc::default(),
             stop_purges: Arc::default(),
@@ -1144,6 +1275,8 @@ mod tests {
             queued: Vec::new(),
             dequeued: Vec::new(),
             metadata: None,
+            outbox: Vec::new(),
+            decisions: Vec::new(),
         })
     }
 

@@ -10,6 +10,14 @@
 //! confirmed ([`sidecar`]) is refused as well: sled recovers the longest
 //! valid prefix of its log without a word, so this is how a loss is noticed.
 //!
+//! sled 0.34 writes a snapshot to `snap.<lsn>.generating` and renames it
+//! once complete; a write that fails (a full disk) leaves the file behind,
+//! and sled takes the newest `snap.*` file for its snapshot, so every later
+//! open would fail with "Read corrupted data" although nothing is damaged. A
+//! serving open removes such leftovers first, holding the directory's lock
+//! while it does ([`remove_unfinished_snapshots`]); `store check` only names
+//! them.
+//!
 //! It is used for the first open, for every reopen after a write failure
 //! (`group_commit`), and, without writing anything, by `overseer store check`.
 //! It deliberately owns no reads or writes of sessions.
@@ -50,6 +58,9 @@ pub(super) struct Trees {
     /// `sha256 hex ‖ id` → empty: which sessions reference each blob
     /// (layout version 2), so a purge deletes only blobs nobody else uses.
     pub(super) blob_refs: Tree,
+    /// `tenant ‖ 0x00 ‖ time ‖ id ‖ call` → a row of the decision index
+    /// (see `codec::decision_key`).
+    pub(super) decisions: Tree,
     pub(super) meta: Tree,
     /// Test hook: when set, the writer stops each group right before its
     /// `sessions` writes (the commit record) and fails it, as a crash there
@@ -207,6 +218,26 @@ pub(super) fn open(
         dir: dir.to_owned(),
         detail,
     };
+    if purpose == Purpose::Serve {
+        remove_unfinished_snapshots(dir).map_err(|e| {
+            other(format!(
+                "removing the unfinished snapshot a failed write left: {e}"
+            ))
+        })?;
+    }
+    // What `store check` says about a directory sled refuses to open.
+    let damaged = |message: String| {
+        match purpose {
+        Purpose::Inspect => match unfinished_snapshots(dir) {
+            Ok(names) if !names.is_empty() => damaged(format!(
+                "{message}; it holds {}, a snapshot sled never finished (a write failed, e.g. on                  a full disk): `overseer serve` removes it when it opens the store",
+                names.join(", ")
+            )),
+            _ => damaged(message),
+        },
+        Purpose::Serve => damaged(message),
+    }
+    };
     let opened = catch_sled_panic(|| open_as_created(config, options.compression, dir));
     let (db, compression) = match opened.map_err(damaged)? {
         Ok(opened) => opened,
@@ -261,6 +292,7 @@ pub(super) fn open(
             active: tree("active")?,
             blobs: tree("blobs")?,
             blob_refs: tree("blob_refs")?,
+            decisions: tree("decisions")?,
             meta,
             db: db.clone(),
             #[cfg(test)]
@@ -289,6 +321,72 @@ pub(super) fn open(
     })
     .map_err(damaged)??;
     Ok(opened)
+}
+
+/// The names of the `snap.*.generating` files in `dir`: snapshots sled
+/// began to write and never renamed into place.
+fn unfinished_snapshots(dir: &Path) -> std::io::Result<Vec<String>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Removes the snapshots sled began and never finished (see the module
+/// docs). sled uses a snapshot only once it is renamed into place, so
+/// removing one loses nothing: sled recovers from the previous snapshot and
+/// its log, as after a crash in the middle of writing it. It runs under
+/// sled's own lock on the `db` file, taken here for the moment, so a
+/// process that holds the directory (and may be writing a snapshot right
+/// now) is left alone; its open then fails as `Locked`, as it would have.
+/// Returns how many were removed.
+fn remove_unfinished_snapshots(dir: &Path) -> std::io::Result<usize> {
+    let log = match std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(dir.join("db"))
+    {
+        Ok(log) => log,
+        // A new directory: sled has written nothing yet.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    match log.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Ok(0),
+        Err(std::fs::TryLockError::Error(e)) => return Err(e),
+    }
+    let names = unfinished_snapshots(dir)?;
+    for name in &names {
+        match std::fs::remove_file(dir.join(name)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        tracing::warn!(
+            dir = %dir.display(),
+            file = %name,
+            "removed a snapshot sled never finished (a write failed, e.g. on a full disk); \
+             sled recovers from its log instead"
+        );
+    }
+    if !names.is_empty() {
+        // The removal must hold even if the process dies right after.
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    // Dropping the file releases the lock for sled's own.
+    drop(log);
+    Ok(names.len())
 }
 
 /// Refuses a directory of a newer layout before anything is written to it;

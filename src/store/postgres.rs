@@ -46,6 +46,7 @@
 //! routing): `crate::cluster` drives it through the methods here.
 
 mod schema;
+mod webhooks;
 mod writer;
 
 use std::str::FromStr;
@@ -56,10 +57,11 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
 use overseer_actors::model::{
-    Event, QueuedMessage, SessionHeader, SessionId, SessionIdHasher, SessionStatus,
+    Event, QueuedMessage, SessionHeader, SessionId, SessionIdHasher, SessionStatus, TranscriptEntry,
 };
 use overseer_actors::store::{
-    Checkpoint, CheckpointStore, SessionSummary, StoreError, StoredSession,
+    decision_rows, Checkpoint, CheckpointStore, DecisionPage, DecisionQuery, DecisionRow,
+    SessionSummary, StoreError, StoredSession,
 };
 use sled::IVec;
 use tokio_postgres::error::SqlState;
@@ -278,6 +280,8 @@ struct Inner {
     heartbeat_conn: std::sync::Mutex<Option<tokio_postgres::Client>>,
     /// Request-response exchanges with the database this store waited on.
     round_trips: Arc<AtomicU64>,
+    /// Webhooks: when set, checkpoints insert the deliveries of their events.
+    webhooks: std::sync::OnceLock<Arc<crate::webhooks::Subscriptions>>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -460,6 +464,7 @@ impl PgStore {
                 writer,
                 heartbeat_conn: std::sync::Mutex::new(None),
                 round_trips,
+                webhooks: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -1058,6 +1063,27 @@ impl PgStore {
         )
         .await
         .map_err(map_pg)?;
+        // The copied log's decisions, as the checkpoints that recorded them
+        // would have indexed them.
+        tx.execute(
+            "INSERT INTO decisions (tenant, at_ms, session_id, call_id, agent, tool, decided_by, row_json)
+             SELECT $1, u.at_ms, $2, u.call_id, $3, u.tool, u.decided_by, u.row_json
+             FROM unnest($4::bigint[], $5::text[], $6::text[], $7::text[], $8::text[])
+                 AS u(at_ms, call_id, tool, decided_by, row_json)
+             ON CONFLICT DO NOTHING",
+            &[
+                &prepared.tenant,
+                &prepared.id,
+                &prepared.agent,
+                &prepared.decision_at,
+                &prepared.decision_calls,
+                &prepared.decision_tools,
+                &prepared.decision_by,
+                &prepared.decision_rows,
+            ],
+        )
+        .await
+        .map_err(map_pg)?;
         tx.commit().await.map_err(map_pg)?;
         Ok(true)
     }
@@ -1254,6 +1280,7 @@ impl PgStore {
             "DELETE FROM transcript WHERE session_id = $1",
             "DELETE FROM events WHERE session_id = $1",
             "DELETE FROM queue WHERE session_id = $1",
+            "DELETE FROM decisions WHERE session_id = $1",
         ] {
             tx.execute(sql, &[&id.0]).await.map_err(map_pg)?;
         }
@@ -1320,12 +1347,27 @@ pub(crate) struct Prepared {
     queued: Vec<String>,
     dequeue_from: i64,
     dequeue_to: i64,
+    /// The session's agent (the decision rows' column).
+    agent: String,
+    /// The decision index's rows this checkpoint adds: time, call, tool,
+    /// decider, row JSON (see `overseer_actors::store::decision_rows`).
+    decision_at: Vec<i64>,
+    decision_calls: Vec<String>,
+    decision_tools: Vec<String>,
+    decision_by: Vec<Option<String>>,
+    decision_rows: Vec<String>,
     /// The epoch the write is conditional on (`None` only for imports).
     epoch: Option<i64>,
     /// The node writing (set by the writer).
     node: Option<Uuid>,
     /// First and last new event, to announce them.
     new_events: Option<(u64, u64)>,
+    /// Webhook seeds of its events: `webhook-id`s, event types, seed JSON.
+    hook_ids: Vec<String>,
+    hook_events: Vec<String>,
+    hook_seeds: Vec<String>,
+    /// When its deliveries are queued (and first due), ms since the epoch.
+    hook_now_ms: i64,
 }
 
 impl Prepared {
@@ -1337,7 +1379,8 @@ impl Prepared {
             + rows(&self.entries)
             + rows(&self.blob_data)
             + rows(&self.events)
-            + rows(&self.queued)) as u64
+            + rows(&self.queued)
+            + rows(&self.decision_rows)) as u64
     }
 }
 
@@ -1403,6 +1446,16 @@ fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, StoreError> 
                 .map_err(|e| corrupt(id, format!("cannot encode metadata: {e}")))
         })
         .transpose()?;
+    let decisions = decision_rows(cp);
+    let mut decision_json = Vec::with_capacity(decisions.len());
+    for row in &decisions {
+        decision_json.push(serde_json::to_string(row).map_err(|e| {
+            corrupt(
+                id,
+                format!("cannot encode the decision of {}: {e}", row.call_id),
+            )
+        })?);
+    }
     let new_events = match (cp.events.first(), cp.events.last()) {
         (Some(a), Some(b)) => Some((a.seq, b.seq)),
         _ => None,
@@ -1429,9 +1482,19 @@ fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, StoreError> 
         queued,
         dequeue_from: signed(cp.dequeued.start),
         dequeue_to: signed(cp.dequeued.end),
+        agent: h.agent.clone(),
+        decision_at: decisions.iter().map(|r| r.at_ms).collect(),
+        decision_calls: decisions.iter().map(|r| r.call_id.0.clone()).collect(),
+        decision_tools: decisions.iter().map(|r| r.tool.clone()).collect(),
+        decision_by: decisions.iter().map(|r| r.by.clone()).collect(),
+        decision_rows: decision_json,
         epoch,
         node: None,
         new_events,
+        hook_ids: Vec::new(),
+        hook_events: Vec::new(),
+        hook_seeds: Vec::new(),
+        hook_now_ms: 0,
     })
 }
 
@@ -1441,6 +1504,13 @@ impl CheckpointStore for PgStore {
         let id = checkpoint.header.id;
         let root = checkpoint.header.root_id;
         let epoch = self.fence(root, id)?;
+        // The events that go out as webhooks, whoever listens: the statement
+        // joins them with the endpoints table (see `writer`).
+        let hooks = self.inner.webhooks.get();
+        let seeds = match hooks {
+            Some(_) => crate::webhooks::seeds(&checkpoint),
+            None => Vec::new(),
+        };
         let prepared = if codec::may_be_large(&checkpoint) {
             tokio::task::spawn_blocking(move || prepare(&checkpoint, Some(epoch)))
                 .await
@@ -1448,10 +1518,16 @@ impl CheckpointStore for PgStore {
         } else {
             prepare(&checkpoint, Some(epoch))?
         };
+        let mut prepared = prepared;
+        webhooks::add_seeds(&mut prepared, &seeds)?;
         let bytes = prepared.size();
+        let wrote_hooks = !prepared.hook_ids.is_empty();
         match self.inner.writer.submit(prepared, self.inner.node).await? {
             true => {
                 overseer_actors::metrics::record_checkpoint_bytes(bytes);
+                if let (true, Some(hooks)) = (wrote_hooks, hooks) {
+                    hooks.written();
+                }
                 Ok(())
             }
             false => {
@@ -1603,6 +1679,119 @@ impl CheckpointStore for PgStore {
     /// Every checkpoint is committed before it is confirmed: nothing to do.
     async fn flush(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// One indexed query (the primary key's order); one row more than the
+    /// page says whether another page follows.
+    async fn decisions(
+        &self,
+        tenant: &str,
+        query: &DecisionQuery,
+    ) -> Result<DecisionPage, StoreError> {
+        let limit = query.limit.max(1);
+        let before = query.before.as_ref();
+        let at = before.map(|p| p.at_ms);
+        let session = before.map(|p| p.session_id.0);
+        let call = before.map(|p| p.call_id.0.clone());
+        // Two statements rather than `$2 IS NULL OR …`, so that a later
+        // page's position is a range of the primary key, not a filter.
+        let sql = if before.is_some() {
+            r#"SELECT row_json FROM decisions
+               WHERE tenant = $1
+                 AND (at_ms, session_id, call_id) < ($2::bigint, $3::uuid, $4::text COLLATE "C")
+                 AND ($5::text IS NULL OR agent = $5)
+                 AND ($6::text IS NULL OR tool = $6)
+                 AND ($7::text IS NULL OR decided_by = $7)
+               ORDER BY at_ms DESC, session_id DESC, call_id DESC
+               LIMIT $8"#
+        } else {
+            r#"SELECT row_json FROM decisions
+               WHERE tenant = $1
+                 AND ($2::bigint IS NULL AND $3::uuid IS NULL AND $4::text IS NULL)
+                 AND ($5::text IS NULL OR agent = $5)
+                 AND ($6::text IS NULL OR tool = $6)
+                 AND ($7::text IS NULL OR decided_by = $7)
+               ORDER BY at_ms DESC, session_id DESC, call_id DESC
+               LIMIT $8"#
+        };
+        let rows = retrying(READ_RETRY, || async {
+            let client = self.client().await?;
+            let statement = client.prepare_cached(sql).await.map_err(map_pg)?;
+            self.trip();
+            client
+                .query(
+                    &statement,
+                    &[
+                        &tenant,
+                        &at,
+                        &session,
+                        &call,
+                        &query.agent,
+                        &query.tool,
+                        &query.by,
+                        &signed(limit as u64 + 1),
+                    ],
+                )
+                .await
+                .map_err(map_pg)
+        })
+        .await?;
+        let mut page = Vec::with_capacity(rows.len().min(limit));
+        for r in rows.iter().take(limit) {
+            let text: &str = r.get(0);
+            let row: DecisionRow = serde_json::from_str(text)
+                .map_err(|e| corrupt("decisions", format!("unreadable row: {e}")))?;
+            page.push(row);
+        }
+        let next = if rows.len() > limit {
+            page.last().map(DecisionRow::position)
+        } else {
+            None
+        };
+        Ok(DecisionPage { rows: page, next })
+    }
+
+    async fn entries(
+        &self,
+        id: SessionId,
+        range: std::ops::Range<u64>,
+    ) -> Result<Vec<Arc<TranscriptEntry>>, StoreError> {
+        if range.start >= range.end {
+            return Ok(Vec::new());
+        }
+        let (from, to) = (signed(range.start), signed(range.end));
+        let rows = retrying(READ_RETRY, || async {
+            let client = self.client().await?;
+            let statement = client
+                .prepare_cached(
+                    "SELECT t.idx, t.entry, b.data FROM transcript t
+                     LEFT JOIN blobs b ON b.hash = t.result_blob
+                     WHERE t.session_id = $1 AND t.idx >= $2 AND t.idx < $3
+                       AND t.idx < (SELECT s.transcript_len FROM sessions s WHERE s.id = $1)
+                     ORDER BY t.idx",
+                )
+                .await
+                .map_err(map_pg)?;
+            self.trip();
+            client
+                .query(&statement, &[&id.0, &from, &to])
+                .await
+                .map_err(map_pg)
+        })
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                let idx: i64 = r.get(0);
+                let entry: String = r.get(1);
+                let blob: Option<String> = r.get(2);
+                codec::decode_entry(
+                    &id,
+                    u64::try_from(idx).unwrap_or(0),
+                    entry.as_bytes(),
+                    |_| Ok(blob.map(|b| IVec::from(b.as_bytes()))),
+                )
+            })
+            .collect()
     }
 
     /// A round trip to the database, within the lease.

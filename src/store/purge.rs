@@ -1,6 +1,6 @@
 //! Purging a session from the sled store (retention, §9): its header, and
-//! then every row it owns in every tree, and the blobs no other session
-//! references.
+//! then every row it owns in every tree (its rows of the decision index
+//! too), and the blobs no other session references.
 //!
 //! The order keeps the header the commit record, as for checkpoints: the
 //! header goes first, so from then on the session does not exist for any
@@ -19,8 +19,8 @@
 
 use std::collections::BTreeSet;
 
-use overseer_actors::model::SessionId;
-use overseer_actors::store::StoreError;
+use overseer_actors::model::{EventKind, SessionId};
+use overseer_actors::store::{DecisionPosition, StoreError};
 use sled::Tree;
 
 use super::codec;
@@ -136,6 +136,10 @@ fn remove_rows(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeE
             })?;
         }
     }
+    // The decision index's rows are found through the events that recorded
+    // them, so they go while the events are still there (a purge finished
+    // again after a crash finds the rest).
+    remove_decisions(trees, id, tenant)?;
     for (tree, name) in [
         (&trees.transcript, "transcript"),
         (&trees.events, "events"),
@@ -156,6 +160,43 @@ fn remove_rows(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeE
     for (tree, key, name) in single {
         tree.remove(key)
             .map_err(|e| io(format_args!("purging session {id}: removing its {name}"), e))?;
+    }
+    Ok(())
+}
+
+/// Removes the decision index's rows of `id`: one per `decision_recorded`
+/// event in its log. (A row written ahead of a header that a crash then
+/// lost has no event; it stays, invisible, since readers check every row
+/// against its session's log.)
+fn remove_decisions(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeError> {
+    for item in trees.events.scan_prefix(id.as_bytes()) {
+        let (key, value) =
+            item.map_err(|e| io(format_args!("purging session {id}: reading its events"), e))?;
+        let Some(seq) = codec::seq_of(&key) else {
+            continue;
+        };
+        // An unreadable row has no decision to find; the events go anyway.
+        let Ok(events) = codec::decode_events(id, seq, &value) else {
+            continue;
+        };
+        for event in events {
+            if let EventKind::DecisionRecorded { call_id, record } = event.kind {
+                let position = DecisionPosition {
+                    at_ms: record.at_ms,
+                    session_id: *id,
+                    call_id,
+                };
+                trees
+                    .decisions
+                    .remove(codec::decision_key(tenant, &position))
+                    .map_err(|e| {
+                        io(
+                            format_args!("purging session {id}: removing its decision rows"),
+                            e,
+                        )
+                    })?;
+            }
+        }
     }
     Ok(())
 }

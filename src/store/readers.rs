@@ -14,11 +14,12 @@
 //! reader takes the next read without sleeping, and nothing grows with the
 //! load but the queue.
 //!
-//! Every read keeps the wait it had: while the gate is closed (the writer
-//! reopens the directory after a failed write), a read waits for it until
+//! Every read keeps the wait it had: while the writer reopens the directory
+//! after a failed write, a read waits for it until
 //! [`super::gate::READ_WAIT`] after it was *submitted*, not after a reader
 //! took it up, so reads queued behind a waiting one fail together instead of
-//! one wait after another.
+//! one wait after another; while the store is down and nobody reopens it (the
+//! disk is still full), reads fail at once (see `gate`).
 //!
 //! It deliberately knows nothing of what a read does: the store passes a
 //! closure over the opening.
@@ -108,11 +109,11 @@ impl Drop for Readers {
         // already queued; the threads hold the opening, so they are joined
         // before the store's directory can be reopened.
         self.tx = None;
-        for thread in self.threads.drain(..) {
-            if thread.join().is_err() {
-                tracing::error!("a store reader thread panicked");
-            }
-        }
+        super::group_commit::join_within(
+            self.threads.drain(..),
+            super::group_commit::JOIN_WAIT,
+            "store reader",
+        );
     }
 }
 

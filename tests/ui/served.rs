@@ -1,5 +1,7 @@
 //! `overseer serve` as a process on a free loopback port, configured for
-//! the browser tests: the scripted provider playing this file's scenario,
+//! the browser tests: the scripted provider playing this file's scenario
+//! (agents that ask once, twice in a turn, two calls in a step, with a
+//! short deadline, or delegate),
 //! two `http` tools that need approval served by a loopback server in the
 //! test (recording every call), and agents for each test. Plus tokens and a
 //! small API client for acting "elsewhere" (another client than the page).
@@ -49,8 +51,28 @@ fn scenario() -> Value {
             ],
             "echo": [
                 {"text": "You said: {{user}}",
-                 "tool_calls": [{"name": "annotate", "arguments": {"text": "{{user}}"}}]},
+                 "tool_calls": [{"name": "annotate", "arguments": {"text": "{{user}}", "note": "optional"}}]},
                 {"text": "Noted: {{tool_result}}"}
+            ],
+            "twice": [
+                {"text": "First: record {{user_number}}.",
+                 "tool_calls": [{"name": "write_record", "arguments": {"key": "{{user_number}}"}}]},
+                {"text": "Again.",
+                 "tool_calls": [{"name": "write_record", "arguments": {"key": 99}}]},
+                {"text": "Both written."}
+            ],
+            "pair": [
+                {"text": "Two records.",
+                 "tool_calls": [
+                     {"name": "write_record", "arguments": {"key": "{{user_number}}"}},
+                     {"name": "write_record", "arguments": {"key": 8}}
+                 ]},
+                {"text": "Both: {{tool_result}}"}
+            ],
+            "urgent": [
+                {"text": "Urgent: record {{user_number}}.",
+                 "tool_calls": [{"name": "write_record", "arguments": {"key": "{{user_number}}"}}]},
+                {"text": "Result: {{tool_result}}"}
             ]
         }
     })
@@ -82,7 +104,7 @@ requires_approval = true
 name = "annotate"
 description = "Adds a note."
 url = "{tool_url}"
-parameters = {{ type = "object", properties = {{ text = {{ type = "string" }} }}, required = ["text"] }}
+parameters = {{ type = "object", properties = {{ text = {{ type = "string" }}, note = {{ type = "string" }} }}, required = ["text"] }}
 requires_approval = true
 
 [[agents]]
@@ -102,6 +124,19 @@ subagents = ["ops"]
 [[agents]]
 name = "echo"
 tools = ["annotate"]
+
+[[agents]]
+name = "twice"
+tools = ["write_record"]
+
+[[agents]]
+name = "pair"
+tools = ["write_record"]
+
+[[agents]]
+name = "urgent"
+tools = ["write_record"]
+approval_timeout_secs = 45
 "#,
         data = data.display(),
         scenario = scenario.display(),
@@ -325,10 +360,29 @@ impl Served {
 /// A token expiring at `exp` (seconds since the epoch), signed for the
 /// served process.
 pub fn token_until(tenant: &str, sub: &str, exp: u64) -> String {
+    token_with(
+        tenant,
+        sub,
+        &["sessions:read", "sessions:write", "approvals:write"],
+        exp,
+    )
+}
+
+/// A token with only `scopes`, valid for an hour.
+pub fn token_scoped(tenant: &str, sub: &str, scopes: &[&str]) -> String {
+    token_with(
+        tenant,
+        sub,
+        scopes,
+        jsonwebtoken::get_current_timestamp() + 3600,
+    )
+}
+
+fn token_with(tenant: &str, sub: &str, scopes: &[&str], exp: u64) -> String {
     let claims = json!({
         "sub": sub,
         "tenant": tenant,
-        "scopes": ["sessions:read", "sessions:write", "approvals:write"],
+        "scopes": scopes,
         "exp": exp,
         "iat": jsonwebtoken::get_current_timestamp().min(exp),
     });

@@ -18,6 +18,12 @@ pub enum Decision {
         /// Keys that replace the proposed arguments' keys.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         override_args: Option<Map<String, Value>>,
+        /// Keys of the proposed arguments to drop (an optional argument the
+        /// person removed); the result is validated like an override. A key
+        /// named here must be among the proposed arguments and not in
+        /// `override_args`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        remove_args: Vec<String>,
     },
     /// Do not run the call; the model sees `Tool denied by user: <message>`.
     Deny {
@@ -32,7 +38,13 @@ impl Decision {
     pub fn approve() -> Self {
         Self::Approve {
             override_args: None,
+            remove_args: Vec::new(),
         }
+    }
+
+    /// Whether this approval changes the proposed arguments.
+    pub fn edits(&self) -> bool {
+        matches!(self, Self::Approve { override_args, remove_args } if override_args.is_some() || !remove_args.is_empty())
     }
 
     /// A denial with a reason.
@@ -84,20 +96,41 @@ pub struct DecisionRecord {
     /// Caller-supplied metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Value>,
-    /// For an override: `{key: {"from": old, "to": new}}` of the changed keys.
+    /// For an override: `{key: {"from": old, "to": new}}` of the changed
+    /// keys, and `{key: {"from": old, "removed": true}}` of removed ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args_diff: Option<Value>,
 }
 
-/// Shallow-merges `overrides` into `original` (which should be an object) and
-/// returns the merged arguments and the diff of changed keys. Public so that
-/// a surface can show an edit's effect before it is submitted.
-pub fn merge_override(original: &Value, overrides: &Map<String, Value>) -> (Value, Value) {
+/// Shallow-merges `overrides` into `original` (which should be an object),
+/// drops the keys of `removals`, and returns the merged arguments and the
+/// diff of changed and removed keys. A removal of a key the proposal lacks,
+/// or of one `overrides` also sets, is refused with a sentence naming it.
+/// Public so that a surface can show an edit's effect before it is
+/// submitted.
+pub fn merge_override(
+    original: &Value,
+    overrides: &Map<String, Value>,
+    removals: &[String],
+) -> Result<(Value, Value), String> {
     let mut merged = match original {
         Value::Object(m) => m.clone(),
         _ => Map::new(),
     };
     let mut diff = Map::new();
+    for k in removals {
+        if overrides.contains_key(k) {
+            return Err(format!(
+                "remove_args: '{k}' is also in override_args; a key is either replaced or removed"
+            ));
+        }
+        let Some(old) = merged.remove(k) else {
+            return Err(format!(
+                "remove_args: '{k}' is not among the proposed arguments"
+            ));
+        };
+        diff.insert(k.clone(), serde_json::json!({"from": old, "removed": true}));
+    }
     for (k, v) in overrides {
         let old = merged.insert(k.clone(), v.clone());
         if old.as_ref() != Some(v) {
@@ -107,7 +140,7 @@ pub fn merge_override(original: &Value, overrides: &Map<String, Value>) -> (Valu
             );
         }
     }
-    (Value::Object(merged), Value::Object(diff))
+    Ok((Value::Object(merged), Value::Object(diff)))
 }
 
 #[cfg(test)]
@@ -129,7 +162,8 @@ mod tests {
         assert!(matches!(
             d,
             Decision::Approve {
-                override_args: Some(_)
+                override_args: Some(_),
+                ..
             }
         ));
         assert!(serde_json::from_value::<Decision>(json!({"decision": "maybe"})).is_err());
@@ -139,11 +173,36 @@ mod tests {
     fn merge_is_shallow_and_diffs_changed_keys() {
         let original = json!({"a": 1, "b": {"x": 1}});
         let overrides = json!({"b": {"y": 2}, "c": 3}).as_object().cloned().unwrap();
-        let (merged, diff) = merge_override(&original, &overrides);
+        let (merged, diff) = merge_override(&original, &overrides, &[]).unwrap();
         assert_eq!(merged, json!({"a": 1, "b": {"y": 2}, "c": 3}));
         assert_eq!(
             diff,
             json!({"b": {"from": {"x": 1}, "to": {"y": 2}}, "c": {"from": null, "to": 3}})
+        );
+    }
+
+    #[test]
+    fn removals_drop_proposed_keys_and_name_what_cannot_be_removed() {
+        let original = json!({"a": 1, "b": 2});
+        let none = Map::new();
+        let (merged, diff) = merge_override(&original, &none, &["b".into()]).unwrap();
+        assert_eq!(merged, json!({"a": 1}));
+        assert_eq!(diff, json!({"b": {"from": 2, "removed": true}}));
+        let err = merge_override(&original, &none, &["z".into()]).unwrap_err();
+        assert!(
+            err.contains("'z' is not among the proposed arguments"),
+            "{err}"
+        );
+        let both = json!({"a": 5}).as_object().cloned().unwrap();
+        let err = merge_override(&original, &both, &["a".into()]).unwrap_err();
+        assert!(err.contains("'a' is also in override_args"), "{err}");
+        // The wire shape: absent when empty, so existing records read back the same.
+        let d: Decision =
+            serde_json::from_value(json!({"decision": "approve", "remove_args": ["b"]})).unwrap();
+        assert!(d.edits());
+        assert_eq!(
+            serde_json::to_value(Decision::approve()).unwrap(),
+            json!({"decision": "approve"})
         );
     }
 }

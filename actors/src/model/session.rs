@@ -550,6 +550,12 @@ pub struct SessionHeader {
     /// Who started the session (or its root), e.g. a token's `sub`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_by: Option<String>,
+    /// For a session created under a client's idempotency key: a digest of
+    /// the create request (the edge's, e.g. SHA-256 hex), so that a retry is
+    /// told from a different request under the same key exactly, however
+    /// the session has changed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_digest: Option<String>,
     /// Agent name.
     pub agent: String,
     /// Optional title (bounded, see [`crate::Limits`]).
@@ -683,6 +689,7 @@ impl SessionHeader {
             id,
             tenant,
             created_by: None,
+            create_digest: None,
             agent,
             title: None,
             parent: None,

@@ -375,7 +375,7 @@ impl SessionState {
             return Ok(None);
         };
         let Some(stored) = self.runtime.store.load(child).await? else {
-            return Err(SessionError::Invalid(format!(
+            return Err(SessionError::Internal(format!(
                 "the checkpoint of subagent session {child} is missing"
             )));
         };
@@ -490,7 +490,9 @@ impl SessionState {
             return;
         }
         if let Err(e) = self.resume_child(myself, child, true).await {
-            Box::pin(self.on_child_failed(myself, child, format!("resume failed: {e}"))).await;
+            let down = crate::supervision::store_down_error(&e);
+            Box::pin(self.on_child_failed(myself, child, format!("resume failed: {e}"), down))
+                .await;
         }
     }
 
@@ -501,6 +503,7 @@ impl SessionState {
         myself: &ActorRef<SessionMsg>,
         child: SessionId,
         reason: String,
+        store_down: bool,
     ) {
         let Some(call) = self.running_call_of(child) else {
             // Its call is no longer running (cancelled): nothing to resume.
@@ -509,7 +512,7 @@ impl SessionState {
         };
         match self
             .runtime
-            .on_actor_failed(&mut self.child_restarts, child, &reason)
+            .on_actor_failed(&mut self.child_restarts, child, &reason, store_down)
             .await
         {
             AfterFailure::RestartAfter(after) => {
@@ -537,12 +540,14 @@ impl SessionState {
         tracing::info!(session_id = %child, "restarting child session");
         match self.resume_child(myself, child, false).await {
             Ok(_) => {}
-            Err(SessionError::Invalid(missing)) => {
+            Err(SessionError::Internal(missing)) => {
                 self.child_failed(myself, &call, child, &missing)
             }
             // A respawn that fails counts as another failure.
             Err(e) => {
-                Box::pin(self.on_child_failed(myself, child, format!("restart failed: {e}"))).await
+                let down = crate::supervision::store_down_error(&e);
+                Box::pin(self.on_child_failed(myself, child, format!("restart failed: {e}"), down))
+                    .await
             }
         }
     }

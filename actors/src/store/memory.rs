@@ -12,7 +12,10 @@ use crate::model::{
     Event, QueuedMessage, SessionHeader, SessionId, SessionStatus, TranscriptEntry, SCHEMA_VERSION,
 };
 
-use super::{Checkpoint, CheckpointStore, SessionSummary, StoreError, StoredSession};
+use super::{
+    decision_rows, Checkpoint, CheckpointStore, DecisionPage, DecisionPosition, DecisionQuery,
+    DecisionRow, SessionSummary, StoreError, StoredSession,
+};
 
 #[derive(Default)]
 struct Inner {
@@ -21,6 +24,8 @@ struct Inner {
     events: BTreeMap<SessionId, Vec<Event>>,
     metadata: BTreeMap<SessionId, Value>,
     queues: BTreeMap<SessionId, BTreeMap<u64, QueuedMessage>>,
+    /// The decision index: (tenant, position) → row.
+    decisions: BTreeMap<(String, DecisionPosition), DecisionRow>,
     checkpoints: u64,
     /// Most headers a page of `list_by_status` holds, below what was asked.
     page_cap: Option<usize>,
@@ -64,6 +69,11 @@ impl CheckpointStore for MemStore {
     async fn checkpoint(&self, cp: Checkpoint) -> Result<(), StoreError> {
         let mut inner = self.lock();
         let id = cp.header.id;
+        for row in decision_rows(&cp) {
+            inner
+                .decisions
+                .insert((row.tenant.clone(), row.position()), row);
+        }
         let transcript = inner.transcripts.entry(id).or_default();
         for (idx, entry) in cp.entries {
             let idx = idx as usize;
@@ -186,6 +196,44 @@ impl CheckpointStore for MemStore {
         Ok(())
     }
 
+    async fn decisions(
+        &self,
+        tenant: &str,
+        query: &DecisionQuery,
+    ) -> Result<DecisionPage, StoreError> {
+        let inner = self.lock();
+        let limit = query.limit.max(1);
+        let mut rows = inner
+            .decisions
+            .iter()
+            .rev()
+            .filter(|((t, p), row)| t == tenant && query.after_cursor(p) && query.matches(row))
+            .map(|(_, row)| row.clone())
+            .take(limit + 1);
+        let page: Vec<DecisionRow> = rows.by_ref().take(limit).collect();
+        let next = match rows.next() {
+            Some(_) => page.last().map(DecisionRow::position),
+            None => None,
+        };
+        Ok(DecisionPage { rows: page, next })
+    }
+
+    async fn entries(
+        &self,
+        id: SessionId,
+        range: std::ops::Range<u64>,
+    ) -> Result<Vec<Arc<TranscriptEntry>>, StoreError> {
+        let inner = self.lock();
+        let Some(transcript) = inner.transcripts.get(&id) else {
+            return Ok(Vec::new());
+        };
+        let end = usize::try_from(range.end)
+            .unwrap_or(usize::MAX)
+            .min(transcript.len());
+        let start = usize::try_from(range.start).unwrap_or(usize::MAX).min(end);
+        Ok(transcript[start..end].to_vec())
+    }
+
     async fn scan(
         &self,
         after: Option<SessionId>,
@@ -220,6 +268,7 @@ impl CheckpointStore for MemStore {
         inner.events.remove(&id);
         inner.metadata.remove(&id);
         inner.queues.remove(&id);
+        inner.decisions.retain(|(_, p), _| p.session_id != id);
         Ok(())
     }
 }

@@ -1,6 +1,9 @@
 // The approval inbox: sign-in, the shell (navigation, connection state),
-// the tenant-wide event stream shared by every view, and hash routing:
-//   #/inbox (default)   pending approvals of the tenant
+// what the token may do (GET /v1/me: a read-only token gets no decide
+// buttons), the tenant-wide event stream shared by every view, the clock
+// that refreshes countdowns every second, and hash routing:
+//   #/inbox (default)   pending approvals of the tenant (the review desk)
+//   #/history           the tenant's decision history
 //   #/s/<session id>    one session: transcript, calls, tree, actions
 //   #/new               start a session
 // Plain ES modules, no framework and no build step: the files are served
@@ -8,8 +11,10 @@
 
 import { api, onUnauthorized, EventStream } from './api.js';
 import { takeTokenFromFragment, getToken, setToken, clearToken, claims } from './auth.js';
-import { h, clear, announce, formatTime, tickTimes, isSessionId } from './dom.js';
+import { h, clear, setText, announce, formatTime, isSessionId } from './dom.js';
+import { tick } from './desk.js';
 import { InboxStore, renderInbox } from './inbox.js';
+import { renderHistory } from './history.js';
 import { renderSession } from './session.js';
 import { renderCreate } from './create.js';
 
@@ -20,11 +25,14 @@ let feed = null;
 let store = null;
 let view = null;
 let expiryTimer = null;
+let may = {};
 const feedListeners = new Set();
 
-/** What views get: the inbox store, the tenant feed, navigation. */
+/** What views get: the inbox store, what the token may do, the tenant
+ *  feed, navigation. */
 const ctx = {
   get store() { return store; },
+  get may() { return may; },
   onFeed(listener) {
     feedListeners.add(listener);
     return () => feedListeners.delete(listener);
@@ -56,6 +64,7 @@ function stopSession() {
   if (feed) feed.close();
   feed = null;
   store = null;
+  may = {};
   pendingCount = 0;
   feedListeners.clear();
   clearTimeout(expiryTimer);
@@ -107,24 +116,28 @@ function showSignIn(message) {
 }
 
 async function startSignedIn() {
-  // One request proves the token before anything is shown; a 401 comes
-  // back here through the unauthorized handler with the server's reason.
+  // One request proves the token and says what it may do before anything
+  // is shown; a 401 comes back here through the unauthorized handler with
+  // the server's reason.
+  let me;
   try {
-    await api('GET', '/v1/agents');
+    me = await api('GET', '/v1/me');
   } catch (e) {
     if (e.status === 401) return;
-    if (e.status === 403) {
-      clearToken();
-      showSignIn(`This token cannot be used here: ${e.message}. The inbox needs sessions:read (and approvals:write to decide).`);
-      return;
-    }
     showSignIn(`The server could not be asked (${e.message}). Try again.`);
+    return;
+  }
+  if (!me.may || !me.may.read) {
+    clearToken();
+    showSignIn('This token cannot be used here: it lacks sessions:read. The inbox needs sessions:read (and approvals:write to decide).');
     return;
   }
   const c = claims(getToken());
   if (!armExpiry(c.exp)) return;
-  document.getElementById('whoami').textContent =
-    [c.sub, c.tenant].filter(Boolean).join(' @ ');
+  may = me.may;
+  setText(document.getElementById('whoami'),
+    [me.sub, me.tenant].filter(Boolean).join(' @ ') + (may.decide ? '' : ' (read-only)'));
+  document.getElementById('nav-new').hidden = !may.write;
   top.hidden = false;
   store = new InboxStore(updateCount);
   feed = new EventStream('/v1/events', {
@@ -184,6 +197,9 @@ function route() {
   } else if (hash === '#/new') {
     document.getElementById('nav-new').setAttribute('aria-current', 'page');
     view = renderCreate(main, ctx);
+  } else if (hash === '#/history') {
+    document.getElementById('nav-history').setAttribute('aria-current', 'page');
+    view = renderHistory(main, ctx);
   } else {
     document.getElementById('nav-inbox').setAttribute('aria-current', 'page');
     view = renderInbox(main, ctx);
@@ -205,7 +221,8 @@ function boot() {
     }
     route();
   });
-  setInterval(() => tickTimes(), 15000);
+  // Countdowns to automatic denials say the truth to the second.
+  setInterval(() => tick(), 1000);
   if (getToken()) startSignedIn();
   else showSignIn('');
 }

@@ -4,6 +4,11 @@ import { api } from './api.js';
 import { h, nextId } from './dom.js';
 
 export function renderCreate(main, ctx) {
+  if (ctx.may && !ctx.may.write) {
+    main.append(h('h1', {}, 'New session'),
+      h('p', { class: 'empty' }, 'Your token cannot start sessions: that needs sessions:write.'));
+    return { destroy() {} };
+  }
   let destroyed = false;
   const agentId = nextId('agent');
   const titleId = nextId('title');

@@ -2,11 +2,13 @@
 // stream, resumed after the state it loaded), each tool call with its state,
 // decision (who, when, argument diff) and result, the pending approvals of
 // its tree, the delegation tree with statuses and usage, and the actions:
-// send a message, cancel, done.
+// send a message, cancel, done. Long texts (a model's 100 KB answer, a
+// large result) are collapsed with "Show all".
 
 import { api, ApiError, EventStream } from './api.js';
-import { h, append, clear, setText, announce, pretty, formatTime, shortId, nextId, isSessionId } from './dom.js';
+import { h, append, clear, setText, announce, pretty, formatTime, nextId, isSessionId } from './dom.js';
 import { display } from './render.js';
+import { sessionName, longText, diffList, unwatchClocks } from './desk.js';
 import { approvalCard } from './inbox.js';
 
 const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
@@ -28,13 +30,9 @@ function decisionView(record) {
   } else {
     lines.push(h('p', { class: 'decision' }, `Approved by ${who} at ${when}`));
   }
-  const diff = record.args_diff && typeof record.args_diff === 'object' ? Object.entries(record.args_diff) : [];
-  if (diff.length) {
-    lines.push(h('ul', { class: 'diff', 'aria-label': 'Edited arguments' },
-      diff.map(([key, change]) => h('li', {}, h('code', {}, key), ': ', h('code', {}, JSON.stringify(change.from)), ' → ', h('code', {}, JSON.stringify(change.to))))));
-  }
+  lines.push(diffList(record.args_diff));
   if (record.metadata) lines.push(h('pre', { 'aria-label': 'Decision metadata' }, pretty(record.metadata)));
-  return lines;
+  return lines.filter(Boolean);
 }
 
 /** A tool call block that events update in place. */
@@ -43,13 +41,18 @@ class CallView {
     this.state = h('span', { class: 'state' });
     this.decision = h('div', { class: 'decision-box' });
     this.result = h('div', { class: 'result-box' });
-    // The arguments as data: the shown text is the rule's display of them.
-    this.argsValue = args;
-    this.args = h('pre', { class: 'call-args', 'aria-label': 'Arguments' }, pretty(args));
+    this.argsBox = h('div', { class: 'args-box' });
+    this.setArgs(args);
     this.el = h('div', { class: 'call', dataset: { call: id } },
       h('p', {}, 'Tool call ', h('strong', { class: 'tool' }, name), ' · ', this.state),
-      this.args, this.decision, this.result);
+      this.argsBox, this.decision, this.result);
     this.setState('proposed');
+  }
+
+  /** The arguments shown: as proposed, then those that ran. */
+  setArgs(args) {
+    this.argsValue = args;
+    clear(this.argsBox).append(longText('pre', pretty(args), { class: 'call-args', 'aria-label': 'Arguments' }));
   }
 
   setState(state) {
@@ -64,16 +67,13 @@ class CallView {
 
   setResult(result) {
     clear(this.result).append(h('p', { class: 'hint' }, 'Result'),
-      h('pre', { class: 'call-result', 'aria-label': 'Result' }, typeof result === 'string' ? result : pretty(result)));
+      longText('pre', typeof result === 'string' ? result : pretty(result), { class: 'call-result', 'aria-label': 'Result' }));
   }
 
   /** From a stored call record. */
   fill(call) {
     this.setState(call.state);
-    if (call.effective_arguments) {
-      this.argsValue = call.effective_arguments;
-      append(clear(this.args), pretty(call.effective_arguments));
-    }
+    if (call.effective_arguments) this.setArgs(call.effective_arguments);
     if (call.decision) this.setDecision(call.decision);
     if (call.result !== undefined && call.result !== null) this.setResult(call.result);
   }
@@ -86,7 +86,7 @@ export function renderSession(main, id, ctx) {
   const calls = new Map();
   let streaming = null;
 
-  const title = h('h1', {}, `Session ${shortId(id)}`);
+  const title = h('h1', {}, sessionName(null, id));
   const meta = h('div', { class: 'meta' });
   const statusEl = h('span', { class: 'status', role: 'status' });
   const usage = h('span', { class: 'usage' });
@@ -113,6 +113,12 @@ export function renderSession(main, id, ctx) {
       h('section', { 'aria-labelledby': 'tree-title' },
         h('h2', { id: 'tree-title' }, 'Delegation tree'), tree)));
 
+  // A token that may not drive sessions gets no form and no actions.
+  const canWrite = !ctx.may || ctx.may.write !== false;
+  messageForm.hidden = !canWrite;
+  cancelButton.hidden = !canWrite;
+  doneButton.hidden = !canWrite;
+
   function setStatus(status, stopReason) {
     statusEl.className = `status ${status}`;
     statusEl.textContent = status.replace(/_/g, ' ') + (stopReason ? ` (last turn: ${stopReason.replace(/_/g, ' ')})` : '');
@@ -121,6 +127,11 @@ export function renderSession(main, id, ctx) {
     doneButton.disabled = terminal;
     sendButton.disabled = terminal;
     message.disabled = terminal;
+  }
+
+  /** A transcript text: long ones collapse with "Show all". */
+  function textOf(text) {
+    return longText('p', text, { class: 'text' });
   }
 
   function entry(kind, who, ...content) {
@@ -133,6 +144,8 @@ export function renderSession(main, id, ctx) {
   // session's first `index` transcript entries (POST /v1/sessions/{id}/fork).
   function forkButton(index) {
     const button = h('button', { type: 'button', class: 'fork', 'data-index': String(index) }, 'Fork from here');
+    // Forking creates a session: not offered to a read-only token.
+    button.hidden = !canWrite;
     button.addEventListener('click', () => act(button, 'fork', { at: { index } }, (fork) => {
       if (isSessionId(fork.id)) location.hash = `#/s/${fork.id}`;
     }));
@@ -154,13 +167,13 @@ export function renderSession(main, id, ctx) {
 
   function renderState(s) {
     header = s;
-    ctx.setTitle(`${display(s.title || `Session ${shortId(s.id)}`, false)} · overseer approvals`);
-    setText(title, s.title || `Session ${shortId(s.id)}`);
+    ctx.setTitle(`${display(sessionName(s.title, s.id), false)} · overseer approvals`);
+    setText(title, sessionName(s.title, s.id));
     append(clear(meta), [
       h('span', {}, `Agent: ${s.agent}`),
       h('span', {}, `Created ${formatTime(s.created_at_ms)}`),
       s.parent && isSessionId(s.parent.session_id)
-        ? h('span', {}, 'Delegated by ', h('a', { href: `#/s/${s.parent.session_id}` }, `session ${shortId(s.parent.session_id)}`))
+        ? h('span', {}, 'Delegated by ', h('a', { href: `#/s/${s.parent.session_id}`, title: s.parent.session_id }, sessionName(null, s.parent.session_id)))
         : null,
       s.error ? h('span', { class: 'error' }, s.error) : null]);
     setStatus(s.status, s.last_stop_reason);
@@ -169,9 +182,9 @@ export function renderSession(main, id, ctx) {
     calls.clear();
     streaming = null;
     (s.transcript || []).forEach((e, i) => {
-      if (e.role === 'user') entry('user', 'user', h('p', { class: 'text' }, e.text), forkButton(i + 1));
+      if (e.role === 'user') entry('user', 'user', textOf(e.text), forkButton(i + 1));
       else if (e.role === 'assistant') {
-        const li = entry('assistant', 'assistant', e.text ? h('p', { class: 'text' }, e.text) : null, forkButton(i + 1));
+        const li = entry('assistant', 'assistant', e.text ? textOf(e.text) : null, forkButton(i + 1));
         for (const c of e.tool_calls || []) {
           const view = new CallView(c.id, c.name, c.arguments);
           calls.set(c.id, view);
@@ -184,7 +197,7 @@ export function renderSession(main, id, ctx) {
       }
     });
     for (const c of s.open_calls || []) call(c.id, c.name, c.arguments).fill(c);
-    for (const m of s.inbox || []) entry('user queued', 'user (queued)', h('p', { class: 'text' }, m.text));
+    for (const m of s.inbox || []) entry('user queued', 'user (queued)', textOf(m.text));
   }
 
   function onEvent(type, e) {
@@ -197,14 +210,17 @@ export function renderSession(main, id, ctx) {
         break;
       }
       case 'message_accepted':
-        entry(e.queued ? 'user queued' : 'user', e.queued ? 'user (queued)' : 'user', h('p', { class: 'text' }, e.text));
+        entry(e.queued ? 'user queued' : 'user', e.queued ? 'user (queued)' : 'user', textOf(e.text));
         break;
       case 'assistant_message': {
         const li = streaming || entry('assistant', 'assistant', h('p', { class: 'text' }));
         li.classList.remove('streaming');
+        // The streamed text gives way to the step's whole text, collapsed
+        // when long.
         const text = li.querySelector('.text');
-        append(clear(text), e.text);
-        if (!e.text) text.remove();
+        const whole = e.text ? textOf(e.text) : null;
+        if (whole) text.replaceWith(whole);
+        else text.remove();
         streaming = null;
         break;
       }
@@ -220,12 +236,16 @@ export function renderSession(main, id, ctx) {
           view.setDecision(e.record);
           view.setState(e.record.decision.decision === 'deny' ? 'denied' : 'approved');
           const diff = e.record.args_diff;
-          if (diff && typeof diff === 'object' && view.args) {
-            // The arguments that run: the proposal with the edited keys.
-            const merged = { ...(view.argsValue && typeof view.argsValue === 'object' ? view.argsValue : {}) };
-            for (const [k, change] of Object.entries(diff)) merged[k] = change.to;
-            view.argsValue = merged;
-            append(clear(view.args), pretty(merged));
+          const args = view.argsValue;
+          if (diff && typeof diff === 'object' && args && typeof args === 'object' && !Array.isArray(args)) {
+            // The arguments that run: the proposal with the edited keys
+            // replaced and the removed ones gone.
+            const merged = { ...args };
+            for (const [k, change] of Object.entries(diff)) {
+              if (change && change.removed) delete merged[k];
+              else merged[k] = change ? change.to : null;
+            }
+            view.setArgs(merged);
           }
         }
         break;
@@ -296,6 +316,7 @@ export function renderSession(main, id, ctx) {
     for (const [callId, el] of cards) {
       if (!live.has(callId)) {
         el.parentElement?.remove();
+        unwatchClocks(el);
         cards.delete(callId);
       }
     }
@@ -392,6 +413,7 @@ export function renderSession(main, id, ctx) {
       unsubscribeFeed();
       clearTimeout(treeTimer);
       clearTimeout(confirmTimer);
+      for (const el of cards.values()) unwatchClocks(el);
     },
   };
 }

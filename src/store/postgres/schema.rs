@@ -14,9 +14,12 @@
 //! | `events` | `(session_id, seq)` → event |
 //! | `queue` | `(session_id, seq)` → a message queued behind a running turn |
 //! | `blobs` | sha256 hex → tool result over 64 KiB |
+//! | `decisions` | `(tenant, at_ms, session_id, call_id)` → a row of the decision index (migration 4) |
 //! | `leases` | `root_id` → the node owning the tree and its fencing `epoch` |
 //! | `nodes` | node id → advertised URL, heartbeat time |
 //! | `overseer_meta` | `node_secret`: the key of node-to-node credentials |
+//! | `webhook_endpoints` | a tenant's webhook endpoint: the columns the checkpoint's join needs (`tenant`, `events`, `disabled`) and the endpoint (migration 5) |
+//! | `webhook_deliveries` | `(endpoint_id, id)` → one webhook message to one endpoint: inserted by the checkpoint that records its event, then its attempts, status and the node's claim (`lease_node`, `lease_until_ms`) (migration 5) |
 //!
 //! It owns DDL only; the statements that read and write these tables are in
 //! the parent module.
@@ -122,6 +125,66 @@ CREATE INDEX transcript_by_blob ON transcript (result_blob)
         sql: r#"
 CREATE INDEX sessions_active_by_id ON sessions (id)
     WHERE status IN ('running', 'awaiting_approval');
+"#,
+    },
+    // The decision index (`GET /v1/decisions`): one row per recorded
+    // decision, written by the checkpoint statement that records it, paged
+    // per tenant newest first by its primary key; purged with its session.
+    // `call_id` compares bytewise ("C"), as the other stores order it.
+    Migration {
+        version: 4,
+        sql: r#"
+CREATE TABLE decisions (
+    tenant     text   NOT NULL,
+    at_ms      bigint NOT NULL,
+    session_id uuid   NOT NULL,
+    call_id    text   COLLATE "C" NOT NULL,
+    agent      text   NOT NULL,
+    tool       text   NOT NULL,
+    decided_by text,
+    row_json   text   NOT NULL,
+    PRIMARY KEY (tenant, at_ms, session_id, call_id)
+);
+CREATE INDEX decisions_by_session ON decisions (session_id);
+"#,
+    },
+    // Webhooks (§18): endpoints, and the outbox that is also the delivery
+    // log. A checkpoint inserts its events' deliveries in its own statement
+    // (joined with the tenant's enabled endpoints); nodes claim due ones
+    // with `FOR UPDATE SKIP LOCKED` and a lease.
+    Migration {
+        version: 5,
+        sql: r#"
+CREATE TABLE webhook_endpoints (
+    id       uuid PRIMARY KEY,
+    tenant   text NOT NULL,
+    events   text[] NOT NULL,
+    disabled boolean NOT NULL DEFAULT false,
+    endpoint text NOT NULL
+);
+CREATE INDEX webhook_endpoints_by_tenant ON webhook_endpoints (tenant) WHERE NOT disabled;
+
+CREATE TABLE webhook_deliveries (
+    endpoint_id        uuid    NOT NULL,
+    id                 text    NOT NULL,
+    tenant             text    NOT NULL,
+    session_id         uuid    NOT NULL,
+    seed               text    NOT NULL,
+    status             text    NOT NULL DEFAULT 'pending',
+    attempts           integer NOT NULL DEFAULT 0,
+    created_at_ms      bigint  NOT NULL,
+    next_attempt_at_ms bigint  NOT NULL,
+    last_attempt_at_ms bigint,
+    last_status_code   integer,
+    last_error         text,
+    delivered_at_ms    bigint,
+    body               text,
+    lease_node         uuid,
+    lease_until_ms     bigint  NOT NULL DEFAULT 0,
+    PRIMARY KEY (endpoint_id, id)
+);
+CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_attempt_at_ms)
+    WHERE status = 'pending';
 "#,
     },
 ];

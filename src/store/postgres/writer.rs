@@ -31,8 +31,12 @@ const MAX_PENDING: usize = 4096;
 const NOTIFY_CHUNK: usize = 7_000;
 
 /// The statement of one checkpoint: everything is written only if the
-/// tree's lease still has this node and this epoch (`fence`); it answers
-/// how many header rows it wrote (1, or 0 when fenced).
+/// tree's lease still has this node and this epoch (`fence`), the rows of
+/// the decision index its decisions add included (`x`); it answers how many
+/// header rows it wrote (1, or 0 when fenced). `w` is the webhook outbox:
+/// one delivery per seed (an event that goes out) and enabled endpoint of
+/// the tenant that wants it, in the same statement as the event; the
+/// database's endpoints decide, not any node's view of them.
 const CHECKPOINT_SQL: &str = "
 WITH fence AS (
     SELECT 1 AS ok FROM leases WHERE root_id = $2 AND node_id = $3 AND epoch = $4 FOR SHARE
@@ -69,6 +73,19 @@ WITH fence AS (
 ), d AS (
     DELETE FROM queue
     WHERE session_id = $1 AND seq >= $22 AND seq < $23 AND EXISTS (SELECT 1 FROM fence)
+), w AS (
+    INSERT INTO webhook_deliveries (endpoint_id, id, tenant, session_id, seed,
+                                    created_at_ms, next_attempt_at_ms)
+    SELECT ep.id, u.id, $6, $1, u.seed, $27, $27
+    FROM fence, unnest($24::text[], $25::text[], $26::text[]) AS u(id, event, seed)
+    JOIN webhook_endpoints ep ON ep.tenant = $6 AND NOT ep.disabled AND u.event = ANY(ep.events)
+    ON CONFLICT (endpoint_id, id) DO NOTHING
+), x AS (
+    INSERT INTO decisions (tenant, at_ms, session_id, call_id, agent, tool, decided_by, row_json)
+    SELECT $6, u.at_ms, $1, u.call_id, $28, u.tool, u.decided_by, u.row_json
+    FROM fence, unnest($29::bigint[], $30::text[], $31::text[], $32::text[], $33::text[])
+        AS u(at_ms, call_id, tool, decided_by, row_json)
+    ON CONFLICT (tenant, at_ms, session_id, call_id) DO UPDATE SET row_json = EXCLUDED.row_json
 )
 SELECT count(*) FROM s";
 
@@ -303,6 +320,16 @@ impl Prepared {
             &self.queued,
             &self.dequeue_from,
             &self.dequeue_to,
+            &self.hook_ids,
+            &self.hook_events,
+            &self.hook_seeds,
+            &self.hook_now_ms,
+            &self.agent,
+            &self.decision_at,
+            &self.decision_calls,
+            &self.decision_tools,
+            &self.decision_by,
+            &self.decision_rows,
         ]
     }
 }

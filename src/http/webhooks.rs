@@ -1,0 +1,217 @@
+//! `/v1/webhooks`: a tenant's webhook endpoints and their delivery logs
+//! (§18), all under the `webhooks:write` scope (`admin` implies it): an
+//! endpoint's URL and log are the tenant's configuration, which a token
+//! that only reads sessions has no business seeing.
+//!
+//! - `POST /v1/webhooks` `{url, events?, description?}`: 201 with the
+//!   endpoint and its signing secret (`whsec_…`), shown this once; 400
+//!   naming the field (an address the SSRF rules refuse says which rule).
+//! - `GET /v1/webhooks`: `{webhooks: [...]}`, without secrets.
+//! - `GET /v1/webhooks/{id}`: one endpoint, with `disabled: {at_ms, reason}`
+//!   once deliveries to it were given up.
+//! - `DELETE /v1/webhooks/{id}`: 204; its pending deliveries go with it.
+//! - `GET /v1/webhooks/{id}/deliveries?cursor=&limit=`: its delivery log,
+//!   newest first: `webhook-id`, event, session, status, attempts, last
+//!   error and status code, next attempt.
+//!
+//! Another tenant's endpoint is a 404, like an unknown one. This module owns
+//! the wire shapes only; the rules are `crate::webhooks`'.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::extract::{ApiJson, ApiQuery, Authorized, Hooks};
+use super::{ApiError, AppState};
+use crate::webhooks::{Delivery, Endpoint, EventType, NewEndpoint, WebhookError, Webhooks};
+
+/// Default page of the delivery log.
+const DEFAULT_PAGE: usize = 50;
+/// Largest page of the delivery log.
+const MAX_PAGE: usize = 200;
+
+impl From<WebhookError> for ApiError {
+    fn from(e: WebhookError) -> Self {
+        match e {
+            WebhookError::Target(t) => {
+                ApiError::bad_request("invalid_webhook_url", format!("url: {t}"))
+            }
+            WebhookError::Invalid { field, message } => {
+                ApiError::bad_request("invalid_request", format!("{field}: {message}"))
+            }
+            WebhookError::NotFound(id) => ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no webhook endpoint {id}"),
+            ),
+            WebhookError::Store(e) => e.into(),
+        }
+    }
+}
+
+fn hooks(state: &AppState) -> Result<&std::sync::Arc<Webhooks>, ApiError> {
+    state.webhooks().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "webhooks are disabled on this server ([webhooks] enabled = false)",
+        )
+    })
+}
+
+/// An endpoint as the API shows it: everything but the secret.
+fn view(e: &Endpoint) -> Value {
+    json!({
+        "id": e.id,
+        "url": e.url,
+        "events": e.events,
+        "description": e.description,
+        "created_by": e.created_by,
+        "created_at_ms": e.created_at_ms,
+        "enabled": e.disabled.is_none(),
+        "disabled": e.disabled,
+    })
+}
+
+fn delivery_view(d: &Delivery) -> Value {
+    json!({
+        "webhook_id": d.seed.id,
+        "event": d.seed.event,
+        "session_id": d.seed.session_id,
+        "event_seq": d.seed.seq,
+        "status": d.status,
+        "attempts": d.attempts,
+        "created_at_ms": d.created_at_ms,
+        "next_attempt_at_ms": (d.status == crate::webhooks::DeliveryStatus::Pending)
+            .then_some(d.next_attempt_at_ms),
+        "last_attempt_at_ms": d.last_attempt_at_ms,
+        "last_status_code": d.last_status_code,
+        "last_error": d.last_error,
+        "delivered_at_ms": d.delivered_at_ms,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CreateBody {
+    url: String,
+    #[serde(default)]
+    events: Option<Vec<String>>,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+/// `POST /v1/webhooks`.
+pub(super) async fn create(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Hooks>,
+    ApiJson(body): ApiJson<CreateBody>,
+) -> Result<Response, ApiError> {
+    let hooks = hooks(&state)?;
+    let mut events = Vec::new();
+    for name in body.events.unwrap_or_default() {
+        let event = EventType::parse(&name).ok_or_else(|| {
+            ApiError::bad_request(
+                "invalid_request",
+                format!(
+                    "events: unknown event '{name}' (known: {})",
+                    EventType::ALL.map(EventType::as_str).join(", ")
+                ),
+            )
+        })?;
+        events.push(event);
+    }
+    let endpoint = hooks
+        .register(
+            &principal.tenant,
+            NewEndpoint {
+                url: body.url,
+                events,
+                description: body.description,
+                created_by: Some(principal.sub.clone()),
+            },
+        )
+        .await?;
+    let mut shown = view(&endpoint);
+    shown["secret"] = json!(endpoint.secret);
+    Ok((StatusCode::CREATED, Json(shown)).into_response())
+}
+
+/// `GET /v1/webhooks`.
+pub(super) async fn list(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Hooks>,
+) -> Result<Json<Value>, ApiError> {
+    let endpoints = hooks(&state)?.list(&principal.tenant).await?;
+    let views: Vec<Value> = endpoints.iter().map(view).collect();
+    Ok(Json(json!({ "webhooks": views })))
+}
+
+/// `GET /v1/webhooks/{id}`.
+pub(super) async fn show(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Hooks>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let endpoint = hooks(&state)?.get(&principal.tenant, &id).await?;
+    Ok(Json(view(&endpoint)))
+}
+
+/// `DELETE /v1/webhooks/{id}`.
+pub(super) async fn delete(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Hooks>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    hooks(&state)?.delete(&principal.tenant, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LogQuery {
+    #[serde(default)]
+    cursor: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// `GET /v1/webhooks/{id}/deliveries?cursor=&limit=`.
+pub(super) async fn deliveries(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Hooks>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<LogQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = q.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!("limit: must be between 1 and {MAX_PAGE}"),
+        ));
+    }
+    if let Some(cursor) = &q.cursor {
+        let ok = cursor
+            .strip_prefix("msg_")
+            .is_some_and(|hex| uuid::Uuid::parse_str(hex).is_ok());
+        if !ok {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                format!("cursor: '{cursor}' is not a cursor of this log; pass the next_cursor of a previous page"),
+            ));
+        }
+    }
+    let page = hooks(&state)?
+        .deliveries(&principal.tenant, &id, q.cursor.as_deref(), limit)
+        .await?;
+    let next_cursor = (page.len() == limit)
+        .then(|| page.last().map(|d| d.seed.id.clone()))
+        .flatten();
+    let views: Vec<Value> = page.iter().map(delivery_view).collect();
+    Ok(Json(
+        json!({ "deliveries": views, "next_cursor": next_cursor }),
+    ))
+}

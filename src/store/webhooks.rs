@@ -1,0 +1,750 @@
+//! The webhook outbox and delivery log in the sled store: the
+//! [`WebhookStore`] of a single node.
+//!
+//! Trees (beside the session trees of the parent module):
+//!
+//! | tree                 | key                                   | value |
+//! |----------------------|---------------------------------------|-------|
+//! | `webhooks`           | endpoint id (16 bytes)                | endpoint JSON |
+//! | `webhook_outbox`     | session id ‖ BE u64 event seq ‖ endpoint id | seed JSON |
+//! | `webhook_deliveries` | endpoint id ‖ `webhook-id` (16 bytes) | delivery JSON |
+//! | `webhook_due`        | BE u64 due ms ‖ endpoint id ‖ `webhook-id` | empty |
+//!
+//! **The outbox is written with the checkpoint.** The checkpoint's writer
+//! puts its outbox rows (derived from its events through
+//! [`Subscriptions::rows`]) in the same group, before the session's header,
+//! like every other row the header commits. So after a crash a row exists
+//! for every committed event; but a row may also exist whose checkpoint was
+//! cut short before its header, naming an event that never happened (and
+//! whose sequence number a later checkpoint reuses). Such a row is never
+//! delivered: [`WebhookStore::intake`] moves a row into the delivery log
+//! only if the session's header covers its event *and* the event committed
+//! at that number is the one the row describes (`outbox::describes`), and
+//! it looks only at rows it saw before a flush of the store (so their
+//! checkpoints have been applied and made durable); every other row is
+//! dropped (the checkpoint that commits an event writes that event's own
+//! rows).
+//!
+//! The delivery log and its due index are written by the delivery task
+//! directly (not through the checkpoint writer: they are not session state),
+//! in an order that a crash leaves harmless: a new due entry before the
+//! delivery it schedules, the old one after, so a due entry may be stale
+//! (skipped and removed when met) but a pending delivery never lacks one.
+//! Endpoints are flushed before a registration is answered. A write failure
+//! closes the store's gate, as a failed checkpoint would.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use overseer_actors::model::SessionId;
+use overseer_actors::store::{Checkpoint, CheckpointStore, StoreError};
+use sled::{IVec, Tree};
+use uuid::Uuid;
+
+use super::codec::{self, corrupt};
+use super::open::Generation;
+use super::SledStore;
+use crate::webhooks::{
+    describes, Delivery, DeliveryKey, DeliveryStatus, Endpoint, Seed, Subscriptions, WebhookStore,
+    LOG_KEEP,
+};
+
+/// Outbox rows looked at per intake.
+const INTAKE_BATCH: usize = 4096;
+/// Finished deliveries between two prunings of an endpoint's log.
+const PRUNE_EVERY: u64 = 64;
+
+/// The webhook trees of one opening of the database.
+struct HookTrees {
+    endpoints: Tree,
+    outbox: Tree,
+    deliveries: Tree,
+    due: Tree,
+}
+
+impl HookTrees {
+    fn open(db: &sled::Db) -> Result<Self, sled::Error> {
+        Ok(Self {
+            endpoints: db.open_tree("webhooks")?,
+            outbox: db.open_tree(OUTBOX_TREE)?,
+            deliveries: db.open_tree("webhook_deliveries")?,
+            due: db.open_tree("webhook_due")?,
+        })
+    }
+}
+
+/// The tree the checkpoint writer puts outbox rows in.
+pub(super) const OUTBOX_TREE: &str = "webhook_outbox";
+
+/// `session ‖ seq ‖ endpoint`: an outbox row's key.
+pub(super) fn outbox_key(session: &SessionId, seq: u64, endpoint: &Uuid) -> [u8; 40] {
+    let mut key = [0u8; 40];
+    key[..24].copy_from_slice(&codec::seq_key(session, seq));
+    key[24..].copy_from_slice(endpoint.as_bytes());
+    key
+}
+
+/// The outbox rows of `cp` for the endpoints `subscriptions` knows, encoded.
+pub(super) fn outbox_rows(
+    subscriptions: &Subscriptions,
+    cp: &Checkpoint,
+) -> Result<Vec<([u8; 40], IVec)>, StoreError> {
+    subscriptions
+        .rows(cp)
+        .into_iter()
+        .map(|(endpoint, seed)| {
+            let value = serde_json::to_vec(&seed)
+                .map_err(|e| corrupt(cp.header.id, format!("cannot encode a webhook seed: {e}")))?;
+            Ok((
+                outbox_key(&seed.session_id, seed.seq, &endpoint),
+                IVec::from(value),
+            ))
+        })
+        .collect()
+}
+
+/// The 16 bytes of a `webhook-id` (`msg_` + a UUID's hex).
+fn msg_bytes(id: &str) -> Option<[u8; 16]> {
+    let hex = id.strip_prefix("msg_")?;
+    Uuid::parse_str(hex).ok().map(|u| *u.as_bytes())
+}
+
+fn delivery_key(endpoint: &Uuid, id: &str) -> Option<[u8; 32]> {
+    let mut key = [0u8; 32];
+    key[..16].copy_from_slice(endpoint.as_bytes());
+    key[16..].copy_from_slice(&msg_bytes(id)?);
+    Some(key)
+}
+
+fn due_key(at_ms: i64, endpoint: &Uuid, id: &str) -> Option<[u8; 40]> {
+    let mut key = [0u8; 40];
+    key[..8].copy_from_slice(&u64::try_from(at_ms.max(0)).unwrap_or(0).to_be_bytes());
+    key[8..24].copy_from_slice(endpoint.as_bytes());
+    key[24..].copy_from_slice(&msg_bytes(id)?);
+    Some(key)
+}
+
+/// (due ms, delivery key) of a due entry.
+fn parse_due(key: &[u8]) -> Option<(i64, [u8; 32])> {
+    let at: [u8; 8] = key.get(..8)?.try_into().ok()?;
+    let rest: [u8; 32] = key.get(8..40)?.try_into().ok()?;
+    Some((i64::try_from(u64::from_be_bytes(at)).ok()?, rest))
+}
+
+fn uuid_at(key: &[u8], from: usize) -> Option<Uuid> {
+    let raw: [u8; 16] = key.get(from..from + 16)?.try_into().ok()?;
+    Some(Uuid::from_bytes(raw))
+}
+
+fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| corrupt("webhooks", format!("unreadable {what}: {e}")))
+}
+
+fn encode<T: serde::Serialize>(what: &str, value: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|e| corrupt("webhooks", format!("cannot encode {what}: {e}")))
+}
+
+/// Counts finished deliveries, to prune each endpoint's log now and then.
+static FINISHED: AtomicU64 = AtomicU64::new(0);
+
+/// A failure of a webhook operation: a read (the store is fine) or a write
+/// (sled refuses writes from now on: the gate must close).
+enum OpError {
+    Read(StoreError),
+    Write(String),
+}
+
+impl From<StoreError> for OpError {
+    fn from(e: StoreError) -> Self {
+        Self::Read(e)
+    }
+}
+
+fn read_err(what: &'static str) -> impl Fn(sled::Error) -> OpError {
+    move |e| OpError::Read(StoreError::Io(format!("webhooks: {what}: {e}")))
+}
+
+fn write_err(what: &'static str) -> impl Fn(sled::Error) -> OpError {
+    move |e| OpError::Write(format!("webhooks: {what}: {e}"))
+}
+
+impl SledStore {
+    /// From now on, checkpoints write the outbox rows `subscriptions`
+    /// derives from their events, and tell it when they are durable. Call
+    /// once, before any session checkpoints (later calls are ignored).
+    pub fn set_webhooks(&self, subscriptions: Arc<Subscriptions>) {
+        let _ = self.inner.webhooks.set(subscriptions);
+    }
+
+    /// Runs `f` over the webhook trees of the current opening, on the
+    /// blocking pool; a write failure closes the gate.
+    async fn hooks<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&HookTrees, &Generation) -> Result<T, OpError> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let generation = inner.shared.gate.get()?;
+            let trees = HookTrees::open(&generation.trees.db)
+                .map_err(|e| StoreError::Io(format!("webhooks: opening their trees: {e}")))?;
+            match f(&trees, &generation) {
+                Ok(v) => Ok(v),
+                Err(OpError::Read(e)) => Err(e),
+                Err(OpError::Write(cause)) => {
+                    inner.shared.gate.close(&generation, &cause);
+                    Err(inner.shared.gate.unwritable())
+                }
+            }
+        })
+        .await
+        .map_err(|e| StoreError::Io(format!("webhooks: store task: {e}")))?
+    }
+}
+
+fn endpoint_of(trees: &HookTrees, id: &Uuid) -> Result<Option<Endpoint>, OpError> {
+    match trees
+        .endpoints
+        .get(id.as_bytes())
+        .map_err(read_err("reading an endpoint"))?
+    {
+        Some(bytes) => Ok(Some(decode("endpoint", &bytes)?)),
+        None => Ok(None),
+    }
+}
+
+/// Whether the row `seed` names an event the session's header commits, as
+/// the row describes it.
+fn committed(generation: &Generation, seed: &Seed) -> Result<bool, OpError> {
+    let trees = &generation.trees;
+    let Some(bytes) = trees
+        .sessions
+        .get(seed.session_id.as_bytes())
+        .map_err(read_err("reading a session header"))?
+    else {
+        return Ok(false);
+    };
+    let peek = codec::peek(&seed.session_id, &bytes)?;
+    if peek.last_event_seq.is_none_or(|last| last < seed.seq) {
+        return Ok(false);
+    }
+    let mut found = None;
+    trees.committed_events(&seed.session_id, seed.seq, seed.seq, |event| {
+        found = Some(event);
+        false
+    })?;
+    Ok(found.is_some_and(|event| describes(seed, &event)))
+}
+
+#[async_trait::async_trait]
+impl WebhookStore for SledStore {
+    async fn put_endpoint(&self, endpoint: &Endpoint) -> Result<(), StoreError> {
+        let value = encode("endpoint", endpoint)?;
+        let id = endpoint.id;
+        self.hooks(move |t, _| {
+            t.endpoints
+                .insert(id.as_bytes(), value)
+                .map_err(write_err("writing an endpoint"))?;
+            Ok(())
+        })
+        .await?;
+        self.flush().await
+    }
+
+    async fn endpoint(&self, id: Uuid) -> Result<Option<Endpoint>, StoreError> {
+        self.hooks(move |t, _| endpoint_of(t, &id)).await
+    }
+
+    async fn endpoints(&self, tenant: Option<&str>) -> Result<Vec<Endpoint>, StoreError> {
+        let tenant = tenant.map(str::to_owned);
+        self.hooks(move |t, _| {
+            let mut out = Vec::new();
+            for item in t.endpoints.iter() {
+                let (_, bytes) = item.map_err(read_err("listing endpoints"))?;
+                let endpoint: Endpoint = decode("endpoint", &bytes)?;
+                if tenant.as_deref().is_none_or(|want| endpoint.tenant == want) {
+                    out.push(endpoint);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn delete_endpoint(&self, id: Uuid) -> Result<bool, StoreError> {
+        let existed = self
+            .hooks(move |t, _| {
+                let existed = t
+                    .endpoints
+                    .remove(id.as_bytes())
+                    .map_err(write_err("deleting an endpoint"))?
+                    .is_some();
+                // Its due entries go stale and are dropped when met.
+                for key in t.deliveries.scan_prefix(id.as_bytes()).keys() {
+                    let key = key.map_err(read_err("listing deliveries"))?;
+                    t.deliveries
+                        .remove(key)
+                        .map_err(write_err("deleting a delivery"))?;
+                }
+                Ok(existed)
+            })
+            .await?;
+        self.flush().await?;
+        Ok(existed)
+    }
+
+    async fn intake(&self, now_ms: i64) -> Result<usize, StoreError> {
+        let keys: Vec<IVec> = self
+            .hooks(|t, _| {
+                t.outbox
+                    .iter()
+                    .keys()
+                    .take(INTAKE_BATCH)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(read_err("reading the outbox"))
+            })
+            .await?;
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        // Every row seen was written by a checkpoint group the writer had
+        // begun; the flush is queued behind that group, so once it returns
+        // the group is applied whole (its headers too) and durable.
+        self.flush().await?;
+        self.hooks(move |t, generation| {
+            let mut moved = 0;
+            for key in keys {
+                let Some(row) = t.outbox.get(&key).map_err(read_err("reading the outbox"))? else {
+                    continue;
+                };
+                let endpoint_id = uuid_at(&key, 24);
+                let seed: Option<Seed> = serde_json::from_slice(&row).ok();
+                let keep = match (endpoint_id, seed) {
+                    (Some(endpoint_id), Some(seed)) => {
+                        let endpoint = endpoint_of(t, &endpoint_id)?;
+                        match endpoint {
+                            Some(e)
+                                if e.tenant == seed.tenant
+                                    && e.wants(seed.event)
+                                    && committed(generation, &seed)? =>
+                            {
+                                Some((endpoint_id, seed))
+                            }
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                if let Some((endpoint_id, seed)) = keep {
+                    let delivery = Delivery::new(endpoint_id, seed, now_ms);
+                    if let (Some(dkey), Some(due)) = (
+                        delivery_key(&endpoint_id, &delivery.seed.id),
+                        due_key(now_ms, &endpoint_id, &delivery.seed.id),
+                    ) {
+                        let exists = t
+                            .deliveries
+                            .contains_key(dkey)
+                            .map_err(read_err("reading a delivery"))?;
+                        if !exists {
+                            t.due
+                                .insert(due, &[][..])
+                                .map_err(write_err("scheduling a delivery"))?;
+                            t.deliveries
+                                .insert(dkey, encode("delivery", &delivery)?)
+                                .map_err(write_err("writing a delivery"))?;
+                            moved += 1;
+                        }
+                    }
+                } else {
+                    tracing::debug!(row = ?key, "webhooks: dropping an outbox row no committed event backs");
+                }
+                t.outbox
+                    .remove(&key)
+                    .map_err(write_err("taking an outbox row"))?;
+            }
+            Ok(moved)
+        })
+        .await
+    }
+
+    async fn claim_due(
+        &self,
+        now_ms: i64,
+        _lease_until_ms: i64,
+        limit: usize,
+        busy: &HashSet<DeliveryKey>,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let busy = busy.clone();
+        self.hooks(move |t, _| {
+            let end = u64::try_from(now_ms.max(0)).unwrap_or(0).saturating_add(1);
+            let mut out = Vec::new();
+            for item in t.due.range(..end.to_be_bytes().to_vec()) {
+                if out.len() >= limit {
+                    break;
+                }
+                let (key, _) = item.map_err(read_err("reading the due index"))?;
+                let Some((at, dkey)) = parse_due(&key) else {
+                    t.due
+                        .remove(&key)
+                        .map_err(write_err("dropping a due entry"))?;
+                    continue;
+                };
+                let delivery = match t
+                    .deliveries
+                    .get(dkey)
+                    .map_err(read_err("reading a delivery"))?
+                {
+                    Some(bytes) => Some(decode::<Delivery>("delivery", &bytes)?),
+                    None => None,
+                };
+                match delivery {
+                    Some(d)
+                        if d.status == DeliveryStatus::Pending && d.next_attempt_at_ms == at =>
+                    {
+                        if !busy.contains(&d.key()) {
+                            out.push(d);
+                        }
+                    }
+                    // Stale: the delivery moved on (or is gone).
+                    _ => {
+                        t.due
+                            .remove(&key)
+                            .map_err(write_err("dropping a due entry"))?;
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn next_due(&self, after_ms: i64) -> Result<Option<i64>, StoreError> {
+        self.hooks(move |t, _| {
+            let from = u64::try_from(after_ms.max(0))
+                .unwrap_or(0)
+                .saturating_add(1);
+            match t
+                .due
+                .range(from.to_be_bytes().to_vec()..)
+                .next()
+                .transpose()
+                .map_err(read_err("reading the due index"))?
+            {
+                Some((key, _)) => Ok(parse_due(&key).map(|(at, _)| at)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn save_delivery(&self, delivery: &Delivery, was_due: i64) -> Result<(), StoreError> {
+        let delivery = delivery.clone();
+        self.hooks(move |t, _| {
+            let (Some(dkey), Some(old_due)) = (
+                delivery_key(&delivery.endpoint, &delivery.seed.id),
+                due_key(was_due, &delivery.endpoint, &delivery.seed.id),
+            ) else {
+                return Err(OpError::Read(corrupt(
+                    "webhooks",
+                    format!("malformed webhook-id {}", delivery.seed.id),
+                )));
+            };
+            let pending = delivery.status == DeliveryStatus::Pending;
+            let new_due = due_key(
+                delivery.next_attempt_at_ms,
+                &delivery.endpoint,
+                &delivery.seed.id,
+            );
+            if pending {
+                if let Some(due) = new_due {
+                    t.due
+                        .insert(due, &[][..])
+                        .map_err(write_err("scheduling a delivery"))?;
+                }
+            }
+            // Gone meanwhile (its endpoint deleted): nothing to record.
+            if t.deliveries
+                .contains_key(dkey)
+                .map_err(read_err("reading a delivery"))?
+            {
+                t.deliveries
+                    .insert(dkey, encode("delivery", &delivery)?)
+                    .map_err(write_err("writing a delivery"))?;
+            }
+            if !pending || new_due != Some(old_due) {
+                t.due
+                    .remove(old_due)
+                    .map_err(write_err("dropping a due entry"))?;
+            }
+            if !pending
+                && FINISHED
+                    .fetch_add(1, Ordering::Relaxed)
+                    .is_multiple_of(PRUNE_EVERY)
+            {
+                prune(t, &delivery.endpoint)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn deliveries(
+        &self,
+        endpoint: Uuid,
+        before: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let before = match before {
+            Some(id) => Some(delivery_key(&endpoint, id).ok_or_else(|| {
+                StoreError::Io(format!("'{id}' is not a webhook-id of this log"))
+            })?),
+            None => None,
+        };
+        self.hooks(move |t, _| {
+            let start = endpoint.as_bytes().to_vec();
+            let mut end = start.clone();
+            end.extend_from_slice(&[0xff; 16]);
+            let upper = match before {
+                Some(key) => std::ops::Bound::Excluded(key.to_vec()),
+                None => std::ops::Bound::Included(end),
+            };
+            let mut out = Vec::new();
+            for item in t
+                .deliveries
+                .range::<Vec<u8>, _>((std::ops::Bound::Included(start), upper))
+                .rev()
+                .take(limit)
+            {
+                let (_, bytes) = item.map_err(read_err("reading deliveries"))?;
+                out.push(decode("delivery", &bytes)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
+
+/// Keeps an endpoint's log to [`LOG_KEEP`] finished deliveries (pending ones
+/// stay, however many).
+fn prune(t: &HookTrees, endpoint: &Uuid) -> Result<(), OpError> {
+    let mut finished = 0usize;
+    for item in t.deliveries.scan_prefix(endpoint.as_bytes()).rev() {
+        let (key, bytes) = item.map_err(read_err("reading deliveries"))?;
+        let Ok(d) = serde_json::from_slice::<Delivery>(&bytes) else {
+            continue;
+        };
+        if d.status == DeliveryStatus::Pending {
+            continue;
+        }
+        finished += 1;
+        if finished > LOG_KEEP {
+            t.deliveries
+                .remove(key)
+                .map_err(write_err("pruning the delivery log"))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use overseer_actors::model::{
+        AgentConfig, CallState, Decision, DecisionRecord, Event, EventKind, SessionHeader,
+        SessionStatus, ToolCallId, ToolCallRecord,
+    };
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::Durability;
+    use crate::webhooks::EventType;
+
+    struct Session {
+        header: SessionHeader,
+    }
+
+    impl Session {
+        fn new() -> Self {
+            let id = SessionId::generate();
+            let mut header = SessionHeader::new(
+                id,
+                "acme".into(),
+                "a".into(),
+                AgentConfig::new("a", &["t"]).effective(),
+                1,
+            );
+            let mut call =
+                ToolCallRecord::proposed(ToolCallId("call_1".into()), "t".into(), json!({}), 1);
+            call.state = CallState::AwaitingApproval;
+            call.requires_approval = true;
+            header.open_calls.push(call);
+            header.status = SessionStatus::AwaitingApproval;
+            Self { header }
+        }
+
+        fn checkpoint(&mut self, kinds: Vec<EventKind>, at_ms: i64) -> Checkpoint {
+            let mut events = Vec::new();
+            for kind in kinds {
+                self.header.last_event_seq += 1;
+                events.push(Event {
+                    session_id: self.header.id,
+                    seq: self.header.last_event_seq,
+                    at_ms,
+                    kind,
+                });
+            }
+            Checkpoint {
+                header: self.header.clone(),
+                entries: Vec::new(),
+                events: Arc::new(events),
+                metadata: None,
+                queued: Vec::new(),
+                dequeued: 0..0,
+            }
+        }
+    }
+
+    fn endpoint() -> Endpoint {
+        Endpoint {
+            id: Uuid::now_v7(),
+            tenant: "acme".into(),
+            url: "http://127.0.0.1:9/".into(),
+            events: EventType::ALL.to_vec(),
+            description: None,
+            secret: "whsec_AAAA".into(),
+            created_by: None,
+            created_at_ms: 0,
+            disabled: None,
+        }
+    }
+
+    fn requested() -> EventKind {
+        EventKind::ApprovalRequested {
+            call_id: ToolCallId("call_1".into()),
+            name: "t".into(),
+            arguments: json!({}),
+            outcome_unknown: false,
+        }
+    }
+
+    /// The invariant "an outbox row whose event no header covers is never
+    /// delivered": a checkpoint cut short before its header (the test hook
+    /// a crash stands for) leaves its outbox row behind; the session's next
+    /// checkpoint commits another event under the same number; the row is
+    /// dropped at intake, never turned into a delivery, while a committed
+    /// event's row is.
+    #[tokio::test]
+    async fn an_outbox_row_no_header_commits_is_never_delivered() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+        let view = Arc::new(Subscriptions::new());
+        store.set_webhooks(view.clone());
+        let hook = endpoint();
+        store.put_endpoint(&hook).await.unwrap();
+        view.put(&hook);
+
+        let mut session = Session::new();
+        store
+            .checkpoint(session.checkpoint(vec![requested()], 10))
+            .await
+            .unwrap();
+
+        // Cut short before its header: an approval.decided at seq 2.
+        let decided = EventKind::DecisionRecorded {
+            call_id: ToolCallId("call_1".into()),
+            record: DecisionRecord {
+                decision: Decision::approve(),
+                by: Some("alice".into()),
+                at_ms: 20,
+                metadata: None,
+                args_diff: None,
+            },
+        };
+        let mut lost = Session {
+            header: session.header.clone(),
+        };
+        let drop_headers = store.current().trees.drop_headers.clone();
+        drop_headers.store(true, Ordering::Relaxed);
+        store
+            .checkpoint(lost.checkpoint(vec![decided], 20))
+            .await
+            .unwrap_err();
+        drop_headers.store(false, Ordering::Relaxed);
+        let rows = |store: &SledStore| {
+            let db = store.current().trees.db.clone();
+            db.open_tree(OUTBOX_TREE).unwrap().len()
+        };
+        assert_eq!(rows(&store), 2, "the committed row and the orphan");
+
+        // Seq 2 is committed as something else (no webhook).
+        store
+            .checkpoint(session.checkpoint(vec![EventKind::TurnStarted { turn: 2 }], 30))
+            .await
+            .unwrap();
+
+        assert_eq!(store.intake(100).await.unwrap(), 1);
+        assert_eq!(rows(&store), 0, "every row taken in or dropped");
+        let due = store.claim_due(100, 0, 10, &HashSet::new()).await.unwrap();
+        assert_eq!(due.len(), 1, "{due:?}");
+        assert_eq!(due[0].seed.event, EventType::ApprovalRequested);
+        assert_eq!(due[0].seed.seq, 1);
+        let log = store.deliveries(hook.id, None, 10).await.unwrap();
+        assert_eq!(log.len(), 1, "the orphan never became a delivery");
+    }
+
+    /// A delivery's due entry is written before the delivery it schedules
+    /// and the old one removed after: one attempt's outcome moves it, a
+    /// finished one leaves the index.
+    #[tokio::test]
+    async fn a_saved_attempt_reschedules_and_a_finished_one_leaves_the_due_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), Durability::Os).unwrap();
+        let view = Arc::new(Subscriptions::new());
+        store.set_webhooks(view.clone());
+        let hook = endpoint();
+        store.put_endpoint(&hook).await.unwrap();
+        view.put(&hook);
+        let mut session = Session::new();
+        store
+            .checkpoint(session.checkpoint(vec![requested()], 10))
+            .await
+            .unwrap();
+        store.intake(100).await.unwrap();
+        let mut d = store
+            .claim_due(100, 0, 10, &HashSet::new())
+            .await
+            .unwrap()
+            .remove(0);
+        let busy: HashSet<DeliveryKey> = [d.key()].into();
+        assert!(store.claim_due(100, 0, 10, &busy).await.unwrap().is_empty());
+        d.attempts = 1;
+        d.next_attempt_at_ms = 5_000;
+        store.save_delivery(&d, 100).await.unwrap();
+        assert!(store
+            .claim_due(4_999, 0, 10, &HashSet::new())
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(store.next_due(100).await.unwrap(), Some(5_000));
+        let again = store
+            .claim_due(5_000, 0, 10, &HashSet::new())
+            .await
+            .unwrap();
+        assert_eq!(again.len(), 1);
+        d.status = DeliveryStatus::Delivered;
+        store.save_delivery(&d, 5_000).await.unwrap();
+        assert!(store
+            .claim_due(i64::MAX / 2, 0, 10, &HashSet::new())
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(store.next_due(0).await.unwrap(), None);
+        assert_eq!(
+            store.deliveries(hook.id, None, 10).await.unwrap()[0].status,
+            DeliveryStatus::Delivered
+        );
+    }
+}

@@ -1,0 +1,489 @@
+//! The delivery task: one per node, beside the actor tree, never on a
+//! session's path.
+//!
+//! It loops: take the outbox's committed rows into deliveries
+//! ([`WebhookStore::intake`]), claim the deliveries that are due (as many as
+//! there are free slots of `concurrency`; in a cluster, with a lease so that
+//! two nodes do not send the same one at once, and a dead node's claim runs
+//! out), and send each on a task of its own. An attempt builds the body if
+//! it has none yet (`payload`; stored with the attempt's outcome, so every
+//! retry sends the same bytes), signs it (Standard Webhooks headers, the
+//! `webhook-id` of its seed) and POSTs it. A 2xx is delivered. Anything else
+//! is retried with exponential backoff and jitter (backon's arithmetic;
+//! `Retry-After` is honoured), the last attempt at `max_age` after the
+//! event; past that, or past `max_attempts`, or on `410 Gone`, the delivery
+//! fails and its endpoint is disabled with the reason recorded.
+//!
+//! It sleeps until the earliest of: a checkpoint wrote outbox rows (the
+//! store says so through [`Subscriptions::written`]), an attempt finished,
+//! the next delivery is due, or [`SWEEP`] passed (rows another node wrote,
+//! a claim that ran out). Time comes from a [`Clock`], so tests can move it
+//! by hours ([`ManualClock`]) instead of waiting.
+//!
+//! Memory is bounded: `concurrency` attempts in flight and their bodies;
+//! everything else waits in the store.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use overseer_actors::Runtime;
+use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::StatusCode;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::signing::{sign, Secret};
+use super::{
+    payload, Delivery, DeliveryKey, DeliveryStatus, Disabled, Endpoint, WebhookOptions, Webhooks,
+};
+use crate::tools::http_tool::transport_message;
+
+/// The longest the task sleeps without looking at the store.
+pub const SWEEP: Duration = Duration::from_secs(2);
+/// How long it waits after the store failed before trying again.
+const STORE_RETRY: Duration = Duration::from_secs(1);
+
+/// Wall-clock time for the delivery schedule.
+pub trait Clock: Send + Sync + 'static {
+    /// Now, ms since the epoch.
+    fn now_ms(&self) -> i64;
+    /// Resolves once [`Clock::now_ms`] has reached `at_ms`.
+    fn sleep_until(&self, at_ms: i64) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// The system's clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        system_ms()
+    }
+
+    fn sleep_until(&self, at_ms: i64) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let wait = u64::try_from(at_ms.saturating_sub(system_ms())).unwrap_or(0);
+        Box::pin(tokio::time::sleep(Duration::from_millis(wait)))
+    }
+}
+
+fn system_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A clock that moves only when told (tests: a day of retries without
+/// waiting a day).
+#[derive(Debug)]
+pub struct ManualClock {
+    now: watch::Sender<i64>,
+}
+
+impl ManualClock {
+    /// A clock standing at `start_ms`.
+    pub fn new(start_ms: i64) -> Arc<Self> {
+        Arc::new(Self {
+            now: watch::channel(start_ms).0,
+        })
+    }
+
+    /// Moves the clock to `at_ms` (never backwards).
+    pub fn set(&self, at_ms: i64) {
+        self.now.send_modify(|now| *now = (*now).max(at_ms));
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        self.now.send_modify(|now| *now = now.saturating_add(by));
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        *self.now.borrow()
+    }
+
+    fn sleep_until(&self, at_ms: i64) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let mut rx = self.now.subscribe();
+        Box::pin(async move {
+            while *rx.borrow_and_update() < at_ms {
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        })
+    }
+}
+
+/// Starts the task.
+pub(super) fn start(
+    hooks: Arc<Webhooks>,
+    runtime: Weak<Runtime>,
+    shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let client = match client(&hooks.options) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "webhooks: cannot build the HTTP client; no webhook is delivered");
+                return;
+            }
+        };
+        run(hooks, runtime, client, shutdown).await;
+    })
+}
+
+fn client(options: &WebhookOptions) -> Result<reqwest::Client, reqwest::Error> {
+    // reqwest is built without a bundled crypto provider; installing it
+    // twice is a harmless no-op.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    reqwest::Client::builder()
+        .dns_resolver(options.targets.resolver())
+        // A 3xx is a failed attempt: endpoints are registered where they are.
+        .redirect(reqwest::redirect::Policy::none())
+        // A proxy from the environment would take deliveries past the
+        // address rules.
+        .no_proxy()
+        .connect_timeout(options.request_timeout.min(Duration::from_secs(10)))
+        .timeout(options.request_timeout)
+        .user_agent(concat!("overseer-webhooks/", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
+/// How long a claim keeps other nodes off a delivery: an attempt cannot
+/// take longer than the request timeout plus building the body.
+fn lease(options: &WebhookOptions) -> Duration {
+    options.request_timeout * 2 + Duration::from_secs(5)
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+async fn run(
+    hooks: Arc<Webhooks>,
+    runtime: Weak<Runtime>,
+    client: reqwest::Client,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let options = hooks.options.clone();
+    let store = hooks.store.clone();
+    let clock = hooks.clock.clone();
+    let concurrency = options.concurrency.max(1);
+    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut busy: HashSet<DeliveryKey> = HashSet::new();
+    let mut running: HashMap<tokio::task::Id, DeliveryKey> = HashMap::new();
+    // Whether the outbox may hold rows to take in: at start (what a previous
+    // process left), after a checkpoint wrote some, and at every sweep; not
+    // merely because an attempt finished.
+    let mut intake = true;
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        let now = clock.now_ms();
+        let mut trouble = false;
+        if intake {
+            match store.intake(now).await {
+                Ok(_) => intake = false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhooks: cannot take outbox rows; retrying");
+                    trouble = true;
+                }
+            }
+        }
+        let free = concurrency.saturating_sub(tasks.len());
+        let mut more_due = false;
+        if free > 0 && !trouble {
+            let lease_until = now.saturating_add(ms(lease(&options)));
+            match store.claim_due(now, lease_until, free, &busy).await {
+                Ok(due) => {
+                    more_due = due.len() == free;
+                    for delivery in due {
+                        let key = delivery.key();
+                        busy.insert(key.clone());
+                        let task = tasks.spawn(attempt(
+                            hooks.clone(),
+                            runtime.clone(),
+                            client.clone(),
+                            delivery,
+                        ));
+                        running.insert(task.id(), key);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhooks: cannot read due deliveries; retrying");
+                    trouble = true;
+                }
+            }
+        }
+        // When to look again for due deliveries: at once if a full claim
+        // may have left some, else when the next one is due (not before a
+        // slot is free), and at least every SWEEP.
+        let mut wake_at = now.saturating_add(ms(SWEEP));
+        if trouble {
+            wake_at = now.saturating_add(ms(STORE_RETRY));
+        } else if tasks.len() < concurrency {
+            if more_due {
+                wake_at = now;
+            } else if let Ok(Some(next)) = store.next_due(now).await {
+                wake_at = wake_at.min(next.max(now));
+            }
+        }
+        let sweep = tokio::time::sleep(SWEEP);
+        tokio::select! {
+            changed = shutdown.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                let id = match done {
+                    Ok((id, _)) => id,
+                    Err(e) => {
+                        // Its delivery stays pending and is tried again once
+                        // its claim runs out (sled: at once).
+                        tracing::error!(error = %e, "webhooks: a delivery attempt panicked");
+                        e.id()
+                    }
+                };
+                if let Some(key) = running.remove(&id) {
+                    busy.remove(&key);
+                }
+            }
+            () = hooks.subscriptions.wait() => intake = true,
+            () = clock.sleep_until(wake_at) => {}
+            // A clock that does not move (tests) must not stop the sweep
+            // for rows other nodes wrote.
+            () = sweep, if !trouble => intake = true,
+        }
+        if trouble {
+            tokio::time::sleep(STORE_RETRY).await;
+        }
+    }
+    // In-flight attempts are dropped: their deliveries stay pending and are
+    // sent again (the same webhook-id) by the next node or start.
+    tasks.abort_all();
+}
+
+/// Why an attempt did not deliver.
+struct Failure {
+    status: Option<StatusCode>,
+    error: String,
+    retry_after: Option<Duration>,
+}
+
+/// One attempt at `delivery`, its outcome saved.
+async fn attempt(
+    hooks: Arc<Webhooks>,
+    runtime: Weak<Runtime>,
+    client: reqwest::Client,
+    mut delivery: Delivery,
+) {
+    let was_due = delivery.next_attempt_at_ms;
+    let options = &hooks.options;
+    let now = hooks.clock.now_ms();
+    let endpoint = match hooks.store.endpoint(delivery.endpoint).await {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(error = %e, "webhooks: cannot read an endpoint; retrying later");
+            return;
+        }
+    };
+    let endpoint = match endpoint {
+        Some(e) if e.disabled.is_none() => e,
+        other => {
+            delivery.status = DeliveryStatus::Failed;
+            delivery.last_error = Some(match other.and_then(|e| e.disabled) {
+                Some(d) => format!("not sent: the endpoint is disabled ({})", d.reason),
+                None => "not sent: the endpoint was deleted".into(),
+            });
+            save(&hooks, &delivery, was_due).await;
+            return;
+        }
+    };
+    if delivery.body.is_none() {
+        let Some(rt) = runtime.upgrade() else {
+            return;
+        };
+        delivery.body = Some(payload::build(&rt, &options.public_url, &delivery.seed).await);
+    }
+    let outcome = send(&client, options, &endpoint, &delivery).await;
+    delivery.attempts = delivery.attempts.saturating_add(1);
+    delivery.last_attempt_at_ms = Some(now);
+    match outcome {
+        Ok(status) => {
+            delivery.status = DeliveryStatus::Delivered;
+            delivery.delivered_at_ms = Some(now);
+            delivery.last_status_code = Some(status.as_u16());
+            delivery.last_error = None;
+        }
+        Err(failure) => {
+            delivery.last_status_code = failure.status.map(|s| s.as_u16());
+            delivery.last_error = Some(failure.error.clone());
+            let gone = failure.status == Some(StatusCode::GONE);
+            let give_up_at = delivery.created_at_ms.saturating_add(ms(options.max_age));
+            let delay =
+                backoff(options, delivery.attempts).max(failure.retry_after.unwrap_or_default());
+            let next = now
+                .saturating_add(ms(delay.min(options.retry_max)))
+                .min(give_up_at);
+            let reason = if gone {
+                Some(format!(
+                    "it answered 410 Gone to webhook {} (Standard Webhooks: stop sending)",
+                    delivery.seed.id
+                ))
+            } else if delivery.attempts >= options.max_attempts || next <= now {
+                Some(format!(
+                    "webhook {} failed {} attempts over {} s; last error: {}",
+                    delivery.seed.id,
+                    delivery.attempts,
+                    now.saturating_sub(delivery.created_at_ms) / 1000,
+                    failure.error
+                ))
+            } else {
+                None
+            };
+            match reason {
+                Some(reason) => {
+                    delivery.status = DeliveryStatus::Failed;
+                    disable(&hooks, endpoint, reason, now).await;
+                }
+                None => delivery.next_attempt_at_ms = next,
+            }
+        }
+    }
+    save(&hooks, &delivery, was_due).await;
+}
+
+async fn save(hooks: &Webhooks, delivery: &Delivery, was_due: i64) {
+    if let Err(e) = hooks.store.save_delivery(delivery, was_due).await {
+        // Not recorded: the delivery is still due as it was, and is tried
+        // again (at least once, the same webhook-id).
+        tracing::warn!(error = %e, webhook = %delivery.seed.id, "webhooks: cannot record a delivery attempt");
+    }
+}
+
+/// Disables `endpoint` with `reason`, in the store and in the view.
+async fn disable(hooks: &Webhooks, mut endpoint: Endpoint, reason: String, now: i64) {
+    tracing::warn!(endpoint = %endpoint.id, tenant = %endpoint.tenant, %reason, "webhooks: endpoint disabled");
+    endpoint.disabled = Some(Disabled { at_ms: now, reason });
+    hooks.subscriptions.put(&endpoint);
+    if let Err(e) = hooks.store.put_endpoint(&endpoint).await {
+        tracing::warn!(error = %e, endpoint = %endpoint.id, "webhooks: cannot record that an endpoint is disabled");
+    }
+}
+
+/// The delay after `attempts` failed attempts: `retry_initial` × 2^(n-1),
+/// plus up to as much again of jitter, at most `retry_max`.
+pub(super) fn backoff(options: &WebhookOptions, attempts: u32) -> Duration {
+    let n = usize::try_from(attempts.saturating_sub(1)).unwrap_or(usize::MAX);
+    ExponentialBuilder::default()
+        .with_min_delay(options.retry_initial)
+        .with_max_delay(options.retry_max)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+        .nth(n)
+        .unwrap_or(options.retry_max)
+        .min(options.retry_max)
+}
+
+/// One signed POST of the delivery's body.
+async fn send(
+    client: &reqwest::Client,
+    options: &WebhookOptions,
+    endpoint: &Endpoint,
+    delivery: &Delivery,
+) -> Result<StatusCode, Failure> {
+    let failure = |error: String| Failure {
+        status: None,
+        error,
+        retry_after: None,
+    };
+    let url = options
+        .targets
+        .check_before_sending(&endpoint.url)
+        .map_err(|e| failure(format!("not sent: {e}")))?;
+    let secret = Secret::parse(&endpoint.secret)
+        .ok_or_else(|| failure("not sent: the endpoint's secret is unreadable".into()))?;
+    let body = delivery.body.clone().unwrap_or_default();
+    // The attempt's own time (what receivers compare with their clock to
+    // refuse replays), not the schedule's.
+    let timestamp = system_ms() / 1000;
+    let id = delivery.seed.id.as_str();
+    let signature = sign(&secret, id, timestamp, body.as_bytes());
+    let response = client
+        .post(url)
+        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+        .header("webhook-id", id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("webhook-signature", signature)
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| {
+            failure(if e.is_timeout() {
+                format!("no answer within {} s", options.request_timeout.as_secs())
+            } else {
+                transport_message(&e)
+            })
+        })?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(status);
+    }
+    let retry_after = response
+        .headers()
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    Err(Failure {
+        status: Some(status),
+        error: format!("the endpoint answered {status}"),
+        retry_after,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_stays_under_the_cap() {
+        let options = WebhookOptions {
+            retry_initial: Duration::from_secs(5),
+            retry_max: Duration::from_secs(3600),
+            ..WebhookOptions::default()
+        };
+        for attempts in 1..=30u32 {
+            let d = backoff(&options, attempts);
+            let base = Duration::from_secs(5)
+                .saturating_mul(1u32 << (attempts - 1).min(20))
+                .min(Duration::from_secs(3600));
+            assert!(
+                d >= base && d <= (base * 2).min(Duration::from_secs(3600)),
+                "{attempts}: {d:?} vs {base:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_manual_clock_wakes_sleepers_only_when_moved_past_their_time() {
+        let clock = ManualClock::new(1_000);
+        let sleeper = tokio::spawn(clock.sleep_until(5_000));
+        clock.set(4_999);
+        tokio::task::yield_now().await;
+        assert!(!sleeper.is_finished());
+        clock.advance(Duration::from_millis(1));
+        sleeper.await.unwrap();
+        assert_eq!(clock.now_ms(), 5_000);
+    }
+}

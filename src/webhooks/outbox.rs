@@ -1,0 +1,341 @@
+//! The outbox's write side: which events of a checkpoint go out as webhooks
+//! ([`seeds`], a pure function of the checkpoint), and the view of which
+//! tenants have endpoints ([`Subscriptions`]) that a store's write path
+//! consults to add the outbox rows to the checkpoint's own write.
+//!
+//! The view is what the sled store (one process writes it) derives rows
+//! from: it is updated before a registration is answered, so every event
+//! checkpointed after that answer has its row. PostgreSQL, shared by many
+//! nodes, does not trust any node's view: its checkpoint statement joins the
+//! seeds with the endpoints table itself.
+//!
+//! It deliberately does no I/O: the store writes what it returns.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::RwLock;
+
+use overseer_actors::model::{Event, EventKind, SessionStatus, ToolCallRecord, TranscriptEntry};
+use overseer_actors::store::Checkpoint;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use super::{Endpoint, EventType, Seed};
+
+/// One endpoint as the write path needs it.
+#[derive(Debug, Clone, Copy)]
+struct Sub {
+    endpoint: Uuid,
+    /// Bits of [`EventType::bit`].
+    events: u8,
+}
+
+/// The tenants that have endpoints, with the events each endpoint wants,
+/// and the wake-up of the delivery task.
+#[derive(Debug, Default)]
+pub struct Subscriptions {
+    // A std lock: held for a map lookup or update, never across an await.
+    by_tenant: RwLock<HashMap<String, Vec<Sub>>>,
+    /// Whether any tenant has an endpoint: most servers have none, and
+    /// their checkpoints then skip even the lookup.
+    any: AtomicBool,
+    /// Signalled when rows were written (or a delivery may have become due).
+    wake: Notify,
+}
+
+impl Subscriptions {
+    /// An empty view.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces `endpoint` (a disabled one wants nothing).
+    pub fn put(&self, endpoint: &Endpoint) {
+        let events = EventType::ALL
+            .into_iter()
+            .filter(|e| endpoint.wants(*e))
+            .fold(0u8, |bits, e| bits | e.bit());
+        let Ok(mut map) = self.by_tenant.write() else {
+            return;
+        };
+        let subs = map.entry(endpoint.tenant.clone()).or_default();
+        subs.retain(|s| s.endpoint != endpoint.id);
+        if events != 0 {
+            subs.push(Sub {
+                endpoint: endpoint.id,
+                events,
+            });
+        }
+        if subs.is_empty() {
+            map.remove(&endpoint.tenant);
+        }
+        self.any.store(!map.is_empty(), Ordering::Release);
+    }
+
+    /// Removes an endpoint.
+    pub fn remove(&self, id: Uuid, tenant: &str) {
+        let Ok(mut map) = self.by_tenant.write() else {
+            return;
+        };
+        if let Some(subs) = map.get_mut(tenant) {
+            subs.retain(|s| s.endpoint != id);
+            if subs.is_empty() {
+                map.remove(tenant);
+            }
+        }
+        self.any.store(!map.is_empty(), Ordering::Release);
+    }
+
+    /// The outbox rows of `cp`: one per event that goes out and endpoint of
+    /// the session's tenant that wants it. Costs one atomic load for a
+    /// server without endpoints, a map lookup for a tenant without any.
+    pub fn rows(&self, cp: &Checkpoint) -> Vec<(Uuid, Seed)> {
+        if !self.any.load(Ordering::Acquire)
+            || !cp.events.iter().any(|e| event_type(e, cp).is_some())
+        {
+            return Vec::new();
+        }
+        let subs = match self.by_tenant.read() {
+            Ok(map) => match map.get(&cp.header.tenant) {
+                Some(subs) => subs.clone(),
+                None => return Vec::new(),
+            },
+            Err(_) => return Vec::new(),
+        };
+        let mut rows = Vec::new();
+        for seed in seeds(cp) {
+            for sub in &subs {
+                if sub.events & seed.event.bit() != 0 {
+                    rows.push((sub.endpoint, seed.clone()));
+                }
+            }
+        }
+        rows
+    }
+
+    /// Tells the delivery task that rows were committed (or that it should
+    /// look again).
+    pub fn written(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Resolves at the next [`Subscriptions::written`] (or at once, if one
+    /// came since the last wait).
+    pub(super) async fn wait(&self) {
+        self.wake.notified().await;
+    }
+}
+
+/// Which webhook `event` of `cp` is, if any.
+fn event_type(event: &Event, cp: &Checkpoint) -> Option<EventType> {
+    match &event.kind {
+        EventKind::ApprovalRequested { .. } => Some(EventType::ApprovalRequested),
+        EventKind::DecisionRecorded { .. } => Some(EventType::ApprovalDecided),
+        // A child's end is its parent's business (its result comes back as
+        // a tool result); people hear of the roots they started.
+        EventKind::StatusChanged { status } if cp.header.parent.is_none() => match status {
+            SessionStatus::Completed | SessionStatus::Cancelled => Some(EventType::SessionFinished),
+            SessionStatus::Failed => Some(EventType::SessionFailed),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The call `id` as `cp` records it: among the header's open calls, or, if
+/// its step closed in this checkpoint, in a new transcript entry.
+fn call_of<'a>(cp: &'a Checkpoint, id: &str) -> Option<&'a ToolCallRecord> {
+    cp.header
+        .open_calls
+        .iter()
+        .find(|c| c.id.as_str() == id)
+        .or_else(|| {
+            cp.entries.iter().find_map(|(_, e)| match &**e {
+                TranscriptEntry::ToolResult { call } if call.id.as_str() == id => Some(call),
+                _ => None,
+            })
+        })
+}
+
+/// The events of `cp` that go out as webhooks, whoever listens: each with a
+/// fresh `webhook-id` and what the checkpoint knows of it.
+pub fn seeds(cp: &Checkpoint) -> Vec<Seed> {
+    let h = &cp.header;
+    let mut out = Vec::new();
+    for event in cp.events.iter() {
+        let Some(kind) = event_type(event, cp) else {
+            continue;
+        };
+        let mut seed = Seed {
+            id: format!("msg_{}", Uuid::now_v7().simple()),
+            event: kind,
+            tenant: h.tenant.clone(),
+            session_id: h.id,
+            root_session_id: h.root_id,
+            seq: event.seq,
+            at_ms: event.at_ms,
+            call: None,
+            call_id: None,
+            decision: None,
+            status: None,
+            stop_reason: None,
+            detail: None,
+        };
+        match &event.kind {
+            EventKind::ApprovalRequested { call_id, .. } => {
+                seed.call = call_of(cp, call_id.as_str()).cloned();
+                seed.call_id = Some(call_id.to_string());
+            }
+            EventKind::DecisionRecorded { call_id, record } => {
+                seed.call = call_of(cp, call_id.as_str()).cloned();
+                seed.call_id = Some(call_id.to_string());
+                seed.decision = Some(record.clone());
+            }
+            EventKind::StatusChanged { status } => {
+                seed.status = Some(*status);
+                seed.stop_reason = h.last_stop_reason;
+                seed.detail = h.error.clone().or_else(|| h.completion_reason.clone());
+            }
+            _ => {}
+        }
+        out.push(seed);
+    }
+    out
+}
+
+/// Whether `seed` was derived from `event` (the event committed at its
+/// sequence number): a row written with a checkpoint that a crash cut short
+/// before its commit record names an event that never happened, and a later
+/// checkpoint may commit another event under the same number.
+pub fn describes(seed: &Seed, event: &Event) -> bool {
+    let call_id = match &event.kind {
+        EventKind::ApprovalRequested { call_id, .. }
+        | EventKind::DecisionRecorded { call_id, .. } => Some(call_id.as_str()),
+        _ => None,
+    };
+    let status = match &event.kind {
+        EventKind::StatusChanged { status } => Some(*status),
+        _ => None,
+    };
+    event.session_id == seed.session_id
+        && event.seq == seed.seq
+        && event.at_ms == seed.at_ms
+        && call_id == seed.call_id.as_deref()
+        && status == seed.status
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use overseer_actors::model::{AgentConfig, SessionHeader, SessionId, ToolCallId};
+    use serde_json::json;
+
+    use super::*;
+
+    fn checkpoint(tenant: &str, events: Vec<EventKind>) -> Checkpoint {
+        let id = SessionId::generate();
+        let mut header = SessionHeader::new(
+            id,
+            tenant.into(),
+            "a".into(),
+            AgentConfig::new("a", &[]).effective(),
+            1,
+        );
+        let mut call =
+            ToolCallRecord::proposed(ToolCallId("call_1".into()), "t".into(), json!({}), 1);
+        call.state = overseer_actors::model::CallState::AwaitingApproval;
+        header.open_calls.push(call);
+        let events: Vec<Event> = events
+            .into_iter()
+            .enumerate()
+            .map(|(i, kind)| Event {
+                session_id: id,
+                seq: i as u64 + 1,
+                at_ms: 10 + i as i64,
+                kind,
+            })
+            .collect();
+        header.last_event_seq = events.len() as u64;
+        Checkpoint {
+            header,
+            entries: Vec::new(),
+            events: Arc::new(events),
+            metadata: None,
+            queued: Vec::new(),
+            dequeued: 0..0,
+        }
+    }
+
+    fn endpoint(tenant: &str, events: &[EventType]) -> Endpoint {
+        Endpoint {
+            id: Uuid::now_v7(),
+            tenant: tenant.into(),
+            url: "http://x".into(),
+            events: events.to_vec(),
+            description: None,
+            secret: String::new(),
+            created_by: None,
+            created_at_ms: 0,
+            disabled: None,
+        }
+    }
+
+    #[test]
+    fn rows_go_to_the_tenants_endpoints_that_want_the_event() {
+        let subs = Subscriptions::new();
+        let requested = EventKind::ApprovalRequested {
+            call_id: ToolCallId("call_1".into()),
+            name: "t".into(),
+            arguments: json!({}),
+            outcome_unknown: false,
+        };
+        let cp = checkpoint(
+            "acme",
+            vec![
+                EventKind::TurnStarted { turn: 1 },
+                requested.clone(),
+                EventKind::StatusChanged {
+                    status: SessionStatus::Completed,
+                },
+            ],
+        );
+        assert!(subs.rows(&cp).is_empty(), "no endpoint anywhere");
+        let all = endpoint("acme", &EventType::ALL);
+        let approvals = endpoint("acme", &[EventType::ApprovalRequested]);
+        let other = endpoint("globex", &EventType::ALL);
+        for e in [&all, &approvals, &other] {
+            subs.put(e);
+        }
+        let rows = subs.rows(&cp);
+        let mut got: Vec<(Uuid, EventType)> = rows.iter().map(|(e, s)| (*e, s.event)).collect();
+        got.sort();
+        let mut want = vec![
+            (all.id, EventType::ApprovalRequested),
+            (all.id, EventType::SessionFinished),
+            (approvals.id, EventType::ApprovalRequested),
+        ];
+        want.sort();
+        assert_eq!(got, want);
+        // One webhook-id per event, shared by its endpoints.
+        let requested_ids: Vec<&str> = rows
+            .iter()
+            .filter(|(_, s)| s.event == EventType::ApprovalRequested)
+            .map(|(_, s)| s.id.as_str())
+            .collect();
+        assert_eq!(requested_ids[0], requested_ids[1]);
+        let seed = &rows[0].1;
+        assert_eq!(seed.call.as_ref().map(|c| c.name.as_str()), Some("t"));
+        assert!(describes(seed, &cp.events[1]));
+        assert!(!describes(seed, &cp.events[2]));
+
+        let mut disabled = all.clone();
+        disabled.disabled = Some(super::super::Disabled {
+            at_ms: 1,
+            reason: "gone".into(),
+        });
+        subs.put(&disabled);
+        subs.remove(approvals.id, "acme");
+        assert!(subs.rows(&cp).is_empty());
+    }
+}

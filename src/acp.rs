@@ -20,6 +20,7 @@
 //! carries nothing but protocol: logs and progress go to stderr.
 
 mod agent;
+mod commands;
 mod error;
 mod follow;
 mod fs;
@@ -112,8 +113,7 @@ async fn serve(
 ) -> Result<(), AcpError> {
     // MCP connections live as long as this value.
     let tools = crate::service::build_tools_with(&mut config, fs::tools(&client)).await?;
-    let (overseer, _store) =
-        crate::service::open(&config, tools.registry.clone(), provider).await?;
+    let (overseer, _store) = crate::service::open(&config, &tools, provider).await?;
     // Sessions an earlier process left mid-turn go on (their approvals are
     // asked once a client loads them).
     let recovered = overseer.recover().await;

@@ -137,8 +137,17 @@ pub struct RunArgs {
     /// then its next message, for a session waiting for input).
     #[arg(long, value_name = "SESSION_ID")]
     pub resume: Option<SessionId>,
+    /// Run this stored task (`[[tasks]]`, `tasks_dir`) with its agent,
+    /// instructions and skills; PROMPT is then the task's context (JSON, or
+    /// text), checked against its input schema.
+    #[arg(long, value_name = "ID", conflicts_with = "resume")]
+    pub task: Option<String>,
+    /// Activate this skill before the first message (repeatable). You are a
+    /// person: a skill that needs trust is allowed.
+    #[arg(long = "skill", value_name = "NAME", conflicts_with = "resume")]
+    pub skills: Vec<String>,
     /// The user message (several words are joined with spaces).
-    #[arg(value_name = "PROMPT", required_unless_present = "resume", num_args = 1..)]
+    #[arg(value_name = "PROMPT", required_unless_present_any = ["resume", "task"], num_args = 1..)]
     pub prompt: Vec<String>,
 }
 

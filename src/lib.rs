@@ -23,6 +23,7 @@ pub mod render;
 pub mod scenario;
 pub mod scope_token;
 pub mod service;
+pub mod skills;
 pub mod store;
 pub mod tools;
 pub mod webhooks;

@@ -41,6 +41,11 @@ pub enum SessionMsg {
     ),
     /// The session was found idle in `awaiting_input` since this time.
     ExpireInput(i64),
+    /// A person activates a skill: (name, body, who).
+    ActivateSkill(
+        (String, String, Option<String>),
+        RpcReplyPort<Result<(), SessionError>>,
+    ),
     /// Mark the session completed.
     Done(RpcReplyPort<Result<(), SessionError>>),
     /// The current state.

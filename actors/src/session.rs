@@ -11,6 +11,7 @@
 //! and respawns it (§10).
 
 mod delegate;
+mod task;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -268,6 +269,10 @@ impl SessionState {
             }
             SessionMsg::SetToolRule((tool, rule, by), reply) => {
                 let input = Input::SetToolRule { tool, rule, by };
+                self.rpc(myself, input, reply).await
+            }
+            SessionMsg::ActivateSkill((name, body, by), reply) => {
+                let input = Input::ActivateSkill { name, body, by };
                 self.rpc(myself, input, reply).await
             }
             SessionMsg::ExpireInput(idle_since_ms) => self
@@ -589,6 +594,16 @@ impl SessionState {
                 // (~9 KB); inline, every message's future would carry it,
                 // allocated and copied per message (`benches/PROFILE.md`).
                 Box::pin(self.delegate(myself, call_id, attempt, child, args, grant)).await
+            }
+            Effect::RunTask {
+                call_id,
+                attempt,
+                child,
+                args,
+                grant,
+            } => {
+                // Boxed, like `Delegate`.
+                Box::pin(self.run_task(myself, call_id, attempt, child, args, grant)).await
             }
             Effect::CancelChild(child) => Box::pin(self.cancel_child(child)).await,
             Effect::ArmApprovalTimer {

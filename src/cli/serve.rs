@@ -153,8 +153,9 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
                         store.set_webhooks(view)
                     })
                     .await?;
-                let overseer = overseer_actors::Overseer::start(
+                let overseer = overseer_actors::Overseer::start_with(
                     config.agent_configs(),
+                    all_tools.library.clone(),
                     Arc::new(store.clone()),
                     provider,
                     all_tools.registry.clone(),
@@ -176,8 +177,9 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
                         store.set_webhooks(view)
                     })
                     .await?;
-                let overseer = overseer_actors::Overseer::start(
+                let overseer = overseer_actors::Overseer::start_with(
                     config.agent_configs(),
+                    all_tools.library.clone(),
                     std::sync::Arc::new(store.clone()),
                     provider,
                     all_tools.registry.clone(),

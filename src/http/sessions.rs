@@ -729,7 +729,7 @@ pub(super) async fn set_model(
     header_json(&state, &principal, id).await
 }
 
-async fn header_json(
+pub(super) async fn header_json(
     state: &AppState,
     principal: &Principal,
     id: SessionId,
@@ -773,9 +773,24 @@ pub(super) async fn agents(
                     None => json!({"name": name, "available": false}),
                 })
                 .collect();
+            // Its skills by name and description (what its sessions'
+            // prompts list), and whether only a person may activate each.
+            let skills: Vec<Value> = a
+                .skills
+                .iter()
+                .filter_map(|name| overseer.skills().get(name))
+                .map(|s| {
+                    json!({
+                        "name": s.name,
+                        "description": s.description,
+                        "requires_trust": s.requires_trust,
+                    })
+                })
+                .collect();
             let mut v = serde_json::to_value(a).unwrap_or(Value::Null);
             if let Value::Object(m) = &mut v {
                 m.insert("tool_specs".into(), Value::Array(tools));
+                m.insert("skill_specs".into(), Value::Array(skills));
             }
             v
         })

@@ -433,6 +433,8 @@ pub fn router(state: AppState) -> Router {
             get(webhooks::show).delete(webhooks::delete),
         )
         .route("/v1/webhooks/{id}/deliveries", get(webhooks::deliveries))
+        .route("/v1/webhooks/{id}/enable", post(webhooks::enable))
+        .route("/v1/webhooks/{id}/rotate", post(webhooks::rotate))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES));

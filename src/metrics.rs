@@ -54,6 +54,7 @@ pub fn install_recorder() -> Result<PrometheusHandle, MetricsError> {
     }
     let handle = builder()?.install_recorder()?;
     names::describe();
+    crate::webhooks::metrics::describe();
     spawn_upkeep(handle.clone());
     *slot = Some(handle.clone());
     Ok(handle)
@@ -69,7 +70,11 @@ pub fn handle() -> Option<PrometheusHandle> {
 
 /// Buckets per histogram, from the range each one actually spans.
 fn builder() -> Result<PrometheusBuilder, BuildError> {
-    let buckets: [(&str, &[f64]); 5] = [
+    let buckets: [(&str, &[f64]); 6] = [
+        (
+            crate::webhooks::metrics::DELIVERY_SECONDS,
+            crate::webhooks::metrics::DELIVERY_BUCKETS,
+        ),
         (
             names::CHECKPOINT_SECONDS,
             &[

@@ -23,6 +23,7 @@ pub mod scenario;
 pub mod scope_token;
 pub mod service;
 pub mod store;
+pub mod telemetry;
 pub mod tools;
 pub mod webhooks;
 

@@ -584,6 +584,9 @@ pub struct SessionHeader {
     /// over the approval policy for this session's own calls.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tool_rules: BTreeMap<String, ToolRule>,
+    /// Where the current turn sits in a distributed trace (telemetry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<super::TraceLink>,
 }
 
 /// What a session tracks to keep its requests inside the model's context
@@ -657,6 +660,7 @@ impl SessionHeader {
             output: None,
             context: ContextState::default(),
             tool_rules: BTreeMap::new(),
+            trace: None,
         }
     }
 }

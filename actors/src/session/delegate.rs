@@ -241,7 +241,15 @@ impl SessionState {
                     grant,
                 );
                 let mut session = match created {
-                    Ok(s) => s,
+                    Ok(mut s) => {
+                        // The child's turns run under this call's span.
+                        let parent = self.genai.delegation(&call.call_id, &call.agent);
+                        s.header.trace = parent.map(|p| crate::model::TraceLink {
+                            parent: Some(p),
+                            turn: None,
+                        });
+                        s
+                    }
                     Err(e) => return self.child_failed(myself, &call, child, &e.to_string()),
                 };
                 if let Err(e) =

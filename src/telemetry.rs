@@ -172,7 +172,7 @@ impl TelemetrySection {
             ));
         }
         let e = &self.otlp_endpoint;
-        if !e.is_empty() && !(e.starts_with("http://") || e.starts_with("https://")) {
+        if !(e.is_empty() || e.starts_with("http://") || e.starts_with("https://")) {
             out.push((
                 "telemetry.otlp_endpoint".into(),
                 format!("'{e}' is not an http(s) URL like http://localhost:4318"),

@@ -492,12 +492,36 @@ async fn after_kill_9_the_resumed_turn_stays_in_its_trace_and_content_is_capture
     .await;
     assert_eq!(status, 201, "{created}");
     let id = created["id"].as_str().unwrap().to_owned();
+    // And a delegation, whose child waits for the approval.
+    let (status, created) = send(
+        http.post(format!("{}/v1/sessions", served.url))
+            .json(&json!({"agent": "lead", "prompt": "Go with help."})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let lead_id = created["id"].as_str().unwrap().to_owned();
     wait_status(&http, &served.url, &id, "awaiting_approval").await;
+    wait_status(&http, &served.url, &lead_id, "awaiting_approval").await;
     // The first step's chat span has left the process.
     let first = until("the first chat span", || {
-        spans(&r).into_iter().find(|s| s.name.starts_with("chat "))
+        spans(&r).into_iter().find(|s| {
+            s.name.starts_with("chat ")
+                && s.attrs
+                    .get("gen_ai.input.messages")
+                    .is_some_and(|m| m.contains("Go alone."))
+        })
     })
     .await;
+    until("the chat spans of the delegation", || {
+        (spans(&r)
+            .iter()
+            .filter(|s| s.name.starts_with("chat "))
+            .count()
+            >= 3)
+            .then_some(())
+    })
+    .await;
+    let before = spans(&r).len();
     assert!(first.attrs["gen_ai.input.messages"].contains("Go alone."));
     assert!(first.attrs["gen_ai.output.messages"].contains("Probing alone."));
     served.kill9();
@@ -505,8 +529,23 @@ async fn after_kill_9_the_resumed_turn_stays_in_its_trace_and_content_is_capture
     let mut served = serve(&data, &config, &[]);
     approve_all(&http, &served.url, &id).await;
     wait_status(&http, &served.url, &id, "awaiting_input").await;
+    approve_all(&http, &served.url, &lead_id).await;
+    wait_status(&http, &served.url, &lead_id, "awaiting_input").await;
     served.sigterm();
-    let got = spans(&r);
+    let all = spans(&r);
+    // The delegation, resumed: the child's turn under the parent's
+    // delegate_task span of the new process, all in the lead's trace.
+    let lead = one(&all, "invoke_agent lead").clone();
+    let delegated: Vec<&Got> = all.iter().filter(|s| s.trace == lead.trace).collect();
+    let delegated: Vec<Got> = delegated.into_iter().cloned().collect();
+    let delegate = one(&delegated, "execute_tool delegate_task");
+    assert_eq!(delegate.parent, lead.id);
+    let worker = one(&delegated, "invoke_agent worker");
+    assert_eq!(worker.parent, delegate.id, "{all:#?}");
+    assert_eq!(worker.attrs["overseer.resumed"], "true");
+    assert_eq!(one(&delegated, "execute_tool probe").parent, worker.id);
+    assert!(before <= all.len());
+    let got: Vec<Got> = all.into_iter().filter(|s| s.trace != lead.trace).collect();
     assert!(
         got.iter().all(|s| s.trace == first.trace),
         "every span is in the first trace: {got:#?}"
@@ -515,7 +554,7 @@ async fn after_kill_9_the_resumed_turn_stays_in_its_trace_and_content_is_capture
     assert_eq!(turn.attrs["overseer.resumed"], "true");
     // Under, and linked to, the turn span the kill interrupted.
     assert_eq!(turn.parent, first.parent);
-    assert_eq!(turn.links, [first.parent.clone()]);
+    assert_eq!(turn.links, vec![first.parent.clone()]);
     let probe = one(&got, "execute_tool probe");
     assert_eq!(probe.parent, turn.id);
     assert!(probe.attrs["gen_ai.tool.call.arguments"].contains("secret-argument"));
@@ -555,9 +594,11 @@ async fn with_the_collector_down_sessions_finish_and_dropped_spans_are_counted()
     let config = write_config(dir.path(), &dead, &tool.url, "");
     let mut served = serve(&dir.path().join("data"), &config, &[]);
     let http = reqwest::Client::new();
-    for _ in 0..3 {
+    for i in 0..3 {
+        // A malformed traceparent is ignored (W3C Trace Context), not refused.
         let (status, created) = send(
             http.post(format!("{}/v1/sessions", served.url))
+                .header("traceparent", if i == 0 { "00-not-a-trace-01" } else { "" })
                 .json(&json!({"agent": "solo", "prompt": "Go."})),
         )
         .await;

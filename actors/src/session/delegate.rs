@@ -311,6 +311,16 @@ impl SessionState {
             }
             return Ok(None);
         }
+        let mut session = session;
+        // The child's resumed turn goes under this actor's span of the call
+        // (the one it was started under may be gone with a process).
+        if let Some(parent) = self.genai.delegation(&call.call_id, &call.agent) {
+            session
+                .header
+                .trace
+                .get_or_insert_with(Default::default)
+                .parent = Some(parent);
+        }
         self.spawn_child(myself, session).await.map(Some)
     }
 

@@ -211,6 +211,10 @@ const SCENARIO: &str = r#"{
         "usage": { "input_tokens": 33, "output_tokens": 3 } },
       { "text": "Probed: {{tool_result}}", "usage": { "input_tokens": 44, "output_tokens": 4 } }
     ],
+    "echo": [
+      { "text": "One.", "usage": { "input_tokens": 7, "output_tokens": 1 } },
+      { "text": "Two.", "usage": { "input_tokens": 8, "output_tokens": 2 } }
+    ],
     "solo": [
       { "text": "Probing alone.", "tool_calls": [{ "name": "probe", "arguments": {"what": "secret-argument"} }],
         "usage": { "input_tokens": 55, "output_tokens": 5 } },
@@ -261,6 +265,13 @@ model = "scripted"
 instructions = "Work."
 tools = ["probe"]
 approval = "always"
+
+[[agents]]
+name = "echo"
+model = "scripted"
+instructions = "Echo."
+tools = []
+approval = "auto"
 
 [[agents]]
 name = "solo"
@@ -626,4 +637,56 @@ async fn with_the_collector_down_sessions_finish_and_dropped_spans_are_counted()
     assert!(metric(&http, &served.url, "gen_ai_client_operation_duration_count").await >= 6.0);
     served.sigterm();
     tool.task.abort();
+}
+
+/// A `traceparent` on `POST /messages` makes the caller's span the parent of
+/// the turn the message starts; a turn without one is a trace of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_with_a_traceparent_starts_a_turn_under_the_callers_span() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let r = receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &r.url, &r.url, "");
+    let mut served = serve(&dir.path().join("data"), &config, &[]);
+    let http = reqwest::Client::new();
+    let (status, created) = send(
+        http.post(format!("{}/v1/sessions", served.url))
+            .json(&json!({"agent": "echo", "prompt": "First."})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    wait_status(&http, &served.url, &id, "awaiting_input").await;
+    let caller = "0af7651916cd43dd8448eb211c80319c";
+    let caller_span = "b7ad6b7169203331";
+    let (status, body) = send(
+        http.post(format!("{}/v1/sessions/{id}/messages", served.url))
+            .header("traceparent", format!("00-{caller}-{caller_span}-01"))
+            .json(&json!({"text": "Second."})),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    until("the second turn", || {
+        (spans(&r)
+            .iter()
+            .filter(|s| s.name == "invoke_agent echo")
+            .count()
+            == 2)
+            .then_some(())
+    })
+    .await;
+    served.sigterm();
+    let got = spans(&r);
+    let turns: Vec<&Got> = got
+        .iter()
+        .filter(|s| s.name == "invoke_agent echo")
+        .collect();
+    let first = turns.iter().find(|t| t.trace != caller).unwrap();
+    assert!(
+        first.parent.is_empty(),
+        "the first turn is a root: {first:?}"
+    );
+    let second = turns.iter().find(|t| t.trace == caller).unwrap();
+    assert_eq!(second.parent, caller_span);
+    r.task.abort();
 }

@@ -74,6 +74,7 @@ pub struct AcpArgs {
 /// connection on stdin/stdout until the client closes it.
 pub fn run(args: AcpArgs) -> Result<(), AcpError> {
     if let Some(url) = args.server.clone() {
+        crate::cli::init_tracing();
         return run_remote(url, args.agent);
     }
     // The editor's file tools exist here only: agents may list them.
@@ -88,6 +89,16 @@ pub fn run(args: AcpArgs) -> Result<(), AcpError> {
         },
     };
     let config = Config::load(&options, &tools)?;
+    // Logs go to stderr (stdout is the protocol); telemetry as configured.
+    let settings = config.telemetry_settings(|var| std::env::var_os(var))?;
+    let _telemetry = match crate::telemetry::init(&config.log, settings.as_ref()) {
+        Ok(telemetry) => Some(telemetry),
+        Err(e) => {
+            crate::cli::init_tracing();
+            tracing::warn!("{e}; traces are off");
+            None
+        }
+    };
     if config.agent(&args.agent).is_none() {
         return Err(AcpError::UnknownAgent {
             name: args.agent,

@@ -169,6 +169,9 @@ pub enum CliError {
     /// Configuration.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// Telemetry could not start.
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
     /// Assembling the service (providers, store, recovery).
     #[error(transparent)]
     Service(#[from] crate::service::ServiceError),
@@ -317,6 +320,14 @@ pub fn arm_faults() -> Result<(), CliError> {
 
 /// Runs a parsed command line.
 pub fn execute(cli: Cli) -> Result<(), CliError> {
+    // The commands that read a configuration start logging (and telemetry)
+    // from it, once it is loaded (`start_telemetry`).
+    if !matches!(
+        cli.command,
+        Command::Run(_) | Command::Serve(_) | Command::Acp(_)
+    ) {
+        init_tracing();
+    }
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Serve(args) => serve::serve(args),
@@ -349,6 +360,16 @@ pub fn init_tracing() {
         // nothing more.
         .log_internal_errors(false)
         .try_init();
+}
+
+/// Starts logging in `[log]`'s format and, when `[telemetry]` or the
+/// `OTEL_EXPORTER_OTLP_*` variables name a collector, trace export. The
+/// guard exports what is queued when dropped.
+pub fn start_telemetry(
+    config: &crate::config::Config,
+) -> Result<crate::telemetry::Telemetry, CliError> {
+    let settings = config.telemetry_settings(|var| std::env::var_os(var))?;
+    Ok(crate::telemetry::init(&config.log, settings.as_ref())?)
 }
 
 /// Writes one progress line to stderr (without `eprintln!`'s panic on a

@@ -106,6 +106,12 @@ pub struct Config {
     /// activate.
     #[serde(default)]
     pub skills_dirs: Vec<SkillsDirEntry>,
+    /// `[telemetry]`: traces over OTLP (off without an endpoint).
+    #[serde(default)]
+    pub telemetry: crate::telemetry::TelemetrySection,
+    /// `[log]`: the format of log lines.
+    #[serde(default)]
+    pub log: crate::telemetry::LogSection,
 }
 
 /// `[scope_tokens]`.
@@ -1059,6 +1065,20 @@ impl Config {
         }
     }
 
+    /// The telemetry settings in force: `[telemetry]` overridden by the
+    /// standard `OTEL_*` variables of `env`; `None` when traces are off.
+    pub fn telemetry_settings(
+        &self,
+        env: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Option<crate::telemetry::Settings>, ConfigError> {
+        self.telemetry
+            .resolve(env)
+            .map_err(|problem| ConfigError::Invalid {
+                origin: "environment".into(),
+                problems: vec![Problem::new("telemetry", problem)],
+            })
+    }
+
     /// The compiled-in defaults, unvalidated against any tool registry.
     pub fn builtin() -> Result<Self, ConfigError> {
         Self::parse(DEFAULT_CONFIG, "built-in defaults")
@@ -1260,6 +1280,9 @@ impl Config {
             }
         }
         self.webhooks.problems(&mut out);
+        for (key, problem) in self.telemetry.problems() {
+            out.push(Problem::new(key, problem));
+        }
         if self.http.listen.parse::<std::net::SocketAddr>().is_err() {
             out.push(Problem::new(
                 "http.listen",

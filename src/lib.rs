@@ -25,6 +25,7 @@ pub mod scope_token;
 pub mod service;
 pub mod skills;
 pub mod store;
+pub mod telemetry;
 pub mod tools;
 pub mod webhooks;
 

@@ -23,6 +23,7 @@ pub mod error;
 pub mod fault;
 #[cfg(not(feature = "fault-injection"))]
 mod fault_off;
+pub mod genai;
 pub mod hub;
 pub mod janitor;
 pub mod journal;

@@ -13,6 +13,7 @@ mod overrides;
 mod prompt;
 mod session;
 mod shared_config;
+mod trace;
 mod transcript;
 mod usage;
 
@@ -28,6 +29,7 @@ pub use session::{
     DEFAULT_MAX_DELEGATION_DEPTH, SCHEMA_VERSION,
 };
 pub use shared_config::SharedConfig;
+pub use trace::{is_traceparent, TraceLink};
 pub use transcript::{FinishReason, ProposedCall, TranscriptEntry};
 pub use usage::Usage;
 

@@ -75,6 +75,9 @@ pub struct CreateSession {
     /// ([`SessionHeader::create_digest`]) so that a retry under a client's
     /// key can be told from a different request exactly.
     pub create_digest: Option<String>,
+    /// The caller's W3C `traceparent` (checked with
+    /// [`crate::model::is_traceparent`]): the first turn's span is its child.
+    pub trace_parent: Option<String>,
 }
 
 /// The in-process API of overseer. Cheap to clone.
@@ -351,6 +354,10 @@ impl Overseer {
         header.title = req.title;
         header.auto_complete = req.auto_complete;
         header.task = extras.task;
+        header.trace = req.trace_parent.map(|parent| crate::model::TraceLink {
+            parent: Some(parent),
+            turn: None,
+        });
         let mut session = Session::new(header).with_metadata(req.metadata);
         // Skills a person asked for are active before the first message.
         for name in &extras.skills {
@@ -418,6 +425,29 @@ impl Overseer {
         self.runtime
             .route(id, move |reply| {
                 SessionMsg::Send(text.clone(), message_id.clone(), reply)
+            })
+            .await
+    }
+
+    /// [`Overseer::send_message_with_id`] with the caller's W3C
+    /// `traceparent`: the turn the message starts is a child of its span.
+    pub async fn send_message_traced(
+        &self,
+        id: SessionId,
+        text: impl Into<String>,
+        message_id: Option<String>,
+        traceparent: Option<String>,
+    ) -> Result<(), SessionError> {
+        let Some(traceparent) = traceparent else {
+            return self.send_message_with_id(id, text, message_id).await;
+        };
+        let text = text.into();
+        self.runtime
+            .route(id, move |reply| {
+                SessionMsg::Traced(
+                    traceparent.clone(),
+                    Box::new(SessionMsg::Send(text.clone(), message_id.clone(), reply)),
+                )
             })
             .await
     }

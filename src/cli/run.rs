@@ -180,6 +180,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         },
     };
     let mut config = Config::load(&options, &tools)?;
+    let _telemetry = crate::cli::start_telemetry(&config)?;
     let mut target = target;
     if let Target::New { route, .. } = &mut target {
         *route = route_from_flags(&mut config, &RouteFlags::of(&args))?;

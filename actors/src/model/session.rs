@@ -628,6 +628,9 @@ pub struct SessionHeader {
     /// The session this one was forked from, and where.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forked_from: Option<ForkOrigin>,
+    /// Where the current turn sits in a distributed trace (telemetry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<super::TraceLink>,
 }
 
 /// Where a fork came from: the source session and the point of its
@@ -716,6 +719,7 @@ impl SessionHeader {
             tool_rules: BTreeMap::new(),
             task: None,
             forked_from: None,
+            trace: None,
         }
     }
 }

@@ -336,7 +336,15 @@ impl SessionState {
             Ok(None) => {
                 let created = make(&self.runtime, &self.session.header, &call);
                 let mut session = match created {
-                    Ok(s) => s,
+                    Ok(mut s) => {
+                        // The child's turns run under this call's span.
+                        let parent = self.genai.delegation(&call.call_id, &call.agent);
+                        s.header.trace = parent.map(|p| crate::model::TraceLink {
+                            parent: Some(p),
+                            turn: None,
+                        });
+                        s
+                    }
                     Err(e) => return self.child_failed(myself, &call, child, &e.to_string()),
                 };
                 if let Err(e) =
@@ -397,6 +405,16 @@ impl SessionState {
                 );
             }
             return Ok(None);
+        }
+        let mut session = session;
+        // The child's resumed turn goes under this actor's span of the call
+        // (the one it was started under may be gone with a process).
+        if let Some(parent) = self.genai.delegation(&call.call_id, &call.agent) {
+            session
+                .header
+                .trace
+                .get_or_insert_with(Default::default)
+                .parent = Some(parent);
         }
         self.spawn_child(myself, session).await.map(Some)
     }

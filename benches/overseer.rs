@@ -4,6 +4,7 @@
 //! cargo bench --bench overseer -- [--sessions N] [--durability fsync|os] [--full]
 //!                                 [--out FILE.json] [--workload NAME]... [--cache-mb MB]
 //!                                 [--compression none|zstd] [--webhook] [--minutes N]
+//!                                 [--telemetry off|live|dead]
 //! ```
 //!
 //! Workloads, all on the scripted provider and real sled directories in temp
@@ -43,6 +44,8 @@ mod idle;
 mod recovery;
 #[path = "overseer/soak.rs"]
 mod soak;
+#[path = "overseer/telemetry.rs"]
+mod telemetry;
 #[path = "overseer/webhook.rs"]
 mod webhook;
 // The throwaway PostgreSQL server of the tests, for the cluster workloads.
@@ -83,6 +86,8 @@ usage: cargo bench --bench overseer -- [options]
   --concurrency C       sessions in flight at once (default 1000)
   --rounds R            checkpoints measured per history length (default 500)
   --dir DIR             where the temp sled directories go (default: the temp dir)
+  --telemetry MODE      trace export in every case: off (default), live (to a local OTLP
+                        receiver) or dead (to a closed port: exports fail, spans dropped)
   --webhook             approve-and-execute with one webhook endpoint of the bench tenant
                         registered on a local receiver (every event): adds the delivery
                         latency (event to receiver, p50/p99); the `webhooks` workload runs
@@ -156,6 +161,8 @@ struct Args {
     minutes: Option<u64>,
     /// Register a webhook endpoint on a local receiver in approve.
     webhook: bool,
+    /// `--telemetry`: off, live or dead.
+    telemetry: Option<String>,
     /// Hidden: run one case in this process and print its rows.
     case: Option<String>,
 }
@@ -170,6 +177,7 @@ fn parse_args() -> Result<Args, String> {
             "--bench" => {}
             "--full" => args.full = true,
             "--webhook" => args.webhook = true,
+            "--telemetry" => args.telemetry = Some(value("--telemetry")?),
             "--sessions" => {
                 let v = value("--sessions")?;
                 let n: usize = v.parse().map_err(|_| format!("bad --sessions: {v}"))?;
@@ -433,6 +441,9 @@ fn run_all(args: &Args) -> Res<ExitCode> {
         if args.webhook {
             cmd.arg("--webhook");
         }
+        if let Some(t) = &args.telemetry {
+            cmd.args(["--telemetry", t]);
+        }
         let mut child = cmd.spawn()?;
         let stdout = child.stdout.take().ok_or("no stdout from a case process")?;
         for line in BufReader::new(stdout).lines() {
@@ -570,6 +581,7 @@ fn run_case(case: &str, args: &Args) -> Res<ExitCode> {
     if let Some(c) = args.compression {
         common::set_compression(c);
     }
+    let traces = telemetry::start(args.telemetry.as_deref().unwrap_or("off"))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -600,7 +612,21 @@ fn run_case(case: &str, args: &Args) -> Res<ExitCode> {
     // Exit straight away, success or not: sled and the runtime may still hold
     // threads, and the rows (or the error) are all the parent needs.
     let rows = match outcome {
-        Ok(rows) => rows,
+        Ok(mut rows) => {
+            if let Some(t) = &args.telemetry {
+                for row in &mut rows {
+                    row.workload = format!("{}+otel-{t}", row.workload);
+                }
+                if let Some(traces) = traces {
+                    traces.shutdown();
+                }
+                eprintln!(
+                    "  otel: {} export requests received",
+                    telemetry::RECEIVED.load(std::sync::atomic::Ordering::Relaxed)
+                );
+            }
+            rows
+        }
         Err(e) => {
             eprintln!("error in case {case}: {e}");
             std::process::exit(1)

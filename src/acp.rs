@@ -20,6 +20,7 @@
 //! carries nothing but protocol: logs and progress go to stderr.
 
 mod agent;
+mod commands;
 mod error;
 mod follow;
 mod fs;
@@ -73,6 +74,7 @@ pub struct AcpArgs {
 /// connection on stdin/stdout until the client closes it.
 pub fn run(args: AcpArgs) -> Result<(), AcpError> {
     if let Some(url) = args.server.clone() {
+        crate::cli::init_tracing();
         return run_remote(url, args.agent);
     }
     // The editor's file tools exist here only: agents may list them.
@@ -87,6 +89,16 @@ pub fn run(args: AcpArgs) -> Result<(), AcpError> {
         },
     };
     let config = Config::load(&options, &tools)?;
+    // Logs go to stderr (stdout is the protocol); telemetry as configured.
+    let settings = config.telemetry_settings(|var| std::env::var_os(var))?;
+    let _telemetry = match crate::telemetry::init(&config.log, settings.as_ref()) {
+        Ok(telemetry) => Some(telemetry),
+        Err(e) => {
+            crate::cli::init_tracing();
+            tracing::warn!("{e}; traces are off");
+            None
+        }
+    };
     if config.agent(&args.agent).is_none() {
         return Err(AcpError::UnknownAgent {
             name: args.agent,
@@ -112,8 +124,7 @@ async fn serve(
 ) -> Result<(), AcpError> {
     // MCP connections live as long as this value.
     let tools = crate::service::build_tools_with(&mut config, fs::tools(&client)).await?;
-    let (overseer, _store) =
-        crate::service::open(&config, tools.registry.clone(), provider).await?;
+    let (overseer, _store) = crate::service::open(&config, &tools, provider).await?;
     // Sessions an earlier process left mid-turn go on (their approvals are
     // asked once a client loads them).
     let recovered = overseer.recover().await;

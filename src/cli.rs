@@ -149,8 +149,17 @@ pub struct RunArgs {
     /// then its next message, for a session waiting for input).
     #[arg(long, value_name = "SESSION_ID")]
     pub resume: Option<SessionId>,
+    /// Run this stored task (`[[tasks]]`, `tasks_dir`) with its agent,
+    /// instructions and skills; PROMPT is then the task's context (JSON, or
+    /// text), checked against its input schema.
+    #[arg(long, value_name = "ID", conflicts_with = "resume")]
+    pub task: Option<String>,
+    /// Activate this skill before the first message (repeatable). You are a
+    /// person: a skill that needs trust is allowed.
+    #[arg(long = "skill", value_name = "NAME", conflicts_with = "resume")]
+    pub skills: Vec<String>,
     /// The user message (several words are joined with spaces).
-    #[arg(value_name = "PROMPT", required_unless_present = "resume", num_args = 1..)]
+    #[arg(value_name = "PROMPT", required_unless_present_any = ["resume", "task"], num_args = 1..)]
     pub prompt: Vec<String>,
 }
 
@@ -172,6 +181,9 @@ pub enum CliError {
     /// Configuration.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// Telemetry could not start.
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
     /// Assembling the service (providers, store, recovery).
     #[error(transparent)]
     Service(#[from] crate::service::ServiceError),
@@ -323,6 +335,14 @@ pub fn arm_faults() -> Result<(), CliError> {
 
 /// Runs a parsed command line.
 pub fn execute(cli: Cli) -> Result<(), CliError> {
+    // The commands that read a configuration start logging (and telemetry)
+    // from it, once it is loaded (`start_telemetry`).
+    if !matches!(
+        cli.command,
+        Command::Run(_) | Command::Serve(_) | Command::Acp(_)
+    ) {
+        init_tracing();
+    }
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Serve(args) => serve::serve(args),
@@ -361,6 +381,16 @@ pub fn init_tracing() {
         // nothing more.
         .log_internal_errors(false)
         .try_init();
+}
+
+/// Starts logging in `[log]`'s format and, when `[telemetry]` or the
+/// `OTEL_EXPORTER_OTLP_*` variables name a collector, trace export. The
+/// guard exports what is queued when dropped.
+pub fn start_telemetry(
+    config: &crate::config::Config,
+) -> Result<crate::telemetry::Telemetry, CliError> {
+    let settings = config.telemetry_settings(|var| std::env::var_os(var))?;
+    Ok(crate::telemetry::init(&config.log, settings.as_ref())?)
 }
 
 /// Writes one progress line to stderr (without `eprintln!`'s panic on a

@@ -35,9 +35,11 @@ use crate::tools::http_tool::HttpToolConfig;
 use crate::tools::mcp::McpServerConfig;
 
 mod agent_tools;
+mod library;
 
 use agent_tools::is_pattern;
 pub use agent_tools::AgentMcpServer;
+pub use library::{SkillsDirEntry, TaskSection};
 
 /// Where the configuration is looked for when no path is given.
 pub const DEFAULT_CONFIG_PATH: &str = "config/overseer.toml";
@@ -91,6 +93,25 @@ pub struct Config {
     /// `[[agents]]`.
     #[serde(default)]
     pub agents: Vec<AgentSection>,
+    /// `[[tasks]]`: stored tasks. Those of `tasks_dir` are added
+    /// when the file is loaded.
+    #[serde(default)]
+    pub tasks: Vec<TaskSection>,
+    /// A directory of `*.toml` files, one stored task each (the keys of
+    /// `[[tasks]]`; `id` defaults to the file's name without `.toml`).
+    #[serde(default)]
+    pub tasks_dir: Option<PathBuf>,
+    /// Directories of skills in the Agent Skills format: a path, or
+    /// `{ path = "...", trusted = false }` for skills only a person may
+    /// activate.
+    #[serde(default)]
+    pub skills_dirs: Vec<SkillsDirEntry>,
+    /// `[telemetry]`: traces over OTLP (off without an endpoint).
+    #[serde(default)]
+    pub telemetry: crate::telemetry::TelemetrySection,
+    /// `[log]`: the format of log lines.
+    #[serde(default)]
+    pub log: crate::telemetry::LogSection,
 }
 
 /// `[scope_tokens]`.
@@ -831,6 +852,13 @@ pub struct AgentSection {
     /// names or patterns of the agent's tools; a name wins over a pattern).
     #[serde(default)]
     pub tool_approvals: std::collections::BTreeMap<String, bool>,
+    /// Skills its sessions may use: names, or patterns where `*` stands
+    /// for any run of characters, expanded at start-up.
+    #[serde(default)]
+    pub skills: Vec<String>,
+    /// Stored tasks it may run with `run_task`: ids or patterns.
+    #[serde(default)]
+    pub tasks: Vec<String>,
 }
 
 fn default_max_delegation_depth() -> u32 {
@@ -861,6 +889,8 @@ impl AgentSection {
             output_schema: self.output_schema.clone(),
             input_timeout_secs: self.input_timeout_secs,
             tool_approvals: self.tool_approvals.clone(),
+            skills: self.skills.clone(),
+            tasks: self.tasks.clone(),
         }
     }
 }
@@ -1026,12 +1056,27 @@ impl Config {
         let mut config = Self::parse(&text, &origin)?;
         config.apply_env(env)?;
         config.apply_overrides(&opts.overrides);
+        config.load_tasks_dir()?;
         let problems = config.problems(tools);
         if problems.is_empty() {
             Ok(config)
         } else {
             Err(ConfigError::Invalid { origin, problems })
         }
+    }
+
+    /// The telemetry settings in force: `[telemetry]` overridden by the
+    /// standard `OTEL_*` variables of `env`; `None` when traces are off.
+    pub fn telemetry_settings(
+        &self,
+        env: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Option<crate::telemetry::Settings>, ConfigError> {
+        self.telemetry
+            .resolve(env)
+            .map_err(|problem| ConfigError::Invalid {
+                origin: "environment".into(),
+                problems: vec![Problem::new("telemetry", problem)],
+            })
     }
 
     /// The compiled-in defaults, unvalidated against any tool registry.
@@ -1235,6 +1280,9 @@ impl Config {
             }
         }
         self.webhooks.problems(&mut out);
+        for (key, problem) in self.telemetry.problems() {
+            out.push(Problem::new(key, problem));
+        }
         if self.http.listen.parse::<std::net::SocketAddr>().is_err() {
             out.push(Problem::new(
                 "http.listen",
@@ -1303,6 +1351,7 @@ impl Config {
                 ));
             }
         }
+        self.task_problems(&mut out);
         let available = tools.names().collect::<Vec<_>>().join(", ");
         let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
         for (i, agent) in self.agents.iter().enumerate() {
@@ -1346,6 +1395,7 @@ impl Config {
                 }
             }
             self.agent_tool_problems(i, &mut out);
+            self.agent_task_problems(i, &mut out);
             for (j, tool) in agent.tools.iter().enumerate() {
                 if agent.tools[..j].contains(tool) {
                     out.push(Problem::new(
@@ -1722,6 +1772,13 @@ fn explain(table: &Table, whole: &toml::de::Error) -> Vec<Problem> {
             ("agents", Value::Array(items)) => {
                 for (i, item) in items.iter().enumerate() {
                     problems.extend(explain_agent(i, item));
+                }
+            }
+            ("tasks", Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    if let Err(e) = item.clone().try_into::<TaskSection>() {
+                        problems.push(problem_for(&format!("tasks[{i}]"), e.message()));
+                    }
                 }
             }
             _ => {

@@ -8,7 +8,7 @@
 //! compiled into the binary ([`crate::config::DEFAULT_CONFIG`]) and the
 //! environment table [`crate::config::ENV_OVERRIDES`]; the clap command tree
 //! of [`crate::cli::Cli`]; the names and descriptions that
-//! [`overseer_actors::metrics::describe`] gives the recorder. `overseer docs
+//! [`crate::metrics::describe`] gives the recorder. `overseer docs
 //! --out docs/src/reference` (a hidden subcommand) writes them, and
 //! `tests/docs.rs` fails when a committed page differs from what this module
 //! renders. This module deliberately writes nothing else: the guide and the

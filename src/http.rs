@@ -23,8 +23,11 @@
 //! it may do) needs a valid token only; create, message, cancel, done, interrupt and model
 //! need `sessions:write`; deciding approvals and setting a session's
 //! standing rule for a tool (`POST /v1/sessions/{id}/rules`) need
-//! `approvals:write`; the webhook routes (`/v1/webhooks`, reads included)
-//! need `webhooks:write`;
+//! `approvals:write`; stored tasks, skills and forks: `GET /v1/tasks`
+//! and `GET /v1/sessions/{id}/history` need `sessions:read`, `POST
+//! /v1/tasks/{id}/runs`, `POST /v1/sessions/{id}/skills` and `POST
+//! /v1/sessions/{id}/fork` `sessions:write`; the webhook routes
+//! (`/v1/webhooks`, reads included) need `webhooks:write`;
 //! `admin` implies all four. `admin` does not cross tenants. `/healthz`,
 //! `/readyz` and the approval inbox's page (`/`, `/ui/*`: static files, no
 //! data) are unauthenticated. `/metrics` needs `admin` unless
@@ -50,12 +53,15 @@ mod decisions;
 mod error;
 mod events;
 mod extract;
+mod fork;
 mod idempotency;
 pub(crate) mod inbox;
 mod me;
 mod metrics;
 mod routing;
 mod sessions;
+mod skills;
+mod tasks;
 mod tenant_events;
 mod ui;
 mod webhooks;
@@ -412,6 +418,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sessions/{id}/model", post(sessions::set_model))
         .route("/v1/sessions/{id}/rules", post(sessions::set_rule))
         .route("/v1/sessions/{id}/events", get(events::stream))
+        .route("/v1/sessions/{id}/skills", post(skills::activate))
+        .route("/v1/sessions/{id}/fork", post(fork::fork))
+        .route("/v1/sessions/{id}/history", get(fork::history))
+        .route("/v1/tasks", get(tasks::list))
+        .route("/v1/tasks/{id}/runs", post(tasks::run))
         .route("/v1/approvals", get(inbox::list))
         .route("/v1/decisions", get(decisions::list))
         .route("/v1/me", get(me::me))
@@ -422,6 +433,8 @@ pub fn router(state: AppState) -> Router {
             get(webhooks::show).delete(webhooks::delete),
         )
         .route("/v1/webhooks/{id}/deliveries", get(webhooks::deliveries))
+        .route("/v1/webhooks/{id}/enable", post(webhooks::enable))
+        .route("/v1/webhooks/{id}/rotate", post(webhooks::rotate))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES));

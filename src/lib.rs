@@ -24,7 +24,9 @@ pub mod render;
 pub mod scenario;
 pub mod scope_token;
 pub mod service;
+pub mod skills;
 pub mod store;
+pub mod telemetry;
 pub mod tools;
 pub mod webhooks;
 

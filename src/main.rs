@@ -16,7 +16,7 @@ fn main() -> ExitCode {
     // embedding host) is fine.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let cli = overseer::cli::Cli::parse();
-    overseer::cli::init_tracing();
+    // Logging starts in `execute`: its format is in the configuration.
     // Test builds only: the planned fault is process-wide, so it is armed
     // here, once, before any actor runs.
     #[cfg(feature = "fault-injection")]

@@ -571,11 +571,16 @@ impl Endpoint {
         body: &B,
     ) -> Result<reqwest::Response, ProviderError> {
         let url = format!("{}{path}", self.base_url);
-        let request = client
+        let mut request = client
             .post(&url)
             .json(body)
             .headers(headers)
             .headers(self.headers.clone());
+        // Inside the request's `chat` span (telemetry on): the provider's
+        // own tracing joins the session's trace.
+        if let Some(traceparent) = crate::telemetry::traceparent() {
+            request = request.header("traceparent", traceparent);
+        }
         let response = match tokio::time::timeout(self.timeout, request.send()).await {
             Ok(Ok(response)) => response,
             Ok(Err(e)) => {

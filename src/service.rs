@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use overseer_actors::provider::Provider;
 use overseer_actors::store::StoreError;
+use overseer_actors::tasks::TaskCatalog;
 use overseer_actors::tool::ToolRegistry;
-use overseer_actors::{Overseer, SessionError};
+use overseer_actors::{Library, Overseer, SessionError};
 
 use overseer_actors::tool::Tool;
 
@@ -25,6 +26,7 @@ use crate::tools::builtin_tools;
 use crate::tools::http_request::HttpRequestTool;
 use crate::tools::http_tool::http_tools;
 use crate::tools::mcp::McpHub;
+use crate::tools::skills::ReadSkillResource;
 use crate::webhooks::{Subscriptions, SystemClock, WebhookStore, Webhooks};
 
 /// Why the service could not start.
@@ -65,6 +67,10 @@ pub enum ServiceError {
     /// The scope-token key is unusable.
     #[error("scope_tokens: {0}")]
     ScopeTokens(String),
+    /// A skill folder is malformed, or a task or agent names what does not
+    /// exist.
+    #[error("{0}")]
+    Library(String),
     /// The webhook endpoints could not be read at start.
     #[error("webhooks: cannot read the registered endpoints: {0}")]
     Webhooks(StoreError),
@@ -78,12 +84,14 @@ fn store_open_message(dir: &str, source: &StoreError) -> String {
 }
 
 /// The tools of a configuration, with the MCP connections they use (keep it
-/// alive as long as the runtime).
+/// alive as long as the runtime), and its stored tasks and skills.
 pub struct Tools {
     /// Every tool, with compiled schemas.
     pub registry: ToolRegistry,
     /// MCP connections, if any server is configured.
     pub mcp: Option<McpHub>,
+    /// Stored tasks and the skills of `skills_dirs`.
+    pub library: Library,
 }
 
 /// The scope-token minter, if its secret variable is set.
@@ -117,8 +125,12 @@ pub async fn build_tools_with(
     extra: Vec<Arc<dyn Tool>>,
 ) -> Result<Tools, ServiceError> {
     let tokens = scope_tokens(config)?;
+    let library = build_library(config).await?;
     let mut tools: Vec<Arc<dyn Tool>> = builtin_tools();
     tools.extend(extra);
+    // Reading a skill's files is the edge's; `activate_skill` answers from
+    // memory in the runtime.
+    tools.push(Arc::new(ReadSkillResource::new(library.skills.clone())));
     if let Some(cfg) = &config.http_request {
         let tool = HttpRequestTool::new(cfg.clone())
             .map_err(|e| ServiceError::Tools(format!("http_request: {e}")))?;
@@ -142,7 +154,31 @@ pub async fn build_tools_with(
     config
         .resolve_agent_tools(&registry)
         .map_err(ServiceError::Tools)?;
-    Ok(Tools { registry, mcp })
+    Ok(Tools {
+        registry,
+        mcp,
+        library,
+    })
+}
+
+/// Reads every skill of `skills_dirs` (a malformed `SKILL.md` is an error
+/// naming the file and the field), expands the agents' skill and task
+/// patterns, and checks the tasks.
+pub async fn build_library(config: &mut Config) -> Result<Library, ServiceError> {
+    let dirs = config.skills_dirs();
+    let skills = tokio::task::spawn_blocking(move || crate::skills::load(&dirs))
+        .await
+        .map_err(|e| ServiceError::Library(format!("skills: {e}")))?
+        .map_err(|e| ServiceError::Library(e.to_string()))?;
+    config
+        .resolve_agent_skills(&skills)
+        .map_err(ServiceError::Library)?;
+    let tasks = TaskCatalog::new(config.task_defs()).map_err(ServiceError::Library)?;
+    let library = Library::new(tasks, skills);
+    library
+        .check(&config.agent_configs())
+        .map_err(ServiceError::Library)?;
+    Ok(library)
 }
 
 /// Builds every configured route now, so a missing key or a bad URL is a
@@ -175,7 +211,7 @@ pub fn build_providers(config: &Config) -> Result<Arc<RoutedProvider>, ServiceEr
 /// mid-turn, before anything is served.
 pub async fn start(
     config: &Config,
-    tools: ToolRegistry,
+    tools: &Tools,
     provider: Arc<dyn Provider>,
 ) -> Result<(Overseer, SledStore), ServiceError> {
     let (overseer, store) = open(config, tools, provider).await?;
@@ -188,15 +224,16 @@ pub async fn start(
 /// (`overseer run --resume`).
 pub async fn open(
     config: &Config,
-    tools: ToolRegistry,
+    tools: &Tools,
     provider: Arc<dyn Provider>,
 ) -> Result<(Overseer, SledStore), ServiceError> {
     let store = open_sled(config).await?;
-    let overseer = Overseer::start(
+    let overseer = Overseer::start_with(
         config.agent_configs(),
+        tools.library.clone(),
         Arc::new(store.clone()),
         provider,
-        tools,
+        tools.registry.clone(),
         config.runtime_config(),
     )
     .await?;

@@ -17,6 +17,7 @@ pub mod http_tool;
 #[cfg(feature = "fault-injection")]
 pub mod ledger;
 pub mod mcp;
+pub mod skills;
 
 use std::sync::Arc;
 

@@ -36,6 +36,7 @@
 //! no sled trees, and gives no ordering guarantee between deliveries.
 
 mod dispatch;
+pub mod metrics;
 mod outbox;
 mod payload;
 mod signing;
@@ -147,12 +148,38 @@ pub struct Endpoint {
     /// nothing more is sent to it, and new events are not queued for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disabled: Option<Disabled>,
+    /// The secret it had before its last rotation, still signing (beside
+    /// the new one) until the grace period ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_secret: Option<PreviousSecret>,
+}
+
+/// A rotated-out secret and how long it still signs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviousSecret {
+    /// The old secret, `whsec_…`.
+    pub secret: String,
+    /// Until when (ms since the epoch) deliveries carry its signature too.
+    pub until_ms: i64,
 }
 
 impl Endpoint {
     /// Whether it wants `event` and takes deliveries.
     pub fn wants(&self, event: EventType) -> bool {
         self.disabled.is_none() && self.events.contains(&event)
+    }
+
+    /// The secrets a delivery at `now_ms` is signed with: the current one,
+    /// and the previous one during its grace period (Standard Webhooks:
+    /// space-separated signatures, a receiver accepts any that verifies).
+    pub fn signing_secrets(&self, now_ms: i64) -> Vec<&str> {
+        let mut out = vec![self.secret.as_str()];
+        if let Some(p) = &self.previous_secret {
+            if now_ms < p.until_ms {
+                out.push(p.secret.as_str());
+            }
+        }
+        out
     }
 }
 
@@ -253,7 +280,8 @@ pub struct Delivery {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivered_at_ms: Option<i64>,
     /// The body, built at the first attempt and sent unchanged by every
-    /// later one.
+    /// later one; dropped once delivered (the log keeps what happened, not
+    /// what was sent), kept while pending and when given up.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body: Option<String>,
 }
@@ -280,13 +308,49 @@ impl Delivery {
     pub fn key(&self) -> DeliveryKey {
         (self.endpoint, self.seed.id.clone())
     }
+
+    /// Drops what its log entry no longer needs, so the log stays small:
+    /// once the body is built, the seed's call, decision and detail (the
+    /// body holds them); once delivered, the body too.
+    pub fn compact(&mut self) {
+        if self.body.is_some() || self.status != DeliveryStatus::Pending {
+            self.seed.call = None;
+            self.seed.decision = None;
+            self.seed.detail = None;
+        }
+        if self.status == DeliveryStatus::Delivered {
+            self.body = None;
+        }
+    }
+}
+
+/// A claimed delivery with its endpoint as the store had it at the claim
+/// (`None`: deleted), so an attempt reads nothing more before sending.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// The delivery.
+    pub delivery: Delivery,
+    /// Its endpoint.
+    pub endpoint: Option<Endpoint>,
+}
+
+/// An attempt's outcome to record: the delivery's new state and the
+/// `next_attempt_at_ms` it was claimed with.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The delivery as it now stands (already [`Delivery::compact`]ed).
+    pub delivery: Delivery,
+    /// When it was due at its claim.
+    pub was_due_at: i64,
 }
 
 /// A delivery's identity: the endpoint and the `webhook-id`.
 pub type DeliveryKey = (Uuid, String);
 
 /// Most deliveries of an endpoint's log kept once they are over (delivered
-/// or failed); older ones are pruned as new ones finish.
+/// or failed); older ones are pruned as new ones finish. With bodies
+/// dropped once delivered ([`Delivery::compact`]) an entry is a few hundred
+/// bytes, so a log is at most a few hundred KB.
 pub const LOG_KEEP: usize = 1000;
 
 /// The port through which endpoints and deliveries are kept. Every method
@@ -316,22 +380,25 @@ pub trait WebhookStore: Send + Sync + 'static {
     /// Up to `limit` pending deliveries due at `now_ms`, none of `busy`,
     /// each now this node's until `lease_until_ms` (another node of a
     /// cluster does not take it before; a store only one process writes may
-    /// ignore the lease).
+    /// ignore the lease), each with its endpoint.
     async fn claim_due(
         &self,
         now_ms: i64,
         lease_until_ms: i64,
         limit: usize,
         busy: &HashSet<DeliveryKey>,
-    ) -> Result<Vec<Delivery>, StoreError>;
+    ) -> Result<Vec<Claim>, StoreError>;
 
     /// The earliest time after `after_ms` at which a pending delivery
     /// becomes claimable (due, and any claim on it run out), if any.
     async fn next_due(&self, after_ms: i64) -> Result<Option<i64>, StoreError>;
 
-    /// Records a delivery's new state (after an attempt, or given up);
-    /// `was_due_at` is the `next_attempt_at_ms` it was claimed with.
-    async fn save_delivery(&self, delivery: &Delivery, was_due_at: i64) -> Result<(), StoreError>;
+    /// Records the new state of deliveries (after attempts, or given up),
+    /// all in one write.
+    async fn save_deliveries(&self, outcomes: &[Outcome]) -> Result<(), StoreError>;
+
+    /// How many deliveries are pending (all endpoints), for the metrics.
+    async fn pending_count(&self) -> Result<u64, StoreError>;
 
     /// An endpoint's deliveries, newest first, after the `webhook-id`
     /// `before` (exclusive), at most `limit`.
@@ -423,6 +490,10 @@ pub const MAX_URL_BYTES: usize = 2048;
 pub const MAX_DESCRIPTION_BYTES: usize = 512;
 /// Most endpoints one tenant may have.
 pub const MAX_ENDPOINTS_PER_TENANT: usize = 32;
+/// Longest grace period of a rotated-out secret.
+pub const MAX_ROTATION_GRACE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Grace period of a rotated-out secret when the caller names none.
+pub const DEFAULT_ROTATION_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// The webhooks of one node: registration and the delivery task.
 pub struct Webhooks {
@@ -512,6 +583,7 @@ impl Webhooks {
             created_by: new.created_by,
             created_at_ms: self.clock.now_ms(),
             disabled: None,
+            previous_secret: None,
         };
         self.store.put_endpoint(&endpoint).await?;
         self.subscriptions.put(&endpoint);
@@ -523,10 +595,14 @@ impl Webhooks {
         Ok(self.store.endpoints(Some(tenant)).await?)
     }
 
-    /// One endpoint of `tenant` (another tenant's is not found).
+    /// One endpoint of `tenant` (another tenant's is not found; an id
+    /// that is not a UUID is invalid).
     pub async fn get(&self, tenant: &str, id: &str) -> Result<Endpoint, WebhookError> {
         let not_found = || WebhookError::NotFound(id.to_owned());
-        let uuid = Uuid::parse_str(id).map_err(|_| not_found())?;
+        let uuid = Uuid::parse_str(id).map_err(|e| WebhookError::Invalid {
+            field: "id",
+            message: format!("'{id}' is not a valid webhook endpoint id (a UUID): {e}"),
+        })?;
         match self.store.endpoint(uuid).await? {
             Some(e) if e.tenant == tenant => Ok(e),
             _ => Err(not_found()),
@@ -540,6 +616,48 @@ impl Webhooks {
         self.subscriptions.remove(endpoint.id, &endpoint.tenant);
         self.store.delete_endpoint(endpoint.id).await?;
         Ok(())
+    }
+
+    /// Takes a disabled endpoint of `tenant` back into service: events from
+    /// now on are queued for it again (deliveries given up while it was
+    /// disabled stay failed in its log). Enabling an enabled one changes
+    /// nothing.
+    pub async fn enable(&self, tenant: &str, id: &str) -> Result<Endpoint, WebhookError> {
+        let mut endpoint = self.get(tenant, id).await?;
+        if endpoint.disabled.take().is_some() {
+            self.store.put_endpoint(&endpoint).await?;
+            self.subscriptions.put(&endpoint);
+            tracing::info!(endpoint = %endpoint.id, tenant, "webhooks: endpoint enabled again");
+        }
+        Ok(endpoint)
+    }
+
+    /// Gives an endpoint of `tenant` a new signing secret; the old one keeps
+    /// signing beside it for `grace` (at most [`MAX_ROTATION_GRACE`]), so
+    /// receivers can switch without refusing a delivery. The answer carries
+    /// the new secret: the only time it is shown.
+    pub async fn rotate(
+        &self,
+        tenant: &str,
+        id: &str,
+        grace: Duration,
+    ) -> Result<Endpoint, WebhookError> {
+        if grace > MAX_ROTATION_GRACE {
+            return Err(WebhookError::Invalid {
+                field: "grace_secs",
+                message: format!("at most {} s", MAX_ROTATION_GRACE.as_secs()),
+            });
+        }
+        let mut endpoint = self.get(tenant, id).await?;
+        let secret = Secret::generate().map_err(|e| StoreError::Io(e.to_string()))?;
+        let now = self.clock.now_ms();
+        let old = std::mem::replace(&mut endpoint.secret, secret.to_string());
+        endpoint.previous_secret = (!grace.is_zero()).then(|| PreviousSecret {
+            secret: old,
+            until_ms: now.saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX)),
+        });
+        self.store.put_endpoint(&endpoint).await?;
+        Ok(endpoint)
     }
 
     /// The delivery log of one endpoint of `tenant`, newest first.

@@ -2172,3 +2172,131 @@ async fn requests_are_independent_and_one_never_answered_blocks_no_other() {
     expected.sort();
     assert_eq!(stored, expected);
 }
+
+/// A configuration with a stored task and skills (§17) for the
+/// `assistant` agent: the examples' skill folders, one task.
+fn library_config(dir: &Path) -> PathBuf {
+    let scenario = dir.join("library.json");
+    std::fs::write(
+        &scenario,
+        serde_json::json!({"agents": {"assistant": [
+            {"text": "triaged: sev3"},
+        ]}})
+        .to_string(),
+    )
+    .unwrap();
+    let skills = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/skills");
+    let config = dir.join("library.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"skills_dirs = ["{}"]
+
+[provider]
+kind = "scripted"
+scenario = "{}"
+
+[[agents]]
+name = "assistant"
+skills = ["incident-triage", "production-deploy"]
+
+[[tasks]]
+id = "triage"
+description = "Triage a ticket"
+instructions = "Triage the ticket."
+agent = "assistant"
+skills = ["incident-triage"]
+input_schema = {{ type = "object", required = ["ticket"] }}
+"#,
+            skills.display(),
+            scenario.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// The editor is offered the session's tasks and a `skill` command; `/skill`
+/// activates a skill as a person (one that needs trust included) without a
+/// model turn, and `/triage CONTEXT` runs the task as the session's turn,
+/// its context checked against the task's schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slash_commands_activate_skills_and_run_tasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = library_config(dir.path());
+    let (agent, transport) = spawn_agent(dir.path(), &config, &[]);
+    let session = client(transport, async |cx, mut inbox| {
+        initialize(&cx).await;
+        let session = new_session(&cx, dir.path()).await;
+        let offered = inbox
+            .updates_until("the available commands", |u| {
+                matches!(u, SessionUpdate::AvailableCommandsUpdate(_))
+            })
+            .await;
+        let Some(SessionUpdate::AvailableCommandsUpdate(update)) = offered.last() else {
+            unreachable!()
+        };
+        let names: Vec<&str> = update
+            .available_commands
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(names, ["triage", "skill"]);
+
+        // A skill only a person may activate: the editor's user is one.
+        let answer = within(
+            "/skill",
+            cx.send_request(prompt(&session, "/skill production-deploy"))
+                .block_task(),
+        )
+        .await
+        .expect("/skill answers");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+
+        // A context the task's schema refuses names the field.
+        let refused = within(
+            "/triage {}",
+            cx.send_request(prompt(&session, "/triage {}")).block_task(),
+        )
+        .await
+        .expect_err("a bad context is refused");
+        assert!(format!("{refused:?}").contains("context"), "{refused:?}");
+
+        let answer = within(
+            "/triage",
+            cx.send_request(prompt(&session, r#"/triage {"ticket": "printer on fire"}"#))
+                .block_task(),
+        )
+        .await
+        .expect("/triage answers");
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+        let text = agent_text(&inbox.drain());
+        assert!(text.contains("triaged: sev3"), "{text}");
+        session
+    })
+    .await;
+    agent.exits_having_spoken_only_protocol().await;
+    let id: SessionId = session.parse().unwrap();
+    let stored = store(dir.path()).load(id).await.unwrap().unwrap();
+    let kinds: Vec<String> = stored
+        .transcript
+        .iter()
+        .map(|e| match e.as_ref() {
+            TranscriptEntry::SkillActivated { name, by, .. } => {
+                format!("skill {name} by {}", by.as_deref().unwrap_or("model"))
+            }
+            TranscriptEntry::User { text, .. } => format!("user {}", &text[..18]),
+            TranscriptEntry::Assistant { text, .. } => format!("assistant {text}"),
+            _ => "other".to_owned(),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "skill production-deploy by acp:acp-test",
+            "skill incident-triage by acp:acp-test",
+            "user Triage the ticket.",
+            "assistant triaged: sev3"
+        ]
+    );
+}

@@ -11,7 +11,7 @@
 
 use overseer::config::{
     AgentSection, ClusterSection, Config, HttpSection, LimitsSection, ProviderSection,
-    RuntimeSection, ScopeTokenSection, StoreSection, ENV_OVERRIDES,
+    RuntimeSection, ScopeTokenSection, StoreSection, TaskSection, ENV_OVERRIDES,
 };
 use overseer::provider::RouteConfig;
 use overseer::tools::http_request::HttpRequestConfig;
@@ -70,6 +70,7 @@ fn every_key_of_every_section_is_in_the_file() {
         ("http_request", keys_of::<HttpRequestConfig>()),
         ("mcp_servers", keys_of::<McpServerConfig>()),
         ("agents", keys_of::<AgentSection>()),
+        ("tasks", keys_of::<TaskSection>()),
     ];
     let mut missing = Vec::new();
     for (section, keys) in &sections {
@@ -92,9 +93,12 @@ fn every_section_and_environment_variable_is_in_the_file() {
     for section in top {
         let table = format!("[{section}]");
         let array = format!("[[{section}]]");
+        // A plain value at the top (`tasks_dir`, `skills_dirs`) is shown as
+        // `key = ...`, before the first table.
+        let value = format!("{section} = ");
         let found = FILE.lines().any(|line| {
             let line = line.trim_start().trim_start_matches('#').trim_start();
-            line.starts_with(&table) || line.starts_with(&array)
+            line.starts_with(&table) || line.starts_with(&array) || line.starts_with(&value)
         });
         assert!(
             found,

@@ -9,7 +9,8 @@
 //! standing-rule button, the decision history with the diffs of decisions
 //! made from the API, the CLI and the page, a read-only token without
 //! decide buttons, `D` + reason + Enter, no top bar at sign-in, labels that
-//! tell sessions of the same second apart.
+//! tell sessions of the same second apart; "fork from here" on a transcript
+//! entry (hidden from a read-only token).
 //!
 //! The browser is the headless Chromium of the npm package
 //! `@sparticuz/chromium`, which the tests install and unpack themselves
@@ -1127,6 +1128,14 @@ async fn a_read_only_token_sees_no_decide_buttons() -> Result {
     )
     .await?;
     assert_eq!(b.count("main .card button").await?, 0);
+    // Nor does it offer to fork (that creates a session).
+    let forks = b
+        .js(
+            "const f = [...document.querySelectorAll('main button.fork')]; return f.length > 0 && f.every(x => x.hidden)",
+            json!([]),
+        )
+        .await?;
+    assert_eq!(forks, json!(true), "a read-only token is offered forks");
     let pending = s
         .api(
             Method::GET,
@@ -1141,6 +1150,62 @@ async fn a_read_only_token_sees_no_decide_buttons() -> Result {
         "still pending"
     );
     assert!(s.tool_calls().is_empty());
+    Ok(())
+}
+
+/// "Fork from here" on a transcript entry of the session view (§17): a new
+/// session of the tenant with the transcript up to that entry, opened in
+/// the page; the source is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fork_from_here_opens_a_new_session_and_leaves_the_source() -> Result {
+    let s = Served::start().await?;
+    let alice = s.token("acme", "alice");
+    let id = s
+        .create(&alice, "ops", "please write record 9", Some("Fork me"))
+        .await?;
+    let call = s.pending_call(&alice, &id).await?;
+    let b = Browser::open().await?;
+    paste_sign_in(&b, &s, &alice).await?;
+    b.goto(&s.page(&format!("#/s/{id}"))).await?;
+    b.wait(
+        "the fork action on the user's message",
+        "document.querySelector('li.entry.user button.fork[data-index=\"1\"]')",
+    )
+    .await?;
+    b.click("li.entry.user button.fork[data-index=\"1\"]")
+        .await?;
+    let source = lit(&format!("#/s/{id}"));
+    b.wait(
+        "the fork's page",
+        &format!("location.hash.startsWith('#/s/') && location.hash !== {source}"),
+    )
+    .await?;
+    let hash = b.js("return location.hash", json!([])).await?;
+    let fork = hash
+        .as_str()
+        .and_then(|h| h.strip_prefix("#/s/"))
+        .context("the fork's id in the address")?
+        .to_owned();
+    let f = s
+        .api(Method::GET, &format!("/v1/sessions/{fork}"), &alice, None)
+        .await?;
+    assert_eq!(f["forked_from"]["session"], json!(id), "{f}");
+    assert_eq!(f["forked_from"]["index"], json!(1), "{f}");
+    assert_eq!(f["transcript"][0]["text"], "please write record 9", "{f}");
+    let pending = s
+        .api(
+            Method::GET,
+            &format!("/v1/sessions/{id}/approvals"),
+            &alice,
+            None,
+        )
+        .await?;
+    assert_eq!(
+        pending["pending"][0]["call_id"],
+        json!(call),
+        "the source still waits"
+    );
+    assert!(s.tool_calls().is_empty(), "nothing ran");
     Ok(())
 }
 

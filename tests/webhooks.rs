@@ -9,7 +9,12 @@
 //! - a cluster's owner killed: a survivor delivers;
 //! - an endpoint on a refused address is refused at registration;
 //! - a day of failures (an injected clock, no waiting) gives up and disables
-//!   the endpoint with the reason recorded.
+//!   the endpoint with the reason recorded;
+//! - a disabled endpoint is enabled again and hears new events;
+//! - a rotated secret signs beside the old one for the grace period (the
+//!   verifier accepts either), and alone once the grace is over;
+//! - an endpoint id that is not a UUID is a 400;
+//! - deliveries are counted in the Prometheus metrics.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -860,4 +865,253 @@ async fn in_a_cluster_a_survivor_delivers_what_the_killed_owner_left() {
         },
     )
     .await;
+}
+
+/// Starts an in-process service on the system clock with short retries.
+async fn quick() -> (
+    common::Server,
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+) {
+    let options = overseer::webhooks::WebhookOptions {
+        targets: loopback(),
+        retry_initial: Duration::from_millis(50),
+        retry_max: Duration::from_millis(200),
+        request_timeout: Duration::from_secs(5),
+        ..Default::default()
+    };
+    in_process(options, Arc::new(overseer::webhooks::SystemClock)).await
+}
+
+async fn finish(
+    server: common::Server,
+    stop: watch::Sender<bool>,
+    delivery: tokio::task::JoinHandle<()>,
+) {
+    stop.send(true).unwrap();
+    tokio::time::timeout(PATIENCE, delivery)
+        .await
+        .unwrap()
+        .unwrap();
+    server.stop().await.unwrap();
+}
+
+/// An endpoint disabled (it answered 410 Gone) is taken back into service
+/// with `POST /v1/webhooks/{id}/enable`: the next event reaches it. The
+/// deliveries are counted in the metrics (delivered, failed, failed
+/// attempts, the latency histogram, the gauges).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disabled_endpoint_is_enabled_again_and_hears_new_events() {
+    let metrics = overseer::metrics::install_recorder().unwrap();
+    let (server, stop, delivery) = quick().await;
+    let rx = Receiver::start().await;
+    rx.answer(410);
+    let tok = token("acme", "alice", SCOPES);
+    let (endpoint, secret) = register(&server.base, &tok, &rx.url, &["approval.requested"]).await;
+    rx.set_secret(&secret);
+    server.create_pending(&tok).await.unwrap();
+    rx.until("a first attempt", |all| !all.is_empty()).await;
+    let shown = common::eventually(
+        "the endpoint disabled",
+        Duration::from_millis(10),
+        || async {
+            let (_, v) = get(&server.base, &format!("/v1/webhooks/{endpoint}"), &tok).await;
+            if v["enabled"] == json!(false) {
+                Ok(v)
+            } else {
+                Err(v.to_string())
+            }
+        },
+    )
+    .await;
+    assert!(
+        shown["disabled"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("410 Gone"),
+        "{shown}"
+    );
+
+    // Another tenant cannot enable it; a reader without the scope neither.
+    let globex = token("globex", "eve", SCOPES);
+    let (status, _) = post(
+        &server.base,
+        &format!("/v1/webhooks/{endpoint}/enable"),
+        &globex,
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let reader = token("acme", "bob", &["sessions:read"]);
+    let (status, _) = post(
+        &server.base,
+        &format!("/v1/webhooks/{endpoint}/enable"),
+        &reader,
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 403);
+
+    rx.answer(200);
+    let (status, v) = post(
+        &server.base,
+        &format!("/v1/webhooks/{endpoint}/enable"),
+        &tok,
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["enabled"], json!(true), "{v}");
+    assert!(v["disabled"].is_null(), "{v}");
+    assert!(v.get("secret").is_none(), "{v}");
+
+    let before = rx.all().len();
+    server.create_pending(&tok).await.unwrap();
+    let got = rx.delivered("approval.requested").await;
+    assert_verified(&got);
+    assert!(rx.all().len() > before);
+    let entries = log(&server.base, &tok, &endpoint).await;
+    assert_eq!(entries[0]["status"], "delivered", "{entries:?}");
+    assert_eq!(entries[1]["status"], "failed", "{entries:?}");
+
+    let text = metrics.render();
+    for line in [
+        "overseer_webhook_deliveries_total{outcome=\"delivered\"}",
+        "overseer_webhook_deliveries_total{outcome=\"failed\"}",
+        "overseer_webhook_failed_attempts_total",
+        "overseer_webhook_delivery_seconds_bucket",
+        "overseer_webhook_pending_deliveries",
+        "overseer_webhook_disabled_endpoints",
+    ] {
+        assert!(text.contains(line), "{line} not in:\n{text}");
+    }
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(value("overseer_webhook_deliveries_total{outcome=\"delivered\"}") >= 1.0);
+    assert!(value("overseer_webhook_deliveries_total{outcome=\"failed\"}") >= 1.0);
+    assert!(value("overseer_webhook_failed_attempts_total") >= 1.0);
+    assert!(value("overseer_webhook_delivery_seconds_count") >= 1.0);
+    finish(server, stop, delivery).await;
+}
+
+/// `POST /v1/webhooks/{id}/rotate`: the answer shows the new secret once;
+/// during the grace period a delivery carries two signatures, so a
+/// receiver still holding the old secret and one holding the new both
+/// verify it (the specification's verifier); rotated again without grace,
+/// only the newest secret signs and the old one no longer verifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_secret_signs_beside_the_old_one_during_the_grace_period() {
+    let (server, stop, delivery) = quick().await;
+    let rx = Receiver::start().await;
+    let tok = token("acme", "alice", SCOPES);
+    let (endpoint, old) = register(&server.base, &tok, &rx.url, &["approval.requested"]).await;
+    let rotate = |body: Value| {
+        let base = server.base.clone();
+        let tok = tok.clone();
+        let endpoint = endpoint.clone();
+        async move {
+            post(
+                &base,
+                &format!("/v1/webhooks/{endpoint}/rotate"),
+                &tok,
+                &body,
+            )
+            .await
+        }
+    };
+    let (status, v) = rotate(json!({"grace_secs": 8 * 24 * 3600})).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("grace_secs"),
+        "{v}"
+    );
+
+    let (status, v) = rotate(json!({"grace_secs": 3600})).await;
+    assert_eq!(status, 200, "{v}");
+    let new = v["secret"].as_str().unwrap().to_owned();
+    assert!(new.starts_with("whsec_") && new != old, "{v}");
+    assert!(v["previous_secret_until_ms"].as_i64().is_some(), "{v}");
+    let (_, shown) = get(&server.base, &format!("/v1/webhooks/{endpoint}"), &tok).await;
+    assert!(!shown.to_string().contains("whsec_"), "{shown}");
+
+    // The old secret still verifies...
+    rx.set_secret(&old);
+    server.create_pending(&tok).await.unwrap();
+    let first = rx.delivered("approval.requested").await;
+    assert_verified(&first);
+    // ...and so does the new one.
+    rx.set_secret(&new);
+    server.create_pending(&tok).await.unwrap();
+    let all = rx
+        .until("a second delivery", |all| {
+            all.iter().filter(|g| g.answered < 300).count() >= 2
+        })
+        .await;
+    assert_verified(all.iter().rfind(|g| g.answered < 300).unwrap());
+
+    // Rotated without grace: only the newest signs.
+    let (status, v) = rotate(json!({"grace_secs": 0})).await;
+    assert_eq!(status, 200, "{v}");
+    let newest = v["secret"].as_str().unwrap().to_owned();
+    assert!(v["previous_secret_until_ms"].is_null(), "{v}");
+    rx.set_secret(&new);
+    server.create_pending(&tok).await.unwrap();
+    let all = rx
+        .until("a third delivery", |all| {
+            all.iter().filter(|g| g.answered < 300).count() >= 3
+        })
+        .await;
+    let third = all.iter().rfind(|g| g.answered < 300).unwrap().clone();
+    assert!(
+        third.verified.is_err(),
+        "the rotated-out secret no longer verifies"
+    );
+    rx.set_secret(&newest);
+    server.create_pending(&tok).await.unwrap();
+    let all = rx
+        .until("a fourth delivery", |all| {
+            all.iter().filter(|g| g.answered < 300).count() >= 4
+        })
+        .await;
+    assert_verified(all.iter().rfind(|g| g.answered < 300).unwrap());
+    finish(server, stop, delivery).await;
+}
+
+/// An `{id}` that is not a UUID is a 400 naming the path segment, like the
+/// session routes; a well-formed unknown one a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_id_that_is_not_a_uuid_is_a_400() {
+    let (server, stop, delivery) = quick().await;
+    let tok = token("acme", "alice", SCOPES);
+    for path in [
+        "/v1/webhooks/not-a-uuid",
+        "/v1/webhooks/not-a-uuid/deliveries",
+    ] {
+        let (status, v) = get(&server.base, path, &tok).await;
+        assert_eq!(status, 400, "{path}: {v}");
+        assert_eq!(v["error"]["code"], "invalid_id", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("'not-a-uuid' is not a valid webhook endpoint id"),
+            "{v}"
+        );
+    }
+    let (status, _) = post(&server.base, "/v1/webhooks/nope/enable", &tok, &json!({})).await;
+    assert_eq!(status, 400);
+    let (status, _) = post(&server.base, "/v1/webhooks/nope/rotate", &tok, &json!({})).await;
+    assert_eq!(status, 400);
+    let unknown = uuid::Uuid::now_v7();
+    let (status, _) = get(&server.base, &format!("/v1/webhooks/{unknown}"), &tok).await;
+    assert_eq!(status, 404);
+    finish(server, stop, delivery).await;
 }

@@ -14,6 +14,13 @@ use crate::tool::{Tool, ToolContext, ToolError, ToolSpec};
 /// Name of the built-in.
 pub const DELEGATE_TASK: &str = "delegate_task";
 
+/// Whether a call of the tool `name` runs as a child session rather than in
+/// a tool-call actor: `delegate_task`, and `run_task` (a stored task,
+/// run under the same rules).
+pub fn spawns_child(name: &str) -> bool {
+    name == DELEGATE_TASK || name == crate::tasks::RUN_TASK
+}
+
 /// Arguments of `delegate_task` (validated against [`schema`] first).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct DelegateArgs {

@@ -15,6 +15,17 @@ pub enum SessionError {
     /// No such agent.
     #[error("unknown agent '{0}'")]
     UnknownAgent(String),
+    /// The named stored task does not exist.
+    #[error("unknown task '{0}'")]
+    UnknownTask(String),
+    /// A task run's `context` does not match the task's `input_schema`.
+    #[error("{field}: {message}")]
+    InvalidContext {
+        /// The field (`context`, `context.ticket.id`).
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
     /// The session is completed, failed or cancelled.
     #[error("session {id} is {status} and accepts no more requests")]
     Terminal {

@@ -11,11 +11,14 @@
 //! events before it executes any effect (third invariant).
 
 mod context;
+mod fork;
 mod output;
 #[cfg(test)]
 mod proptests;
+mod skills;
 
 pub use context::{COMPACTION_INSTRUCTIONS, DEFAULT_COMPACTION_THRESHOLD_PCT};
+pub use fork::{fork_points, ForkAt, ForkPoint, ForkPointKind, ForkSpec};
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -23,7 +26,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::delegation::{DelegateArgs, DELEGATE_TASK};
+use crate::delegation::{spawns_child, DelegateArgs, DELEGATE_TASK};
 use crate::error::SessionError;
 use crate::limits::Limits;
 use crate::model::decision::merge_override;
@@ -36,6 +39,7 @@ use crate::provider::{
     FinishReason, ProviderError, ProviderEvent, ProviderRequest, RequestPurpose,
 };
 use crate::store::{Checkpoint, StoredSession};
+use crate::tasks::{RunTaskArgs, RUN_TASK};
 use crate::tool::{not_available, ToolRegistry};
 
 /// How many message ids a session remembers for idempotent retries. A retry
@@ -148,6 +152,15 @@ pub enum Input {
         /// The `updated_at_ms` it was found with.
         idle_since_ms: i64,
     },
+    /// A person activates a skill: its body joins the conversation.
+    ActivateSkill {
+        /// The skill's name.
+        name: String,
+        /// Its instructions (the body of its `SKILL.md`).
+        body: String,
+        /// Who.
+        by: Option<String>,
+    },
     /// The user is done with the session.
     Done,
     /// The actor (re)started from a checkpoint: continue whatever was in
@@ -197,6 +210,20 @@ pub enum Effect {
         child: SessionId,
         /// Parsed arguments.
         args: DelegateArgs,
+        /// What the parent has left to grant.
+        grant: Budget,
+    },
+    /// Start (or resume) the child session of a `run_task` call: the
+    /// stored task runs under the rules of a delegation.
+    RunTask {
+        /// The parent's call.
+        call_id: ToolCallId,
+        /// Its attempt.
+        attempt: u32,
+        /// The child's id (fixed in the intent, so a restart finds the same child).
+        child: SessionId,
+        /// Parsed arguments.
+        args: RunTaskArgs,
         /// What the parent has left to grant.
         grant: Budget,
     },
@@ -572,7 +599,7 @@ impl Session {
         ) && self.header.open_calls.iter().all(|c| {
             c.state.is_terminal()
                 || c.state == CallState::AwaitingApproval
-                || (c.state == CallState::Running && c.name == DELEGATE_TASK && c.child_waiting)
+                || (c.state == CallState::Running && spawns_child(&c.name) && c.child_waiting)
         })
     }
 
@@ -651,6 +678,9 @@ impl Session {
             Input::SetModel { model, route } => self.on_set_model(model, route, ctx)?,
             Input::SetToolRule { tool, rule, by } => self.on_set_tool_rule(tool, rule, by, ctx)?,
             Input::ExpireInput { idle_since_ms } => self.on_expire_input(idle_since_ms, ctx),
+            Input::ActivateSkill { name, body, by } => {
+                self.on_activate_skill(name, body, by, ctx)?
+            }
             Input::Done => self.on_done(ctx)?,
             Input::Resume { journal } => self.on_resume(journal, ctx, &mut fx),
             Input::Fail { reason } => self.on_fail(reason, ctx, &mut fx)?,
@@ -1168,14 +1198,21 @@ impl Session {
         ctx: Ctx<'_>,
         fx: &mut Vec<Effect>,
     ) {
-        let Some(call) = self
-            .header
-            .open_calls
-            .iter_mut()
-            .find(|c| c.id == call_id && c.state == CallState::Running && c.attempt == attempt)
+        let Some(i) =
+            self.header.open_calls.iter().position(|c| {
+                c.id == call_id && c.state == CallState::Running && c.attempt == attempt
+            })
         else {
             return; // stale: cancelled, or an older attempt
         };
+        // An activated skill's body moves from the result into the
+        // transcript, as an entry of its own.
+        let result = if self.header.open_calls[i].name == crate::skills::ACTIVATE_SKILL {
+            self.skill_activated_by_call(&call_id, result, ctx)
+        } else {
+            result
+        };
+        let call = &mut self.header.open_calls[i];
         let (state, value) = match result {
             Ok(v) => (CallState::Completed, v),
             Err(v) => (CallState::Failed, v),
@@ -1475,8 +1512,7 @@ impl Session {
             SessionStatus::Running | SessionStatus::AwaitingApproval => {
                 for i in 0..self.header.open_calls.len() {
                     let state = self.header.open_calls[i].state;
-                    if state == CallState::Running
-                        && self.header.open_calls[i].name == DELEGATE_TASK
+                    if state == CallState::Running && spawns_child(&self.header.open_calls[i].name)
                     {
                         // A child is a session of its own with its own
                         // checkpoints: resume it, never re-create it.
@@ -1556,6 +1592,21 @@ impl Session {
                 self.fail_call(call, error, ctx);
                 return;
             }
+        }
+        if call.name == RUN_TASK {
+            if let Err(error) = self.check_run_task(&call.arguments) {
+                self.fail_call(call, error, ctx);
+                return;
+            }
+        }
+        // The skill tools' answers that need no run (a skill not available
+        // here, not active yet, or already active) are given at once.
+        if let Some(settled) = self.settle_skill_call(call) {
+            match settled {
+                Ok(result) => self.complete_call(call, result, ctx),
+                Err(error) => self.fail_call(call, error, ctx),
+            }
+            return;
         }
         // The agent's own rule for a tool wins over the tool's default.
         let requires = match self.header.config.tool_approvals.get(&call.name) {
@@ -1638,6 +1689,19 @@ impl Session {
         } else {
             call.state = CallState::Approved;
         }
+    }
+
+    /// Completes a call that needs no run (its answer is known at once).
+    fn complete_call(&mut self, call: &mut ToolCallRecord, result: Value, ctx: Ctx<'_>) {
+        call.finish(CallState::Completed, result.clone(), ctx.now_ms);
+        self.emit(
+            EventKind::ToolCallFinished {
+                call_id: call.id.clone(),
+                state: CallState::Completed,
+                result,
+            },
+            ctx.now_ms,
+        );
     }
 
     fn fail_call(&mut self, call: &mut ToolCallRecord, error: Value, ctx: Ctx<'_>) {
@@ -1745,7 +1809,7 @@ impl Session {
         );
         let calls = &self.header.open_calls;
         let parallel = self.header.config.parallel_tool_calls;
-        let is_plain = |c: &ToolCallRecord| c.name != DELEGATE_TASK;
+        let is_plain = |c: &ToolCallRecord| !spawns_child(&c.name);
         let running_plain = calls
             .iter()
             .any(|c| c.state == CallState::Running && is_plain(c));
@@ -1779,12 +1843,12 @@ impl Session {
 
     /// Records the intent and asks the actor to run the call (effect journal).
     fn dispatch(&mut self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
-        if self.header.open_calls[i].name == DELEGATE_TASK {
+        if spawns_child(&self.header.open_calls[i].name) {
             let live = self
                 .header
                 .open_calls
                 .iter()
-                .filter(|c| c.name == DELEGATE_TASK && c.state == CallState::Running)
+                .filter(|c| spawns_child(&c.name) && c.state == CallState::Running)
                 .count() as u32;
             let max = self.header.config.max_children;
             if live >= max {
@@ -2018,6 +2082,9 @@ impl Session {
     }
 
     fn delegate_effect(&mut self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        if self.header.open_calls[i].name == RUN_TASK {
+            return self.run_task_effect(i, ctx, fx);
+        }
         let call = &self.header.open_calls[i];
         let args: DelegateArgs = match serde_json::from_value(call.run_arguments().clone()) {
             Ok(a) => a,
@@ -2053,6 +2120,57 @@ impl Session {
         });
     }
 
+    /// The rules for `run_task`, checked when the call is proposed:
+    /// the task must be one this session may run.
+    fn check_run_task(&self, arguments: &Value) -> Result<(), Value> {
+        let args: RunTaskArgs = serde_json::from_value(arguments.clone())
+            .map_err(|e| json!({"error": format!("invalid run_task arguments: {e}")}))?;
+        let cfg = &self.header.config;
+        if !cfg.tasks.iter().any(|t| t == &args.task) {
+            return Err(json!({"error": format!(
+                "unknown task '{}': not one of the tasks this session may run ({})",
+                args.task,
+                if cfg.tasks.is_empty() { "none".to_owned() } else { cfg.tasks.join(", ") }
+            )}));
+        }
+        let depth = self.header.parent.as_ref().map_or(0, |p| p.depth);
+        if depth + 1 > cfg.max_delegation_depth {
+            return Err(json!({"error": format!(
+                "delegation depth limit reached: a task run here would be at depth {} (max_delegation_depth = {})",
+                depth + 1,
+                cfg.max_delegation_depth
+            )}));
+        }
+        Ok(())
+    }
+
+    fn run_task_effect(&mut self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
+        let call = &self.header.open_calls[i];
+        let args: RunTaskArgs = match serde_json::from_value(call.run_arguments().clone()) {
+            Ok(a) => a,
+            Err(e) => {
+                let error = json!({"error": format!("invalid run_task arguments: {e}")});
+                let mut call = call.clone();
+                self.fail_call(&mut call, error, ctx);
+                self.header.open_calls[i] = call;
+                return;
+            }
+        };
+        let Some(child) = call.child else { return };
+        let grant = self
+            .header
+            .config
+            .budget
+            .remaining(&self.spent(), self.elapsed_secs(ctx));
+        fx.push(Effect::RunTask {
+            call_id: call.id.clone(),
+            attempt: call.attempt,
+            child,
+            args,
+            grant,
+        });
+    }
+
     /// Whether dispatching `n` more calls would pass the tool-call budget.
     fn tool_budget_exhausted(&self, n: u64) -> Option<&'static str> {
         let max = self.header.config.budget.max_tool_calls?;
@@ -2064,12 +2182,12 @@ impl Session {
         let calls = &self.header.open_calls;
         if calls
             .iter()
-            .any(|c| c.state == CallState::Running && c.name != DELEGATE_TASK)
+            .any(|c| c.state == CallState::Running && !spawns_child(&c.name))
         {
             fx.push(Effect::KillTools);
         }
         for c in calls {
-            if c.state == CallState::Running && c.name == DELEGATE_TASK {
+            if c.state == CallState::Running && spawns_child(&c.name) {
                 if let Some(child) = c.child {
                     fx.push(Effect::CancelChild(child));
                 }
@@ -2213,6 +2331,7 @@ mod tests {
                 Effect::Dispatch { name, attempt, .. } => format!("dispatch {name} #{attempt}"),
                 Effect::KillTools => "kill_tools".to_owned(),
                 Effect::Delegate { .. } => "delegate".to_owned(),
+                Effect::RunTask { .. } => "run_task".to_owned(),
                 Effect::CancelChild(_) => "cancel_child".to_owned(),
                 Effect::ArmApprovalTimer {
                     deadline_ms, after, ..

@@ -24,6 +24,9 @@ pub enum SessionMsg {
         Option<String>,
         RpcReplyPort<Result<(), SessionError>>,
     ),
+    /// A message sent with the caller's W3C `traceparent`: the turn it
+    /// starts is a child of the caller's span (telemetry).
+    Traced(String, Box<SessionMsg>),
     /// Decisions; acknowledged once checkpointed.
     Decide(Submission, RpcReplyPort<Result<(), SessionError>>),
     /// Cancel the session (and its subtree).
@@ -41,6 +44,11 @@ pub enum SessionMsg {
     ),
     /// The session was found idle in `awaiting_input` since this time.
     ExpireInput(i64),
+    /// A person activates a skill: (name, body, who).
+    ActivateSkill(
+        (String, String, Option<String>),
+        RpcReplyPort<Result<(), SessionError>>,
+    ),
     /// Mark the session completed.
     Done(RpcReplyPort<Result<(), SessionError>>),
     /// The current state.

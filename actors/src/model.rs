@@ -13,6 +13,7 @@ mod overrides;
 mod prompt;
 mod session;
 mod shared_config;
+mod trace;
 mod transcript;
 mod usage;
 
@@ -22,12 +23,13 @@ pub use event::{Event, EventKind, Notification};
 pub use overrides::{check_output_schema, SessionOverrides};
 pub use prompt::PromptClosed;
 pub use session::{
-    AgentConfig, ApprovalPolicy, Budget, ChildApproval, ContextState, EffectiveConfig, ParentLink,
-    QueueIndex, QueuedMessage, RecentMessage, SessionHeader, SessionId, SessionIdHasher,
-    SessionStatus, StopReason, ToolRule, DEFAULT_MAX_CHILDREN, DEFAULT_MAX_DELEGATION_DEPTH,
-    SCHEMA_VERSION,
+    AgentConfig, ApprovalPolicy, Budget, ChildApproval, ContextState, EffectiveConfig, ForkOrigin,
+    ParentLink, QueueIndex, QueuedMessage, RecentMessage, SessionHeader, SessionId,
+    SessionIdHasher, SessionStatus, StopReason, ToolRule, DEFAULT_MAX_CHILDREN,
+    DEFAULT_MAX_DELEGATION_DEPTH, SCHEMA_VERSION,
 };
 pub use shared_config::SharedConfig;
+pub use trace::{is_traceparent, TraceLink};
 pub use transcript::{FinishReason, ProposedCall, TranscriptEntry};
 pub use usage::Usage;
 

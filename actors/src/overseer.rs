@@ -5,7 +5,14 @@
 //! It sits on top of the actor tree: it starts the orchestrator and talks to
 //! session actors only through [`Runtime`]'s routing. It deliberately knows
 //! nothing of HTTP, auth or tenancy rules beyond recording the tenant: those
-//! are the edge's (`overseer::http`).
+//! are the edge's (`overseer::http`). Stored tasks, skills and forks
+//! have their parts of the API in `overseer/tasks.rs` and `overseer/fork.rs`.
+
+mod fork;
+mod tasks;
+
+pub use fork::HistoryPoint;
+pub use tasks::TaskRun;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -19,6 +26,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use crate::error::SessionError;
+use crate::library::Library;
 use crate::machine::{Input, Session};
 use crate::messages::{OrchestratorMsg, SessionMsg};
 use crate::model::{
@@ -67,6 +75,9 @@ pub struct CreateSession {
     /// ([`SessionHeader::create_digest`]) so that a retry under a client's
     /// key can be told from a different request exactly.
     pub create_digest: Option<String>,
+    /// The caller's W3C `traceparent` (checked with
+    /// [`crate::model::is_traceparent`]): the first turn's span is its child.
+    pub trace_parent: Option<String>,
 }
 
 /// The in-process API of overseer. Cheap to clone.
@@ -87,6 +98,22 @@ impl Overseer {
         tools: ToolRegistry,
         config: RuntimeConfig,
     ) -> Result<Self, SessionError> {
+        Self::start_with(agents, Library::default(), store, provider, tools, config).await
+    }
+
+    /// [`Overseer::start`] with stored tasks and skills: agents that
+    /// list tasks get `run_task`, agents that list skills `activate_skill`
+    /// and `read_skill_resource` (whose implementation, reading files, the
+    /// edge puts in `tools`). Every name an agent or task gives must exist.
+    pub async fn start_with(
+        agents: Vec<AgentConfig>,
+        library: Library,
+        store: Arc<dyn CheckpointStore>,
+        provider: Arc<dyn Provider>,
+        tools: ToolRegistry,
+        config: RuntimeConfig,
+    ) -> Result<Self, SessionError> {
+        library.check(&agents).map_err(SessionError::Invalid)?;
         for agent in &agents {
             if let Some(schema) = &agent.output_schema {
                 crate::model::check_output_schema(schema).map_err(|e| {
@@ -103,7 +130,25 @@ impl Overseer {
                 .extended(vec![Arc::new(crate::delegation::DelegateTask::default())])
                 .map_err(|e| SessionError::Internal(e.to_string()))?
         };
-        let runtime = Arc::new(Runtime::new(agents, store, provider, tools, config));
+        let mut builtins: Vec<Arc<dyn crate::tool::Tool>> = Vec::new();
+        if tools.spec(crate::tasks::RUN_TASK).is_none() {
+            builtins.push(Arc::new(crate::tasks::RunTask::default()));
+        }
+        if tools.spec(crate::skills::ACTIVATE_SKILL).is_none() {
+            builtins.push(Arc::new(crate::skills::ActivateSkill::new(
+                library.skills.clone(),
+            )));
+        }
+        let tools = if builtins.is_empty() {
+            tools
+        } else {
+            tools
+                .extended(builtins)
+                .map_err(|e| SessionError::Invalid(e.to_string()))?
+        };
+        let runtime = Arc::new(Runtime::new(
+            agents, library, store, provider, tools, config,
+        ));
         let (orchestrator, join) = Actor::spawn(
             None,
             OrchestratorActor,
@@ -211,6 +256,14 @@ impl Overseer {
     /// Creates a session; with a prompt, its first turn starts at once. Returns
     /// once the session is checkpointed.
     pub async fn create_session(&self, req: CreateSession) -> Result<SessionId, SessionError> {
+        self.create_session_with(req, Extras::default()).await
+    }
+
+    async fn create_session_with(
+        &self,
+        req: CreateSession,
+        extras: Extras,
+    ) -> Result<SessionId, SessionError> {
         let agent = self
             .runtime
             .agents
@@ -218,6 +271,25 @@ impl Overseer {
             .ok_or_else(|| SessionError::UnknownAgent(req.agent.clone()))?;
         let mut config = req.overrides.apply(agent)?;
         config.route = self.runtime.provider.describe_route(&config.model);
+        if let Some(schema) = &extras.output_schema {
+            config.output_schema = Some(schema.clone());
+        }
+        for skill in &extras.skills {
+            if !config.skills.contains(skill) {
+                config.skills.push(skill.clone());
+            }
+        }
+        if !config.skills.is_empty() {
+            for t in [
+                crate::skills::ACTIVATE_SKILL,
+                crate::skills::READ_SKILL_RESOURCE,
+            ] {
+                if !config.tools.iter().any(|x| x == t) {
+                    config.tools.push(t.to_owned());
+                }
+            }
+        }
+        self.runtime.library.describe(&mut config);
         let limits = &self.runtime.config.limits;
         if let Some(title) = &req.title {
             check_size("title", title.len() as u64, limits.max_title_bytes)?;
@@ -260,7 +332,7 @@ impl Overseer {
         // Boxed: the rest (the first checkpoint, spawning the actor) is a
         // 5 KB future, which every caller's future (an HTTP request's, a
         // batch of creates) would otherwise carry inline and copy.
-        Box::pin(self.create_checked(id, req, config, agent)).await
+        Box::pin(self.create_checked(id, req, config, agent, extras)).await
     }
 
     async fn create_checked(
@@ -269,6 +341,7 @@ impl Overseer {
         req: CreateSession,
         config: crate::model::EffectiveConfig,
         agent: &AgentConfig,
+        extras: Extras,
     ) -> Result<SessionId, SessionError> {
         if req.id.is_some() && self.runtime.store.load_header(id).await?.is_some() {
             return Err(SessionError::AlreadyExists(id));
@@ -280,7 +353,28 @@ impl Overseer {
         header.create_digest = req.create_digest;
         header.title = req.title;
         header.auto_complete = req.auto_complete;
+        header.task = extras.task;
+        header.trace = req.trace_parent.map(|parent| crate::model::TraceLink {
+            parent: Some(parent),
+            turn: None,
+        });
         let mut session = Session::new(header).with_metadata(req.metadata);
+        // Skills a person asked for are active before the first message.
+        for name in &extras.skills {
+            let Some(skill) = self.runtime.library.skills.get(name) else {
+                return Err(SessionError::Invalid(format!(
+                    "skills: no skill named '{name}'"
+                )));
+            };
+            session.apply(
+                Input::ActivateSkill {
+                    name: name.clone(),
+                    body: skill.body.clone(),
+                    by: session.header.created_by.clone(),
+                },
+                self.runtime.ctx_with(&self.runtime.tools_for(id)),
+            )?;
+        }
         if let Some(text) = req.prompt {
             // The effects are recomputed by the actor's resume on start.
             // One instant for the whole creation: the prompt is stamped with
@@ -331,6 +425,29 @@ impl Overseer {
         self.runtime
             .route(id, move |reply| {
                 SessionMsg::Send(text.clone(), message_id.clone(), reply)
+            })
+            .await
+    }
+
+    /// [`Overseer::send_message_with_id`] with the caller's W3C
+    /// `traceparent`: the turn the message starts is a child of its span.
+    pub async fn send_message_traced(
+        &self,
+        id: SessionId,
+        text: impl Into<String>,
+        message_id: Option<String>,
+        traceparent: Option<String>,
+    ) -> Result<(), SessionError> {
+        let Some(traceparent) = traceparent else {
+            return self.send_message_with_id(id, text, message_id).await;
+        };
+        let text = text.into();
+        self.runtime
+            .route(id, move |reply| {
+                SessionMsg::Traced(
+                    traceparent.clone(),
+                    Box::new(SessionMsg::Send(text.clone(), message_id.clone(), reply)),
+                )
             })
             .await
     }
@@ -670,6 +787,15 @@ impl Overseer {
         self.runtime.store.flush().await?;
         Ok(())
     }
+}
+
+/// What a create asks for besides a [`CreateSession`]: a task run's task,
+/// output schema and skills (activated by the person who asked).
+#[derive(Debug, Clone, Default)]
+struct Extras {
+    task: Option<String>,
+    output_schema: Option<Value>,
+    skills: Vec<String>,
 }
 
 /// Holds a session id in the set of ids being created, and releases it when

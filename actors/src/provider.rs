@@ -110,6 +110,9 @@ pub fn entry_chars(entry: &TranscriptEntry) -> usize {
             call.result.as_ref().map_or(0, |r| r.to_string().len())
         }
         TranscriptEntry::Compaction { summary, .. } => summary.len(),
+        TranscriptEntry::SkillActivated { name, body, .. } => {
+            crate::skills::activation_text(name, body).len()
+        }
         TranscriptEntry::ModelChanged { .. }
         | TranscriptEntry::ToolRuleSet { .. }
         | TranscriptEntry::Error { .. } => 0,

@@ -129,6 +129,8 @@ pub struct Runtime {
     pub metrics: Metrics,
     /// Agents by name.
     pub agents: BTreeMap<String, AgentConfig>,
+    /// Stored tasks and skills.
+    pub library: crate::library::Library,
     /// The orchestrator, set once at start.
     pub(crate) orchestrator: std::sync::OnceLock<ActorRef<OrchestratorMsg>>,
     /// Approval timers, owned per (session, call).
@@ -186,6 +188,7 @@ impl Runtime {
     /// A runtime with nothing live; the orchestrator is set by `Overseer::start`.
     pub(crate) fn new(
         agents: Vec<AgentConfig>,
+        library: crate::library::Library,
         store: Arc<dyn CheckpointStore>,
         provider: Arc<dyn Provider>,
         tools: ToolRegistry,
@@ -193,6 +196,7 @@ impl Runtime {
     ) -> Self {
         Self {
             agents: agents.into_iter().map(|a| (a.name.clone(), a)).collect(),
+            library,
             store,
             provider,
             tools,

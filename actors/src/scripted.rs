@@ -289,6 +289,7 @@ impl Vars {
                 | TranscriptEntry::Compaction { .. }
                 | TranscriptEntry::ModelChanged { .. }
                 | TranscriptEntry::ToolRuleSet { .. }
+                | TranscriptEntry::SkillActivated { .. }
                 | TranscriptEntry::Error { .. } => {}
             }
         }

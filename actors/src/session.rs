@@ -11,6 +11,7 @@
 //! and respawns it.
 
 mod delegate;
+mod task;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -80,6 +81,8 @@ pub struct SessionState {
     /// This actor's share of the gauges; dropped with the state, however
     /// the actor ends.
     gauges: crate::metrics::SessionGauges,
+    /// Open GenAI spans (empty while telemetry is off).
+    genai: crate::genai::SessionSpans,
 }
 
 impl Drop for SessionState {
@@ -127,6 +130,7 @@ impl Actor for SessionActor {
             me: myself.get_id(),
             idle_armed: false,
             gauges,
+            genai: Default::default(),
         })
     }
 
@@ -246,6 +250,10 @@ impl SessionState {
         msg: SessionMsg,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
+            SessionMsg::Traced(traceparent, msg) => {
+                self.genai.traced(traceparent);
+                Box::pin(self.on_message(myself, *msg)).await
+            }
             SessionMsg::Send(text, message_id, reply) => {
                 self.rpc(myself, Input::Message { text, message_id }, reply)
                     .await
@@ -268,6 +276,10 @@ impl SessionState {
             }
             SessionMsg::SetToolRule((tool, rule, by), reply) => {
                 let input = Input::SetToolRule { tool, rule, by };
+                self.rpc(myself, input, reply).await
+            }
+            SessionMsg::ActivateSkill((name, body, by), reply) => {
+                let input = Input::ActivateSkill { name, body, by };
                 self.rpc(myself, input, reply).await
             }
             SessionMsg::ExpireInput(idle_since_ms) => self
@@ -501,6 +513,8 @@ impl SessionState {
             Err(e) => return Ok(Err(e)),
         };
         let id = self.session.header.id;
+        let now_ms = self.runtime.now_ms();
+        self.genai.follow(&mut self.session.header, now_ms);
         // Journal the dispatches before their intent becomes durable: if this
         // actor dies between the checkpoint and the spawn, its restart knows
         // the tools never started and dispatches them instead of asking.
@@ -585,10 +599,21 @@ impl SessionState {
                 args,
                 grant,
             } => {
+                self.genai.delegation(&call_id, &args.agent);
                 // Boxed: spawning a child is rare and its future is large
                 // (~9 KB); inline, every message's future would carry it,
                 // allocated and copied per message (`benches/PROFILE.md`).
                 Box::pin(self.delegate(myself, call_id, attempt, child, args, grant)).await
+            }
+            Effect::RunTask {
+                call_id,
+                attempt,
+                child,
+                args,
+                grant,
+            } => {
+                // Boxed, like `Delegate`.
+                Box::pin(self.run_task(myself, call_id, attempt, child, args, grant)).await
             }
             Effect::CancelChild(child) => Box::pin(self.cancel_child(child)).await,
             Effect::ArmApprovalTimer {
@@ -621,19 +646,27 @@ impl SessionState {
         let attempt = self.stream_attempt;
         let me = myself.clone();
         let provider = self.runtime.provider.clone();
+        let mut chat = self
+            .genai
+            .chat(&request, self.session.header.config.route.as_ref());
+        let chat_span = chat.span();
         let task = async move {
             // Dropped unfinished if this task is aborted: a cancelled stream.
             let mut meter = crate::metrics::ProviderStream::start(&request.model);
             let result = drive_stream(provider.as_ref(), request, |event| {
                 meter.event(&event);
+                chat.event(&event);
                 me.cast(SessionMsg::Provider { attempt, event }).is_ok()
             })
             .await;
             meter.finish(&result);
+            chat.finish(&result);
             // The session is gone (cancelled, crashed): nobody to tell.
             let _ = me.cast(SessionMsg::StreamEnded { attempt, result });
         };
-        self.stream = Some(tokio::spawn(task.instrument(self.span.clone())));
+        self.stream = Some(tokio::spawn(
+            task.instrument(chat_span).instrument(self.span.clone()),
+        ));
     }
 
     /// Reports a tool's outcome to ourselves. If this actor is already
@@ -658,6 +691,7 @@ impl SessionState {
         idempotency_key: String,
     ) {
         crate::fault_point!(BeforeToolDispatch, &self.session.header);
+        let span = self.genai.tool(&call_id, &name, &arguments);
         let header = &self.session.header;
         let Some(tool) = self.runtime.tools_for(header.id).get(&name) else {
             self.report_to_self(
@@ -689,6 +723,7 @@ impl SessionState {
             },
             arguments,
             session: myself.clone(),
+            span,
         };
         let failure = match Actor::spawn_linked(None, ToolCallActor, args, myself.get_cell()).await
         {

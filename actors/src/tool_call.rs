@@ -33,6 +33,9 @@ pub struct ToolCallArgs {
     pub arguments: Value,
     /// The session to report to.
     pub session: ActorRef<SessionMsg>,
+    /// The call's `execute_tool` span (see [`crate::genai`]; disabled when
+    /// telemetry is off): the tool runs in it.
+    pub span: tracing::Span,
 }
 
 /// State: the args, consumed by `Run`.
@@ -89,9 +92,11 @@ impl Actor for ToolCallActor {
         // Dropped unfinished if the tool panics or the actor is killed.
         let meter = crate::metrics::ToolRun::start(&args.tool.spec().name);
         let result = run(args.tool.as_ref(), args.ctx, args.arguments)
+            .instrument(args.span.clone())
             .instrument(span)
             .await;
         meter.finish(&result);
+        crate::genai::tool_finished(&args.span, &result);
         // Journal first: if the session crashed meanwhile, its restart finds
         // the result here instead of running the tool again.
         journal.advance(

@@ -251,6 +251,7 @@ mod faults {
                 TranscriptEntry::ToolRuleSet { tool, rule, .. } => {
                     format!("rule: {tool} {}", rule.as_str())
                 }
+                TranscriptEntry::SkillActivated { name, .. } => format!("skill: {name}"),
             })
             .collect()
     }

@@ -16,7 +16,7 @@ use agent_client_protocol::v1::schema::{
     AgentCapabilities, CancelNotification, ContentBlock, Implementation, InitializeRequest,
     InitializeResponse, LoadSessionRequest, LoadSessionResponse, McpCapabilities, McpServer,
     NewSessionRequest, NewSessionResponse, PromptCapabilities, PromptRequest, PromptResponse,
-    SessionNotification,
+    SessionNotification, StopReason as AcpStopReason,
 };
 use agent_client_protocol::v1::ConnectionTo;
 use agent_client_protocol::{Agent, Client, ConnectTo, Error};
@@ -25,6 +25,7 @@ use serde_json::json;
 use overseer_actors::model::{SessionId, SessionOverrides, SessionStatus};
 use overseer_actors::CreateSession;
 
+use super::commands::Command;
 use super::follow::{Link, TurnOutcome};
 use super::fs;
 use super::mcp::{self, SessionServers};
@@ -288,6 +289,7 @@ async fn new_session(
         .map_err(session_error)?;
     tracing::info!(session = %id, "session/new");
     state.keep_servers(id, servers);
+    offer_commands(state, &cx, id, &state.agent).await;
     // Streaming before the client can prompt: no delta of the turn is lost.
     let rx = rx.connected().await;
     let link = Link::start(state.sessions.clone(), cx, id, rx, 0, &[], state.by());
@@ -367,6 +369,7 @@ async fn load_session(
     for update in updates::replay(&stored.transcript) {
         cx.send_notification(SessionNotification::new(id.to_string(), update))?;
     }
+    offer_commands(state, cx, id, &stored.header.agent).await;
     tracing::info!(session = %id, status = %stored.header.status, "session/load");
     state.keep_servers(id, servers);
     let sessions = state.sessions.clone();
@@ -415,7 +418,33 @@ fn prepare_prompt(
     Ok((id, link, text))
 }
 
+/// Tells the editor the slash commands of a session of `agent` (its tasks
+/// and skills), if it has any. Best effort: a session without them works.
+async fn offer_commands(state: &State, cx: &ConnectionTo<Client>, id: SessionId, agent: &str) {
+    match state.sessions.offer(agent).await {
+        Ok(offer) if !offer.tasks.is_empty() || !offer.skills.is_empty() => {
+            let note = SessionNotification::new(id.to_string(), offer.update());
+            if let Err(e) = cx.send_notification(note) {
+                tracing::warn!(session = %id, "available_commands_update not sent: {e:?}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(session = %id, "no slash commands: {e}"),
+    }
+}
+
+/// Whether activating a skill failed only because it is already active.
+fn already_active(e: &SessionsError) -> bool {
+    matches!(
+        e,
+        SessionsError::Local(overseer_actors::SessionError::Conflict(_))
+            | SessionsError::Remote(crate::cli::client::ClientError::Server { status: 409, .. })
+    )
+}
+
 /// One prompt: the session's next message, answered when its turn ends.
+/// A slash command (see `commands`) activates a skill and answers at once,
+/// or turns a task into the turn's message.
 async fn prompt(
     state: &State,
     id: SessionId,
@@ -426,6 +455,38 @@ async fn prompt(
     let h = &before.header;
     if h.status.is_terminal() {
         return Err(invalid(format!("session {id} is {}", h.status)));
+    }
+    let mut text = text;
+    if text.trim_start().starts_with('/') {
+        let offer = state
+            .sessions
+            .offer(&h.agent)
+            .await
+            .map_err(session_error)?;
+        match offer.parse(&text).map_err(invalid)? {
+            None => {}
+            Some(Command::Skill(name)) => {
+                state
+                    .sessions
+                    .activate_skill(id, &name, Some(state.by()))
+                    .await
+                    .map_err(session_error)?;
+                return Ok(PromptResponse::new(AcpStopReason::EndTurn));
+            }
+            Some(Command::Task { message, skills }) => {
+                for name in skills {
+                    match state
+                        .sessions
+                        .activate_skill(id, &name, Some(state.by()))
+                        .await
+                    {
+                        Err(e) if !already_active(&e) => return Err(session_error(e)),
+                        _ => {}
+                    }
+                }
+                text = message;
+            }
+        }
     }
     // Behind a running turn (after session/load), the message is queued:
     // it is the turn after the running one and those already queued.

@@ -234,6 +234,79 @@ impl Sessions {
         }
     }
 
+    /// What sessions of `agent` may use: the stored tasks it runs, and its
+    /// skills, for the editor's slash commands.
+    pub(crate) async fn offer(&self, agent: &str) -> Result<super::commands::Offer, SessionsError> {
+        match self {
+            Self::Local(o) => {
+                let tasks = o
+                    .tasks()
+                    .filter(|t| t.agent == agent)
+                    .map(|t| t.as_ref().clone())
+                    .collect();
+                let skills = o
+                    .agents()
+                    .find(|a| a.name == agent)
+                    .map(|a| {
+                        a.skills
+                            .iter()
+                            .filter_map(|n| o.skills().get(n))
+                            .map(|s| (s.name.clone(), s.description.clone()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Ok(super::commands::Offer { tasks, skills })
+            }
+            Self::Remote(c) => {
+                let listed = c.call(Method::GET, "/v1/tasks", None).await?;
+                let tasks = listed["tasks"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|t| {
+                        serde_json::from_value::<overseer_actors::tasks::TaskDef>(t.clone()).ok()
+                    })
+                    .filter(|t| t.agent == agent)
+                    .collect();
+                let agents = c.call(Method::GET, "/v1/agents", None).await?;
+                let skills = agents["agents"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|a| a["name"] == agent)
+                    .and_then(|a| a["skill_specs"].as_array())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| {
+                        Some((
+                            s["name"].as_str()?.to_owned(),
+                            s["description"].as_str()?.to_owned(),
+                        ))
+                    })
+                    .collect();
+                Ok(super::commands::Offer { tasks, skills })
+            }
+        }
+    }
+
+    /// A person activates skill `name` in session `id`.
+    pub(crate) async fn activate_skill(
+        &self,
+        id: SessionId,
+        name: &str,
+        by: Option<String>,
+    ) -> Result<(), SessionsError> {
+        match self {
+            Self::Local(o) => Ok(o.activate_skill(id, name, by).await?),
+            Self::Remote(c) => {
+                let path = format!("/v1/sessions/{id}/skills");
+                c.call(Method::POST, &path, Some(json!({ "name": name })))
+                    .await?;
+                Ok(())
+            }
+        }
+    }
+
     /// Every call decidable at `root` (its own and its descendants').
     pub(crate) async fn pending_approvals(
         &self,

@@ -1,4 +1,4 @@
-//! `overseer sessions list|show|approve|cancel|interrupt|model`: a client of
+//! `overseer sessions list|show|approve|cancel|interrupt|model|fork|history`: a client of
 //! a running server, over its HTTP API. Its [`Client`] is also what
 //! `overseer acp --server` speaks to a server through.
 //!
@@ -82,6 +82,26 @@ pub enum SessionsCommand {
     /// Stop a session's running turn and keep the session: it waits for the
     /// next message (the turn ends with `interrupted`).
     Interrupt {
+        /// Session id.
+        id: String,
+    },
+    /// Fork a session into a new one of yours: its transcript up to a
+    /// point (its latest checkpoint by default), the source untouched.
+    /// Prints the new session's id.
+    Fork {
+        /// The session to fork.
+        id: String,
+        /// Fork just after this event (a sequence number `sessions history`
+        /// lists).
+        #[arg(long, value_name = "SEQ", conflicts_with = "index")]
+        at: Option<u64>,
+        /// Fork with this many of the transcript's entries.
+        #[arg(long, value_name = "N")]
+        index: Option<u64>,
+    },
+    /// List the points a session can be forked at: each turn's end and each
+    /// tool result, with its event sequence number.
+    History {
         /// Session id.
         id: String,
     },
@@ -428,6 +448,61 @@ async fn run(args: SessionsArgs) -> Result<(), CliError> {
                     Some(c) => cursor = Some(c.to_owned()),
                     None => break,
                 }
+            }
+        }
+        SessionsCommand::Fork { id, at, index } => {
+            let body = match (at, index) {
+                (Some(seq), _) => json!({"at": {"seq": seq}}),
+                (None, Some(i)) => json!({"at": {"index": i}}),
+                (None, None) => json!({}),
+            };
+            let s = client
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/v1/sessions/{id}/fork"),
+                    Some(body),
+                )
+                .await?;
+            let fork = s["id"].as_str().unwrap_or_default();
+            let from = &s["forked_from"];
+            print(fork)?;
+            status(format_args!(
+                "forked {} at event {} ({} transcript entries)",
+                from["session"].as_str().unwrap_or_default(),
+                from["at"],
+                from["index"]
+            ));
+        }
+        SessionsCommand::History { id } => {
+            let h = client
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/v1/sessions/{id}/history"),
+                    None,
+                )
+                .await?;
+            for p in h["points"].as_array().into_iter().flatten() {
+                let what = match p["kind"].as_str() {
+                    Some("turn_ended") => {
+                        format!(
+                            "turn {} ended ({})",
+                            p["turn"],
+                            p["stop_reason"].as_str().unwrap_or("?")
+                        )
+                    }
+                    _ => format!(
+                        "{} {} {}",
+                        p["name"].as_str().unwrap_or("?"),
+                        p["call_id"].as_str().unwrap_or("?"),
+                        p["state"].as_str().unwrap_or("?")
+                    ),
+                };
+                print(&format!(
+                    "{}\t{}\t{}",
+                    p["seq"],
+                    p["index"],
+                    terminal::inline(&what)
+                ))?;
             }
         }
         SessionsCommand::Show { id, .. } => {

@@ -23,7 +23,7 @@ use overseer_actors::model::{
 };
 use overseer_actors::provider::Provider;
 use overseer_actors::tool::ToolRegistry;
-use overseer_actors::{CreateSession, Overseer, SessionError, SessionOverrides};
+use overseer_actors::{CreateSession, Overseer, SessionError, SessionOverrides, TaskRun};
 
 use super::{status, terminal, ApproveMode, CliError, RunArgs, CLI_TENANT, DENY_MESSAGE};
 use crate::config::{Config, LoadOptions, Overrides};
@@ -51,6 +51,10 @@ enum Target {
         agent: String,
         prompt: String,
         route: Option<String>,
+        /// `--task`: the stored task, with the prompt as its context.
+        task: Option<String>,
+        /// `--skill`: skills a person activates before the first message.
+        skills: Vec<String>,
     },
     /// A stored session, continued on its own route, or switched to the
     /// route `flags` make (between turns): mid-turn, its turn is followed;
@@ -154,13 +158,15 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         }
         None => {
             let prompt = args.prompt.join(" ");
-            if prompt.trim().is_empty() {
+            if prompt.trim().is_empty() && args.task.is_none() {
                 return Err(CliError::EmptyPrompt);
             }
             Target::New {
                 agent: args.agent.clone(),
                 prompt,
                 route: None,
+                task: args.task.clone(),
+                skills: args.skills.clone(),
             }
         }
     };
@@ -174,6 +180,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         },
     };
     let mut config = Config::load(&options, &tools)?;
+    let _telemetry = crate::cli::start_telemetry(&config)?;
     let mut target = target;
     if let Target::New { route, .. } = &mut target {
         *route = route_from_flags(&mut config, &RouteFlags::of(&args))?;
@@ -182,6 +189,32 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         return Err(CliError::Usage(
             "overseer run works on the embedded sled store; store.kind = \"postgres\" (cluster mode) is for overseer serve".into(),
         ));
+    }
+    // A task runs with its own agent.
+    if let Target::New {
+        task: Some(task),
+        agent,
+        ..
+    } = &mut target
+    {
+        match config.tasks.iter().find(|t| t.id.as_deref() == Some(task)) {
+            Some(t) => agent.clone_from(&t.agent),
+            None => {
+                let ids: Vec<&str> = config
+                    .tasks
+                    .iter()
+                    .filter_map(|t| t.id.as_deref())
+                    .collect();
+                return Err(CliError::Usage(format!(
+                    "--task: no task named '{task}' (tasks: {})",
+                    if ids.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        ids.join(", ")
+                    }
+                )));
+            }
+        }
     }
     match &target {
         Target::New { agent, .. } if config.agent(agent).is_none() => {
@@ -337,8 +370,7 @@ async fn run_session(
     let all_tools = crate::service::build_tools(&mut config).await?;
     // The same runtime as `serve`'s; recovery is `drive`'s, after it has
     // subscribed to its session.
-    let (overseer, _store) =
-        crate::service::open(&config, all_tools.registry.clone(), provider).await?;
+    let (overseer, _store) = crate::service::open(&config, &all_tools, provider).await?;
     let outcome = drive(&overseer, &resume, target, mode, data_dir).await;
     // Shut down whatever happened, so the store is flushed.
     let shutdown = overseer.shutdown().await;
@@ -374,6 +406,8 @@ async fn drive(
             agent,
             prompt,
             route,
+            task,
+            skills,
         } => {
             // Sessions interrupted mid-turn by an earlier process resume
             // here; they are not ours to follow, but leaving them dormant
@@ -387,19 +421,44 @@ async fn drive(
             let id = SessionId::generate();
             // Subscribe before the session exists so not one event is missed.
             let rx = overseer.subscribe(id);
-            overseer
-                .create_session(CreateSession {
-                    agent,
-                    tenant: CLI_TENANT.into(),
-                    prompt: Some(prompt),
-                    id: Some(id),
-                    overrides: SessionOverrides {
-                        model: route,
-                        ..SessionOverrides::default()
-                    },
-                    ..CreateSession::default()
-                })
-                .await?;
+            match task {
+                Some(task) => {
+                    // The prompt is the task's context: JSON if it parses,
+                    // else text.
+                    let context = (!prompt.trim().is_empty()).then(|| {
+                        serde_json::from_str(&prompt)
+                            .unwrap_or(serde_json::Value::String(prompt.clone()))
+                    });
+                    overseer
+                        .run_task(TaskRun {
+                            task,
+                            context,
+                            tenant: CLI_TENANT.into(),
+                            id: Some(id),
+                            skills,
+                            ..TaskRun::default()
+                        })
+                        .await?;
+                }
+                None => {
+                    let req = CreateSession {
+                        agent,
+                        tenant: CLI_TENANT.into(),
+                        prompt: Some(prompt),
+                        id: Some(id),
+                        overrides: SessionOverrides {
+                            model: route,
+                            ..SessionOverrides::default()
+                        },
+                        ..CreateSession::default()
+                    };
+                    if skills.is_empty() {
+                        overseer.create_session(req).await?;
+                    } else {
+                        overseer.create_session_with_skills(req, skills).await?;
+                    }
+                }
+            }
             status(format_args!("session: {id}"));
             (id, rx, None)
         }

@@ -118,6 +118,7 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         },
     };
     let mut config = Config::load(&options, &tools)?;
+    let telemetry = crate::cli::start_telemetry(&config)?;
     let addr = match args.listen {
         Some(a) => a,
         None => config
@@ -153,8 +154,9 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
                         store.set_webhooks(view)
                     })
                     .await?;
-                let overseer = overseer_actors::Overseer::start(
+                let overseer = overseer_actors::Overseer::start_with(
                     config.agent_configs(),
+                    all_tools.library.clone(),
                     Arc::new(store.clone()),
                     provider,
                     all_tools.registry.clone(),
@@ -176,8 +178,9 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
                         store.set_webhooks(view)
                     })
                     .await?;
-                let overseer = overseer_actors::Overseer::start(
+                let overseer = overseer_actors::Overseer::start_with(
                     config.agent_configs(),
+                    all_tools.library.clone(),
                     std::sync::Arc::new(store.clone()),
                     provider,
                     all_tools.registry.clone(),
@@ -276,6 +279,8 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
     // Blocking tasks still running (a listing) are not waited for long: the
     // watchdog's deadline holds in any case.
     rt.shutdown_timeout(Duration::from_secs(1));
+    // The spans still queued go to the collector (bounded by its timeout).
+    telemetry.shutdown();
     Ok(())
 }
 

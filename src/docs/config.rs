@@ -25,7 +25,7 @@ use serde::de::DeserializeOwned;
 use super::{cell, DocsError};
 use crate::config::{
     AgentSection, ClusterSection, Config, HttpSection, LimitsSection, ProviderSection,
-    RuntimeSection, ScopeTokenSection, StoreSection, WebhooksSection, DEFAULT_CONFIG,
+    RuntimeSection, ScopeTokenSection, StoreSection, TaskSection, WebhooksSection, DEFAULT_CONFIG,
     ENV_OVERRIDES,
 };
 use crate::provider::RouteConfig;
@@ -106,10 +106,13 @@ fn sections() -> Result<Vec<Section>, DocsError> {
         table("http", keys_of::<HttpSection>()?),
         table("scope_tokens", keys_of::<ScopeTokenSection>()?),
         table("webhooks", keys_of::<WebhooksSection>()?),
+        table("telemetry", keys_of::<crate::telemetry::TelemetrySection>()?),
+        table("log", keys_of::<crate::telemetry::LogSection>()?),
         array("tools", keys_of::<HttpToolConfig>()?),
         table("http_request", keys_of::<HttpRequestConfig>()?),
         array("mcp_servers", keys_of::<McpServerConfig>()?),
         array("agents", keys_of::<AgentSection>()?),
+        array("tasks", keys_of::<TaskSection>()?),
     ])
 }
 

@@ -1,7 +1,9 @@
-//! The metrics reference page: every metric [`overseer_actors::metrics::describe`]
-//! describes, with its type, unit and description, captured by a recorder
-//! of this module's own for the length of the call (the process-wide
-//! recorder, if any, is not touched).
+//! The metrics reference page: every metric [`crate::metrics::describe`]
+//! describes (the same call the exporter makes when it is installed), with
+//! its type, unit and description, captured by a recorder of this module's
+//! own for the length of the call (the process-wide recorder, if any, is not
+//! touched). Names are shown as the Prometheus exporter writes them (a `.`
+//! becomes `_`).
 
 use std::sync::{Mutex, PoisonError};
 
@@ -27,7 +29,7 @@ impl Capture {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(Described {
-                name: key.as_str().to_owned(),
+                name: key.as_str().replace('.', "_"),
                 kind,
                 unit,
                 description: text.into_owned(),
@@ -59,7 +61,7 @@ impl Recorder for Capture {
 /// The metrics reference page.
 pub(super) fn render() -> String {
     let capture = Capture::default();
-    metrics::with_local_recorder(&capture, overseer_actors::metrics::describe);
+    metrics::with_local_recorder(&capture, crate::metrics::describe);
     let described = capture
         .0
         .into_inner()

@@ -240,6 +240,13 @@ impl From<SessionError> for ApiError {
                 Self::bad_request("unknown_agent", format!("unknown agent '{}'", clip(&name)))
                     .with_details(json!({"agent": clip(&name)}))
             }
+            SessionError::UnknownTask(task) => {
+                Self::new(StatusCode::NOT_FOUND, "unknown_task", message)
+                    .with_details(json!({"task": task}))
+            }
+            SessionError::InvalidContext { field, .. } => {
+                Self::bad_request("invalid_context", message).with_details(json!({"field": field}))
+            }
             SessionError::Terminal { status, .. } => {
                 Self::conflict("session_terminal", message).with_details(json!({"status": status}))
             }

@@ -149,6 +149,14 @@ pub(super) struct CreateBody {
     output_schema: Option<Value>,
 }
 
+/// The caller's W3C `traceparent`, if well-formed: the session's turn
+/// becomes a child of its span. A malformed one is ignored, as the Trace
+/// Context recommendation requires (the turn starts a trace of its own).
+fn traceparent(headers: &axum::http::HeaderMap) -> Option<String> {
+    let value = headers.get("traceparent")?.to_str().ok()?.trim();
+    overseer_actors::model::is_traceparent(value).then(|| value.to_owned())
+}
+
 /// `POST /v1/sessions` → 201 with the session. With an `idempotency_key`
 /// the request is idempotent: the same request again answers 201 with the
 /// same session and has no second effect; a different request under the same
@@ -157,6 +165,7 @@ pub(super) struct CreateBody {
 /// sessions, and no key of one tenant can reach, or reveal, another's.
 pub(super) async fn create(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     Authorized(principal, _): Authorized<Write>,
     ApiJson(body): ApiJson<CreateBody>,
 ) -> Result<Response, ApiError> {
@@ -204,6 +213,7 @@ pub(super) async fn create(
         // An HTTP client has no tools of its own to give a session.
         session_tools: Vec::new(),
         create_digest: create_digest.clone(),
+        trace_parent: traceparent(&headers),
     };
     let overseer = state.overseer();
     let id = match keyed_id {
@@ -483,14 +493,20 @@ pub(super) struct MessageBody {
 /// `message_id` with the same text is accepted once and answered the same.
 pub(super) async fn message(
     State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
     Authorized(principal, _): Authorized<Write>,
     SessionPath(id): SessionPath,
     ApiJson(body): ApiJson<MessageBody>,
 ) -> Result<Response, ApiError> {
     owned_header(&state, &principal, id).await?;
     let overseer = state.overseer();
+    let trace = traceparent(&headers);
     match &body.message_id {
-        None => overseer.send_message(id, body.text).await?,
+        None => {
+            overseer
+                .send_message_traced(id, body.text, None, trace)
+                .await?
+        }
         Some(mid) => {
             check_client_key("message_id", mid)?;
             let text = body.text.clone();
@@ -500,7 +516,7 @@ pub(super) async fn message(
                 .run(key, body.text.as_bytes(), || {
                     // Recorded by the session too, so a retry after a
                     // restart is still recognised.
-                    overseer.send_message_with_id(id, text, Some(mid.clone()))
+                    overseer.send_message_traced(id, text, Some(mid.clone()), trace.clone())
                 })
                 .await;
             match run {
@@ -729,7 +745,7 @@ pub(super) async fn set_model(
     header_json(&state, &principal, id).await
 }
 
-async fn header_json(
+pub(super) async fn header_json(
     state: &AppState,
     principal: &Principal,
     id: SessionId,
@@ -773,9 +789,24 @@ pub(super) async fn agents(
                     None => json!({"name": name, "available": false}),
                 })
                 .collect();
+            // Its skills by name and description (what its sessions'
+            // prompts list), and whether only a person may activate each.
+            let skills: Vec<Value> = a
+                .skills
+                .iter()
+                .filter_map(|name| overseer.skills().get(name))
+                .map(|s| {
+                    json!({
+                        "name": s.name,
+                        "description": s.description,
+                        "requires_trust": s.requires_trust,
+                    })
+                })
+                .collect();
             let mut v = serde_json::to_value(a).unwrap_or(Value::Null);
             if let Value::Object(m) = &mut v {
                 m.insert("tool_specs".into(), Value::Array(tools));
+                m.insert("skill_specs".into(), Value::Array(skills));
             }
             v
         })

@@ -10,6 +10,14 @@
 //! - `GET /v1/webhooks/{id}`: one endpoint, with `disabled: {at_ms, reason}`
 //!   once deliveries to it were given up.
 //! - `DELETE /v1/webhooks/{id}`: 204; its pending deliveries go with it.
+//! - `POST /v1/webhooks/{id}/enable`: takes a disabled endpoint back into
+//!   service (200 with the endpoint); events from then on reach it.
+//! - `POST /v1/webhooks/{id}/rotate` `{grace_secs?}` (`{}` for the
+//!   default): a new signing secret,
+//!   shown this once; the old one keeps signing beside it (two
+//!   space-separated signatures) for `grace_secs` (default a day, at most
+//!   a week, 0: none).
+//! - An `{id}` that is not a UUID is a 400, like the session routes'.
 //! - `GET /v1/webhooks/{id}/deliveries?cursor=&limit=`: its delivery log,
 //!   newest first: `webhook-id`, event, session, status, attempts, last
 //!   error and status code, next attempt.
@@ -24,9 +32,13 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::extract::{ApiJson, ApiQuery, Authorized, Hooks};
+use super::extract::{ApiJson, ApiQuery, Authorized, Hooks, NoParams};
 use super::{ApiError, AppState};
-use crate::webhooks::{Delivery, Endpoint, EventType, NewEndpoint, WebhookError, Webhooks};
+use std::time::Duration;
+
+use crate::webhooks::{
+    Delivery, Endpoint, EventType, NewEndpoint, WebhookError, Webhooks, DEFAULT_ROTATION_GRACE,
+};
 
 /// Default page of the delivery log.
 const DEFAULT_PAGE: usize = 50;
@@ -39,6 +51,10 @@ impl From<WebhookError> for ApiError {
             WebhookError::Target(t) => {
                 ApiError::bad_request("invalid_webhook_url", format!("url: {t}"))
             }
+            WebhookError::Invalid {
+                field: "id",
+                message,
+            } => ApiError::bad_request("invalid_id", format!("path segment 'id': {message}")),
             WebhookError::Invalid { field, message } => {
                 ApiError::bad_request("invalid_request", format!("{field}: {message}"))
             }
@@ -73,6 +89,7 @@ fn view(e: &Endpoint) -> Value {
         "created_at_ms": e.created_at_ms,
         "enabled": e.disabled.is_none(),
         "disabled": e.disabled,
+        "previous_secret_until_ms": e.previous_secret.as_ref().map(|p| p.until_ms),
     })
 }
 
@@ -168,6 +185,40 @@ pub(super) async fn delete(
 ) -> Result<StatusCode, ApiError> {
     hooks(&state)?.delete(&principal.tenant, &id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/webhooks/{id}/enable`.
+pub(super) async fn enable(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Hooks>,
+    Path(id): Path<String>,
+    _: NoParams,
+) -> Result<Json<Value>, ApiError> {
+    let endpoint = hooks(&state)?.enable(&principal.tenant, &id).await?;
+    Ok(Json(view(&endpoint)))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RotateBody {
+    #[serde(default)]
+    grace_secs: Option<u64>,
+}
+
+/// `POST /v1/webhooks/{id}/rotate`.
+pub(super) async fn rotate(
+    State(state): State<AppState>,
+    Authorized(principal, _): Authorized<Hooks>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<RotateBody>,
+) -> Result<Json<Value>, ApiError> {
+    let grace = body
+        .grace_secs
+        .map_or(DEFAULT_ROTATION_GRACE, Duration::from_secs);
+    let endpoint = hooks(&state)?.rotate(&principal.tenant, &id, grace).await?;
+    let mut shown = view(&endpoint);
+    shown["secret"] = json!(endpoint.secret);
+    Ok(Json(shown))
 }
 
 #[derive(Debug, Deserialize)]

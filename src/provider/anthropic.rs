@@ -177,6 +177,11 @@ enum Block<'a> {
     Text {
         text: &'a str,
     },
+    /// A text made here (an activated skill's instructions).
+    #[serde(rename = "text")]
+    OwnedText {
+        text: String,
+    },
     ToolUse {
         id: &'a str,
         name: &'a str,
@@ -228,6 +233,14 @@ fn wire_request<'a>(
             // A summary of the compacted older transcript reads as context
             // the user gives.
             TranscriptEntry::Compaction { summary, .. } => ("user", text_block(summary)),
+            // An activated skill's instructions read as context the user
+            // gives.
+            TranscriptEntry::SkillActivated { name, body, .. } => (
+                "user",
+                vec![Block::OwnedText {
+                    text: overseer_actors::skills::activation_text(name, body),
+                }],
+            ),
             // Notes for people: the model is simply served by the new route,
             // and never told of failures it did not say.
             TranscriptEntry::ModelChanged { .. }

@@ -167,6 +167,11 @@ enum Message<'a> {
     User {
         content: &'a str,
     },
+    /// A user message made here (an activated skill's instructions).
+    #[serde(rename = "user")]
+    UserOwned {
+        content: String,
+    },
     Assistant {
         // `null` when the step only called tools, as the API itself answers.
         content: Option<&'a str>,
@@ -219,6 +224,11 @@ fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> Cha
             // A summary of the compacted older transcript reads as context
             // the user gives.
             TranscriptEntry::Compaction { summary, .. } => Message::User { content: summary },
+            // An activated skill's instructions read as context the user
+            // gives.
+            TranscriptEntry::SkillActivated { name, body, .. } => Message::UserOwned {
+                content: overseer_actors::skills::activation_text(name, body),
+            },
             // Notes for people: the model is simply served by the new route,
             // and never told of failures it did not say.
             TranscriptEntry::ModelChanged { .. }

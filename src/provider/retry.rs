@@ -273,6 +273,13 @@ impl Provider for RetryingProvider {
                 };
                 match retrier.next(error, &mut retries, &mut key_reloaded, &request) {
                     Next::Retry(wait) => {
+                        // An event of the request's `chat` span.
+                        tracing::info!(
+                            target: overseer_actors::genai::TARGET,
+                            retry = retries,
+                            wait_ms = wait.as_millis() as u64,
+                            "provider request retried"
+                        );
                         tokio::time::sleep(wait).await;
                         yield Ok(ProviderEvent::Usage(Usage {
                             provider_requests: 1,

@@ -1280,6 +1280,8 @@ impl PgStore {
             "DELETE FROM events WHERE session_id = $1",
             "DELETE FROM queue WHERE session_id = $1",
             "DELETE FROM decisions WHERE session_id = $1",
+            // Its webhook deliveries (a log bounded per endpoint: no index).
+            "DELETE FROM webhook_deliveries WHERE session_id = $1",
         ] {
             tx.execute(sql, &[&id.0]).await.map_err(map_pg)?;
         }

@@ -498,6 +498,10 @@ impl Tool for HttpRequestTool {
                 .client
                 .request(method.clone(), url.clone())
                 .headers(headers.clone());
+            // The call's `execute_tool` span (telemetry on) is the parent.
+            if let Some(traceparent) = crate::telemetry::traceparent() {
+                request = request.header("traceparent", traceparent);
+            }
             if let Some((bytes, _)) = &body {
                 request = request.body(bytes.clone());
             }

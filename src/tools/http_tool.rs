@@ -446,6 +446,10 @@ impl HttpTool {
         if !headers.contains_key(ACCEPT) {
             headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
         }
+        // The call's `execute_tool` span (telemetry on) is the tool's parent.
+        if let Some(traceparent) = crate::telemetry::traceparent() {
+            headers.insert("traceparent", traceparent);
+        }
         let request = self
             .client
             .request(self.method.clone(), self.url.clone())

@@ -316,6 +316,19 @@ impl Tool for McpTool {
                     .insert(SCOPE_TOKEN_META_KEY.into(), Value::String(token));
                 params.meta = Some(meta);
             }
+            // The call's `execute_tool` span (telemetry on), in `_meta` as
+            // the OpenTelemetry MCP conventions carry it: the HTTP
+            // connection is shared by every call, so no header can.
+            if let Some(traceparent) = crate::telemetry::traceparent() {
+                if let Ok(value) = traceparent.to_str() {
+                    params
+                        .meta
+                        .get_or_insert_with(RequestMetaObject::new)
+                        .0
+                         .0
+                        .insert("traceparent".into(), Value::String(value.to_owned()));
+                }
+            }
         }
         match peer.call_tool(params).await {
             Ok(result) => result_value(result),

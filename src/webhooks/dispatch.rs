@@ -26,18 +26,19 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use overseer_actors::Runtime;
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
-use tokio::sync::watch;
+use tokio::sync::{watch, OnceCell};
 use tokio::task::JoinSet;
 
 use super::signing::{sign, Secret};
 use super::{
-    payload, Delivery, DeliveryKey, DeliveryStatus, Disabled, Endpoint, WebhookOptions, Webhooks,
+    metrics, payload, Claim, Delivery, DeliveryKey, DeliveryStatus, Disabled, Endpoint, Outcome,
+    WebhookOptions, Webhooks,
 };
 use crate::backoff::Backoff;
 use crate::tools::http_tool::transport_message;
@@ -150,6 +151,9 @@ fn client(options: &WebhookOptions) -> Result<reqwest::Client, reqwest::Error> {
         // address rules.
         .no_proxy()
         .connect_timeout(options.request_timeout.min(Duration::from_secs(10)))
+        // Keep-alive connections, as many as attempts run at once: a burst
+        // reuses them instead of connecting per delivery.
+        .pool_max_idle_per_host(options.concurrency.max(1))
         .timeout(options.request_timeout)
         .user_agent(concat!("overseer-webhooks/", env!("CARGO_PKG_VERSION")))
         .build()
@@ -165,6 +169,11 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// Bodies being built, by `webhook-id`: the deliveries of one event to
+/// several endpoints share one build. An entry lives while an attempt that
+/// may use it is in flight, so the map is bounded by `concurrency`.
+type Bodies = Arc<Mutex<HashMap<String, Arc<OnceCell<String>>>>>;
+
 async fn run(
     hooks: Arc<Webhooks>,
     runtime: Weak<Runtime>,
@@ -175,13 +184,15 @@ async fn run(
     let store = hooks.store.clone();
     let clock = hooks.clock.clone();
     let concurrency = options.concurrency.max(1);
-    let mut tasks: JoinSet<()> = JoinSet::new();
+    let mut tasks: JoinSet<Option<Outcome>> = JoinSet::new();
     let mut busy: HashSet<DeliveryKey> = HashSet::new();
     let mut running: HashMap<tokio::task::Id, DeliveryKey> = HashMap::new();
+    let bodies: Bodies = Arc::default();
     // Whether the outbox may hold rows to take in: at start (what a previous
     // process left), after a checkpoint wrote some, and at every sweep; not
     // merely because an attempt finished.
     let mut intake = true;
+    let mut gauges_at: Option<tokio::time::Instant> = None;
     loop {
         if *shutdown.borrow() {
             break;
@@ -197,6 +208,10 @@ async fn run(
                 }
             }
         }
+        if gauges_at.is_none_or(|at| at.elapsed() >= SWEEP) {
+            gauges_at = Some(tokio::time::Instant::now());
+            refresh_gauges(&hooks).await;
+        }
         let free = concurrency.saturating_sub(tasks.len());
         let mut more_due = false;
         if free > 0 && !trouble {
@@ -204,14 +219,15 @@ async fn run(
             match store.claim_due(now, lease_until, free, &busy).await {
                 Ok(due) => {
                     more_due = due.len() == free;
-                    for delivery in due {
-                        let key = delivery.key();
+                    for claim in due {
+                        let key = claim.delivery.key();
                         busy.insert(key.clone());
                         let task = tasks.spawn(attempt(
                             hooks.clone(),
                             runtime.clone(),
                             client.clone(),
-                            delivery,
+                            bodies.clone(),
+                            claim,
                         ));
                         running.insert(task.id(), key);
                     }
@@ -243,17 +259,38 @@ async fn run(
                 }
             }
             Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
-                let id = match done {
-                    Ok((id, _)) => id,
-                    Err(e) => {
-                        // Its delivery stays pending and is tried again once
-                        // its claim runs out (sled: at once).
-                        tracing::error!(error = %e, "webhooks: a delivery attempt panicked");
-                        e.id()
+                // Every attempt that has finished by now is recorded in one
+                // write: under a burst that is one store write per batch of
+                // attempts, not one per attempt.
+                let mut finished = vec![done];
+                while let Some(more) = tasks.try_join_next_with_id() {
+                    finished.push(more);
+                }
+                let mut outcomes = Vec::with_capacity(finished.len());
+                let mut keys = Vec::with_capacity(finished.len());
+                for done in finished {
+                    let id = match done {
+                        Ok((id, outcome)) => {
+                            outcomes.extend(outcome);
+                            id
+                        }
+                        Err(e) => {
+                            // Its delivery stays pending and is tried again
+                            // once its claim runs out (sled: at once).
+                            tracing::error!(error = %e, "webhooks: a delivery attempt panicked");
+                            e.id()
+                        }
+                    };
+                    keys.extend(running.remove(&id));
+                }
+                save(&hooks, &outcomes).await;
+                if let Ok(mut bodies) = bodies.lock() {
+                    for key in &keys {
+                        bodies.remove(&key.1);
                     }
-                };
-                if let Some(key) = running.remove(&id) {
-                    busy.remove(&key);
+                }
+                for key in &keys {
+                    busy.remove(key);
                 }
             }
             () = hooks.subscriptions.wait() => intake = true,
@@ -271,6 +308,16 @@ async fn run(
     tasks.abort_all();
 }
 
+/// Sets the gauges from the store (pending deliveries, disabled endpoints).
+async fn refresh_gauges(hooks: &Webhooks) {
+    let pending = hooks.store.pending_count().await;
+    let endpoints = hooks.store.endpoints(None).await;
+    if let (Ok(pending), Ok(endpoints)) = (pending, endpoints) {
+        let disabled = endpoints.iter().filter(|e| e.disabled.is_some()).count();
+        metrics::gauges(pending, disabled);
+    }
+}
+
 /// Why an attempt did not deliver.
 struct Failure {
     status: Option<StatusCode>,
@@ -278,23 +325,22 @@ struct Failure {
     retry_after: Option<Duration>,
 }
 
-/// One attempt at `delivery`, its outcome saved.
+/// One attempt at a claimed delivery; its outcome, to be saved with the
+/// others of its batch (`None`: nothing to record, it stays due).
 async fn attempt(
     hooks: Arc<Webhooks>,
     runtime: Weak<Runtime>,
     client: reqwest::Client,
-    mut delivery: Delivery,
-) {
-    let was_due = delivery.next_attempt_at_ms;
+    bodies: Bodies,
+    claim: Claim,
+) -> Option<Outcome> {
+    let Claim {
+        mut delivery,
+        endpoint,
+    } = claim;
+    let was_due_at = delivery.next_attempt_at_ms;
     let options = &hooks.options;
     let now = hooks.clock.now_ms();
-    let endpoint = match hooks.store.endpoint(delivery.endpoint).await {
-        Ok(e) => e,
-        Err(e) => {
-            tracing::warn!(error = %e, "webhooks: cannot read an endpoint; retrying later");
-            return;
-        }
-    };
     let endpoint = match endpoint {
         Some(e) if e.disabled.is_none() => e,
         other => {
@@ -303,17 +349,34 @@ async fn attempt(
                 Some(d) => format!("not sent: the endpoint is disabled ({})", d.reason),
                 None => "not sent: the endpoint was deleted".into(),
             });
-            save(&hooks, &delivery, was_due).await;
-            return;
+            metrics::failed();
+            delivery.compact();
+            return Some(Outcome {
+                delivery,
+                was_due_at,
+            });
         }
     };
     if delivery.body.is_none() {
-        let Some(rt) = runtime.upgrade() else {
-            return;
+        let cell = match bodies.lock() {
+            Ok(mut map) => map.entry(delivery.seed.id.clone()).or_default().clone(),
+            Err(_) => Arc::new(OnceCell::new()),
         };
-        delivery.body = Some(payload::build(&rt, &options.public_url, &delivery.seed).await);
+        let body = cell
+            .get_or_init(|| async {
+                match runtime.upgrade() {
+                    Some(rt) => payload::build(&rt, &options.public_url, &delivery.seed).await,
+                    None => String::new(),
+                }
+            })
+            .await;
+        if body.is_empty() {
+            // The runtime is gone (shutting down): tried again later.
+            return None;
+        }
+        delivery.body = Some(body.clone());
     }
-    let outcome = send(&client, options, &endpoint, &delivery).await;
+    let outcome = send(&client, options, &endpoint, &delivery, now).await;
     delivery.attempts = delivery.attempts.saturating_add(1);
     delivery.last_attempt_at_ms = Some(now);
     match outcome {
@@ -322,8 +385,10 @@ async fn attempt(
             delivery.delivered_at_ms = Some(now);
             delivery.last_status_code = Some(status.as_u16());
             delivery.last_error = None;
+            metrics::delivered(system_ms().saturating_sub(delivery.seed.at_ms));
         }
         Err(failure) => {
+            metrics::failed_attempt();
             delivery.last_status_code = failure.status.map(|s| s.as_u16());
             delivery.last_error = Some(failure.error.clone());
             let gone = failure.status == Some(StatusCode::GONE);
@@ -352,20 +417,28 @@ async fn attempt(
             match reason {
                 Some(reason) => {
                     delivery.status = DeliveryStatus::Failed;
+                    metrics::failed();
                     disable(&hooks, endpoint, reason, now).await;
                 }
                 None => delivery.next_attempt_at_ms = next,
             }
         }
     }
-    save(&hooks, &delivery, was_due).await;
+    delivery.compact();
+    Some(Outcome {
+        delivery,
+        was_due_at,
+    })
 }
 
-async fn save(hooks: &Webhooks, delivery: &Delivery, was_due: i64) {
-    if let Err(e) = hooks.store.save_delivery(delivery, was_due).await {
-        // Not recorded: the delivery is still due as it was, and is tried
-        // again (at least once, the same webhook-id).
-        tracing::warn!(error = %e, webhook = %delivery.seed.id, "webhooks: cannot record a delivery attempt");
+async fn save(hooks: &Webhooks, outcomes: &[Outcome]) {
+    if outcomes.is_empty() {
+        return;
+    }
+    if let Err(e) = hooks.store.save_deliveries(outcomes).await {
+        // Not recorded: the deliveries are still due as they were, and are
+        // tried again (at least once, the same webhook-id).
+        tracing::warn!(error = %e, deliveries = outcomes.len(), "webhooks: cannot record delivery attempts");
     }
 }
 
@@ -391,6 +464,7 @@ async fn send(
     options: &WebhookOptions,
     endpoint: &Endpoint,
     delivery: &Delivery,
+    now_ms: i64,
 ) -> Result<StatusCode, Failure> {
     let failure = |error: String| Failure {
         status: None,
@@ -401,14 +475,22 @@ async fn send(
         .targets
         .check_before_sending(&endpoint.url)
         .map_err(|e| failure(format!("not sent: {e}")))?;
-    let secret = Secret::parse(&endpoint.secret)
-        .ok_or_else(|| failure("not sent: the endpoint's secret is unreadable".into()))?;
     let body = delivery.body.clone().unwrap_or_default();
     // The attempt's own time (what receivers compare with their clock to
     // refuse replays), not the schedule's.
     let timestamp = system_ms() / 1000;
     let id = delivery.seed.id.as_str();
-    let signature = sign(&secret, id, timestamp, body.as_bytes());
+    // During a rotation's grace period, one signature per secret,
+    // space-separated: a receiver holding either verifies.
+    let mut signature = String::new();
+    for secret in endpoint.signing_secrets(now_ms) {
+        let secret = Secret::parse(secret)
+            .ok_or_else(|| failure("not sent: the endpoint's secret is unreadable".into()))?;
+        if !signature.is_empty() {
+            signature.push(' ');
+        }
+        signature.push_str(&sign(&secret, id, timestamp, body.as_bytes()));
+    }
     let response = client
         .post(url)
         .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))

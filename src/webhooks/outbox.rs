@@ -278,6 +278,7 @@ mod tests {
             created_by: None,
             created_at_ms: 0,
             disabled: None,
+            previous_secret: None,
         }
     }
 

@@ -244,6 +244,52 @@ impl Server {
         })
     }
 
+    /// A service with agents, stored tasks and skills (§17) and a provider
+    /// of the caller's, on a sled store in `dir`; the tools are the test
+    /// tool `write_record` plus `extra`.
+    pub async fn start_library(
+        dir: tempfile::TempDir,
+        agents: Vec<AgentConfig>,
+        library: overseer_actors::Library,
+        provider: Arc<dyn overseer_actors::provider::Provider>,
+        extra: Vec<Arc<dyn Tool>>,
+    ) -> anyhow::Result<Self> {
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let store = SledStore::open(dir.path(), Durability::Os)?;
+        let mut tools: Vec<Arc<dyn Tool>> = vec![Arc::new(WriteRecord::new())];
+        tools.extend(extra);
+        let overseer = Overseer::start_with(
+            agents,
+            library,
+            Arc::new(store),
+            provider,
+            ToolRegistry::new(tools)?,
+            RuntimeConfig::default(),
+        )
+        .await?;
+        overseer.recover().await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(http::serve_with(
+            overseer.clone(),
+            listener,
+            hs256(),
+            HttpOptions::default(),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Ok(Self {
+            base,
+            client: reqwest::Client::new(),
+            overseer,
+            stop: Some(stop),
+            task: Some(task),
+            _dir: dir,
+        })
+    }
+
     /// The directory the store lives in.
     pub fn data_dir(&self) -> &std::path::Path {
         self._dir.path()

@@ -52,12 +52,23 @@ impl Session {
     pub(super) fn context_view(&self) -> Vec<Arc<TranscriptEntry>> {
         let sent = |e: &&Arc<TranscriptEntry>| !matches!(e.as_ref(), TranscriptEntry::Error { .. });
         let Some((at, through)) = self.latest_summary() else {
-            return self.transcript.iter().filter(sent).cloned().collect();
+            return super::skills::after_their_steps(
+                self.transcript.iter().filter(sent).cloned().collect(),
+            );
         };
         let mut view = Vec::with_capacity(self.transcript.len().saturating_sub(through) + 1);
         if let Some(summary) = self.transcript.get(at) {
             view.push(summary.clone());
         }
+        // A skill's instructions are never summarised away: the bodies
+        // activated before the summary's end follow it whole.
+        view.extend(
+            self.transcript
+                .iter()
+                .take(through)
+                .filter(|e| matches!(e.as_ref(), TranscriptEntry::SkillActivated { .. }))
+                .cloned(),
+        );
         view.extend(
             self.transcript
                 .iter()
@@ -66,7 +77,7 @@ impl Session {
                 .filter(sent)
                 .cloned(),
         );
-        view
+        super::skills::after_their_steps(view)
     }
 
     /// (index of the latest summary entry, index it covers up to).
@@ -197,7 +208,10 @@ impl Session {
                 .filter(|e| {
                     !matches!(
                         e.as_ref(),
-                        TranscriptEntry::Compaction { .. } | TranscriptEntry::Error { .. }
+                        TranscriptEntry::Compaction { .. }
+                            | TranscriptEntry::Error { .. }
+                            // Kept whole beside the summary, never in it.
+                            | TranscriptEntry::SkillActivated { .. }
                     )
                 })
                 .cloned(),

@@ -145,6 +145,14 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         by: Option<String>,
     },
+    /// A skill was activated: its instructions joined the conversation.
+    SkillActivated {
+        /// The skill's name.
+        name: String,
+        /// The person who activated it; absent when the model did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
+    },
     /// Something went wrong that the session survived or that ended it.
     Error {
         /// Human-readable message.

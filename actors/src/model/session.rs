@@ -23,7 +23,13 @@ use super::{SharedConfig, ToolCallRecord, Usage};
 /// they are, and a session read from one is written as version 3 by its
 /// next checkpoint (`Session::from_stored`), since from then on it may hold
 /// what version 2 cannot read.
-pub const SCHEMA_VERSION: u32 = 3;
+///
+/// 4: stored tasks, Agent Skills and forks (issue 27): a transcript entry
+/// kind `skill_activated` (a skill's body, loaded into the session), the
+/// configuration's `skills` and `tasks`, and the header's `task` and
+/// `forked_from`. Additive like 3: older snapshots read as they are and are
+/// written as 4 by their next checkpoint.
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Default of `max_delegation_depth`: the deepest child is at this depth.
 pub const DEFAULT_MAX_DELEGATION_DEPTH: u32 = 3;
@@ -315,6 +321,11 @@ pub struct AgentConfig {
     pub input_timeout_secs: Option<u64>,
     /// Per-tool overrides of `requires_approval` (tool name → ask?).
     pub tool_approvals: BTreeMap<String, bool>,
+    /// Skills (Agent Skills format) this agent's sessions may activate,
+    /// exact names (the edge resolves patterns at start).
+    pub skills: Vec<String>,
+    /// Stored tasks this agent may run with `run_task`, exact ids.
+    pub tasks: Vec<String>,
 }
 
 impl AgentConfig {
@@ -338,16 +349,33 @@ impl AgentConfig {
             output_schema: None,
             input_timeout_secs: None,
             tool_approvals: BTreeMap::new(),
+            skills: Vec::new(),
+            tasks: Vec::new(),
         }
     }
 
     /// The configuration a new session of this agent runs under.
     pub fn effective(&self) -> EffectiveConfig {
         let mut tools = self.tools.clone();
-        // `delegate_task` exists exactly for agents that list subagents.
-        tools.retain(|t| t != crate::delegation::DELEGATE_TASK);
+        // `delegate_task` exists exactly for agents that list subagents
+        //, `run_task` for those that list tasks, and the skill tools
+        // for those that list skills.
+        let builtins = [
+            crate::delegation::DELEGATE_TASK,
+            crate::tasks::RUN_TASK,
+            crate::skills::ACTIVATE_SKILL,
+            crate::skills::READ_SKILL_RESOURCE,
+        ];
+        tools.retain(|t| !builtins.contains(&t.as_str()));
         if !self.subagents.is_empty() {
             tools.push(crate::delegation::DELEGATE_TASK.to_owned());
+        }
+        if !self.tasks.is_empty() {
+            tools.push(crate::tasks::RUN_TASK.to_owned());
+        }
+        if !self.skills.is_empty() {
+            tools.push(crate::skills::ACTIVATE_SKILL.to_owned());
+            tools.push(crate::skills::READ_SKILL_RESOURCE.to_owned());
         }
         EffectiveConfig {
             instructions: self.instructions.clone(),
@@ -366,6 +394,8 @@ impl AgentConfig {
             output_schema: self.output_schema.clone(),
             input_timeout_secs: self.input_timeout_secs,
             tool_approvals: self.tool_approvals.clone(),
+            skills: self.skills.clone(),
+            tasks: self.tasks.clone(),
         }
     }
 }
@@ -421,6 +451,13 @@ pub struct EffectiveConfig {
     /// Per-tool overrides of `requires_approval`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tool_approvals: BTreeMap<String, bool>,
+    /// Skills this session may activate (a child's: its agent's, within
+    /// its parent's). Their names and descriptions are in `instructions`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skills: Vec<String>,
+    /// Stored tasks this session may run with `run_task`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<String>,
 }
 
 fn default_depth() -> u32 {
@@ -584,6 +621,29 @@ pub struct SessionHeader {
     /// over the approval policy for this session's own calls.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tool_rules: BTreeMap<String, ToolRule>,
+    /// The stored task this session runs (a person's task run, or a
+    /// `run_task` child), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// The session this one was forked from, and where.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkOrigin>,
+    /// Where the current turn sits in a distributed trace (telemetry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<super::TraceLink>,
+}
+
+/// Where a fork came from: the source session and the point of its
+/// history the fork's transcript ends at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkOrigin {
+    /// The source session.
+    pub session: SessionId,
+    /// The source's event sequence number the fork point corresponds to.
+    pub at: u64,
+    /// How many of the source's transcript entries the fork starts from
+    /// (the entries of a step left open at the fork point among them).
+    pub index: u64,
 }
 
 /// What a session tracks to keep its requests inside the model's context
@@ -657,6 +717,9 @@ impl SessionHeader {
             output: None,
             context: ContextState::default(),
             tool_rules: BTreeMap::new(),
+            task: None,
+            forked_from: None,
+            trace: None,
         }
     }
 }

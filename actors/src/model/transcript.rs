@@ -113,6 +113,24 @@ pub enum TranscriptEntry {
         /// Wall-clock time it was recorded.
         at_ms: i64,
     },
+    /// A skill (Agent Skills format) was activated: its body joins the
+    /// conversation. Requests carry it as a message of its own after the
+    /// step it was activated in, and keep it whole through compaction
+    /// (see `machine::skills`).
+    SkillActivated {
+        /// The skill's name.
+        name: String,
+        /// The skill's instructions (the body of its `SKILL.md`).
+        body: String,
+        /// The person who activated it; `None` when the model did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
+        /// The model's `activate_skill` call, when the model activated it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<ToolCallId>,
+        /// Wall-clock time it was activated.
+        at_ms: i64,
+    },
     /// A standing approval rule for a tool was set (not sent to the model).
     ToolRuleSet {
         /// Tool name.

@@ -22,7 +22,7 @@ use ractor::{Actor, ActorRef, RpcReplyPort};
 use serde_json::Value;
 
 use super::{Child, SessionActor, SessionArgs, SessionMsg, SessionState};
-use crate::delegation::{child_result, DelegateArgs, DELEGATE_TASK};
+use crate::delegation::{child_result, spawns_child, DelegateArgs};
 use crate::error::SessionError;
 use crate::machine::{Input, Session};
 use crate::model::{
@@ -30,6 +30,8 @@ use crate::model::{
     SessionStatus, ToolCallId, TranscriptEntry, Usage,
 };
 use crate::runtime::{AfterFailure, Runtime};
+use crate::skills::{ACTIVATE_SKILL, READ_SKILL_RESOURCE};
+use crate::tasks::RUN_TASK;
 
 /// What a finished (or failed) child reports to its parent.
 pub(super) fn report_of(session: &Session) -> (Result<Value, Value>, Usage) {
@@ -49,18 +51,22 @@ pub(super) fn report_of(session: &Session) -> (Result<Value, Value>, Usage) {
         _ => None,
     };
     let usage = session.spent();
-    (
-        child_result(
-            h.id,
-            &h.agent,
-            final_text,
-            h.output.as_ref(),
-            h.last_stop_reason,
-            usage,
-            failure.as_deref(),
-        ),
+    let mut result = child_result(
+        h.id,
+        &h.agent,
+        final_text,
+        h.output.as_ref(),
+        h.last_stop_reason,
         usage,
-    )
+        failure.as_deref(),
+    );
+    // A stored task's run says which task it was.
+    if let Some(task) = &h.task {
+        if let Ok(Value::Object(m)) | Err(Value::Object(m)) = &mut result {
+            m.insert("task".into(), Value::String(task.clone()));
+        }
+    }
+    (result, usage)
 }
 
 /// Builds a new child session for a `delegate_task` call: the child's tools
@@ -75,19 +81,75 @@ pub(super) fn new_child(
     args: &DelegateArgs,
     grant: Budget,
 ) -> Result<Session, SessionError> {
+    let plan = ChildPlan {
+        agent: args.agent.clone(),
+        message: args.first_message(),
+        max_steps: args.max_steps,
+        ..ChildPlan::default()
+    };
+    build_child(runtime, parent, call_id, attempt, child, plan, grant)
+}
+
+/// What a child runs: its agent, first message, and what a stored task
+/// adds: its output schema, its skills (activated before the first
+/// message), its id.
+#[derive(Debug, Default)]
+pub(super) struct ChildPlan {
+    pub(super) agent: String,
+    pub(super) message: String,
+    pub(super) max_steps: Option<u32>,
+    pub(super) output_schema: Option<Value>,
+    pub(super) task: Option<String>,
+    pub(super) skills: Vec<String>,
+}
+
+/// Builds a new child session under delegation's rules: the child's
+/// tools, skills and tasks are its agent's intersected with the parent's;
+/// its budget is its agent's, capped by what the parent has left.
+pub(super) fn build_child(
+    runtime: &Runtime,
+    parent: &SessionHeader,
+    call_id: &ToolCallId,
+    attempt: u32,
+    child: SessionId,
+    plan: ChildPlan,
+    grant: Budget,
+) -> Result<Session, SessionError> {
     let agent = runtime
         .agents
-        .get(&args.agent)
-        .ok_or_else(|| SessionError::UnknownAgent(args.agent.clone()))?;
+        .get(&plan.agent)
+        .ok_or_else(|| SessionError::UnknownAgent(plan.agent.clone()))?;
     let mut config = agent.effective();
     config.route = runtime.provider.describe_route(&config.model);
+    for skill in &plan.skills {
+        if !config.skills.contains(skill) {
+            config.skills.push(skill.clone());
+        }
+    }
+    if !config.skills.is_empty() {
+        for t in [ACTIVATE_SKILL, READ_SKILL_RESOURCE] {
+            if !config.tools.iter().any(|x| x == t) {
+                config.tools.push(t.to_owned());
+            }
+        }
+    }
     config
         .tools
         .retain(|t| parent.config.tools.iter().any(|p| p == t));
+    config
+        .skills
+        .retain(|s| parent.config.skills.iter().any(|p| p == s));
+    config
+        .tasks
+        .retain(|t| parent.config.tasks.iter().any(|p| p == t));
+    if let Some(schema) = plan.output_schema {
+        config.output_schema = Some(schema);
+    }
+    runtime.library.describe(&mut config);
     if parent.config.child_approval == ChildApproval::AutoApprove {
         config.approval = ApprovalPolicy::Auto;
     }
-    if let Some(steps) = args.max_steps {
+    if let Some(steps) = plan.max_steps {
         config.max_steps = config.max_steps.min(steps.max(1));
     }
     config.budget = config.budget.min(grant);
@@ -115,42 +177,59 @@ pub(super) fn new_child(
     header.root_id = parent.root_id;
     // A child runs one turn.
     header.auto_complete = true;
+    header.task = plan.task.clone();
     let mut session = Session::new(header);
+    for name in &plan.skills {
+        if let Some(skill) = runtime.library.skills.get(name) {
+            session.apply(
+                Input::ActivateSkill {
+                    name: name.clone(),
+                    body: skill.body.clone(),
+                    by: plan.task.as_ref().map(|t| format!("task:{t}")),
+                },
+                ctx,
+            )?;
+        }
+    }
     session.apply(
         Input::Message {
             message_id: None,
-            text: args.first_message(),
+            text: plan.message,
         },
         ctx,
     )?;
     Ok(session)
 }
 
-/// The parent's running `delegate_task` call that started `child`.
-struct RunningCall {
-    call_id: ToolCallId,
-    attempt: u32,
-    agent: String,
+/// The parent's running `delegate_task` (or `run_task`) call that started
+/// `child`.
+pub(super) struct RunningCall {
+    pub(super) call_id: ToolCallId,
+    pub(super) attempt: u32,
+    pub(super) agent: String,
+    /// For `run_task`: the task.
+    pub(super) task: Option<String>,
 }
 
 impl SessionState {
     fn running_call_of(&self, child: SessionId) -> Option<RunningCall> {
         self.session.header.open_calls.iter().find_map(|c| {
-            (c.name == DELEGATE_TASK && c.state == CallState::Running && c.child == Some(child))
-                .then(|| RunningCall {
-                    call_id: c.id.clone(),
-                    attempt: c.attempt,
-                    agent: c
-                        .run_arguments()
-                        .get("agent")
-                        .and_then(Value::as_str)
-                        .unwrap_or("subagent")
-                        .to_owned(),
-                })
+            (spawns_child(&c.name) && c.state == CallState::Running && c.child == Some(child)).then(
+                || {
+                    let arg = |k: &str| c.run_arguments().get(k).and_then(Value::as_str);
+                    RunningCall {
+                        call_id: c.id.clone(),
+                        attempt: c.attempt,
+                        agent: arg("agent").unwrap_or("subagent").to_owned(),
+                        task: (c.name == RUN_TASK)
+                            .then(|| arg("task").unwrap_or_default().to_owned()),
+                    }
+                },
+            )
         })
     }
 
-    fn live_child(&self, child: SessionId) -> Option<ActorRef<SessionMsg>> {
+    pub(super) fn live_child(&self, child: SessionId) -> Option<ActorRef<SessionMsg>> {
         self.children
             .values()
             .find(|c| c.id == child)
@@ -185,7 +264,7 @@ impl SessionState {
 
     /// A child could not be started or resumed: the call fails visibly, with
     /// the reason, and the parent goes on.
-    fn child_failed(
+    pub(super) fn child_failed(
         &self,
         myself: &ActorRef<SessionMsg>,
         call: &RunningCall,
@@ -193,6 +272,14 @@ impl SessionState {
         reason: &str,
     ) {
         tracing::warn!(session_id = %child, "subagent failed: {reason}");
+        if let Some(task) = &call.task {
+            // Nothing ran: the model is told why, in the task's terms.
+            let result = Err(serde_json::json!({
+                "task": task,
+                "error": format!("task '{task}' could not run: {reason}"),
+            }));
+            return self.child_report(myself, call, result, Usage::default());
+        }
         let result = child_result(
             child,
             &call.agent,
@@ -223,7 +310,23 @@ impl SessionState {
             call_id,
             attempt,
             agent: args.agent.clone(),
+            task: None,
         };
+        self.start_child(myself, call, child, |runtime, parent, call| {
+            new_child(runtime, parent, &call.call_id, attempt, child, &args, grant)
+        })
+        .await
+    }
+
+    /// Starts the child of a call: resumes it from its checkpoint if it
+    /// exists, else makes it with `make`, checkpoints it and spawns it.
+    pub(super) async fn start_child(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        call: RunningCall,
+        child: SessionId,
+        make: impl FnOnce(&Runtime, &SessionHeader, &RunningCall) -> Result<Session, SessionError>,
+    ) {
         match self.runtime.store.load_header(child).await {
             Ok(Some(_)) => {
                 if let Err(e) = self.resume_child(myself, child, false).await {
@@ -231,17 +334,17 @@ impl SessionState {
                 }
             }
             Ok(None) => {
-                let created = new_child(
-                    &self.runtime,
-                    &self.session.header,
-                    &call.call_id,
-                    attempt,
-                    child,
-                    &args,
-                    grant,
-                );
+                let created = make(&self.runtime, &self.session.header, &call);
                 let mut session = match created {
-                    Ok(s) => s,
+                    Ok(mut s) => {
+                        // The child's turns run under this call's span.
+                        let parent = self.genai.delegation(&call.call_id, &call.agent);
+                        s.header.trace = parent.map(|p| crate::model::TraceLink {
+                            parent: Some(p),
+                            turn: None,
+                        });
+                        s
+                    }
                     Err(e) => return self.child_failed(myself, &call, child, &e.to_string()),
                 };
                 if let Err(e) =
@@ -302,6 +405,16 @@ impl SessionState {
                 );
             }
             return Ok(None);
+        }
+        let mut session = session;
+        // The child's resumed turn goes under this actor's span of the call
+        // (the one it was started under may be gone with a process).
+        if let Some(parent) = self.genai.delegation(&call.call_id, &call.agent) {
+            session
+                .header
+                .trace
+                .get_or_insert_with(Default::default)
+                .parent = Some(parent);
         }
         self.spawn_child(myself, session).await.map(Some)
     }

@@ -140,6 +140,18 @@ export function renderSession(main, id, ctx) {
     return li;
   }
 
+  // "Fork from here": a new session of the same tenant with this
+  // session's first `index` transcript entries (POST /v1/sessions/{id}/fork).
+  function forkButton(index) {
+    const button = h('button', { type: 'button', class: 'fork', 'data-index': String(index) }, 'Fork from here');
+    // Forking creates a session: not offered to a read-only token.
+    button.hidden = !canWrite;
+    button.addEventListener('click', () => act(button, 'fork', { at: { index } }, (fork) => {
+      if (isSessionId(fork.id)) location.hash = `#/s/${fork.id}`;
+    }));
+    return button;
+  }
+
   function call(idOf, name, args) {
     let view = calls.get(idOf);
     if (!view) {
@@ -169,19 +181,21 @@ export function renderSession(main, id, ctx) {
     clear(transcript);
     calls.clear();
     streaming = null;
-    for (const e of s.transcript || []) {
-      if (e.role === 'user') entry('user', 'user', textOf(e.text));
+    (s.transcript || []).forEach((e, i) => {
+      if (e.role === 'user') entry('user', 'user', textOf(e.text), forkButton(i + 1));
       else if (e.role === 'assistant') {
-        const li = entry('assistant', 'assistant', e.text ? textOf(e.text) : null);
+        const li = entry('assistant', 'assistant', e.text ? textOf(e.text) : null, forkButton(i + 1));
         for (const c of e.tool_calls || []) {
           const view = new CallView(c.id, c.name, c.arguments);
           calls.set(c.id, view);
           li.append(view.el);
         }
       } else if (e.role === 'tool_result') {
-        call(e.call.id, e.call.name, e.call.arguments).fill(e.call);
+        const view = call(e.call.id, e.call.name, e.call.arguments);
+        view.fill(e.call);
+        view.el.append(forkButton(i + 1));
       }
-    }
+    });
     for (const c of s.open_calls || []) call(c.id, c.name, c.arguments).fill(c);
     for (const m of s.inbox || []) entry('user queued', 'user (queued)', textOf(m.text));
   }

@@ -20,12 +20,12 @@ use uuid::Uuid;
 
 use super::{map_pg, retrying, PgStore, Prepared, READ_RETRY};
 use crate::webhooks::{
-    Clock, Delivery, DeliveryKey, DeliveryStatus, Endpoint, Seed, Subscriptions, SystemClock,
-    WebhookStore, LOG_KEEP,
+    Claim, Clock, Delivery, DeliveryKey, DeliveryStatus, Endpoint, Outcome, Seed, Subscriptions,
+    SystemClock, WebhookStore, LOG_KEEP,
 };
 
 /// Finished deliveries between two prunings of an endpoint's log.
-const PRUNE_EVERY: u64 = 64;
+const PRUNE_EVERY: u64 = 256;
 static FINISHED: AtomicU64 = AtomicU64::new(0);
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -185,9 +185,9 @@ impl WebhookStore for PgStore {
         lease_until_ms: i64,
         limit: usize,
         _busy: &HashSet<DeliveryKey>,
-    ) -> Result<Vec<Delivery>, StoreError> {
+    ) -> Result<Vec<Claim>, StoreError> {
         // Claims this node holds are not claimable (`lease_until_ms`), so
-        // `busy` needs no check here.
+        // `busy` needs no check here. The endpoint comes with each claim.
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let sql = format!(
             "UPDATE webhook_deliveries d SET lease_node = $1, lease_until_ms = $2
@@ -196,7 +196,7 @@ impl WebhookStore for PgStore {
                    ORDER BY next_attempt_at_ms LIMIT $4
                    FOR UPDATE SKIP LOCKED) c
              WHERE d.endpoint_id = c.endpoint_id AND d.id = c.id
-             RETURNING {}",
+             RETURNING {}, (SELECT e.endpoint FROM webhook_endpoints e WHERE e.id = d.endpoint_id)",
             DELIVERY_COLUMNS
                 .split(", ")
                 .map(|c| format!("d.{}", c.trim()))
@@ -212,7 +212,16 @@ impl WebhookStore for PgStore {
                 .await
                 .map_err(map_pg)?
                 .iter()
-                .map(delivery)
+                .map(|row| {
+                    let endpoint: Option<String> = row.get(11);
+                    Ok(Claim {
+                        delivery: delivery(row)?,
+                        endpoint: endpoint
+                            .map(|text| serde_json::from_str(&text))
+                            .transpose()
+                            .map_err(|e| corrupt("webhook endpoint", e))?,
+                    })
+                })
                 .collect()
         })
         .await
@@ -236,63 +245,107 @@ impl WebhookStore for PgStore {
         .await
     }
 
-    async fn save_delivery(&self, d: &Delivery, _was_due: i64) -> Result<(), StoreError> {
+    async fn save_deliveries(&self, outcomes: &[Outcome]) -> Result<(), StoreError> {
+        if outcomes.is_empty() {
+            return Ok(());
+        }
+        // One statement for the batch: the columns as arrays, unnested.
+        let n = outcomes.len();
+        let mut endpoints = Vec::with_capacity(n);
+        let mut ids = Vec::with_capacity(n);
+        let mut statuses = Vec::with_capacity(n);
+        let mut attempts = Vec::with_capacity(n);
+        let mut next = Vec::with_capacity(n);
+        let mut last_at = Vec::with_capacity(n);
+        let mut codes = Vec::with_capacity(n);
+        let mut errors = Vec::with_capacity(n);
+        let mut delivered = Vec::with_capacity(n);
+        let mut bodies = Vec::with_capacity(n);
+        let mut seeds = Vec::with_capacity(n);
+        let mut finished: Vec<Uuid> = Vec::new();
+        for Outcome { delivery: d, .. } in outcomes {
+            endpoints.push(d.endpoint);
+            ids.push(d.seed.id.clone());
+            statuses.push(d.status.as_str().to_owned());
+            attempts.push(i32::try_from(d.attempts).unwrap_or(i32::MAX));
+            next.push(d.next_attempt_at_ms);
+            last_at.push(d.last_attempt_at_ms);
+            codes.push(d.last_status_code.map(i32::from));
+            errors.push(d.last_error.clone());
+            delivered.push(d.delivered_at_ms);
+            bodies.push(d.body.clone());
+            seeds.push(
+                serde_json::to_string(&d.seed)
+                    .map_err(|e| StoreError::Io(format!("cannot encode a webhook seed: {e}")))?,
+            );
+            if d.status != DeliveryStatus::Pending && !finished.contains(&d.endpoint) {
+                finished.push(d.endpoint);
+            }
+        }
         let node = self.inner.node;
-        let attempts = i32::try_from(d.attempts).unwrap_or(i32::MAX);
-        let code = d.last_status_code.map(i32::from);
-        let status = d.status.as_str();
-        let finished = d.status != DeliveryStatus::Pending;
         retrying(self.inner.options.write_retry, || async {
             let client = self.client().await?;
             self.trip();
             client
                 .execute(
-                    "UPDATE webhook_deliveries SET status = $3, attempts = $4,
-                         next_attempt_at_ms = $5, last_attempt_at_ms = $6, last_status_code = $7,
-                         last_error = $8, delivered_at_ms = $9, body = $10,
+                    "UPDATE webhook_deliveries d SET status = u.status, attempts = u.attempts,
+                         next_attempt_at_ms = u.next, last_attempt_at_ms = u.last_at,
+                         last_status_code = u.code, last_error = u.error,
+                         delivered_at_ms = u.delivered, body = u.body, seed = u.seed,
                          lease_node = NULL, lease_until_ms = 0
-                     WHERE endpoint_id = $1 AND id = $2 AND lease_node = $11",
+                     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::bigint[],
+                                 $6::bigint[], $7::int[], $8::text[], $9::bigint[], $10::text[],
+                                 $11::text[])
+                          AS u(endpoint_id, id, status, attempts, next, last_at, code, error,
+                               delivered, body, seed)
+                     WHERE d.endpoint_id = u.endpoint_id AND d.id = u.id AND d.lease_node = $12",
                     &[
-                        &d.endpoint,
-                        &d.seed.id,
-                        &status,
-                        &attempts,
-                        &d.next_attempt_at_ms,
-                        &d.last_attempt_at_ms,
-                        &code,
-                        &d.last_error,
-                        &d.delivered_at_ms,
-                        &d.body,
-                        &node,
+                        &endpoints, &ids, &statuses, &attempts, &next, &last_at, &codes, &errors,
+                        &delivered, &bodies, &seeds, &node,
                     ],
                 )
                 .await
                 .map_err(map_pg)
         })
         .await?;
-        if finished
-            && FINISHED
-                .fetch_add(1, Ordering::Relaxed)
-                .is_multiple_of(PRUNE_EVERY)
-        {
+        let count = finished.len() as u64;
+        let before = FINISHED.fetch_add(count, Ordering::Relaxed);
+        if count > 0 && before / PRUNE_EVERY != (before + count) / PRUNE_EVERY {
             let keep = i64::try_from(LOG_KEEP).unwrap_or(i64::MAX);
             let client = self.client().await?;
             self.trip();
-            client
-                .execute(
-                    "DELETE FROM webhook_deliveries WHERE endpoint_id = $1 AND status <> 'pending'
-                       AND id < (SELECT min(id) FROM (
-                           SELECT id FROM webhook_deliveries
-                           WHERE endpoint_id = $1 AND status <> 'pending'
-                           ORDER BY id DESC LIMIT $2) newest)
-                       AND (SELECT count(*) FROM webhook_deliveries
-                            WHERE endpoint_id = $1 AND status <> 'pending') > $2",
-                    &[&d.endpoint, &keep],
+            for endpoint in finished {
+                // The newest LOG_KEEP stay, and older ones still pending.
+                client
+                    .execute(
+                        "DELETE FROM webhook_deliveries WHERE endpoint_id = $1 AND status <> 'pending'
+                           AND id < (SELECT min(id) FROM (
+                               SELECT id FROM webhook_deliveries WHERE endpoint_id = $1
+                               ORDER BY id DESC LIMIT $2) newest)
+                           AND (SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1) > $2",
+                        &[&endpoint, &keep],
+                    )
+                    .await
+                    .map_err(map_pg)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn pending_count(&self) -> Result<u64, StoreError> {
+        retrying(READ_RETRY, || async {
+            let client = self.client().await?;
+            self.trip();
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'",
+                    &[],
                 )
                 .await
                 .map_err(map_pg)?;
-        }
-        Ok(())
+            Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+        })
+        .await
     }
 
     async fn deliveries(

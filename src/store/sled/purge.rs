@@ -83,6 +83,13 @@ pub(super) fn purge(trees: &Trees, id: &SessionId) -> Result<bool, PurgeError> {
         )));
     }
     remove_rows(trees, id, &tenant)?;
+    // Its webhook deliveries too (their log is indexed by session).
+    super::webhooks::purge_deliveries(&trees.db, id).map_err(|e| {
+        io(
+            format_args!("purging session {id}: its webhook deliveries"),
+            e,
+        )
+    })?;
     trees
         .meta
         .remove(&marker)

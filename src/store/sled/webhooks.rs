@@ -9,6 +9,13 @@
 //! | `webhook_outbox`     | session id ‖ BE u64 event seq ‖ endpoint id | seed JSON |
 //! | `webhook_deliveries` | endpoint id ‖ `webhook-id` (16 bytes) | delivery JSON |
 //! | `webhook_due`        | BE u64 due ms ‖ endpoint id ‖ `webhook-id` | empty |
+//! | `webhook_sessions`   | session id ‖ endpoint id ‖ `webhook-id` | empty |
+//!
+//! `webhook_sessions` indexes the log by session, so purging a session
+//! deletes its deliveries ([`purge_deliveries`], called by the purge).
+//! Log entries are kept small: once its body is built a delivery drops the
+//! call its seed carried, and once delivered its body
+//! (`Delivery::compact`); at most [`LOG_KEEP`] finished ones per endpoint.
 //!
 //! **The outbox is written with the checkpoint.** The checkpoint's writer
 //! puts its outbox rows (derived from its events through
@@ -33,7 +40,7 @@
 //! Endpoints are flushed before a registration is answered. A write failure
 //! closes the store's gate, as a failed checkpoint would.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -47,14 +54,14 @@ use super::layout;
 use super::open::Generation;
 use super::SledStore;
 use crate::webhooks::{
-    describes, Delivery, DeliveryKey, DeliveryStatus, Endpoint, Seed, Subscriptions, WebhookStore,
-    LOG_KEEP,
+    describes, Claim, Delivery, DeliveryKey, DeliveryStatus, Endpoint, Outcome, Seed,
+    Subscriptions, WebhookStore, LOG_KEEP,
 };
 
 /// Outbox rows looked at per intake.
 const INTAKE_BATCH: usize = 4096;
 /// Finished deliveries between two prunings of an endpoint's log.
-const PRUNE_EVERY: u64 = 64;
+const PRUNE_EVERY: u64 = 256;
 
 /// The webhook trees of one opening of the database.
 struct HookTrees {
@@ -62,6 +69,7 @@ struct HookTrees {
     outbox: Tree,
     deliveries: Tree,
     due: Tree,
+    sessions: Tree,
 }
 
 impl HookTrees {
@@ -71,8 +79,32 @@ impl HookTrees {
             outbox: db.open_tree(OUTBOX_TREE)?,
             deliveries: db.open_tree("webhook_deliveries")?,
             due: db.open_tree("webhook_due")?,
+            sessions: db.open_tree("webhook_sessions")?,
         })
     }
+}
+
+/// `session ‖ delivery key`: a delivery's entry in the session index.
+fn session_key(session: &SessionId, dkey: &[u8; 32]) -> [u8; 48] {
+    let mut key = [0u8; 48];
+    key[..16].copy_from_slice(session.as_bytes());
+    key[16..].copy_from_slice(dkey);
+    key
+}
+
+/// Deletes the deliveries of session `id` (its purge). Their due entries go
+/// stale and are dropped when met. Called by the purge before it removes
+/// its marker, so a purge cut short does this again.
+pub(super) fn purge_deliveries(db: &sled::Db, id: &SessionId) -> Result<(), sled::Error> {
+    let trees = HookTrees::open(db)?;
+    for key in trees.sessions.scan_prefix(id.as_bytes()).keys() {
+        let key = key?;
+        if let Some(dkey) = key.get(16..48) {
+            trees.deliveries.remove(dkey)?;
+        }
+        trees.sessions.remove(key)?;
+    }
+    Ok(())
 }
 
 /// The tree the checkpoint writer puts outbox rows in.
@@ -283,8 +315,16 @@ impl WebhookStore for SledStore {
                     .map_err(write_err("deleting an endpoint"))?
                     .is_some();
                 // Its due entries go stale and are dropped when met.
-                for key in t.deliveries.scan_prefix(id.as_bytes()).keys() {
-                    let key = key.map_err(read_err("listing deliveries"))?;
+                for item in t.deliveries.scan_prefix(id.as_bytes()) {
+                    let (key, bytes) = item.map_err(read_err("listing deliveries"))?;
+                    if let (Ok(d), Ok(dkey)) = (
+                        serde_json::from_slice::<Delivery>(&bytes),
+                        <[u8; 32]>::try_from(key.as_ref()),
+                    ) {
+                        t.sessions
+                            .remove(session_key(&d.seed.session_id, &dkey))
+                            .map_err(write_err("deleting a delivery"))?;
+                    }
                     t.deliveries
                         .remove(key)
                         .map_err(write_err("deleting a delivery"))?;
@@ -316,6 +356,8 @@ impl WebhookStore for SledStore {
         self.flush().await?;
         self.hooks(move |t, generation| {
             let mut moved = 0;
+            // A batch names few endpoints and sessions: each is read once.
+            let mut endpoints: HashMap<Uuid, Option<Endpoint>> = HashMap::new();
             for key in keys {
                 let Some(row) = t.outbox.get(&key).map_err(read_err("reading the outbox"))? else {
                     continue;
@@ -324,7 +366,14 @@ impl WebhookStore for SledStore {
                 let seed: Option<Seed> = serde_json::from_slice(&row).ok();
                 let keep = match (endpoint_id, seed) {
                     (Some(endpoint_id), Some(seed)) => {
-                        let endpoint = endpoint_of(t, &endpoint_id)?;
+                        let endpoint = match endpoints.get(&endpoint_id) {
+                            Some(e) => e.clone(),
+                            None => {
+                                let e = endpoint_of(t, &endpoint_id)?;
+                                endpoints.insert(endpoint_id, e.clone());
+                                e
+                            }
+                        };
                         match endpoint {
                             Some(e)
                                 if e.tenant == seed.tenant
@@ -352,6 +401,9 @@ impl WebhookStore for SledStore {
                             t.due
                                 .insert(due, &[][..])
                                 .map_err(write_err("scheduling a delivery"))?;
+                            t.sessions
+                                .insert(session_key(&delivery.seed.session_id, &dkey), &[][..])
+                                .map_err(write_err("indexing a delivery"))?;
                             t.deliveries
                                 .insert(dkey, encode("delivery", &delivery)?)
                                 .map_err(write_err("writing a delivery"))?;
@@ -376,11 +428,12 @@ impl WebhookStore for SledStore {
         _lease_until_ms: i64,
         limit: usize,
         busy: &HashSet<DeliveryKey>,
-    ) -> Result<Vec<Delivery>, StoreError> {
+    ) -> Result<Vec<Claim>, StoreError> {
         let busy = busy.clone();
         self.hooks(move |t, _| {
             let end = u64::try_from(now_ms.max(0)).unwrap_or(0).saturating_add(1);
             let mut out = Vec::new();
+            let mut endpoints: HashMap<Uuid, Option<Endpoint>> = HashMap::new();
             for item in t.due.range(..end.to_be_bytes().to_vec()) {
                 if out.len() >= limit {
                     break;
@@ -405,7 +458,18 @@ impl WebhookStore for SledStore {
                         if d.status == DeliveryStatus::Pending && d.next_attempt_at_ms == at =>
                     {
                         if !busy.contains(&d.key()) {
-                            out.push(d);
+                            let endpoint = match endpoints.get(&d.endpoint) {
+                                Some(e) => e.clone(),
+                                None => {
+                                    let e = endpoint_of(t, &d.endpoint)?;
+                                    endpoints.insert(d.endpoint, e.clone());
+                                    e
+                                }
+                            };
+                            out.push(Claim {
+                                delivery: d,
+                                endpoint,
+                            });
                         }
                     }
                     // Stale: the delivery moved on (or is gone).
@@ -440,55 +504,36 @@ impl WebhookStore for SledStore {
         .await
     }
 
-    async fn save_delivery(&self, delivery: &Delivery, was_due: i64) -> Result<(), StoreError> {
-        let delivery = delivery.clone();
+    async fn save_deliveries(&self, outcomes: &[Outcome]) -> Result<(), StoreError> {
+        let outcomes = outcomes.to_vec();
         self.hooks(move |t, _| {
-            let (Some(dkey), Some(old_due)) = (
-                delivery_key(&delivery.endpoint, &delivery.seed.id),
-                due_key(was_due, &delivery.endpoint, &delivery.seed.id),
-            ) else {
-                return Err(OpError::Read(corrupt(
-                    "webhooks",
-                    format!("malformed webhook-id {}", delivery.seed.id),
-                )));
-            };
-            let pending = delivery.status == DeliveryStatus::Pending;
-            let new_due = due_key(
-                delivery.next_attempt_at_ms,
-                &delivery.endpoint,
-                &delivery.seed.id,
-            );
-            if pending {
-                if let Some(due) = new_due {
-                    t.due
-                        .insert(due, &[][..])
-                        .map_err(write_err("scheduling a delivery"))?;
+            let mut finished: HashMap<Uuid, u64> = HashMap::new();
+            for Outcome {
+                delivery,
+                was_due_at,
+            } in &outcomes
+            {
+                save_one(t, delivery, *was_due_at)?;
+                if delivery.status != DeliveryStatus::Pending {
+                    *finished.entry(delivery.endpoint).or_default() += 1;
                 }
             }
-            // Gone meanwhile (its endpoint deleted): nothing to record.
-            if t.deliveries
-                .contains_key(dkey)
-                .map_err(read_err("reading a delivery"))?
-            {
-                t.deliveries
-                    .insert(dkey, encode("delivery", &delivery)?)
-                    .map_err(write_err("writing a delivery"))?;
-            }
-            if !pending || new_due != Some(old_due) {
-                t.due
-                    .remove(old_due)
-                    .map_err(write_err("dropping a due entry"))?;
-            }
-            if !pending
-                && FINISHED
-                    .fetch_add(1, Ordering::Relaxed)
-                    .is_multiple_of(PRUNE_EVERY)
-            {
-                prune(t, &delivery.endpoint)?;
+            for (endpoint, n) in finished {
+                let before = FINISHED.fetch_add(n, Ordering::Relaxed);
+                if before / PRUNE_EVERY != (before + n) / PRUNE_EVERY {
+                    prune(t, &endpoint)?;
+                }
             }
             Ok(())
         })
         .await
+    }
+
+    async fn pending_count(&self) -> Result<u64, StoreError> {
+        // The due index holds an entry per pending delivery (and, briefly,
+        // stale ones a claim drops): close enough for a gauge, and a scan
+        // of keys only.
+        self.hooks(|t, _| Ok(t.due.len() as u64)).await
     }
 
     async fn deliveries(
@@ -527,11 +572,60 @@ impl WebhookStore for SledStore {
     }
 }
 
-/// Keeps an endpoint's log to [`LOG_KEEP`] finished deliveries (pending ones
-/// stay, however many).
+/// Records one delivery's new state: its new due entry before it, the old
+/// one after (a crash leaves a stale due entry, never a pending delivery
+/// without one).
+fn save_one(t: &HookTrees, delivery: &Delivery, was_due: i64) -> Result<(), OpError> {
+    let (Some(dkey), Some(old_due)) = (
+        delivery_key(&delivery.endpoint, &delivery.seed.id),
+        due_key(was_due, &delivery.endpoint, &delivery.seed.id),
+    ) else {
+        return Err(OpError::Read(corrupt(
+            "webhooks",
+            format!("malformed webhook-id {}", delivery.seed.id),
+        )));
+    };
+    let pending = delivery.status == DeliveryStatus::Pending;
+    let new_due = due_key(
+        delivery.next_attempt_at_ms,
+        &delivery.endpoint,
+        &delivery.seed.id,
+    );
+    if pending {
+        if let Some(due) = new_due {
+            t.due
+                .insert(due, &[][..])
+                .map_err(write_err("scheduling a delivery"))?;
+        }
+    }
+    // Gone meanwhile (its endpoint deleted, its session purged): nothing to
+    // record.
+    if t.deliveries
+        .contains_key(dkey)
+        .map_err(read_err("reading a delivery"))?
+    {
+        t.deliveries
+            .insert(dkey, encode("delivery", delivery)?)
+            .map_err(write_err("writing a delivery"))?;
+    }
+    if !pending || new_due != Some(old_due) {
+        t.due
+            .remove(old_due)
+            .map_err(write_err("dropping a due entry"))?;
+    }
+    Ok(())
+}
+
+/// Keeps an endpoint's log to its [`LOG_KEEP`] newest deliveries, plus the
+/// older ones still pending (however many). Only entries past the newest
+/// are decoded.
 fn prune(t: &HookTrees, endpoint: &Uuid) -> Result<(), OpError> {
-    let mut finished = 0usize;
-    for item in t.deliveries.scan_prefix(endpoint.as_bytes()).rev() {
+    for item in t
+        .deliveries
+        .scan_prefix(endpoint.as_bytes())
+        .rev()
+        .skip(LOG_KEEP)
+    {
         let (key, bytes) = item.map_err(read_err("reading deliveries"))?;
         let Ok(d) = serde_json::from_slice::<Delivery>(&bytes) else {
             continue;
@@ -539,12 +633,14 @@ fn prune(t: &HookTrees, endpoint: &Uuid) -> Result<(), OpError> {
         if d.status == DeliveryStatus::Pending {
             continue;
         }
-        finished += 1;
-        if finished > LOG_KEEP {
-            t.deliveries
-                .remove(key)
+        if let Ok(dkey) = <[u8; 32]>::try_from(key.as_ref()) {
+            t.sessions
+                .remove(session_key(&d.seed.session_id, &dkey))
                 .map_err(write_err("pruning the delivery log"))?;
         }
+        t.deliveries
+            .remove(key)
+            .map_err(write_err("pruning the delivery log"))?;
     }
     Ok(())
 }
@@ -619,6 +715,7 @@ mod tests {
             created_by: None,
             created_at_ms: 0,
             disabled: None,
+            previous_secret: None,
         }
     }
 
@@ -690,8 +787,9 @@ mod tests {
         assert_eq!(rows(&store), 0, "every row taken in or dropped");
         let due = store.claim_due(100, 0, 10, &HashSet::new()).await.unwrap();
         assert_eq!(due.len(), 1, "{due:?}");
-        assert_eq!(due[0].seed.event, EventType::ApprovalRequested);
-        assert_eq!(due[0].seed.seq, 1);
+        assert_eq!(due[0].delivery.seed.event, EventType::ApprovalRequested);
+        assert_eq!(due[0].delivery.seed.seq, 1);
+        assert_eq!(due[0].endpoint.as_ref().map(|e| e.id), Some(hook.id));
         let log = store.deliveries(hook.id, None, 10).await.unwrap();
         assert_eq!(log.len(), 1, "the orphan never became a delivery");
     }
@@ -718,12 +816,19 @@ mod tests {
             .claim_due(100, 0, 10, &HashSet::new())
             .await
             .unwrap()
-            .remove(0);
+            .remove(0)
+            .delivery;
         let busy: HashSet<DeliveryKey> = [d.key()].into();
         assert!(store.claim_due(100, 0, 10, &busy).await.unwrap().is_empty());
         d.attempts = 1;
         d.next_attempt_at_ms = 5_000;
-        store.save_delivery(&d, 100).await.unwrap();
+        store
+            .save_deliveries(&[Outcome {
+                delivery: d.clone(),
+                was_due_at: 100,
+            }])
+            .await
+            .unwrap();
         assert!(store
             .claim_due(4_999, 0, 10, &HashSet::new())
             .await
@@ -736,7 +841,13 @@ mod tests {
             .unwrap();
         assert_eq!(again.len(), 1);
         d.status = DeliveryStatus::Delivered;
-        store.save_delivery(&d, 5_000).await.unwrap();
+        store
+            .save_deliveries(&[Outcome {
+                delivery: d.clone(),
+                was_due_at: 5_000,
+            }])
+            .await
+            .unwrap();
         assert!(store
             .claim_due(i64::MAX / 2, 0, 10, &HashSet::new())
             .await
@@ -747,5 +858,73 @@ mod tests {
             store.deliveries(hook.id, None, 10).await.unwrap()[0].status,
             DeliveryStatus::Delivered
         );
+    }
+
+    /// A log entry is small: once delivered it keeps no body and no call
+    /// (what was sent is not needed to say what happened); and purging a
+    /// session deletes its deliveries.
+    #[tokio::test]
+    async fn a_delivered_entry_is_small_and_a_purge_deletes_its_session_deliveries() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), Durability::Os).unwrap();
+        let view = Arc::new(Subscriptions::new());
+        store.set_webhooks(view.clone());
+        let hook = endpoint();
+        store.put_endpoint(&hook).await.unwrap();
+        view.put(&hook);
+        let mut session = Session::new();
+        let mut other = Session::new();
+        store
+            .checkpoint(session.checkpoint(vec![requested()], 10))
+            .await
+            .unwrap();
+        store
+            .checkpoint(other.checkpoint(vec![requested()], 10))
+            .await
+            .unwrap();
+        assert_eq!(store.intake(100).await.unwrap(), 2);
+        let claims = store.claim_due(100, 0, 10, &HashSet::new()).await.unwrap();
+        assert_eq!(claims.len(), 2);
+        let outcomes: Vec<Outcome> = claims
+            .into_iter()
+            .map(|c| {
+                let mut d = c.delivery;
+                assert!(
+                    d.seed.call.is_some(),
+                    "the seed carries the call until built"
+                );
+                d.body = Some("x".repeat(10_000));
+                d.status = DeliveryStatus::Delivered;
+                d.attempts = 1;
+                d.compact();
+                Outcome {
+                    delivery: d,
+                    was_due_at: 100,
+                }
+            })
+            .collect();
+        store.save_deliveries(&outcomes).await.unwrap();
+        let db = store.current().trees.db.clone();
+        let raw = db.open_tree("webhook_deliveries").unwrap();
+        assert_eq!(raw.len(), 2);
+        for item in raw.iter() {
+            let (_, bytes) = item.unwrap();
+            assert!(bytes.len() < 600, "{} bytes", bytes.len());
+            let d: Delivery = serde_json::from_slice(&bytes).unwrap();
+            assert!(d.body.is_none() && d.seed.call.is_none(), "{d:?}");
+        }
+
+        session.header.status = SessionStatus::Completed;
+        session.header.open_calls.clear();
+        store
+            .checkpoint(session.checkpoint(vec![EventKind::TurnStarted { turn: 2 }], 20))
+            .await
+            .unwrap();
+        store.purge(session.header.id).await.unwrap();
+        let left = store.deliveries(hook.id, None, 10).await.unwrap();
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert_eq!(left[0].seed.session_id, other.header.id);
+        let index = db.open_tree("webhook_sessions").unwrap();
+        assert_eq!(index.len(), 1);
     }
 }

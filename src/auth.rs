@@ -28,6 +28,16 @@
 //! - Unknown scopes in a verified token are ignored (an identity provider may
 //!   issue scopes for other services); unknown scopes asked of [`mint`] are an
 //!   error, since a typo there would silently produce a useless token.
+//! - Which claims carry the tenant and the scopes is configurable
+//!   ([`ClaimRules`]: `tenant_claim`, `scopes_claim`, a space-separated
+//!   string or an array), so an identity provider's tokens work as minted;
+//!   `iss` and `aud` are checked when configured, in every token mode. A
+//!   missing or wrong claim is refused with its name.
+//! - With `auth = "jwks"` the keys come from the identity provider's JWKS
+//!   (`jwks`): fetched, cached, refetched for an unknown `kid` under a rate
+//!   limit, so a key rotation needs no restart.
+
+pub mod jwks;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -215,11 +225,15 @@ pub enum AuthError {
     /// The secret environment variable is unset.
     #[error("{SECRET_ENV} is not set")]
     SecretMissing,
+    /// The identity provider's key set could not be fetched (and none is
+    /// cached for the token's key): the server's problem, not the caller's.
+    #[error("the identity provider's keys (http.jwks_url) are unavailable: {0}")]
+    KeysUnavailable(String),
 }
 
 /// Why a token was refused, as callers are told: stable words, no library
 /// text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenProblem {
     /// `exp` is in the past (beyond the leeway).
     Expired,
@@ -229,14 +243,26 @@ pub enum TokenProblem {
     Signature,
     /// Signed with another algorithm than the pinned one.
     Algorithm(Algorithm),
+    /// Signed with an algorithm the key it names does not sign with (or a
+    /// symmetric one, never accepted with a JWKS).
+    KeyAlgorithm,
     /// Not three base64url parts of JSON.
     Malformed,
-    /// Required claims missing or of the wrong type.
+    /// Claims that are not a JSON object of the expected types.
     Claims,
+    /// A required claim is absent.
+    MissingClaim(String),
+    /// A claim has the wrong type or value (`iss`, `aud`, a scopes claim
+    /// that is neither a string nor an array of strings, …).
+    WrongClaim(String),
     /// A required claim is empty.
-    EmptyClaim(&'static str),
+    EmptyClaim(String),
     /// A claim contains control characters.
-    ControlCharacters(&'static str),
+    ControlCharacters(String),
+    /// The token names no key (`kid`) while the keys come from a JWKS.
+    NoKeyId,
+    /// The token's `kid` is not in the identity provider's key set.
+    UnknownKey,
 }
 
 impl std::fmt::Display for TokenProblem {
@@ -246,14 +272,188 @@ impl std::fmt::Display for TokenProblem {
             Self::NotYetValid => f.write_str("not yet valid"),
             Self::Signature => f.write_str("signature"),
             Self::Algorithm(a) => write!(f, "algorithm (expected {a:?})"),
+            Self::KeyAlgorithm => f.write_str(
+                "algorithm (not one the signing key named by 'kid' is used with)",
+            ),
             Self::Malformed => f.write_str("malformed"),
             Self::Claims => f.write_str(
                 "claims (sub, tenant and exp are required; exp and nbf are seconds since the epoch)",
             ),
+            Self::MissingClaim(c) => write!(f, "missing '{c}' claim"),
+            Self::WrongClaim(c) => write!(f, "wrong '{c}' claim"),
             Self::EmptyClaim(c) => write!(f, "empty '{c}' claim"),
             Self::ControlCharacters(c) => write!(f, "control characters in the '{c}' claim"),
+            Self::NoKeyId => f.write_str("no 'kid' (key id) in the header"),
+            Self::UnknownKey => f.write_str(
+                "unknown 'kid': no key of the identity provider's key set has it",
+            ),
         }
     }
+}
+
+/// Which claims carry what, and which issuer and audience a token must
+/// name. The defaults read `tenant` and `scopes` and check neither `iss`
+/// nor `aud`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRules {
+    /// The claim holding the tenant (a string). A name with dots that is
+    /// not a claim itself is a path into nested objects (`org.id`).
+    pub tenant_claim: String,
+    /// The claim holding the scopes: a space-separated string (OAuth 2's
+    /// `scope`) or an array of strings.
+    pub scopes_claim: String,
+    /// The `iss` a token must carry, if set.
+    pub issuer: Option<String>,
+    /// An `aud` a token must carry (`aud` may be a list), if set.
+    pub audience: Option<String>,
+}
+
+impl Default for ClaimRules {
+    fn default() -> Self {
+        Self {
+            tenant_claim: "tenant".to_owned(),
+            scopes_claim: "scopes".to_owned(),
+            issuer: None,
+            audience: None,
+        }
+    }
+}
+
+impl ClaimRules {
+    /// A validation for `algorithm` with these rules and `leeway` seconds.
+    fn validation(&self, algorithm: Algorithm, leeway: u64) -> Validation {
+        // `Validation::new` pins the one algorithm and requires `exp`.
+        let mut validation = Validation::new(algorithm);
+        validation.validate_nbf = true;
+        validation.leeway = leeway;
+        let mut required = vec!["exp"];
+        if let Some(iss) = &self.issuer {
+            validation.set_issuer(&[iss]);
+            required.push("iss");
+        }
+        match &self.audience {
+            Some(aud) => {
+                validation.set_audience(&[aud]);
+                required.push("aud");
+            }
+            // Without this, a token carrying any `aud` (common from
+            // identity providers) would be refused.
+            None => validation.validate_aud = false,
+        }
+        validation.set_required_spec_claims(&required);
+        validation
+    }
+
+    /// The caller named by verified `claims`.
+    fn principal(&self, claims: &serde_json::Value) -> Result<Principal, AuthError> {
+        let bad = |p: TokenProblem| AuthError::InvalidToken(p);
+        let text = |name: &str| -> Result<String, AuthError> {
+            let value = claim(claims, name)
+                .ok_or_else(|| bad(TokenProblem::MissingClaim(name.to_owned())))?;
+            let value = value
+                .as_str()
+                .ok_or_else(|| bad(TokenProblem::WrongClaim(name.to_owned())))?;
+            if value.is_empty() {
+                return Err(bad(TokenProblem::EmptyClaim(name.to_owned())));
+            }
+            if value.chars().any(is_unsafe_char) {
+                return Err(bad(TokenProblem::ControlCharacters(name.to_owned())));
+            }
+            Ok(value.to_owned())
+        };
+        let sub = text("sub")?;
+        let tenant = text(&self.tenant_claim)?;
+        let names: Vec<&str> = match claim(claims, &self.scopes_claim) {
+            // No scopes: authenticated, allowed nothing (403 per route).
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(serde_json::Value::String(s)) => s.split_whitespace().collect(),
+            Some(serde_json::Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_str())
+                .collect::<Option<Vec<&str>>>()
+                .ok_or_else(|| bad(TokenProblem::WrongClaim(self.scopes_claim.clone())))?,
+            Some(_) => return Err(bad(TokenProblem::WrongClaim(self.scopes_claim.clone()))),
+        };
+        let mut scopes: Vec<Scope> = names.into_iter().filter_map(Scope::parse).collect();
+        scopes.sort();
+        scopes.dedup();
+        Ok(Principal {
+            tenant,
+            sub,
+            scopes,
+            authenticated: true,
+        })
+    }
+}
+
+/// The claim `name` of `claims`: the top-level claim of that name, else,
+/// for a dotted name, the path into nested objects.
+fn claim<'a>(claims: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    if let Some(v) = claims.get(name) {
+        return Some(v);
+    }
+    if !name.contains('.') {
+        return None;
+    }
+    name.split('.').try_fold(claims, |v, part| v.get(part))
+}
+
+/// Whether the payload of `token` (already known to be a JWT) has a claim
+/// `name` at its top level.
+fn payload_has(token: &str, name: &str) -> bool {
+    use base64::Engine;
+    token
+        .split('.')
+        .nth(1)
+        .and_then(|p| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(p)
+                .ok()
+        })
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+        .is_some_and(|v| v.get(name).is_some())
+}
+
+/// Decodes and validates `token` with `key`, and maps the claims to a
+/// caller under `rules`. `pinned` names the algorithm in the refusal of a
+/// token signed with another.
+fn decode_with(
+    token: &str,
+    key: &DecodingKey,
+    validation: &Validation,
+    pinned: Algorithm,
+    rules: &ClaimRules,
+) -> Result<Principal, AuthError> {
+    use jsonwebtoken::errors::ErrorKind;
+    let data = jsonwebtoken::decode::<serde_json::Value>(token, key, validation).map_err(|e| {
+        let problem = match e.kind() {
+            ErrorKind::ExpiredSignature => TokenProblem::Expired,
+            ErrorKind::ImmatureSignature => TokenProblem::NotYetValid,
+            ErrorKind::InvalidSignature => TokenProblem::Signature,
+            ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
+                TokenProblem::Algorithm(pinned)
+            }
+            ErrorKind::InvalidIssuer => TokenProblem::WrongClaim("iss".to_owned()),
+            ErrorKind::InvalidAudience => TokenProblem::WrongClaim("aud".to_owned()),
+            // Present but not of the right type counts as missing to the
+            // library (the signature was verified before this check).
+            ErrorKind::MissingRequiredClaim(c) if payload_has(token, c) => {
+                TokenProblem::WrongClaim(c.clone())
+            }
+            ErrorKind::MissingRequiredClaim(c) => TokenProblem::MissingClaim(c.clone()),
+            ErrorKind::InvalidClaimFormat(c) => TokenProblem::WrongClaim(c.clone()),
+            // A payload that decodes but is not our claims is a claims
+            // problem; anything else is not a JWT at all.
+            ErrorKind::Json(_) if token.split('.').count() == 3 => TokenProblem::Claims,
+            _ => TokenProblem::Malformed,
+        };
+        tracing::debug!(error = %e, %problem, "token refused");
+        AuthError::InvalidToken(problem)
+    })?;
+    if !data.claims.is_object() {
+        return Err(AuthError::InvalidToken(TokenProblem::Claims));
+    }
+    rules.principal(&data.claims)
 }
 
 /// How the API authenticates callers.
@@ -265,6 +465,8 @@ pub enum AuthConfig {
     /// Bearer JWTs verified with one key and one pinned algorithm (shared:
     /// the verifier is large and every request clones the state).
     Jwt(Arc<JwtVerifier>),
+    /// Bearer JWTs verified with the identity provider's keys (JWKS).
+    Jwks(Arc<jwks::JwksVerifier>),
 }
 
 impl std::fmt::Debug for AuthConfig {
@@ -273,6 +475,7 @@ impl std::fmt::Debug for AuthConfig {
             // Never print key material.
             Self::None => f.write_str("AuthConfig::None"),
             Self::Jwt(v) => write!(f, "AuthConfig::Jwt({:?})", v.algorithm),
+            Self::Jwks(v) => write!(f, "AuthConfig::Jwks({})", v.url()),
         }
     }
 }
@@ -310,29 +513,49 @@ impl AuthConfig {
     /// clock skew (default [`DEFAULT_LEEWAY_SECS`]).
     pub fn with_leeway(self, leeway: Duration) -> Self {
         match self {
-            Self::None => Self::None,
             Self::Jwt(v) => {
                 let mut v = Arc::unwrap_or_clone(v);
-                v.validation.leeway = leeway.as_secs();
+                v.leeway = leeway.as_secs();
+                v.validation = v.rules.validation(v.algorithm, v.leeway);
                 Self::Jwt(Arc::new(v))
             }
+            other => other,
+        }
+    }
+
+    /// The same configuration reading claims by `rules` (tenant and scopes
+    /// claims, issuer and audience checked).
+    pub fn with_claims(self, rules: ClaimRules) -> Self {
+        match self {
+            Self::Jwt(v) => {
+                let mut v = Arc::unwrap_or_clone(v);
+                v.validation = rules.validation(v.algorithm, v.leeway);
+                v.rules = rules;
+                Self::Jwt(Arc::new(v))
+            }
+            other => other,
         }
     }
 
     /// Whether callers must present a token.
     pub fn is_enabled(&self) -> bool {
-        matches!(self, Self::Jwt(_))
+        !matches!(self, Self::None)
     }
 
-    /// Authenticates a request from its `Authorization` header value (if any).
-    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, AuthError> {
+    /// Authenticates a request from its `Authorization` header value (if
+    /// any). Async for the JWKS mode, whose key set may have to be fetched.
+    pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, AuthError> {
+        let token = match self {
+            Self::None => return Ok(Principal::local()),
+            Self::Jwt(_) | Self::Jwks(_) => {
+                let header = authorization.ok_or(AuthError::MissingToken)?;
+                bearer_token(header).ok_or(AuthError::MalformedHeader)?
+            }
+        };
         match self {
             Self::None => Ok(Principal::local()),
-            Self::Jwt(v) => {
-                let header = authorization.ok_or(AuthError::MissingToken)?;
-                let token = bearer_token(header).ok_or(AuthError::MalformedHeader)?;
-                v.verify(token)
-            }
+            Self::Jwt(v) => v.verify(token),
+            Self::Jwks(v) => v.verify(token).await,
         }
     }
 }
@@ -342,22 +565,20 @@ impl AuthConfig {
 pub struct JwtVerifier {
     algorithm: Algorithm,
     key: DecodingKey,
+    leeway: u64,
+    rules: ClaimRules,
     validation: Validation,
 }
 
 impl JwtVerifier {
     fn new(algorithm: Algorithm, key: DecodingKey) -> Self {
-        // `Validation::new` pins the one algorithm and requires `exp`.
-        let mut validation = Validation::new(algorithm);
-        validation.validate_nbf = true;
-        validation.leeway = DEFAULT_LEEWAY_SECS;
-        // No audience is configured yet; without this, a token carrying any
-        // `aud` (common from identity providers) would be refused.
-        validation.validate_aud = false;
+        let rules = ClaimRules::default();
         Self {
             algorithm,
             key,
-            validation,
+            leeway: DEFAULT_LEEWAY_SECS,
+            validation: rules.validation(algorithm, DEFAULT_LEEWAY_SECS),
+            rules,
         }
     }
 
@@ -368,51 +589,13 @@ impl JwtVerifier {
 
     /// Verifies a token and returns the caller.
     pub fn verify(&self, token: &str) -> Result<Principal, AuthError> {
-        use jsonwebtoken::errors::ErrorKind;
-        let data =
-            jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(|e| {
-                let problem = match e.kind() {
-                    ErrorKind::ExpiredSignature => TokenProblem::Expired,
-                    ErrorKind::ImmatureSignature => TokenProblem::NotYetValid,
-                    ErrorKind::InvalidSignature => TokenProblem::Signature,
-                    ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
-                        TokenProblem::Algorithm(self.algorithm)
-                    }
-                    ErrorKind::MissingRequiredClaim(_) | ErrorKind::InvalidClaimFormat(_) => {
-                        TokenProblem::Claims
-                    }
-                    // A payload that decodes but is not our claims is a
-                    // claims problem; anything else is not a JWT at all.
-                    ErrorKind::Json(_) if token.split('.').count() == 3 => TokenProblem::Claims,
-                    _ => TokenProblem::Malformed,
-                };
-                tracing::debug!(error = %e, %problem, "token refused");
-                AuthError::InvalidToken(problem)
-            })?;
-        let claims = data.claims;
-        for (name, value) in [("tenant", &claims.tenant), ("sub", &claims.sub)] {
-            if value.is_empty() {
-                return Err(AuthError::InvalidToken(TokenProblem::EmptyClaim(name)));
-            }
-            if value.chars().any(is_unsafe_char) {
-                return Err(AuthError::InvalidToken(TokenProblem::ControlCharacters(
-                    name,
-                )));
-            }
-        }
-        let mut scopes: Vec<Scope> = claims
-            .scopes
-            .iter()
-            .filter_map(|s| Scope::parse(s))
-            .collect();
-        scopes.sort();
-        scopes.dedup();
-        Ok(Principal {
-            tenant: claims.tenant,
-            sub: claims.sub,
-            scopes,
-            authenticated: true,
-        })
+        decode_with(
+            token,
+            &self.key,
+            &self.validation,
+            self.algorithm,
+            &self.rules,
+        )
     }
 }
 
@@ -500,6 +683,7 @@ fn bearer_token(header: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::executor::block_on;
 
     const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef";
 
@@ -514,7 +698,7 @@ mod tests {
         )
         .unwrap();
         let auth = AuthConfig::hs256(SECRET).unwrap();
-        let p = auth.authenticate(Some(&format!("Bearer {token}"))).unwrap();
+        let p = block_on(auth.authenticate(Some(&format!("Bearer {token}")))).unwrap();
         assert_eq!(p.tenant, "acme");
         assert_eq!(p.sub, "alice");
         assert!(p.allows(Scope::SessionsRead));
@@ -544,13 +728,16 @@ mod tests {
             Err(AuthError::UnknownScope("root".into()))
         );
         let auth = AuthConfig::hs256(SECRET).unwrap();
-        assert_eq!(auth.authenticate(None), Err(AuthError::MissingToken));
         assert_eq!(
-            auth.authenticate(Some("Basic abc")),
+            block_on(auth.authenticate(None)),
+            Err(AuthError::MissingToken)
+        );
+        assert_eq!(
+            block_on(auth.authenticate(Some("Basic abc"))),
             Err(AuthError::MalformedHeader)
         );
         assert_eq!(
-            auth.authenticate(Some("Bearer not.a.jwt")),
+            block_on(auth.authenticate(Some("Bearer not.a.jwt"))),
             Err(AuthError::InvalidToken(TokenProblem::Malformed))
         );
     }
@@ -597,7 +784,7 @@ mod tests {
 
     #[test]
     fn no_auth_is_the_local_tenant_with_every_scope() {
-        let p = AuthConfig::None.authenticate(None).unwrap();
+        let p = block_on(AuthConfig::None.authenticate(None)).unwrap();
         assert_eq!(p, Principal::local());
         assert!(!p.authenticated);
     }

@@ -77,6 +77,10 @@ pub struct ClusterOptions {
     /// How long a dead node's row is kept (listed as dead) before the live
     /// nodes prune it.
     pub dead_node_retention: Duration,
+    /// Extra trusted CA certificates (PEM) for other nodes' `https://` URLs.
+    pub ca_bundle: Option<Vec<u8>>,
+    /// Forward over plain HTTP to non-loopback nodes too.
+    pub allow_plain_http: bool,
 }
 
 impl ClusterOptions {
@@ -89,6 +93,8 @@ impl ClusterOptions {
             forward_timeout: Duration::from_secs(35),
             max_in_flight_forwards: 128,
             dead_node_retention: Duration::from_secs(3_600),
+            ca_bundle: None,
+            allow_plain_http: false,
         }
     }
 }
@@ -161,6 +167,8 @@ impl Cluster {
                 deadline: options.forward_timeout,
                 max_in_flight: options.max_in_flight_forwards,
                 cooldown: options.heartbeat,
+                ca_bundle: options.ca_bundle.clone(),
+                allow_plain_http: options.allow_plain_http,
             },
         )
         .map_err(ClusterError::Join)?;

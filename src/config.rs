@@ -315,6 +315,8 @@ pub enum AuthMode {
     Rs256,
     /// ES256 with the public key at `public_key_pem`.
     Es256,
+    /// The identity provider's keys, from its JWKS at `jwks_url`.
+    Jwks,
 }
 
 /// `[http]`.
@@ -357,6 +359,49 @@ pub struct HttpSection {
     /// Time open connections get to finish after SIGTERM before being dropped.
     #[serde(default = "default_shutdown_grace_secs")]
     pub shutdown_grace_secs: u64,
+    /// PEM certificate chain: serve HTTPS (with `tls_key`).
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// Extra trusted CA certificates (PEM) for this server's own HTTPS
+    /// requests: to other nodes (cluster) and to `jwks_url`.
+    #[serde(default)]
+    pub ca_bundle: Option<PathBuf>,
+    /// The identity provider's JWKS URL (`auth = "jwks"`).
+    #[serde(default)]
+    pub jwks_url: Option<String>,
+    /// An unknown `kid` fetches the JWKS again at most once per this many
+    /// seconds.
+    #[serde(default = "default_jwks_min_refresh_secs")]
+    pub jwks_min_refresh_secs: u64,
+    /// The `iss` every token must carry (any token mode).
+    #[serde(default)]
+    pub issuer: Option<String>,
+    /// An `aud` every token must carry (any token mode).
+    #[serde(default)]
+    pub audience: Option<String>,
+    /// The claim holding the tenant.
+    #[serde(default = "default_tenant_claim")]
+    pub tenant_claim: String,
+    /// The claim holding the scopes (space-separated string or array).
+    #[serde(default = "default_scopes_claim")]
+    pub scopes_claim: String,
+}
+
+/// Shortest `http.jwks_min_refresh_secs`: below it, tokens with made-up key
+/// ids could make the server fetch the key set many times a second.
+pub const MIN_JWKS_REFRESH_SECS: u64 = 1;
+
+fn default_jwks_min_refresh_secs() -> u64 {
+    60
+}
+fn default_tenant_claim() -> String {
+    "tenant".to_owned()
+}
+fn default_scopes_claim() -> String {
+    "scopes".to_owned()
 }
 
 impl Default for HttpSection {
@@ -374,6 +419,15 @@ impl Default for HttpSection {
             max_connections: default_max_connections(),
             max_in_flight_requests: default_max_in_flight_requests(),
             shutdown_grace_secs: default_shutdown_grace_secs(),
+            tls_cert: None,
+            tls_key: None,
+            ca_bundle: None,
+            jwks_url: None,
+            jwks_min_refresh_secs: default_jwks_min_refresh_secs(),
+            issuer: None,
+            audience: None,
+            tenant_claim: default_tenant_claim(),
+            scopes_claim: default_scopes_claim(),
         }
     }
 }
@@ -395,12 +449,111 @@ impl HttpSection {
             cluster: None,
             model_routes: Vec::new(),
             webhooks: None,
+            tls: None,
         }
     }
 
     /// The leeway for `exp` and `nbf`.
     pub fn jwt_leeway(&self) -> Duration {
         Duration::from_secs(self.jwt_leeway_secs)
+    }
+
+    /// Which claims carry the tenant and scopes, and the issuer and
+    /// audience tokens must name.
+    pub fn claim_rules(&self) -> crate::auth::ClaimRules {
+        crate::auth::ClaimRules {
+            tenant_claim: self.tenant_claim.clone(),
+            scopes_claim: self.scopes_claim.clone(),
+            issuer: self.issuer.clone(),
+            audience: self.audience.clone(),
+        }
+    }
+
+    /// The certificate and key files, when TLS is on.
+    pub fn tls_files(&self) -> Option<crate::http::tls::TlsFiles> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(crate::http::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Problems of `[http]`'s TLS and identity-provider keys.
+fn http_edge_problems(http: &HttpSection, out: &mut Vec<Problem>) {
+    match (&http.tls_cert, &http.tls_key) {
+        (Some(_), None) => out.push(Problem::new(
+            "http.tls_key",
+            "required with http.tls_cert (the certificate's PEM private key)",
+        )),
+        (None, Some(_)) => out.push(Problem::new(
+            "http.tls_cert",
+            "required with http.tls_key (the PEM certificate chain)",
+        )),
+        _ => {}
+    }
+    match (&http.auth, &http.jwks_url) {
+        (AuthMode::Jwks, None) => out.push(Problem::new(
+            "http.jwks_url",
+            "required when http.auth is jwks (the identity provider's JWKS URL, e.g. https://idp.example.com/.well-known/jwks.json)",
+        )),
+        (AuthMode::Jwks, Some(url)) => {
+            if let Err(why) = check_jwks_url(url) {
+                out.push(Problem::new("http.jwks_url", why));
+            }
+        }
+        (_, Some(_)) => out.push(Problem::new(
+            "http.jwks_url",
+            "only used when http.auth is jwks",
+        )),
+        _ => {}
+    }
+    if http.jwks_min_refresh_secs < MIN_JWKS_REFRESH_SECS {
+        out.push(Problem::new(
+            "http.jwks_min_refresh_secs",
+            format!("must be at least {MIN_JWKS_REFRESH_SECS}"),
+        ));
+    }
+    for (key, value) in [
+        ("http.issuer", &http.issuer),
+        ("http.audience", &http.audience),
+    ] {
+        match value {
+            Some(v) if v.trim().is_empty() => out.push(Problem::new(
+                key,
+                "must not be empty (leave it out to not check it)",
+            )),
+            Some(_) if http.auth == AuthMode::None => out.push(Problem::new(
+                key,
+                "only checked when http.auth is a token mode (not none)",
+            )),
+            _ => {}
+        }
+    }
+    for (key, value) in [
+        ("http.tenant_claim", &http.tenant_claim),
+        ("http.scopes_claim", &http.scopes_claim),
+    ] {
+        if value.trim().is_empty() {
+            out.push(Problem::new(key, "must name a claim"));
+        }
+    }
+}
+
+/// Whether `url` may serve the keys tokens are trusted by: `https://`, or
+/// `http://` on a loopback host (a key set over plain HTTP elsewhere could
+/// be replaced on the way).
+pub fn check_jwks_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("'{url}' is not a URL ({e})"))?;
+    match parsed.scheme() {
+        "https" => Ok(()),
+        "http" if crate::http::is_loopback_url(&parsed) => Ok(()),
+        "http" => Err(format!(
+            "'{url}': keys over plain HTTP could be replaced on the way; use https:// (http:// only on loopback)"
+        )),
+        other => Err(format!("'{url}': scheme '{other}' is not http(s)")),
     }
 }
 
@@ -539,6 +692,11 @@ pub struct ClusterSection {
     /// many seconds after its last heartbeat; then its row is removed.
     #[serde(default = "default_dead_node_retention_secs")]
     pub dead_node_retention_secs: u64,
+    /// Allow forwarding requests (and the caller's bearer token) over plain
+    /// HTTP to a node whose advertise URL is not on loopback. Off: such a
+    /// forward is refused (use `https://` advertise URLs).
+    #[serde(default)]
+    pub allow_plain_http: bool,
 }
 
 impl Default for ClusterSection {
@@ -550,6 +708,7 @@ impl Default for ClusterSection {
             failover_concurrency: default_failover_concurrency(),
             max_in_flight_forwards: default_max_in_flight_forwards(),
             dead_node_retention_secs: default_dead_node_retention_secs(),
+            allow_plain_http: false,
         }
     }
 }
@@ -1301,6 +1460,7 @@ impl Config {
             ));
         }
         let http = &self.http;
+        http_edge_problems(http, &mut out);
         if http.jwt_leeway_secs > MAX_JWT_LEEWAY_SECS {
             out.push(Problem::new(
                 "http.jwt_leeway_secs",
@@ -2474,6 +2634,59 @@ mcp_servers = ["fs"]
             e.contains("store.compression: applies to the sled store only"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn tls_and_identity_provider_keys_are_validated() {
+        let c = load_text(
+            &format!("[http]\nauth = \"jwks\"\njwks_url = \"https://idp.example.com/jwks\"\nissuer = \"https://idp.example.com/\"\naudience = \"overseer\"\ntenant_claim = \"org\"\nscopes_claim = \"scope\"\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"\n{MINIMAL}"),
+            no_env,
+        )
+        .unwrap();
+        assert_eq!(c.http.auth, AuthMode::Jwks);
+        assert!(c.http.tls_files().is_some());
+        assert_eq!(c.http.claim_rules().scopes_claim, "scope");
+        let problems = |text: &str| {
+            load_text(&format!("{text}{MINIMAL}"), no_env)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = problems("[http]\nauth = \"jwks\"\ntls_cert = \"c.pem\"\njwks_min_refresh_secs = 0\ntenant_claim = \" \"\n");
+        for expected in [
+            "http.jwks_url: required when http.auth is jwks",
+            "http.tls_key: required with http.tls_cert",
+            "http.jwks_min_refresh_secs: must be at least 1",
+            "http.tenant_claim: must name a claim",
+        ] {
+            assert!(e.contains(expected), "{expected}: {e}");
+        }
+        let e = problems("[http]\nauth = \"jwks\"\njwks_url = \"http://idp.example.com/jwks\"\ntls_key = \"k.pem\"\n");
+        assert!(
+            e.contains("http.jwks_url: 'http://idp.example.com/jwks': keys over plain HTTP"),
+            "{e}"
+        );
+        assert!(
+            e.contains("http.tls_cert: required with http.tls_key"),
+            "{e}"
+        );
+        let e = problems("[http]\nauth = \"none\"\naudience = \"x\"\njwks_url = \"https://idp/jwks\"\nissuer = \"\"\n");
+        assert!(
+            e.contains("http.audience: only checked when http.auth is a token mode"),
+            "{e}"
+        );
+        assert!(
+            e.contains("http.jwks_url: only used when http.auth is jwks"),
+            "{e}"
+        );
+        assert!(e.contains("http.issuer: must not be empty"), "{e}");
+        // Loopback keys over plain HTTP are fine (a sidecar, a test).
+        assert!(load_text(
+            &format!(
+                "[http]\nauth = \"jwks\"\njwks_url = \"http://127.0.0.1:9000/jwks\"\n{MINIMAL}"
+            ),
+            no_env
+        )
+        .is_ok());
     }
 
     #[test]

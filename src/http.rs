@@ -63,6 +63,7 @@ mod sessions;
 mod skills;
 mod tasks;
 mod tenant_events;
+pub mod tls;
 mod ui;
 mod webhooks;
 
@@ -86,7 +87,9 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
 
 pub use error::{ApiError, NotOwnerResponse};
-pub use routing::{forward_deadline, ForwardOptions, Routing, NODE_HEADER};
+pub use routing::{
+    forward_deadline, is_loopback_url, secure_enough, ForwardOptions, Routing, NODE_HEADER,
+};
 pub(crate) use sessions::session_json;
 
 use crate::auth::AuthConfig;
@@ -129,6 +132,8 @@ pub struct HttpOptions {
     pub model_routes: Vec<String>,
     /// Webhooks: the `/v1/webhooks` routes answer 404 without them.
     pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
+    /// TLS on the listener (`tls`); `None`: plain HTTP/1.1.
+    pub tls: Option<Arc<tls::Tls>>,
 }
 
 /// How long the server waits for a client and how much it takes at once.
@@ -496,11 +501,12 @@ pub async fn serve_with(
     check_listener(addr, &auth)?;
     options.validate()?;
     let limits = options.limits.clone();
+    let tls = options.tls.as_ref().map(|t| t.acceptor());
     let state = AppState::with_options(overseer, auth, options);
     state.set_ready(true);
     let app = router(state.clone());
-    tracing::info!(%addr, "overseer API listening");
-    conn::serve_connections(listener, app, &limits, &state, shutdown).await;
+    tracing::info!(%addr, tls = tls.is_some(), "overseer API listening");
+    conn::serve_connections(listener, app, &limits, &state, tls, shutdown).await;
     Ok(())
 }
 

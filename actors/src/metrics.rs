@@ -86,7 +86,9 @@ pub const CLUSTER_FENCED_WRITES_TOTAL: &str = "overseer_cluster_fenced_writes_to
 /// Counter: API requests for a session owned by another node, by `outcome`:
 /// `ok` (the owner answered), `unreachable` (it did not, within the
 /// forward deadline), `breaker_open` (not sent: the owner stopped answering
-/// recently), `overloaded` (not sent: the forward budget was full).
+/// recently), `overloaded` (not sent: the forward budget was full),
+/// `insecure` (not sent: plain HTTP to a non-loopback owner, refused
+/// without `cluster.allow_plain_http`).
 pub const CLUSTER_FORWARDED_REQUESTS_TOTAL: &str = "overseer_cluster_forwarded_requests_total";
 /// Gauge: requests this node is forwarding to owners now (bounded by
 /// `cluster.max_in_flight_forwards`, apart from local work's budget).
@@ -193,7 +195,7 @@ pub fn describe() {
     describe_counter!(
         CLUSTER_FORWARDED_REQUESTS_TOTAL,
         Unit::Count,
-        "API requests for a session owned by another node, by outcome (ok, unreachable, breaker_open, overloaded)."
+        "API requests for a session owned by another node, by outcome (ok, unreachable, breaker_open, overloaded, insecure)."
     );
     describe_gauge!(
         CLUSTER_FORWARDS_IN_FLIGHT,

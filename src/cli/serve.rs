@@ -104,6 +104,17 @@ pub enum ServeError {
     /// Joining the cluster failed.
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
+    /// The TLS certificate or key is unusable.
+    #[error(transparent)]
+    Tls(#[from] http::tls::TlsError),
+    /// `http.ca_bundle` could not be read.
+    #[error("http.ca_bundle: cannot read {path}: {source}")]
+    CaBundle {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// Runs the service until SIGTERM or SIGINT.
@@ -127,10 +138,22 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
             .parse()
             .map_err(|_| ServeError::Listen(config.http.listen.clone()))?,
     };
-    let auth = auth_config(&config)?.with_leeway(config.http.jwt_leeway());
+    let ca_bundle = match &config.http.ca_bundle {
+        Some(path) => Some(std::fs::read(path).map_err(|source| ServeError::CaBundle {
+            path: path.clone(),
+            source,
+        })?),
+        None => None,
+    };
+    let auth = auth_config(&config, ca_bundle.clone())?;
     // Refuse `auth = "none"` off loopback before anything is opened.
     http::check_listener(addr, &auth).map_err(ServeError::from)?;
+    let tls = match config.http.tls_files() {
+        Some(files) => Some(http::tls::Tls::load(files).map_err(ServeError::from)?),
+        None => None,
+    };
     let mut http_options: HttpOptions = config.http.options();
+    http_options.tls = tls.clone();
     http_options.model_routes = config.route_names();
     http_options.validate().map_err(ServeError::from)?;
     let provider = service::build_providers(&config)?;
@@ -146,6 +169,14 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         // http_request, MCP servers connected here).
         let all_tools = service::build_tools(&mut config).await?;
         let _ = &tools;
+        if let AuthConfig::Jwks(keys) = &auth {
+            // At start, so the first request does not wait for it; a
+            // provider down now is retried by the first token.
+            match keys.prefetch().await {
+                Ok(n) => tracing::info!(url = %keys.url(), keys = n, "identity provider keys fetched"),
+                Err(e) => tracing::warn!(error = %e, "identity provider keys not fetched at start; the first token fetches them"),
+            }
+        }
         let (overseer, cluster, listener, bound, webhooks, watch) = match config.store.kind {
             StoreKind::Sled => {
                 let store = service::open_sled(&config).await?;
@@ -193,10 +224,17 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
                     if bound.ip().is_unspecified() {
                         return Err(ServeError::Advertise(bound).into());
                     }
-                    format!("http://{bound}")
+                    let scheme = if tls.is_some() { "https" } else { "http" };
+                    format!("{scheme}://{bound}")
                 } else {
                     config.cluster.advertise_url.clone()
                 };
+                if !http::secure_enough(&advertise_url) && !config.cluster.allow_plain_http {
+                    tracing::warn!(
+                        %advertise_url,
+                        "this node advertises plain HTTP off loopback: the other nodes refuse to forward requests to it (serve TLS, or set cluster.allow_plain_http)"
+                    );
+                }
                 // Joining takes over what nobody owns before anything is served.
                 let cluster = Cluster::join(
                     store,
@@ -211,6 +249,8 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
                         dead_node_retention: Duration::from_secs(
                             config.cluster.dead_node_retention_secs,
                         ),
+                        ca_bundle: ca_bundle.clone(),
+                        allow_plain_http: config.cluster.allow_plain_http,
                     },
                 )
                 .await
@@ -228,8 +268,16 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         http_options.webhooks = webhooks;
         let grace = http_options.limits.shutdown_grace;
         let runtime = Arc::downgrade(overseer.runtime());
+        let (stop_tls, tls_stopped) = tokio::sync::watch::channel(false);
+        let tls_watch = tls.map(|tls| {
+            let mut stopped = tls_stopped;
+            tokio::spawn(tls.watch(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            }))
+        });
         let signal = async move {
             shutdown_signal().await;
+            let _ = stop_tls.send(true);
             arm_exit_watchdog(grace + EXIT_SLACK, watch, runtime);
         };
         // Scripts and tests read the bound address (the port may be 0).
@@ -253,6 +301,9 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         );
         if let Some(cluster) = &cluster {
             cluster.stop_tasks();
+        }
+        if let Some(task) = tls_watch {
+            task.abort();
         }
         // Attempts in flight are dropped; their deliveries stay pending and
         // go out (with the same webhook-id) after the next start.
@@ -383,14 +434,18 @@ async fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr),
     Ok((listener, bound))
 }
 
-fn auth_config(config: &Config) -> Result<AuthConfig, ServeError> {
+/// The authentication `config` describes: the key, the claim rules and
+/// the leeway (`ca_bundle`: the CAs a JWKS fetch trusts besides the
+/// built-in roots).
+fn auth_config(config: &Config, ca_bundle: Option<Vec<u8>>) -> Result<AuthConfig, ServeError> {
     let read = |path: &PathBuf| {
         std::fs::read(path).map_err(|source| ServeError::KeyFile {
             path: path.clone(),
             source,
         })
     };
-    Ok(match config.http.auth {
+    let http = &config.http;
+    let keys = match http.auth {
         AuthMode::None => AuthConfig::None,
         AuthMode::Hs256 => AuthConfig::hs256_from_env()?,
         AuthMode::Rs256 | AuthMode::Es256 => {
@@ -406,8 +461,30 @@ fn auth_config(config: &Config) -> Result<AuthConfig, ServeError> {
                 AuthConfig::es256_pem(&pem)?
             }
         }
-    })
+        AuthMode::Jwks => {
+            let Some(url) = &http.jwks_url else {
+                return Err(ServeError::Auth(auth::AuthError::InvalidKey(
+                    "http.jwks_url is required for jwks".into(),
+                )));
+            };
+            let verifier = auth::jwks::JwksVerifier::new(auth::jwks::JwksOptions {
+                url: url.clone(),
+                min_refresh: Duration::from_secs(http.jwks_min_refresh_secs),
+                fetch_timeout: JWKS_FETCH_TIMEOUT,
+                ca_bundle,
+                rules: http.claim_rules(),
+                leeway_secs: http.jwt_leeway_secs,
+            })?;
+            return Ok(AuthConfig::Jwks(Arc::new(verifier)));
+        }
+    };
+    Ok(keys
+        .with_leeway(http.jwt_leeway())
+        .with_claims(http.claim_rules()))
 }
+
+/// How long one fetch of the identity provider's key set may take.
+const JWKS_FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Resolves on SIGTERM or SIGINT.
 async fn shutdown_signal() {

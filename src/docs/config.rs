@@ -106,7 +106,10 @@ fn sections() -> Result<Vec<Section>, DocsError> {
         table("http", keys_of::<HttpSection>()?),
         table("scope_tokens", keys_of::<ScopeTokenSection>()?),
         table("webhooks", keys_of::<WebhooksSection>()?),
-        table("telemetry", keys_of::<crate::telemetry::TelemetrySection>()?),
+        table(
+            "telemetry",
+            keys_of::<crate::telemetry::TelemetrySection>()?,
+        ),
         table("log", keys_of::<crate::telemetry::LogSection>()?),
         array("tools", keys_of::<HttpToolConfig>()?),
         table("http_request", keys_of::<HttpRequestConfig>()?),
@@ -291,11 +294,14 @@ fn parse(text: &str, sections: &[Section]) -> FileDoc {
             item = None;
             if indent == 1 {
                 let section = header.clone().unwrap_or_default();
+                let (text, trailing) = split_comment(text);
                 if let Some((key, value)) = key_value(text) {
                     if known(&section, key) && !is_array(&section) {
                         // Commented keys right below another share its
                         // comment block (`# tls_cert = …` / `# tls_key = …`).
-                        let description = if para.is_empty() {
+                        let description = if let Some(comment) = trailing {
+                            comment.to_owned()
+                        } else if para.is_empty() {
                             previous
                                 .as_ref()
                                 .and_then(|(s, k)| doc.entry(s, k))
@@ -336,7 +342,14 @@ fn parse(text: &str, sections: &[Section]) -> FileDoc {
         let (line, trailing) = split_comment(trimmed);
         if let (Some(section), Some((key, value))) = (&header, key_value(line)) {
             if !is_array(section) {
-                let description = if let Some(comment) = trailing.filter(|_| para.is_empty()) {
+                // A trailing comment describes its key; the block above it
+                // then introduces the section, if no key came before.
+                if trailing.is_some() && !para.is_empty() && !doc.has_entries(section) {
+                    doc.intros
+                        .entry(section.clone())
+                        .or_insert_with(|| para.join(" "));
+                }
+                let description = if let Some(comment) = trailing {
                     comment.to_owned()
                 } else if para.is_empty() {
                     previous

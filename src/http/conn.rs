@@ -4,12 +4,14 @@
 //! This module owns everything that happens before a request exists or
 //! after it no longer matters: accepting, reading request heads in bounded
 //! time, closing connections whose client stopped reading, and dropping
-//! whatever is still open once the shutdown grace has passed. It speaks
-//! HTTP/1.1 only (through hyper's `http1` connection; TLS and HTTP/2 belong
-//! to a proxy in front). A client that opens with HTTP/2's connection
-//! preface (prior knowledge, `h2c`) gets one clear answer in its own
-//! protocol, a `GOAWAY` with `HTTP_1_1_REQUIRED` and a sentence saying so
-//! ([`refuse_h2`]), instead of a connection closed without a word. It
+//! whatever is still open once the shutdown grace has passed. In plain
+//! text it speaks HTTP/1.1 only (through hyper's `http1` connection). A
+//! client that opens with HTTP/2's connection preface (prior knowledge,
+//! `h2c`) gets one clear answer in its own protocol, a `GOAWAY` with
+//! `HTTP_1_1_REQUIRED` and a sentence saying so ([`refuse_h2`]), instead of
+//! a connection closed without a word. With TLS (`super::tls`) the
+//! handshake runs under the header-read timeout, and ALPN decides: `h2`
+//! gets hyper's `http2` connection, anything else HTTP/1.1. It
 //! deliberately knows nothing of routes, auth or sessions: each request goes
 //! to the router as is, and what a request may take once it exists is
 //! `admission`'s.
@@ -32,12 +34,13 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
+use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 
 use super::{AppState, HttpLimits, MAX_HEADERS, MAX_HEAD_BYTES};
@@ -59,6 +62,7 @@ pub(super) async fn serve_connections(
     app: Router,
     limits: &HttpLimits,
     state: &AppState,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     let max = limits.max_connections.clamp(1, super::MAX_COUNT_LIMIT);
@@ -72,6 +76,11 @@ pub(super) async fn serve_connections(
         .max_header_size(MAX_HEAD_BYTES)
         .max_headers(MAX_HEADERS);
     let http1 = Arc::new(http1);
+    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http2
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX));
+    let http2 = Arc::new(http2);
     tokio::pin!(shutdown);
     loop {
         // At the cap, stop accepting: the kernel's backlog holds new
@@ -99,7 +108,11 @@ pub(super) async fn serve_connections(
         };
         tokio::spawn(serve_one(
             stream,
-            http1.clone(),
+            tls.clone(),
+            Protocols {
+                http1: http1.clone(),
+                http2: http2.clone(),
+            },
             app.clone(),
             limits.clone(),
             state.shutdown_signal(),
@@ -127,11 +140,49 @@ fn is_connection_error(e: &io::Error) -> bool {
     )
 }
 
+/// The connection builders, shared by every connection.
+struct Protocols {
+    http1: Arc<hyper::server::conn::http1::Builder>,
+    http2: Arc<hyper::server::conn::http2::Builder<TokioExecutor>>,
+}
+
+/// Drives a hyper connection until it ends, or, once `shutdown` is set,
+/// lets it finish what is in progress until the grace deadline.
+macro_rules! drive {
+    ($conn:expr, $shutdown:expr, $limits:expr) => {{
+        let conn = $conn;
+        tokio::pin!(conn);
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            // A closed channel (the state is gone) is a shutdown too.
+            _ = $shutdown.wait_for(|stopping| *stopping) => {}
+        }
+        // Finish the request in progress (event streams end on the same
+        // signal), answer nothing more, and give up at the deadline.
+        conn.as_mut().graceful_shutdown();
+        if tokio::time::timeout($limits.shutdown_grace, conn)
+            .await
+            .is_err()
+        {
+            tracing::info!(
+                grace_secs = $limits.shutdown_grace.as_secs(),
+                "dropping a connection still open at the shutdown deadline"
+            );
+        }
+    }};
+}
+
 /// Serves one connection until it ends, or until a shutdown's grace runs
 /// out. `_slot` is its place under the connection cap.
 async fn serve_one(
     stream: TcpStream,
-    http1: Arc<hyper::server::conn::http1::Builder>,
+    tls: Option<TlsAcceptor>,
+    protocols: Protocols,
     app: Router,
     limits: HttpLimits,
     mut shutdown: watch::Receiver<bool>,
@@ -142,39 +193,54 @@ async fn serve_one(
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(error = %e, "could not set TCP_NODELAY");
     }
-    match opening(&stream, limits.header_read_timeout).await {
-        Opening::Http1 => {}
-        // Nothing within the time a request head has: hyper would close it
-        // too.
-        Opening::Silent => return,
-        Opening::Http2 => return refuse_h2(stream, REFUSAL_LINGER.min(limits.idle_timeout)).await,
-    }
-    let io = TokioIo::new(ConnIo::new(stream, limits.idle_timeout));
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         app.clone().oneshot(request.map(axum::body::Body::new))
     });
-    let conn = http1.serve_connection(io, service);
-    tokio::pin!(conn);
-    tokio::select! {
-        result = conn.as_mut() => {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "connection ended with an error");
+    let Some(acceptor) = tls else {
+        match opening(&stream, limits.header_read_timeout).await {
+            Opening::Http1 => {}
+            // Nothing within the time a request head has: hyper would close
+            // it too.
+            Opening::Silent => return,
+            Opening::Http2 => {
+                return refuse_h2(stream, REFUSAL_LINGER.min(limits.idle_timeout)).await
             }
-            return;
         }
-        // A closed channel (the state is gone) is a shutdown too.
-        _ = shutdown.wait_for(|stopping| *stopping) => {}
-    }
-    // Finish the request in progress (event streams end on the same signal),
-    // answer nothing more, and give up at the deadline.
-    conn.as_mut().graceful_shutdown();
-    if tokio::time::timeout(limits.shutdown_grace, conn)
-        .await
-        .is_err()
-    {
-        tracing::info!(
-            grace_secs = limits.shutdown_grace.as_secs(),
-            "dropping a connection still open at the shutdown deadline"
+        let io = TokioIo::new(ConnIo::new(stream, limits.idle_timeout));
+        drive!(
+            protocols.http1.serve_connection(io, service),
+            shutdown,
+            limits
+        );
+        return;
+    };
+    // The handshake is the client's first words: it gets the time a
+    // request head has.
+    let stream =
+        match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("no TLS handshake within the header-read timeout");
+                return;
+            }
+        };
+    if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+        let io = TokioIo::new(ConnIo::h2(stream, limits.idle_timeout));
+        drive!(
+            protocols.http2.serve_connection(io, service),
+            shutdown,
+            limits
+        );
+    } else {
+        let io = TokioIo::new(ConnIo::new(stream, limits.idle_timeout));
+        drive!(
+            protocols.http1.serve_connection(io, service),
+            shutdown,
+            limits
         );
     }
 }
@@ -294,6 +360,9 @@ struct ConnIo<T> {
     /// The JSON answer replacing hyper's bodiless one, and how much of it
     /// was written.
     replacement: Option<(Vec<u8>, usize)>,
+    /// Whether hyper's HTTP/1.1 error heads are looked for (not in HTTP/2's
+    /// binary frames).
+    intercepts: bool,
 }
 
 impl<T> ConnIo<T> {
@@ -303,6 +372,15 @@ impl<T> ConnIo<T> {
             idle_timeout,
             stalled: None,
             replacement: None,
+            intercepts: true,
+        }
+    }
+
+    /// For an HTTP/2 connection: the write timeout only.
+    fn h2(inner: T, idle_timeout: Duration) -> Self {
+        Self {
+            intercepts: false,
+            ..Self::new(inner, idle_timeout)
         }
     }
 }
@@ -350,6 +428,7 @@ impl<T: AsyncWrite + Unpin> ConnIo<T> {
             idle_timeout,
             stalled,
             replacement,
+            ..
         } = self;
         while let Some((bytes, written)) = replacement {
             if *written >= bytes.len() {
@@ -380,6 +459,9 @@ impl<T: AsyncWrite + Unpin> ConnIo<T> {
     /// replacement and returns how many bytes of hyper's to report written
     /// (all of them: hyper must not send the rest).
     fn intercept(&mut self, buf: &[u8], total: usize) -> Option<usize> {
+        if !self.intercepts {
+            return None;
+        }
         let replacement = json_error_response(buf)?;
         self.replacement = Some((replacement, 0));
         Some(total)

@@ -379,6 +379,16 @@ impl From<AuthError> for ApiError {
             AuthError::MissingToken | AuthError::MalformedHeader | AuthError::InvalidToken(_) => {
                 Self::new(StatusCode::UNAUTHORIZED, "unauthorized", e.to_string())
             }
+            // The identity provider is down or unreachable: the server's
+            // problem, and a retry may succeed.
+            AuthError::KeysUnavailable(_) => {
+                tracing::error!(error = %e, "cannot verify a token");
+                Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "keys_unavailable",
+                    e.to_string(),
+                )
+            }
             // Configuration problems should never reach a request; if one
             // does, it is the server's fault, not the caller's.
             AuthError::InvalidKey(_)

@@ -31,7 +31,7 @@ impl FromRequestParts<AppState> for Auth {
             None => None,
             Some(v) => Some(v.to_str().map_err(|_| AuthError::MalformedHeader)?),
         };
-        Ok(Auth(state.auth().authenticate(header)?))
+        Ok(Auth(state.auth().authenticate(header).await?))
     }
 }
 

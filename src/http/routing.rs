@@ -31,6 +31,13 @@
 //!   owner never starve this node's own sessions, and neither budget holds
 //!   up `/healthz`, `/readyz` or `/metrics` (admission never counts them).
 //!
+//! Over a network, nodes talk HTTPS: a node's advertise URL is `https://`
+//! when it serves TLS, and `[http] ca_bundle` adds a private CA to the
+//! roots forwards trust. A forward carries the caller's bearer token, so a
+//! node refuses to send it over plain HTTP to a non-loopback address
+//! (500 `insecure_forward`, naming `cluster.allow_plain_http`, the option
+//! that allows it on a network the operator trusts).
+//!
 //! The node credential is a short-lived HS256 token signed with a secret
 //! the nodes share through the database (only nodes can read it); it only
 //! marks a request as coming from a node. The caller's own token is still
@@ -99,6 +106,11 @@ pub struct ForwardOptions {
     /// How long an owner that did not answer is not tried again (the
     /// heartbeat interval: by then it has heartbeat again, or not).
     pub cooldown: Duration,
+    /// Extra trusted CA certificates (PEM) for owners' `https://` URLs.
+    pub ca_bundle: Option<Vec<u8>>,
+    /// Forward over plain HTTP to non-loopback owners too
+    /// (`cluster.allow_plain_http`).
+    pub allow_plain_http: bool,
 }
 
 /// The router. Cheap to clone.
@@ -118,6 +130,7 @@ struct Inner {
     forwards: Arc<Semaphore>,
     max_forwards: usize,
     breakers: Breakers,
+    allow_plain_http: bool,
 }
 
 impl std::fmt::Debug for Routing {
@@ -166,16 +179,30 @@ impl Routing {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.set_required_spec_claims(&["exp", "sub"]);
         let deadline = forward_deadline(options.deadline, store.lease());
-        let client = reqwest::Client::builder()
+        let mut client = reqwest::Client::builder()
             // The whole exchange, the answer's body included.
             .timeout(deadline)
             .connect_timeout(deadline.min(Duration::from_secs(2)))
-            .redirect(reqwest::redirect::Policy::none())
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(pem) = &options.ca_bundle {
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| format!("http.ca_bundle: not PEM certificates: {e}"))?;
+            for cert in certs {
+                client = client.add_root_certificate(cert);
+            }
+        }
+        let client = client
             .build()
             .map_err(|e| format!("HTTP client for forwarding: {e}"))?;
         let max_forwards = options.max_in_flight.clamp(1, MAX_COUNT_LIMIT);
         metrics::gauge!(IN_FLIGHT).set(0.0);
-        for outcome in ["ok", "unreachable", "breaker_open", "overloaded"] {
+        for outcome in [
+            "ok",
+            "unreachable",
+            "breaker_open",
+            "overloaded",
+            "insecure",
+        ] {
             metrics::counter!(FORWARDED, "outcome" => outcome).increment(0);
         }
         Ok(Self {
@@ -190,6 +217,7 @@ impl Routing {
                 forwards: Arc::new(Semaphore::new(max_forwards)),
                 max_forwards,
                 breakers: Breakers::new(options.cooldown),
+                allow_plain_http: options.allow_plain_http,
             }),
         })
     }
@@ -228,6 +256,24 @@ impl Routing {
         body: Bytes,
     ) -> Response {
         let inner = &self.inner;
+        if !inner.allow_plain_http && !secure_enough(url) {
+            tracing::error!(
+                session_id = %id, node = %owner, %url,
+                "refused to forward a request over plain HTTP to a non-loopback node"
+            );
+            metrics::counter!(FORWARDED, "outcome" => "insecure").increment(1);
+            return ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "insecure_forward",
+                format!(
+                    "session {id} is served by node {owner} at {url}, and this node refuses to \
+                     forward the caller's bearer token to it over plain HTTP (not loopback): \
+                     give the nodes https:// advertise URLs (http.tls_cert, http.tls_key), or \
+                     set cluster.allow_plain_http = true on a network you trust"
+                ),
+            )
+            .into_response();
+        }
         let ticket = match inner.breakers.admit(owner, Instant::now()) {
             Ok(ticket) => ticket,
             Err(retry_after) => {
@@ -307,6 +353,27 @@ impl Routing {
         *response.status_mut() = status;
         *response.headers_mut() = headers;
         response
+    }
+}
+
+/// Whether a forward to `url` keeps the caller's token off the network in
+/// clear: `https://`, or any scheme to a loopback host.
+pub fn secure_enough(url: &str) -> bool {
+    match reqwest::Url::parse(url) {
+        Ok(u) => u.scheme() == "https" || is_loopback_url(&u),
+        Err(_) => false,
+    }
+}
+
+/// Whether `url`'s host is a loopback address or `localhost`.
+pub fn is_loopback_url(url: &reqwest::Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => host.eq_ignore_ascii_case("localhost"),
     }
 }
 

@@ -435,7 +435,14 @@ fn columns(key: &str, entry: Option<&Entry>) -> (String, String) {
         }
     };
     let description = match &entry.example {
-        Some(example) => format!("{description} Example: `{example}`."),
+        Some(example) => {
+            let stop = if description.is_empty() || description.ends_with(['.', ':', ')']) {
+                ""
+            } else {
+                "."
+            };
+            format!("{description}{stop} Example: `{example}`.")
+        }
         None => description,
     };
     (default, description.trim().to_owned())

@@ -74,7 +74,7 @@ pub struct AcpArgs {
 /// connection on stdin/stdout until the client closes it.
 pub fn run(args: AcpArgs) -> Result<(), AcpError> {
     if let Some(url) = args.server.clone() {
-        crate::cli::init_tracing();
+        crate::telemetry::init_tracing();
         return run_remote(url, args.agent);
     }
     // The editor's file tools exist here only: agents may list them.
@@ -94,7 +94,7 @@ pub fn run(args: AcpArgs) -> Result<(), AcpError> {
     let _telemetry = match crate::telemetry::init(&config.log, settings.as_ref()) {
         Ok(telemetry) => Some(telemetry),
         Err(e) => {
-            crate::cli::init_tracing();
+            crate::telemetry::init_tracing();
             tracing::warn!("{e}; traces are off");
             None
         }

@@ -31,9 +31,8 @@ use overseer_actors::SessionError;
 use crate::config::ConfigError;
 use crate::scenario::ScenarioLoadError;
 
-/// The tenant of sessions created by `overseer run`: the CLI has no token to
-/// take one from, and one fixed name keeps local runs listable together.
-pub const CLI_TENANT: &str = "local";
+pub use crate::service::CLI_TENANT;
+pub use crate::telemetry::init_tracing;
 
 /// The message the model sees for calls denied by `--approve deny`.
 pub const DENY_MESSAGE: &str = "denied by --approve deny";
@@ -359,28 +358,6 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
     }
-}
-
-/// Logs (tracing) go to stderr, `warn` and above unless `RUST_LOG` says
-/// otherwise, so they never mix with the agent's text on stdout. They are
-/// coloured only when stderr is a terminal (and `NO_COLOR` is not set): a
-/// log file or a pipe gets plain text, without escape codes.
-pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(colour)
-        .with_writer(std::io::stderr)
-        // By default a failed write is reported with `eprintln!`, which
-        // panics when stderr is closed (`overseer run … 2>&1 | head`): the
-        // panic would fail whichever actor logged, the orchestrator included,
-        // and the run would hang. A log line that cannot be written is lost,
-        // nothing more.
-        .log_internal_errors(false)
-        .try_init();
 }
 
 /// Starts logging in `[log]`'s format and, when `[telemetry]` or the

@@ -29,6 +29,11 @@ use crate::tools::mcp::McpHub;
 use crate::tools::skills::ReadSkillResource;
 use crate::webhooks::{Subscriptions, SystemClock, WebhookStore, Webhooks};
 
+/// The tenant of sessions a person starts on this machine without a token
+/// (`overseer run`, `overseer acp`): one fixed name keeps local runs
+/// listable together.
+pub const CLI_TENANT: &str = "local";
+
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {

@@ -3,8 +3,8 @@
 //! store of cluster mode ([`postgres`]), with what they share: the stored
 //! form of a session (`codec`: header, transcript entry, events, blobs; no
 //! engine types), [`Durability`], copying every session from one store to
-//! another ([`copy`]) and the offline verification of a sled directory
-//! (`check`, `overseer store check`).
+//! another ([`copy`]). The offline verification of a sled directory
+//! (`overseer store check`) is the sled store's (`sled::check`).
 //!
 //! Nothing of one engine is in the other: each owns its keys or tables, its
 //! writer and its migrations, and reads and writes the shared codec's values.
@@ -15,17 +15,16 @@
 //!
 //! [`CheckpointStore`]: overseer_actors::store::CheckpointStore
 
-mod check;
 mod codec;
 pub mod copy;
 pub mod postgres;
 pub mod sled;
 
+pub use self::sled::check::{check, CheckReport};
 pub use self::sled::{
     Compression, Inspector, OpenError, SledStore, StoreOptions, StoreWatch, DEFAULT_CACHE_MB,
     MAX_CACHE_MB,
 };
-pub use check::{check, CheckReport};
 
 /// When `checkpoint` returns (`durability` in the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]

@@ -357,7 +357,7 @@ pub fn init(log: &LogSection, settings: Option<&Settings>) -> Result<Telemetry, 
             tracing_subscriber::fmt::layer()
                 .with_ansi(colour)
                 .with_writer(std::io::stderr)
-                // See `cli::init_tracing`: a log line that cannot be
+                // See `init_tracing`: a log line that cannot be
                 // written is lost, it does not panic.
                 .log_internal_errors(false)
                 .with_filter(filter)
@@ -499,6 +499,28 @@ impl overseer_actors::genai::TraceBridge for Bridge {
     fn capture_content(&self) -> bool {
         self.capture_content
     }
+}
+
+/// Logs (tracing) go to stderr, `warn` and above unless `RUST_LOG` says
+/// otherwise, so they never mix with the agent's text on stdout. They are
+/// coloured only when stderr is a terminal (and `NO_COLOR` is not set): a
+/// log file or a pipe gets plain text, without escape codes.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(colour)
+        .with_writer(std::io::stderr)
+        // By default a failed write is reported with `eprintln!`, which
+        // panics when stderr is closed (`overseer run … 2>&1 | head`): the
+        // panic would fail whichever actor logged, the orchestrator included,
+        // and the run would hang. A log line that cannot be written is lost,
+        // nothing more.
+        .log_internal_errors(false)
+        .try_init();
 }
 
 #[cfg(test)]

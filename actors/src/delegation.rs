@@ -11,8 +11,7 @@ use serde_json::{json, Value};
 use crate::model::{SessionId, StopReason, Usage};
 use crate::tool::{Tool, ToolContext, ToolError, ToolSpec};
 
-/// Name of the built-in.
-pub const DELEGATE_TASK: &str = "delegate_task";
+pub use crate::model::DELEGATE_TASK;
 
 /// Whether a call of the tool `name` runs as a child session rather than in
 /// a tool-call actor: `delegate_task`, and `run_task` (a stored task,

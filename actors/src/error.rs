@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::model::{SessionId, SessionStatus, ToolCallId};
+use crate::model::{OverrideError, SessionId, SessionStatus, ToolCallId};
 use crate::store::StoreError;
 
 /// Why a request to a session was refused. A refused request changed nothing.
@@ -123,6 +123,13 @@ pub enum SessionError {
         /// Seconds after which a retry is likely to be admitted.
         retry_after_secs: u64,
     },
+}
+
+impl From<OverrideError> for SessionError {
+    /// An override the agent does not allow is the caller's to fix.
+    fn from(e: OverrideError) -> Self {
+        Self::Invalid(e.0)
+    }
 }
 
 fn join(ids: &[ToolCallId]) -> String {

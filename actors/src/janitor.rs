@@ -13,7 +13,6 @@
 //! sessions are purged.
 
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
@@ -21,27 +20,7 @@ use crate::messages::SessionMsg;
 use crate::model::{SessionId, SessionStatus};
 use crate::runtime::Runtime;
 
-/// When and how much the janitor sweeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JanitorConfig {
-    /// Time between two batches.
-    pub interval: Duration,
-    /// Headers read per batch.
-    pub batch: usize,
-    /// Terminal sessions whose last change is older than this are purged
-    /// (`None`: kept for ever).
-    pub retention: Option<Duration>,
-}
-
-impl Default for JanitorConfig {
-    fn default() -> Self {
-        Self {
-            interval: Duration::from_secs(1),
-            batch: 1000,
-            retention: None,
-        }
-    }
-}
+pub use crate::runtime::JanitorConfig;
 
 /// What one batch did (for tests and logs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

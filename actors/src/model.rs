@@ -6,6 +6,7 @@
 //! It deliberately owns no behaviour over time: the turn loop lives in
 //! [`crate::machine`], persistence behind [`crate::store`].
 
+mod builtins;
 mod call;
 pub(crate) mod decision;
 mod event;
@@ -17,10 +18,11 @@ mod trace;
 mod transcript;
 mod usage;
 
+pub use builtins::{activation_text, ACTIVATE_SKILL, DELEGATE_TASK, READ_SKILL_RESOURCE, RUN_TASK};
 pub use call::{CallState, OnInterrupt, ToolCallId, ToolCallRecord};
 pub use decision::{merge_override, Decision, DecisionRecord, Submission};
 pub use event::{Event, EventKind, Notification};
-pub use overrides::{check_output_schema, SessionOverrides};
+pub use overrides::{check_output_schema, OverrideError, SessionOverrides};
 pub use prompt::PromptClosed;
 pub use session::{
     AgentConfig, ApprovalPolicy, Budget, ChildApproval, ContextState, EffectiveConfig, ForkOrigin,

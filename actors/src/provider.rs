@@ -111,7 +111,7 @@ pub fn entry_chars(entry: &TranscriptEntry) -> usize {
         }
         TranscriptEntry::Compaction { summary, .. } => summary.len(),
         TranscriptEntry::SkillActivated { name, body, .. } => {
-            crate::skills::activation_text(name, body).len()
+            crate::model::activation_text(name, body).len()
         }
         TranscriptEntry::ModelChanged { .. }
         | TranscriptEntry::ToolRuleSet { .. }

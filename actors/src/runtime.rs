@@ -55,7 +55,7 @@ pub struct RuntimeConfig {
     /// compacts its older transcript before the next step.
     pub compaction_threshold_pct: u8,
     /// The background sweeps (input expiry, retention); `None` runs none.
-    pub janitor: Option<crate::janitor::JanitorConfig>,
+    pub janitor: Option<JanitorConfig>,
 }
 
 impl Default for RuntimeConfig {
@@ -67,7 +67,30 @@ impl Default for RuntimeConfig {
             idle_pressure: crate::limits::IdlePressure::default(),
             limits: Limits::default(),
             compaction_threshold_pct: crate::machine::DEFAULT_COMPACTION_THRESHOLD_PCT,
-            janitor: Some(crate::janitor::JanitorConfig::default()),
+            janitor: Some(JanitorConfig::default()),
+        }
+    }
+}
+
+/// When and how much the janitor (`crate::janitor`) sweeps: part of the
+/// runtime's configuration, beside the rest of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JanitorConfig {
+    /// Time between two batches.
+    pub interval: Duration,
+    /// Headers read per batch.
+    pub batch: usize,
+    /// Terminal sessions whose last change is older than this are purged
+    /// (`None`: kept for ever).
+    pub retention: Option<Duration>,
+}
+
+impl Default for JanitorConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+            batch: 1000,
+            retention: None,
         }
     }
 }

@@ -27,11 +27,7 @@ use serde_json::{json, Map, Value};
 
 use crate::tool::{Tool, ToolContext, ToolError, ToolSpec};
 
-/// Name of the built-in that loads a skill's body into the session.
-pub const ACTIVATE_SKILL: &str = "activate_skill";
-
-/// Name of the built-in that reads a file of an active skill.
-pub const READ_SKILL_RESOURCE: &str = "read_skill_resource";
+pub use crate::model::{activation_text, ACTIVATE_SKILL, READ_SKILL_RESOURCE};
 
 /// The `status` of an `activate_skill` result that loaded the body; the
 /// session moves the body out of the result into a `skill_activated` entry.
@@ -130,12 +126,6 @@ conversation. Read a file an active skill points at with `{READ_SKILL_RESOURCE}`
 /// A description on one line (the listing is one line per skill).
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// What the model reads of an activated skill: a message of its own, placed
-/// after the step it was activated in.
-pub fn activation_text(name: &str, body: &str) -> String {
-    format!("[Skill \"{name}\" is active. Its instructions follow.]\n\n{body}")
 }
 
 /// `instructions` + `extra` as one system prompt (a blank line between).

@@ -22,8 +22,7 @@ use serde_json::{json, Value};
 
 use crate::tool::{Tool, ToolContext, ToolError, ToolSpec};
 
-/// Name of the built-in.
-pub const RUN_TASK: &str = "run_task";
+pub use crate::model::RUN_TASK;
 
 /// One stored task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -31,7 +31,7 @@ use super::fs;
 use super::mcp::{self, SessionServers};
 use super::sessions::{Sessions, SessionsError};
 use super::{updates, AcpError};
-use crate::cli::CLI_TENANT;
+use crate::service::CLI_TENANT;
 
 /// What every handler shares.
 struct State {

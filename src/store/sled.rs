@@ -67,6 +67,7 @@
 //! back exactly; which sessions are purged, and when, is the runtime's
 //! retention policy.
 
+pub(super) mod check;
 mod durable;
 mod gate;
 mod group_commit;
@@ -76,6 +77,7 @@ pub(super) mod open;
 mod purge;
 mod readers;
 pub(super) mod sidecar;
+pub(super) mod trees;
 mod webhooks;
 
 use std::collections::HashMap;
@@ -97,8 +99,9 @@ use super::codec::{self, corrupt};
 use super::Durability;
 use gate::Gate;
 use group_commit::{Command, GroupCommit, Reply, Shared};
-use open::{Purpose, Trees};
+use open::Purpose;
 use readers::Readers;
+use trees::Trees;
 
 /// The layout version of the trees above (not the snapshot `schema_version`,
 /// which versions the JSON inside them). 3: `events` holds one row per
@@ -379,7 +382,7 @@ impl SledStore {
 
     /// The opening readers use now (tests look inside it).
     #[cfg(test)]
-    fn current(&self) -> Arc<open::Generation> {
+    fn current(&self) -> Arc<trees::Generation> {
         self.inner.shared.gate.get().unwrap()
     }
 }

@@ -427,6 +427,7 @@ mod tests {
                 TranscriptEntry::Error { .. } => "error",
                 TranscriptEntry::ModelChanged { .. } => "model",
                 TranscriptEntry::ToolRuleSet { .. } => "rule",
+                TranscriptEntry::SkillActivated { .. } => "skill",
             })
             .collect()
     }

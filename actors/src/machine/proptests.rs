@@ -289,6 +289,7 @@ fn kind(input: &Input) -> &'static str {
         Input::Done => "done",
         Input::Resume { .. } => "resume",
         Input::Fail { .. } => "fail",
+        Input::ActivateSkill { .. } => "activate_skill",
     }
 }
 
@@ -861,6 +862,7 @@ fn effect_name(e: &Effect) -> &'static str {
         Effect::Dispatch { .. } => "dispatch_again",
         Effect::KillTools => "kill_tools",
         Effect::Delegate { .. } => "delegate",
+        Effect::RunTask { .. } => "run_task",
         Effect::CancelChild(_) => "cancel_child",
         Effect::ArmApprovalTimer { .. } => "timer",
         Effect::Delta(_) => "delta",

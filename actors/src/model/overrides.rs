@@ -7,7 +7,12 @@
 //! does not check that a model route exists: routes are the edge's.
 
 use super::{AgentConfig, Budget, EffectiveConfig};
-use crate::error::SessionError;
+
+/// An override that asks for more than the agent allows, or is malformed:
+/// the message names the field. Nothing was applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct OverrideError(pub String);
 
 /// Per-session changes to an agent's preset. Each may only narrow what the
 /// agent allows: tools a subset, limits lower.
@@ -50,7 +55,7 @@ impl SessionOverrides {
     /// The effective configuration of a session of `agent` with these
     /// overrides, or an error naming the field that asks for more than the
     /// agent allows.
-    pub fn apply(&self, agent: &AgentConfig) -> Result<EffectiveConfig, SessionError> {
+    pub fn apply(&self, agent: &AgentConfig) -> Result<EffectiveConfig, OverrideError> {
         let mut cfg = agent.effective();
         if let Some(extra) = &self.instructions {
             if cfg.instructions.is_empty() {
@@ -66,7 +71,7 @@ impl SessionOverrides {
                 .map(String::as_str)
                 .collect();
             if !wider.is_empty() {
-                return Err(SessionError::Invalid(format!(
+                return Err(OverrideError(format!(
                     "tools: not available to agent '{}': {}",
                     agent.name,
                     wider.join(", ")
@@ -79,7 +84,7 @@ impl SessionOverrides {
         }
         if let Some(n) = self.max_steps {
             if n == 0 || n > cfg.max_steps {
-                return Err(SessionError::Invalid(format!(
+                return Err(OverrideError(format!(
                     "max_steps: must be between 1 and the agent's {}",
                     cfg.max_steps
                 )));
@@ -88,7 +93,7 @@ impl SessionOverrides {
         }
         if let Some(n) = self.approval_timeout_secs {
             if n == 0 || n > cfg.approval_timeout_secs {
-                return Err(SessionError::Invalid(format!(
+                return Err(OverrideError(format!(
                     "approval_timeout_secs: must be between 1 and the agent's {}",
                     cfg.approval_timeout_secs
                 )));
@@ -97,7 +102,7 @@ impl SessionOverrides {
         }
         if let Some(b) = self.budget {
             let check = |field: &str, asked: Option<u64>, limit: Option<u64>| match (asked, limit) {
-                (Some(a), Some(l)) if a > l => Err(SessionError::Invalid(format!(
+                (Some(a), Some(l)) if a > l => Err(OverrideError(format!(
                     "budget.{field}: {a} exceeds the agent's limit {l}"
                 ))),
                 _ => Ok(()),
@@ -115,7 +120,7 @@ impl SessionOverrides {
         }
         if let Some(schema) = &self.output_schema {
             check_output_schema(schema)
-                .map_err(|e| SessionError::Invalid(format!("output_schema: {e}")))?;
+                .map_err(|e| OverrideError(format!("output_schema: {e}")))?;
             cfg.output_schema = Some(schema.clone());
         }
         Ok(cfg)

@@ -361,21 +361,21 @@ impl AgentConfig {
         //, `run_task` for those that list tasks, and the skill tools
         // for those that list skills.
         let builtins = [
-            crate::delegation::DELEGATE_TASK,
-            crate::tasks::RUN_TASK,
-            crate::skills::ACTIVATE_SKILL,
-            crate::skills::READ_SKILL_RESOURCE,
+            super::DELEGATE_TASK,
+            super::RUN_TASK,
+            super::ACTIVATE_SKILL,
+            super::READ_SKILL_RESOURCE,
         ];
         tools.retain(|t| !builtins.contains(&t.as_str()));
         if !self.subagents.is_empty() {
-            tools.push(crate::delegation::DELEGATE_TASK.to_owned());
+            tools.push(super::DELEGATE_TASK.to_owned());
         }
         if !self.tasks.is_empty() {
-            tools.push(crate::tasks::RUN_TASK.to_owned());
+            tools.push(super::RUN_TASK.to_owned());
         }
         if !self.skills.is_empty() {
-            tools.push(crate::skills::ACTIVATE_SKILL.to_owned());
-            tools.push(crate::skills::READ_SKILL_RESOURCE.to_owned());
+            tools.push(super::ACTIVATE_SKILL.to_owned());
+            tools.push(super::READ_SKILL_RESOURCE.to_owned());
         }
         EffectiveConfig {
             instructions: self.instructions.clone(),

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use overseer_actors::store::StoreError;
 
-use super::open::Generation;
+use super::trees::Generation;
 
 /// How long a read waits for the writer to finish reopening the directory
 /// before failing.

@@ -67,9 +67,10 @@ use overseer_actors::store::StoreError;
 use super::codec::{self, corrupt};
 use super::gate::Gate;
 use super::layout::{self, Prepared};
-use super::open::{self, catch_sled_panic, Generation, OpenError, Purpose, Trees, COMMIT_KEY};
+use super::open::{self, catch_sled_panic, OpenError, Purpose, COMMIT_KEY};
 use super::purge::{self, PurgeError};
 use super::sidecar::Sidecar;
+use super::trees::{Generation, Trees};
 use super::{Durability, StoreOptions};
 
 /// Most checkpoints in one group, and most bytes: bounds how long the first

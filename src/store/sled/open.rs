@@ -26,7 +26,7 @@ use std::any::Any;
 use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, Once, PoisonError};
+use std::sync::Once;
 
 use overseer_actors::store::StoreError;
 use sled::Tree;
@@ -34,6 +34,7 @@ use sled::Tree;
 use super::durable::Durable;
 use super::layout;
 use super::sidecar;
+use super::trees::{Generation, Trees};
 use super::{Compression, StoreOptions, FORMAT_KEY, FORMAT_VERSION};
 use crate::store::codec::{self, corrupt};
 
@@ -41,75 +42,6 @@ use crate::store::codec::{self, corrupt};
 pub(in crate::store) const COMMIT_KEY: &[u8] = b"commit_seq";
 
 /// The database and its trees, cloned (cheaply) wherever they are used.
-#[derive(Clone)]
-pub(in crate::store) struct Trees {
-    pub(in crate::store) db: sled::Db,
-    pub(in crate::store) sessions: Tree,
-    pub(in crate::store) transcript: Tree,
-    /// `id ‖ seq` → the events of one checkpoint, numbered from `seq`
-    /// (layout 3; a single event in rows written by layouts 1 and 2).
-    pub(in crate::store) events: Tree,
-    /// `id ‖ seq` → a queued message (schema 2).
-    pub(in crate::store) queue: Tree,
-    /// `id` → the session's metadata, written once (schema 2).
-    pub(in crate::store) metadata: Tree,
-    pub(in crate::store) tenants: Tree,
-    pub(in crate::store) active: Tree,
-    pub(in crate::store) blobs: Tree,
-    /// `sha256 hex ‖ id` → empty: which sessions reference each blob
-    /// (layout version 2), so a purge deletes only blobs nobody else uses.
-    pub(in crate::store) blob_refs: Tree,
-    /// `tenant ‖ 0x00 ‖ time ‖ id ‖ call` → a row of the decision index
-    /// (see `layout::decision_key`).
-    pub(in crate::store) decisions: Tree,
-    pub(in crate::store) meta: Tree,
-    /// Test hook: when set, the writer stops each group right before its
-    /// `sessions` writes (the commit record) and fails it, as a crash there
-    /// would leave the trees.
-    #[cfg(test)]
-    pub(in crate::store) drop_headers: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// Test hook: when set, each purge stops right after removing the
-    /// session's header, as a crash there would leave the trees.
-    #[cfg(test)]
-    pub(in crate::store) stop_purges: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// One opening of the directory. After a write failure the writer closes it
-/// and opens the directory again: what sled holds in memory past the last
-/// confirmed flush must not outlive the failure (see `gate`).
-pub(in crate::store) struct Generation {
-    pub(in crate::store) trees: Trees,
-    durable: Mutex<Durable>,
-    /// Why this generation stopped taking writes, once it has.
-    failure: Mutex<Option<String>>,
-}
-
-impl Generation {
-    /// Makes everything written to this generation so far durable.
-    pub(in crate::store) fn flush(&self) -> Result<(), String> {
-        self.durable
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .flush()
-    }
-
-    /// Marks this generation failed; the first cause sticks.
-    pub(in crate::store) fn fail(&self, cause: &str) {
-        let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
-        if failure.is_none() {
-            *failure = Some(cause.to_owned());
-        }
-    }
-
-    /// Why this generation failed, if it has.
-    pub(in crate::store) fn failure(&self) -> Option<String> {
-        self.failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-}
-
 /// What opening a directory found.
 pub(in crate::store) struct Opened {
     pub(in crate::store) generation: Generation,
@@ -311,11 +243,7 @@ pub(in crate::store) fn open(
         let durable = Durable::new(db.clone(), dir)
             .map_err(|e| other(format!("opening its log for syncing: {e}")))?;
         Ok(Opened {
-            generation: Generation {
-                trees,
-                durable: Mutex::new(durable),
-                failure: Mutex::new(None),
-            },
+            generation: Generation::new(trees, durable),
             commit_seq,
             compression,
         })

@@ -25,7 +25,7 @@ use sled::Tree;
 
 use super::codec;
 use super::layout;
-use super::open::Trees;
+use super::trees::Trees;
 
 /// Why a purge did not complete.
 pub(super) enum PurgeError {

@@ -34,7 +34,7 @@ use overseer_actors::store::StoreError;
 
 use super::gate::READ_WAIT;
 use super::group_commit::Shared;
-use super::open::Generation;
+use super::trees::Generation;
 
 /// One read: given the opening to read from (or why there is none), it
 /// computes its result and sends it to whoever waits for it.

@@ -51,7 +51,7 @@ use uuid::Uuid;
 
 use super::codec::{self, corrupt};
 use super::layout;
-use super::open::Generation;
+use super::trees::Generation;
 use super::SledStore;
 use crate::webhooks::{
     describes, Claim, Delivery, DeliveryKey, DeliveryStatus, Endpoint, Outcome, Seed,

@@ -20,10 +20,11 @@ use std::path::{Path, PathBuf};
 
 use overseer_actors::model::{SessionId, SCHEMA_VERSION};
 
-use super::codec;
-use super::sled::layout;
-use super::sled::open::{self, catch_sled_panic, OpenError, Purpose, Trees, COMMIT_KEY};
-use super::sled::{sidecar, StoreOptions, FORMAT_KEY, FORMAT_VERSION};
+use super::layout;
+use super::open::{self, catch_sled_panic, OpenError, Purpose, COMMIT_KEY};
+use super::trees::Trees;
+use super::{sidecar, StoreOptions, FORMAT_KEY, FORMAT_VERSION};
+use crate::store::codec;
 
 /// At most this many problems are listed (the count says how many more).
 const MAX_LISTED: usize = 50;

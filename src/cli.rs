@@ -352,7 +352,8 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
         Command::Cluster(args) => cluster::run(args),
         Command::Acp(args) => Ok(crate::acp::run(args)?),
         Command::Docs(args) => {
-            for path in crate::docs::write_reference(&args.out)? {
+            let command = <Cli as clap::CommandFactory>::command();
+            for path in crate::docs::write_reference(&args.out, &command)? {
                 status(format_args!("wrote {}", path.display()));
             }
             Ok(())

@@ -7,7 +7,9 @@
 //! from it: the section types' own key lists, the commented defaults file
 //! compiled into the binary ([`crate::config::DEFAULT_CONFIG`]) and the
 //! environment table [`crate::config::ENV_OVERRIDES`]; the clap command tree
-//! of [`crate::cli::Cli`]; the names and descriptions that
+//! of the binary (`crate::cli::Cli`, passed in by the caller so that the
+//! command line and this module do not import each other); the names and
+//! descriptions that
 //! [`crate::metrics::describe`] gives the recorder. `overseer docs
 //! --out docs/src/reference` (a hidden subcommand) writes them, and
 //! `tests/docs.rs` fails when a committed page differs from what this module
@@ -56,16 +58,17 @@ pub enum DocsError {
     },
 }
 
-/// Every generated page, rendered from the code.
-pub fn reference_pages() -> Result<Vec<Page>, DocsError> {
+/// Every generated page, rendered from the code; `cli` is the binary's
+/// command tree (`<overseer::cli::Cli as clap::CommandFactory>::command()`).
+pub fn reference_pages(cli: &clap::Command) -> Result<Vec<Page>, DocsError> {
     Ok(vec![
         Page {
             file: "config.md",
-            text: with_banner(config::render()?),
+            text: with_banner(config::render(cli)?),
         },
         Page {
             file: "cli.md",
-            text: with_banner(cli::render()),
+            text: with_banner(cli::render(cli)),
         },
         Page {
             file: "metrics.md",
@@ -76,8 +79,8 @@ pub fn reference_pages() -> Result<Vec<Page>, DocsError> {
 
 /// Writes every generated page into `dir` (created if missing) and returns
 /// the paths written.
-pub fn write_reference(dir: &Path) -> Result<Vec<PathBuf>, DocsError> {
-    let pages = reference_pages()?;
+pub fn write_reference(dir: &Path, cli: &clap::Command) -> Result<Vec<PathBuf>, DocsError> {
+    let pages = reference_pages(cli)?;
     std::fs::create_dir_all(dir).map_err(|source| DocsError::Write {
         path: dir.to_owned(),
         source,

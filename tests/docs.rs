@@ -9,6 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Component, Path, PathBuf};
 
+use clap::CommandFactory;
+use overseer::cli::Cli;
 use overseer::docs::{reference_pages, REFERENCE_DIR, REGENERATE};
 use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 use serde::de::DeserializeOwned;
@@ -22,10 +24,10 @@ fn generated_reference_pages_match_the_code() {
     // `OVERSEER_WRITE_DOCS=1 cargo test --test docs` rewrites the pages
     // instead (what `overseer docs` does, without building the binary).
     if std::env::var_os("OVERSEER_WRITE_DOCS").is_some() {
-        overseer::docs::write_reference(&root().join(REFERENCE_DIR)).unwrap();
+        overseer::docs::write_reference(&root().join(REFERENCE_DIR), &Cli::command()).unwrap();
     }
     let mut stale = Vec::new();
-    for page in reference_pages().unwrap() {
+    for page in reference_pages(&Cli::command()).unwrap() {
         let path = root().join(REFERENCE_DIR).join(page.file);
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
         if committed != page.text {

@@ -1,16 +1,11 @@
 //! The command-line reference page: clap's own long help of `overseer` and
-//! of every subcommand, rendered from the command tree of
-//! [`crate::cli::Cli`] (hidden commands left out), and the flags that read an
-//! environment variable.
-
-use clap::CommandFactory;
-
-use crate::cli::Cli;
+//! of every subcommand, rendered from the binary's command tree (hidden
+//! commands left out), and the flags that read an environment variable.
 
 /// The command tree as the binary builds it, with environment values hidden
 /// (the page must not depend on the environment it is generated in).
-fn command() -> clap::Command {
-    let mut cmd = hide_env_values(Cli::command());
+fn command(cli: &clap::Command) -> clap::Command {
+    let mut cmd = hide_env_values(cli.clone());
     cmd.build();
     cmd
 }
@@ -35,9 +30,9 @@ fn walk(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<(String, clap
 
 /// `(variable, flag)` for every flag that reads an environment variable,
 /// e.g. `("OVERSEER_CONFIG", "`--config` of `overseer run`, …")`.
-pub(super) fn env_flags() -> Vec<(String, String)> {
+pub(super) fn env_flags(cli: &clap::Command) -> Vec<(String, String)> {
     let mut commands = Vec::new();
-    walk(&command(), &mut Vec::new(), &mut commands);
+    walk(&command(cli), &mut Vec::new(), &mut commands);
     let mut by_var: Vec<(String, Vec<String>)> = Vec::new();
     for (path, cmd) in &commands {
         for arg in cmd.get_arguments() {
@@ -61,9 +56,9 @@ pub(super) fn env_flags() -> Vec<(String, String)> {
 }
 
 /// The command-line reference page.
-pub(super) fn render() -> String {
+pub(super) fn render(cli: &clap::Command) -> String {
     let mut commands = Vec::new();
-    walk(&command(), &mut Vec::new(), &mut commands);
+    walk(&command(cli), &mut Vec::new(), &mut commands);
     let mut out = String::from("# Command line\n\n");
     out.push_str(
         "The help of `overseer` and of each of its subcommands, as `overseer … --help` \

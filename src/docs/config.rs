@@ -472,7 +472,7 @@ fn tidy_intro(intro: &str) -> String {
 }
 
 /// The configuration reference page.
-pub(super) fn render() -> Result<String, DocsError> {
+pub(super) fn render(cli: &clap::Command) -> Result<String, DocsError> {
     let sections = sections()?;
     for name in keys_of::<Config>()? {
         if !TOP_LEVEL.contains(&name.as_str()) && !sections.iter().any(|s| s.name == name) {
@@ -510,7 +510,7 @@ pub(super) fn render() -> Result<String, DocsError> {
     }
     out.push_str("\nVariables read by command-line flags (the flag wins):\n\n");
     out.push_str("| Variable | Flag |\n|---|---|\n");
-    for (var, flag) in super::cli::env_flags() {
+    for (var, flag) in super::cli::env_flags(cli) {
         out.push_str(&format!("| `{var}` | {} |\n", cell(&flag)));
     }
     out.push_str("\nSecrets and client settings, read from the environment only:\n\n");

@@ -1,4 +1,4 @@
-//! Authentication of API callers (§12): bearer JWTs verified with one
+//! Authentication of API callers: bearer JWTs verified with one
 //! configured key and one pinned algorithm, the claims overseer reads from
 //! them, the scopes it enforces, and minting of development tokens for
 //! `overseer token`.
@@ -6,7 +6,7 @@
 //! This module owns *who is calling and what they may do*. It deliberately
 //! knows nothing of HTTP (the `http` module turns [`AuthError`] into 401/403
 //! answers) nor of where keys come from beyond the one environment variable
-//! of §12: the config module decides between a secret and a public key file
+//! of [`SECRET_ENV`]: the config module decides between a secret and a public key file
 //! and hands over the bytes.
 //!
 //! Rules it enforces, and why:

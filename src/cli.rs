@@ -1,4 +1,4 @@
-//! The command line (§12): argument types and the `overseer run` command.
+//! The command line: argument types and the `overseer run` command.
 //!
 //! `run` hosts the whole runtime in-process on an embedded sled store: it
 //! creates one session (or, with `--resume`, takes over one that an earlier
@@ -73,6 +73,18 @@ pub enum Command {
     /// Serve the Agent Client Protocol (v1) on stdin/stdout, for editors:
     /// sessions run in-process on the embedded store.
     Acp(crate::acp::AcpArgs),
+    /// Write the book's generated reference pages (configuration, command
+    /// line, metrics) from the code.
+    #[command(hide = true)]
+    Docs(DocsArgs),
+}
+
+/// Arguments of the hidden `overseer docs`.
+#[derive(Debug, Clone, Args)]
+pub struct DocsArgs {
+    /// Directory the pages are written to.
+    #[arg(long, value_name = "DIR", default_value = crate::docs::REFERENCE_DIR)]
+    pub out: PathBuf,
 }
 
 /// Arguments of `overseer run`.
@@ -276,6 +288,9 @@ pub enum CliError {
     /// `overseer acp`.
     #[error(transparent)]
     Acp(#[from] crate::acp::AcpError),
+    /// `overseer docs`.
+    #[error(transparent)]
+    Docs(#[from] crate::docs::DocsError),
     /// A command-line value (or the environment it names) was refused
     /// before anything ran. The binary exits with status 2 for it.
     #[error("{0}")]
@@ -336,6 +351,13 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
         Command::Store(args) => Ok(store::run(args)?),
         Command::Cluster(args) => cluster::run(args),
         Command::Acp(args) => Ok(crate::acp::run(args)?),
+        Command::Docs(args) => {
+            let command = <Cli as clap::CommandFactory>::command();
+            for path in crate::docs::write_reference(&args.out, &command)? {
+                status(format_args!("wrote {}", path.display()));
+            }
+            Ok(())
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-//! Cluster mode (§15): many `overseer serve` nodes over one PostgreSQL
+//! Cluster mode: many `overseer serve` nodes over one PostgreSQL
 //! database. [`Cluster`] is one node's membership in it.
 //!
 //! It owns the behaviour of a node among others, over the rows the
@@ -30,7 +30,7 @@
 //!   line per dead node it took from. A root left unclaimed by the node it
 //!   hashes to (busy, or dying too) is taken by anyone after a few rounds.
 //!   Activation re-arms approval timers and sorts in-flight tool calls per
-//!   `on_interrupt` (§9), as after a restart.
+//!   `on_interrupt`, as after a restart.
 //! - **Routing** (`crate::http`'s routing layer, built here): every API
 //!   request about a session goes to the node that owns it, over the nodes'
 //!   own HTTP API with a node credential, within a deadline below the lease

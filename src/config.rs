@@ -1,4 +1,4 @@
-//! Configuration (§12): `config/overseer.toml`, then `OVERSEER_*` environment
+//! Configuration: `config/overseer.toml`, then `OVERSEER_*` environment
 //! variables, then command-line flags.
 //!
 //! This module owns the typed shape of the file, the layering, and the
@@ -8,7 +8,7 @@
 //! result into the types the runtime takes ([`AgentConfig`], [`RuntimeConfig`]).
 //! It deliberately does not build what the configuration describes (store,
 //! provider, tools): the binaries do, so a library user can configure the
-//! runtime without this file. Secrets are never read from here (§12). An
+//! runtime without this file. Secrets are never read from here. An
 //! agent's own MCP servers, tool patterns and approval rules, and their
 //! resolution once the servers have listed their tools, are `agent_tools`'s.
 
@@ -75,7 +75,7 @@ pub struct Config {
     /// `[http]`: the API server of `overseer serve`.
     #[serde(default)]
     pub http: HttpSection,
-    /// `[[tools]]`: `http` tools (§8).
+    /// `[[tools]]`: `http` tools.
     #[serde(default)]
     pub tools: Vec<HttpToolConfig>,
     /// `[http_request]`: enables the built-in `http_request` for these hosts.
@@ -87,13 +87,13 @@ pub struct Config {
     /// `[scope_tokens]`: the JWTs sent to http tools and MCP servers.
     #[serde(default)]
     pub scope_tokens: ScopeTokenSection,
-    /// `[webhooks]`: notifications to the tenants' endpoints (§18).
+    /// `[webhooks]`: notifications to the tenants' endpoints.
     #[serde(default)]
     pub webhooks: WebhooksSection,
     /// `[[agents]]`.
     #[serde(default)]
     pub agents: Vec<AgentSection>,
-    /// `[[tasks]]`: stored tasks (§17). Those of `tasks_dir` are added
+    /// `[[tasks]]`: stored tasks. Those of `tasks_dir` are added
     /// when the file is loaded.
     #[serde(default)]
     pub tasks: Vec<TaskSection>,
@@ -101,7 +101,7 @@ pub struct Config {
     /// `[[tasks]]`; `id` defaults to the file's name without `.toml`).
     #[serde(default)]
     pub tasks_dir: Option<PathBuf>,
-    /// Directories of skills in the Agent Skills format (§17): a path, or
+    /// Directories of skills in the Agent Skills format: a path, or
     /// `{ path = "...", trusted = false }` for skills only a person may
     /// activate.
     #[serde(default)]
@@ -144,7 +144,7 @@ fn default_scope_ttl() -> u64 {
     300
 }
 
-/// `[webhooks]`: how `overseer serve` delivers webhooks (§18).
+/// `[webhooks]`: how `overseer serve` delivers webhooks.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhooksSection {
@@ -302,7 +302,7 @@ fn default_hook_concurrency() -> usize {
     16
 }
 
-/// How API callers authenticate (§12).
+/// How API callers authenticate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AuthMode {
@@ -586,7 +586,7 @@ fn default_shutdown_grace_secs() -> u64 {
     HttpLimits::default().shutdown_grace.as_secs()
 }
 
-/// Which checkpoint store a node uses (§9, §15).
+/// Which checkpoint store a node uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
@@ -663,7 +663,7 @@ fn default_pool_size() -> usize {
 /// Largest `store.pool_size`.
 pub const MAX_POOL_SIZE: usize = 1_000;
 
-/// `[cluster]`: membership, ownership and failover of cluster mode (§15).
+/// `[cluster]`: membership, ownership and failover of cluster mode.
 /// Read only when `store.kind = "postgres"`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -730,7 +730,7 @@ fn default_failover_concurrency() -> usize {
     32
 }
 
-/// `[runtime]`: supervision and timing (§10).
+/// `[runtime]`: supervision and timing.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuntimeSection {
@@ -858,7 +858,7 @@ fn default_max_metadata_bytes() -> u64 {
     overseer_actors::Limits::default().max_metadata_bytes
 }
 
-/// `[provider]`: which LLM serves the agents (§11).
+/// `[provider]`: which LLM serves the agents.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderSection {
@@ -1781,7 +1781,7 @@ impl Config {
             .collect()
     }
 
-    /// The runtime tunables. Backoff figures are the design's (§10) and not
+    /// The runtime tunables. Backoff figures are the design's and not
     /// configurable.
     pub fn runtime_config(&self) -> RuntimeConfig {
         let defaults = RestartPolicy::default();
@@ -1810,7 +1810,7 @@ impl Config {
         }
     }
 
-    /// Idle time before a session hibernates (§10); `None` (configured as 0)
+    /// Idle time before a session hibernates; `None` (configured as 0)
     /// never hibernates.
     pub fn idle_hibernate(&self) -> Option<Duration> {
         match self.runtime.idle_hibernate_secs {

@@ -1,4 +1,4 @@
-//! The HTTP API of §12 on axum: routes, the shared application state, and
+//! The HTTP API on axum: routes, the shared application state, and
 //! [`serve`] with graceful shutdown.
 //!
 //! This module owns the wire: JSON shapes, status codes (the rule is in
@@ -23,7 +23,7 @@
 //! it may do) needs a valid token only; create, message, cancel, done, interrupt and model
 //! need `sessions:write`; deciding approvals and setting a session's
 //! standing rule for a tool (`POST /v1/sessions/{id}/rules`) need
-//! `approvals:write`; stored tasks, skills and forks (§17): `GET /v1/tasks`
+//! `approvals:write`; stored tasks, skills and forks: `GET /v1/tasks`
 //! and `GET /v1/sessions/{id}/history` need `sessions:read`, `POST
 //! /v1/tasks/{id}/runs`, `POST /v1/sessions/{id}/skills` and `POST
 //! /v1/sessions/{id}/fork` `sessions:write`; the webhook routes
@@ -95,7 +95,7 @@ pub(crate) use sessions::session_json;
 use crate::auth::AuthConfig;
 use idempotency::{Digest32, IdempotencyLog, DEFAULT_CAPACITY};
 
-/// The body limit of §12: bodies over 1 MiB are refused with 413.
+/// The body limit: bodies over 1 MiB are refused with 413.
 pub const BODY_LIMIT_BYTES: usize = 1024 * 1024;
 
 /// Longest request target (path and query) accepted; longer is a 414.
@@ -124,13 +124,13 @@ pub struct HttpOptions {
     pub metrics_public: bool,
     /// Timeouts and caps of connections and requests.
     pub limits: HttpLimits,
-    /// Cluster mode (§15): requests about a session go to the node that
+    /// Cluster mode: requests about a session go to the node that
     /// owns it. `None` on a single node.
     pub cluster: Option<Routing>,
     /// Model routes a session may be created with or switched to besides
     /// the ones agents use (`overseer serve` passes the `[[models]]` names).
     pub model_routes: Vec<String>,
-    /// Webhooks (§18): the `/v1/webhooks` routes answer 404 without them.
+    /// Webhooks: the `/v1/webhooks` routes answer 404 without them.
     pub webhooks: Option<Arc<crate::webhooks::Webhooks>>,
     /// TLS on the listener (`tls`); `None`: plain HTTP/1.1.
     pub tls: Option<Arc<tls::Tls>>,
@@ -264,7 +264,7 @@ impl From<HttpError> for std::io::Error {
     }
 }
 
-/// Refuses to run without auth on a non-loopback address (§12).
+/// Refuses to run without auth on a non-loopback address.
 pub fn check_listener(addr: SocketAddr, auth: &AuthConfig) -> Result<(), HttpError> {
     if auth.is_enabled() || addr.ip().to_canonical().is_loopback() {
         Ok(())

@@ -16,6 +16,7 @@ pub mod backoff;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod docs;
 pub mod http;
 pub mod metrics;
 pub mod provider;

@@ -1,4 +1,4 @@
-//! The Prometheus exporter of §13: installs the process-wide recorder of the
+//! The Prometheus exporter: installs the process-wide recorder of the
 //! `metrics` facade and hands out the handle that renders the text format.
 //!
 //! This module owns the recorder's configuration: which histograms get which
@@ -53,11 +53,41 @@ pub fn install_recorder() -> Result<PrometheusHandle, MetricsError> {
         return Ok(handle.clone());
     }
     let handle = builder()?.install_recorder()?;
-    names::describe();
-    crate::webhooks::metrics::describe();
+    describe();
     spawn_upkeep(handle.clone());
     *slot = Some(handle.clone());
     Ok(handle)
+}
+
+/// Describes every metric this process exports to the installed recorder:
+/// the actor tree's (`overseer_actors::metrics`), the webhooks', the trace
+/// exporter's and the GenAI client histograms. The book's metrics reference
+/// is rendered from this same call (`crate::docs`), so it lists exactly what
+/// a scrape can show.
+pub fn describe() {
+    use metrics::{describe_counter, describe_histogram, Unit};
+    names::describe();
+    crate::webhooks::metrics::describe();
+    describe_counter!(
+        crate::telemetry::SPANS_DROPPED_TOTAL,
+        Unit::Count,
+        "Trace spans dropped: the export queue was full or the collector did not take them."
+    );
+    describe_counter!(
+        crate::telemetry::SPANS_EXPORTED_TOTAL,
+        Unit::Count,
+        "Trace spans the collector accepted."
+    );
+    describe_histogram!(
+        overseer_actors::genai::OPERATION_DURATION,
+        Unit::Seconds,
+        "Provider requests' duration (GenAI semantic conventions), by gen_ai.operation.name, gen_ai.provider.name and gen_ai.request.model."
+    );
+    describe_histogram!(
+        overseer_actors::genai::TOKEN_USAGE,
+        Unit::Count,
+        "Tokens per provider request (GenAI semantic conventions), by gen_ai.token.type (input, output) and the labels of the duration."
+    );
 }
 
 /// The handle, if [`install_recorder`] has been called in this process.

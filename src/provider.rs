@@ -1,4 +1,4 @@
-//! Real LLM providers (§11): model routes, credentials, and the adapters that
+//! Real LLM providers: model routes, credentials, and the adapters that
 //! turn the [`Provider`] port of `overseer-actors` into HTTP requests.
 //!
 //! This module owns what every HTTP provider shares: the [`RouteConfig`] a
@@ -389,7 +389,7 @@ pub enum ProviderConfigError {
 
 /// Where an API key comes from, shared by a provider (which reads it for
 /// every request) and its [`RetryingProvider`] (which re-reads it once after
-/// an authentication failure, §11): a rotated key is picked up without a
+/// an authentication failure): a rotated key is picked up without a
 /// restart, and a key is never looked up in the environment on the hot path.
 pub struct KeySource {
     var: Option<String>,
@@ -641,7 +641,7 @@ fn key_header(
 
 /// Builds the provider of a route, checking everything that can fail before
 /// the first request: the values, the key variable, the HTTP client. HTTP
-/// providers come wrapped in a [`RetryingProvider`] with the §11 policy.
+/// providers come wrapped in a [`RetryingProvider`] with the retry policy.
 pub fn build_provider(route: &RouteConfig) -> Result<Arc<dyn Provider>, ProviderConfigError> {
     build_provider_with_env(route, process_env())
 }
@@ -817,7 +817,7 @@ fn excerpt(text: &str) -> String {
     }
 }
 
-/// Maps an error status to the §11 error kinds.
+/// Maps an error status to the provider error kinds.
 fn status_error(status: u16, retry_after: Option<Duration>, body: &str) -> ProviderError {
     let message = error_message(body);
     match status {
@@ -849,7 +849,7 @@ fn status_error(status: u16, retry_after: Option<Duration>, body: &str) -> Provi
 }
 
 /// Maps an error reported inside a stream, by its type or code, onto the
-/// §11 kinds: an overloaded or failing server is worth a retry, a refused
+/// Provider error kinds: an overloaded or failing server is worth a retry, a refused
 /// request is not.
 fn stream_error(kind: &str, message: &str) -> ProviderError {
     let text = if kind.is_empty() {

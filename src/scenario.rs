@@ -1,4 +1,4 @@
-//! Scenario files for the scripted provider (§11): reading them from disk,
+//! Scenario files for the scripted provider: reading them from disk,
 //! and the demo scenario compiled into the binary.
 //!
 //! This module owns only I/O and error reporting (which file, what is wrong

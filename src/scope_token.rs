@@ -1,4 +1,4 @@
-//! Scope tokens (§8): the JWT overseer mints for each tool call it sends to
+//! Scope tokens: the JWT overseer mints for each tool call it sends to
 //! an `http` tool or an MCP server, so the receiving system can check who is
 //! calling and for what, and the verification such a system (or overseer's
 //! own tools layer) performs.
@@ -18,7 +18,7 @@ use overseer_actors::model::SessionId;
 use overseer_actors::tool::ToolContext;
 use serde::{Deserialize, Serialize};
 
-/// The claims of §8.
+/// The claims of a scope token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ScopeClaims {
     /// Who started the root session (`anonymous` when unknown).

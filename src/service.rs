@@ -73,7 +73,7 @@ pub enum ServiceError {
     #[error("scope_tokens: {0}")]
     ScopeTokens(String),
     /// A skill folder is malformed, or a task or agent names what does not
-    /// exist (§17).
+    /// exist.
     #[error("{0}")]
     Library(String),
     /// The webhook endpoints could not be read at start.
@@ -95,7 +95,7 @@ pub struct Tools {
     pub registry: ToolRegistry,
     /// MCP connections, if any server is configured.
     pub mcp: Option<McpHub>,
-    /// Stored tasks and the skills of `skills_dirs` (§17).
+    /// Stored tasks and the skills of `skills_dirs`.
     pub library: Library,
 }
 

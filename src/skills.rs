@@ -1,4 +1,4 @@
-//! Reading skills in the Agent Skills format (agentskills.io, §17) from the
+//! Reading skills in the Agent Skills format (agentskills.io) from the
 //! configured `skills_dirs`: each folder of a directory that holds a
 //! `SKILL.md` is a skill.
 //!

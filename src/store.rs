@@ -1,4 +1,4 @@
-//! The durable implementations of the [`CheckpointStore`] port (§9), side by
+//! The durable implementations of the [`CheckpointStore`] port, side by
 //! side: the embedded sled store ([`sled`], [`SledStore`]) and the PostgreSQL
 //! store of cluster mode ([`postgres`]), with what they share: the stored
 //! form of a session (`codec`: header, transcript entry, events, blobs; no
@@ -26,7 +26,7 @@ pub use self::sled::{
     MAX_CACHE_MB,
 };
 
-/// When `checkpoint` returns (§9, `durability` in the config).
+/// When `checkpoint` returns (`durability` in the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Durability {

@@ -1,4 +1,4 @@
-//! Built-in tools (§8) and the registry of the tools this binary offers.
+//! Built-in tools and the registry of the tools this binary offers.
 //!
 //! This module owns the implementations of built-in tools that need the
 //! `overseer` crate's dependencies (today: `current_time`) and

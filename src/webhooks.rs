@@ -1,4 +1,4 @@
-//! Webhooks (§18): per-tenant endpoints that are told, over HTTP, when an
+//! Webhooks: per-tenant endpoints that are told, over HTTP, when an
 //! approval is asked for or decided and when a session ends, signed as the
 //! Standard Webhooks specification says, delivered at least once.
 //!

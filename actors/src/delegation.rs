@@ -1,4 +1,4 @@
-//! Delegation (§7): the built-in `delegate_task` tool's declaration and
+//! Delegation: the built-in `delegate_task` tool's declaration and
 //! arguments, and the shape of a child's result as its parent sees it.
 //!
 //! Owns the contract only. Running a delegation is the session actor's job: a
@@ -14,7 +14,7 @@ use crate::tool::{Tool, ToolContext, ToolError, ToolSpec};
 pub use crate::model::DELEGATE_TASK;
 
 /// Whether a call of the tool `name` runs as a child session rather than in
-/// a tool-call actor: `delegate_task`, and `run_task` (a stored task, §17,
+/// a tool-call actor: `delegate_task`, and `run_task` (a stored task,
 /// run under the same rules).
 pub fn spawns_child(name: &str) -> bool {
     name == DELEGATE_TASK || name == crate::tasks::RUN_TASK
@@ -45,7 +45,7 @@ impl DelegateArgs {
     }
 }
 
-/// The argument schema of §7.
+/// The argument schema of `delegate_task`.
 pub fn schema() -> Value {
     json!({
         "type": "object",

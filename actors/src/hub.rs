@@ -151,7 +151,7 @@ impl EventHub {
     }
 
     /// Whether anyone in this process listens to a session now (cluster
-    /// mode relays events another node checkpointed only to those, §15).
+    /// mode relays events another node checkpointed only to those).
     pub fn is_watched(&self, id: SessionId) -> bool {
         self.channels
             .get(&id)

@@ -1,4 +1,4 @@
-//! The in-memory half of the effect journal (§9): what this process knows of
+//! The in-memory half of the effect journal: what this process knows of
 //! the tool calls it dispatched and whose results their sessions have not yet
 //! recorded.
 //!

@@ -1,5 +1,5 @@
 //! What a runtime offers sessions besides agents and tools: stored tasks
-//! and skills (§17), and how they enter a session's configuration.
+//! and skills, and how they enter a session's configuration.
 //!
 //! Owns the checks across them made at start (an agent's skills and tasks
 //! exist, a task's agent and skills exist) and the system prompt's sections

@@ -1,4 +1,4 @@
-//! The session state machine: the turn loop of §5 and the approval rules of §6
+//! The session state machine: the turn loop and the approval rules
 //! as pure transitions.
 //!
 //! [`Session::apply`] takes an [`Input`] and returns the [`Effect`]s the actor
@@ -8,7 +8,7 @@
 //! input always give the same new state and effects: that is what makes every
 //! rule here unit-testable without actors (see the table-driven tests below). What changed is
 //! tracked so the actor can checkpoint exactly the new transcript entries and
-//! events before it executes any effect (§3, third invariant).
+//! events before it executes any effect (third invariant).
 
 mod context;
 mod fork;
@@ -57,7 +57,7 @@ fn fnv1a(s: &str) -> u64 {
     })
 }
 
-/// Reason recorded when an approval times out (§6).
+/// Reason recorded when an approval times out.
 pub const APPROVAL_TIMEOUT_REASON: &str = "No approval decision received";
 
 /// The result the model sees for a call whose approval timed out.
@@ -68,7 +68,7 @@ pub fn timed_out_result(timeout_secs: u64) -> Value {
 }
 
 /// Result of a call that was dispatched when the process stopped and whose
-/// outcome is unknown, under `on_interrupt = "fail"` (§9).
+/// outcome is unknown, under `on_interrupt = "fail"`.
 pub fn interrupted_error() -> Value {
     json!({"error": "interrupted: the process stopped while this tool was running; its outcome is unknown"})
 }
@@ -152,7 +152,7 @@ pub enum Input {
         /// The `updated_at_ms` it was found with.
         idle_since_ms: i64,
     },
-    /// A person activates a skill (§17): its body joins the conversation.
+    /// A person activates a skill: its body joins the conversation.
     ActivateSkill {
         /// The skill's name.
         name: String,
@@ -213,7 +213,7 @@ pub enum Effect {
         /// What the parent has left to grant.
         grant: Budget,
     },
-    /// Start (or resume) the child session of a `run_task` call (§17): the
+    /// Start (or resume) the child session of a `run_task` call: the
     /// stored task runs under the rules of a delegation.
     RunTask {
         /// The parent's call.
@@ -282,7 +282,7 @@ pub fn resume_of_parked(header: &SessionHeader, now_ms: i64) -> Option<Vec<Effec
 }
 
 /// What the process knows of a dispatched call whose result the session has
-/// not recorded (the in-memory half of the effect journal, §9).
+/// not recorded (the in-memory half of the effect journal).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Dispatched {
     /// The tool body never started: dispatching again runs it once.
@@ -521,7 +521,7 @@ impl Session {
         calls
     }
 
-    /// The provider request for the current step (§5.1): the transcript as
+    /// The provider request for the current step: the transcript as
     /// the model sees it (after any compaction), the tools in scope, the
     /// output schema.
     pub fn provider_request(&self, tools: &ToolRegistry) -> ProviderRequest {
@@ -964,7 +964,7 @@ impl Session {
         self.dirty = true;
     }
 
-    /// §11: after a failure the partial text is kept as what the assistant
+    /// After a failure the partial text is kept as what the assistant
     /// said, and the error is recorded beside it (an `error` entry and
     /// event), never inside the text: the model is not told it said it.
     fn provider_failed(
@@ -1047,7 +1047,7 @@ impl Session {
     }
 
     /// The model answered without calling tools: the turn ends, once its
-    /// answer matches the output schema if the session has one (§15: one
+    /// answer matches the output schema if the session has one (one
     /// repair step with the validation error, then an error).
     fn answer_ended(&mut self, answer: &str, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
         let Some(schema) = self.header.config.output_schema.clone() else {
@@ -1501,7 +1501,7 @@ impl Session {
         match self.header.status {
             SessionStatus::Running if self.header.open_calls.is_empty() => {
                 // The step's provider call (or its compaction) was in
-                // flight: re-issue it (§9).
+                // flight: re-issue it.
                 self.partial = Partial::default();
                 let request = match self.header.context.compacting_through {
                     Some(through) => self.compaction_request(through, ctx),
@@ -1575,7 +1575,7 @@ impl Session {
         self.request_step(ctx, fx);
     }
 
-    /// Policy and validation of one freshly proposed call (§5.4, §6).
+    /// Policy and validation of one freshly proposed call.
     fn vet(&mut self, call: &mut ToolCallRecord, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
         let in_scope = self.header.config.tools.iter().any(|t| t == &call.name)
             && ctx.tools.spec(&call.name).is_some();
@@ -1744,7 +1744,7 @@ impl Session {
         call.decision = Some(record);
         let finished = match denial {
             Some(message) if call.outcome_unknown => {
-                // Denying the re-run of an interrupted call fails it (§9 `ask`).
+                // Denying the re-run of an interrupted call fails it (`ask`).
                 let _ = message;
                 call.finish(CallState::Failed, interrupted_error(), ctx.now_ms);
                 Some((CallState::Failed, interrupted_error()))
@@ -1778,7 +1778,7 @@ impl Session {
     }
 
     /// Moves the open step forward: wait for decisions, dispatch approved calls,
-    /// or close the step and start the next one (§5.5–§5.7).
+    /// or close the step and start the next one.
     fn advance(&mut self, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
         if self.header.status.is_terminal() {
             return;
@@ -1793,7 +1793,7 @@ impl Session {
             return;
         }
         // A propagating child that waits for a decision makes this session
-        // wait too (§4), while its other calls go on.
+        // wait too, while its other calls go on.
         let child_waits = self
             .header
             .open_calls
@@ -1813,7 +1813,7 @@ impl Session {
         let running_plain = calls
             .iter()
             .any(|c| c.state == CallState::Running && is_plain(c));
-        // Delegations always run concurrently (§5.6); other calls in proposal
+        // Delegations always run concurrently; other calls in proposal
         // order unless the agent allows parallel calls.
         let mut to_dispatch: Vec<usize> = (0..calls.len())
             .filter(|&i| calls[i].state == CallState::Approved && !is_plain(&calls[i]))
@@ -1841,7 +1841,7 @@ impl Session {
         }
     }
 
-    /// Records the intent and asks the actor to run the call (§9 effect journal).
+    /// Records the intent and asks the actor to run the call (effect journal).
     fn dispatch(&mut self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
         if spawns_child(&self.header.open_calls[i].name) {
             let live = self
@@ -1893,7 +1893,7 @@ impl Session {
         fx.push(effect);
     }
 
-    /// A call was running when its actor (or the process) stopped (§9).
+    /// A call was running when its actor (or the process) stopped.
     fn interrupted(&mut self, i: usize, ctx: Ctx<'_>, fx: &mut Vec<Effect>) {
         let policy = ctx
             .tools
@@ -2057,7 +2057,7 @@ impl Session {
         (ctx.now_ms.saturating_sub(self.header.created_at_ms) / 1000).max(0) as u64
     }
 
-    /// The subagent and depth rules of §7, checked when the call is proposed.
+    /// The subagent and depth rules of delegation, checked when the call is proposed.
     fn check_delegation(&self, arguments: &Value) -> Result<(), Value> {
         let args: DelegateArgs = serde_json::from_value(arguments.clone())
             .map_err(|e| json!({"error": format!("invalid delegate_task arguments: {e}")}))?;
@@ -2120,7 +2120,7 @@ impl Session {
         });
     }
 
-    /// The rules of §17 for `run_task`, checked when the call is proposed:
+    /// The rules for `run_task`, checked when the call is proposed:
     /// the task must be one this session may run.
     fn check_run_task(&self, arguments: &Value) -> Result<(), Value> {
         let args: RunTaskArgs = serde_json::from_value(arguments.clone())

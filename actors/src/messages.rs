@@ -158,7 +158,7 @@ pub enum OrchestratorMsg {
     },
     /// Cancel, in the store, a child session that no live parent will ever
     /// resume (its parent is terminal, gone, or no longer runs the call that
-    /// started it), so none of its approvals is left orphaned (§6).
+    /// started it), so none of its approvals is left orphaned.
     CancelOrphan(SessionId, RpcReplyPort<Result<(), SessionError>>),
     /// The cancel of an orphan in the store (done off the mailbox) is over:
     /// answer everyone who asked for it.

@@ -1,4 +1,4 @@
-//! Metrics of the actor tree (§13), recorded through the `metrics` facade.
+//! Metrics of the actor tree, recorded through the `metrics` facade.
 //!
 //! This module owns the metric names (one constant each, so that the edge,
 //! the documentation and the tests agree), their descriptions, and the small
@@ -73,7 +73,7 @@ pub const SESSION_RESTARTS_TOTAL: &str = "overseer_session_restarts_total";
 pub const SESSION_HIBERNATIONS_TOTAL: &str = "overseer_session_hibernations_total";
 /// Counter: sessions activated from disk.
 pub const SESSION_ACTIVATIONS_TOTAL: &str = "overseer_session_activations_total";
-/// Gauge: session trees this node holds the lease of (cluster mode, §15).
+/// Gauge: session trees this node holds the lease of (cluster mode).
 pub const CLUSTER_SESSIONS_OWNED: &str = "overseer_cluster_sessions_owned";
 /// Counter: leases of session trees this node took, by `reason`
 /// (`create`, `activate`, `failover`).

@@ -127,7 +127,7 @@ impl Actor for OrchestratorActor {
                     return Ok(());
                 };
                 if crate::ownership::lost_ownership(&err) {
-                    // Another node owns the tree now (§15): it resumes it.
+                    // Another node owns the tree now: it resumes it.
                     tracing::info!(session_id = %id, "session moved to another node: {err}");
                     state.restarts.forget(&id);
                     return Ok(());
@@ -255,7 +255,7 @@ impl OrchestratorState {
                 return;
             }
             Err(SessionError::Store(e)) if e.is_not_owner() => {
-                // Another node owns the tree now (§15): it resumes it.
+                // Another node owns the tree now: it resumes it.
                 tracing::info!(session_id = %id, "not restarting: {e}");
                 self.restarts.forget(&id);
                 return;

@@ -5,7 +5,7 @@
 //! It sits on top of the actor tree: it starts the orchestrator and talks to
 //! session actors only through [`Runtime`]'s routing. It deliberately knows
 //! nothing of HTTP, auth or tenancy rules beyond recording the tenant: those
-//! are the edge's (`overseer::http`). Stored tasks, skills and forks (§17)
+//! are the edge's (`overseer::http`). Stored tasks, skills and forks
 //! have their parts of the API in `overseer/tasks.rs` and `overseer/fork.rs`.
 
 mod fork;
@@ -101,7 +101,7 @@ impl Overseer {
         Self::start_with(agents, Library::default(), store, provider, tools, config).await
     }
 
-    /// [`Overseer::start`] with stored tasks and skills (§17): agents that
+    /// [`Overseer::start`] with stored tasks and skills: agents that
     /// list tasks get `run_task`, agents that list skills `activate_skill`
     /// and `read_skill_resource` (whose implementation, reading files, the
     /// edge puts in `tools`). Every name an agent or task gives must exist.
@@ -392,7 +392,7 @@ impl Overseer {
                 ctx,
             )?;
         }
-        // A new tree's lease, in a store shared by several nodes (§15).
+        // A new tree's lease, in a store shared by several nodes.
         self.runtime.store.claim(id).await?;
         crate::metrics::checkpoint(self.runtime.store.as_ref(), session.checkpoint()).await?;
         let events = session.mark_persisted();
@@ -454,7 +454,7 @@ impl Overseer {
 
     /// Submits decisions; acknowledged once checkpointed. Calls of
     /// descendants whose approvals propagate to `id` may be decided here
-    /// (§7): the decisions are routed to the sessions that own them.
+    ///: the decisions are routed to the sessions that own them.
     pub async fn submit(&self, id: SessionId, submission: Submission) -> Result<(), SessionError> {
         let direct = submission.clone();
         let result = self
@@ -534,7 +534,7 @@ impl Overseer {
     }
 
     /// The session tree rooted at `id`: each node's agent, status, usage
-    /// (own and rolled up) and pending approvals (§7).
+    /// (own and rolled up) and pending approvals.
     pub async fn tree(&self, id: SessionId) -> Result<TreeNode, SessionError> {
         let stored = self.state(id).await?;
         let session = Session::from_stored(stored);

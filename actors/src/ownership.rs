@@ -1,4 +1,4 @@
-//! Ownership of sessions by one node among several (cluster mode, §15), as
+//! Ownership of sessions by one node among several (cluster mode), as
 //! far as the actor tree sees it.
 //!
 //! The store port carries ownership ([`CheckpointStore::claim`] before an
@@ -33,7 +33,7 @@ pub(crate) fn lost_ownership(err: &ActorProcessingErr) -> bool {
 
 impl Overseer {
     /// Stops every session actor at once and writes nothing: for a node
-    /// whose lease on its sessions ran out by its own clock (§15), whose
+    /// whose lease on its sessions ran out by its own clock, whose
     /// in-memory state may be stale and whose every write would be refused.
     /// Each root actor is killed with its whole subtree (and their tool-call
     /// actors); what the runtime held for them (the registry of live actors,

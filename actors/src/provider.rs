@@ -1,4 +1,4 @@
-//! The provider port: a request in, a stream of events out (§11).
+//! The provider port: a request in, a stream of events out.
 //!
 //! This module owns the provider-neutral request and event types and the
 //! [`Provider`] trait. It deliberately knows no wire format: the OpenAI and
@@ -59,7 +59,7 @@ impl ToolDefinition {
     }
 }
 
-/// One inference request, built from a session snapshot (§5.1).
+/// One inference request, built from a session snapshot.
 #[derive(Debug, Clone)]
 pub struct ProviderRequest {
     /// Session making the request (for logs and for the scripted provider).
@@ -155,7 +155,7 @@ pub enum ProviderEvent {
     Done(FinishReason),
 }
 
-/// Provider failures (§11). Which of them are retried is the runtime's policy.
+/// Provider failures. Which of them are retried is the runtime's policy.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ProviderError {
     /// Credentials refused.
@@ -204,7 +204,7 @@ pub enum ProviderError {
 }
 
 impl ProviderError {
-    /// Whether the error is worth retrying before any output (§11).
+    /// Whether the error is worth retrying before any output.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,

@@ -152,7 +152,7 @@ pub struct Runtime {
     pub metrics: Metrics,
     /// Agents by name.
     pub agents: BTreeMap<String, AgentConfig>,
-    /// Stored tasks and skills (§17).
+    /// Stored tasks and skills.
     pub library: crate::library::Library,
     /// The orchestrator, set once at start.
     pub(crate) orchestrator: std::sync::OnceLock<ActorRef<OrchestratorMsg>>,
@@ -533,7 +533,7 @@ impl Runtime {
     }
 
     /// A root about to be activated here, under this node's lease of its
-    /// tree (§15; a no-op for a store only this process writes): a lease
+    /// tree (a no-op for a store only this process writes): a lease
     /// taken just now means `stored` may predate the previous owner's last
     /// checkpoint, so the session is read again.
     pub(crate) async fn claimed(
@@ -646,7 +646,7 @@ impl Runtime {
         let mut session = Session::from_stored(stored);
         let effects = session.apply(Input::Cancel, self.ctx())?;
         self.persist_without_actor(&mut session).await?;
-        // The subtree goes with it (§7): nobody else would ever resume it.
+        // The subtree goes with it: nobody else would ever resume it.
         for effect in effects {
             if let crate::machine::Effect::CancelChild(child) = effect {
                 if self.live.contains_key(&child) {
@@ -882,7 +882,7 @@ impl Runtime {
         self.timers.disarm_session(id);
     }
 
-    /// The shared half of supervision (§10), for the orchestrator (roots) and
+    /// The shared half of supervision, for the orchestrator (roots) and
     /// every session actor (its children): decide about a failure of `id`,
     /// and past the limit record the session as failed. The caller schedules
     /// the restart, or reports the failed session to whoever waits for it.

@@ -1,4 +1,4 @@
-//! The `scripted` provider (§11): plays a scenario, one step per request.
+//! The `scripted` provider: plays a scenario, one step per request.
 //!
 //! It is the embedded default, so overseer runs with no network and no key,
 //! for the demo, the tests and the benchmarks. It lives in this crate because

@@ -1,14 +1,14 @@
 //! The session actor: one per live session. It owns the session's in-memory
 //! state, runs the pure transitions of [`crate::machine`], checkpoints each
-//! one, and only then carries out its effects (§3, third invariant).
+//! one, and only then carries out its effects (third invariant).
 //!
 //! It supervises the session's tool-call actors and its child sessions;
 //! provider streams run in tasks of their own and report back as messages,
-//! so the mailbox never blocks on a model, a tool or another session (§3,
-//! second invariant) and a cancel is handled at once in every phase. It
+//! so the mailbox never blocks on a model, a tool or another session (the second
+//! invariant of ARCHITECTURE.md) and a cancel is handled at once in every phase. It
 //! deliberately does not restart itself: its supervisor (the orchestrator
 //! for a root, the parent's actor for a child) reloads the last checkpoint
-//! and respawns it (§10).
+//! and respawns it.
 
 mod delegate;
 mod task;
@@ -67,7 +67,7 @@ pub struct SessionState {
     activity: u64,
     /// Live child session actors.
     children: HashMap<ActorId, Child>,
-    /// Restarts of this session's children, for the policy of §10.
+    /// Restarts of this session's children, for the restart policy.
     child_restarts: Restarts,
     /// Set once this actor drains (hibernation, or its session ended).
     draining: bool,
@@ -389,7 +389,7 @@ impl SessionState {
         match event {
             SupervisionEvent::ActorFailed(cell, err) => {
                 if let Some(e) = crate::ownership::not_owner(&err) {
-                    // The tree lives on another node now (§15): this
+                    // The tree lives on another node now: this
                     // actor goes too, and is not restarted.
                     if let Some(child) = self.children.remove(&cell.get_id()) {
                         self.forget_child_actor(&child);

@@ -1,4 +1,4 @@
-//! Agent Skills (§17): the skills a runtime knows, what a session's prompt
+//! Agent Skills: the skills a runtime knows, what a session's prompt
 //! says of them, and the built-in tools that reach them.
 //!
 //! A skill is a folder in the open Agent Skills format: `SKILL.md` with YAML

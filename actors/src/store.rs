@@ -1,4 +1,4 @@
-//! The checkpoint store port (§9).
+//! The checkpoint store port.
 //!
 //! This module owns the [`CheckpointStore`] trait, the unit of durability
 //! ([`Checkpoint`]: one session's header plus its new transcript entries and
@@ -82,7 +82,7 @@ pub enum StoreError {
         /// What failed.
         detail: String,
     },
-    /// A snapshot written by a newer binary (§9): refused, never overwritten.
+    /// A snapshot written by a newer binary: refused, never overwritten.
     #[error("session {session} has schema_version {found}, but this binary reads at most {supported}; upgrade overseer to open it")]
     SchemaTooNew {
         /// Session id.
@@ -93,7 +93,7 @@ pub enum StoreError {
         supported: u32,
     },
     /// The store cannot serve now, and will again on its own: a database
-    /// shared over the network (§15) cannot be reached (it is restarting, or
+    /// shared over the network cannot be reached (it is restarting, or
     /// the network is down), or a local store stopped taking writes after a
     /// failed write or flush (a full disk, an I/O error) and recovers once
     /// the disk takes data again. Answered as "retry shortly" (HTTP 503
@@ -104,7 +104,7 @@ pub enum StoreError {
     /// session's state.
     #[error("the store is unavailable: {0}")]
     Unavailable(String),
-    /// Cluster mode (§15): this node does not own the session's tree (another
+    /// Cluster mode: this node does not own the session's tree (another
     /// live node holds its lease, or this node lost it). Nothing was written;
     /// the request belongs on the owner.
     #[error("session {session} is not owned by this node: {reason}")]
@@ -227,7 +227,7 @@ pub trait CheckpointStore: Send + Sync + 'static {
 
     /// Makes sure this process may write the tree rooted at `root`, before
     /// an actor of it starts here (activation, restart, creation). A store
-    /// shared by several nodes (§15) takes the tree's lease here, with a new
+    /// shared by several nodes takes the tree's lease here, with a new
     /// fencing epoch that every later checkpoint of the tree is conditional
     /// on, and answers `true` when it took it just now: what was read before
     /// may be stale, so the caller reads the session again. It fails with

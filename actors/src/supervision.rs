@@ -1,4 +1,4 @@
-//! Restart policy (§10) as a pure decision: given the policy, the restarts
+//! Restart policy as a pure decision: given the policy, the restarts
 //! seen so far and the time, restart after a backoff or give up. A failure
 //! the store caused while it was down ([`store_down`]) is not counted: the
 //! session is retried at the longest backoff until the store serves again,
@@ -34,7 +34,7 @@ pub(crate) fn store_down_error(e: &crate::SessionError) -> bool {
 /// store is down.
 pub(crate) const STORE_DOWN_RETRY: Duration = Duration::from_secs(1);
 
-/// The restart policy of §10.
+/// The restart policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestartPolicy {
     /// Most restarts within the window.

@@ -1,10 +1,10 @@
-//! Stored tasks (§17): repeatable jobs kept as configuration (`[[tasks]]`,
+//! Stored tasks: repeatable jobs kept as configuration (`[[tasks]]`,
 //! `tasks_dir`), each with its instructions, the agent that runs it, the
 //! skills it needs, an optional JSON Schema of its `context` and of its
 //! answer.
 //!
 //! A task runs either as a child of a session whose agent lists it (the
-//! built-in `run_task`, under delegation's rules, §7) or as a root session
+//! built-in `run_task`, under delegation's rules) or as a root session
 //! a person starts (`Overseer::run_task`; the API's `POST
 //! /v1/tasks/{id}/runs`, `overseer run --task`, an editor's command).
 //!

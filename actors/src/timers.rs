@@ -1,4 +1,4 @@
-//! Approval timers (§6): one per pending approval, owned here rather than by
+//! Approval timers: one per pending approval, owned here rather than by
 //! a session actor, so that a deadline still fires while its session
 //! hibernates (the timer's delivery activates the session).
 //!
@@ -16,7 +16,7 @@
 //! about 1.4 KB per timer and a spawn per approval, which every session
 //! parked at a restart paid (131 MiB at 100,000 parked sessions).
 //!
-//! Idle timers (§10, hibernation) follow the same pattern: an entry per idle
+//! Idle timers (hibernation) follow the same pattern: an entry per idle
 //! session actor in one queue, one driver per runtime (see [`IdleTimers`]),
 //! in place of a sleeping task per session that a `send_after` cost.
 //!

@@ -1,4 +1,4 @@
-//! The tool port (§8): what a tool declares, how it is called, and the
+//! The tool port: what a tool declares, how it is called, and the
 //! registry that validates arguments against each tool's JSON Schema.
 //!
 //! This module owns the contract every tool kind shares. It deliberately
@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use crate::model::{OnInterrupt, SessionId, ToolCallId};
 use crate::provider::ToolDefinition;
 
-/// Results larger than this are replaced by an error object (§8).
+/// Results larger than this are replaced by an error object.
 pub const MAX_RESULT_BYTES: usize = 10 * 1024 * 1024;
 
 /// What a tool declares about itself.
@@ -35,7 +35,7 @@ pub struct ToolSpec {
     /// Whether running it twice with the same arguments has one effect.
     pub idempotent: bool,
     /// What to do when the process stopped while it ran; `None` takes the
-    /// default of §9 (`retry` if idempotent, else `ask`).
+    /// default (`retry` if idempotent, else `ask`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_interrupt: Option<OnInterrupt>,
 }
@@ -93,15 +93,15 @@ pub struct ToolContext {
     pub agent: String,
     /// Call id.
     pub call_id: ToolCallId,
-    /// Stable across retries of the same call (§9): send it to side-effecting systems.
+    /// Stable across retries of the same call: send it to side-effecting systems.
     pub idempotency_key: String,
     /// Dispatch attempt, from 1.
     pub attempt: u32,
-    /// Who and what the call acts for: the claims of its scope token (§8).
+    /// Who and what the call acts for: the claims of its scope token.
     pub scope: CallScope,
 }
 
-/// The scope a call acts under: what a scope token (§8) says about it. The
+/// The scope a call acts under: what a scope token says about it. The
 /// edge mints the token from this; a child's `allowed_tools` is always a
 /// subset of its parent's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -256,7 +256,7 @@ impl ToolRegistry {
             .collect()
     }
 
-    /// Validates arguments; on failure returns the error object of §5.4:
+    /// Validates arguments; on failure returns the schema error object:
     /// `{"error": "schema validation failed: …", "validation_errors": [...]}`.
     pub fn validate(&self, name: &str, arguments: &Value) -> Result<(), Value> {
         let Some(reg) = self.tools.get(name) else {
@@ -287,7 +287,7 @@ impl ToolRegistry {
     }
 }
 
-/// The error object for a tool outside the session's scope (§5.4).
+/// The error object for a tool outside the session's scope.
 pub fn not_available(name: &str) -> Value {
     json!({"error": format!("tool '{name}' is not available in this session")})
 }

@@ -1,6 +1,6 @@
 //! The tool-call actor: runs exactly one dispatch of one tool call.
 //!
-//! It owns the tool contract of §8 at run time: the per-tool timeout, the
+//! It owns the tool contract at run time: the per-tool timeout, the
 //! 10 MiB result cap with its exact error object, and crash isolation (a
 //! panicking tool fails only its own actor; the session, its supervisor, turns
 //! the `ActorFailed` event into a `tool crashed` result). It deliberately owns
@@ -116,7 +116,7 @@ impl Actor for ToolCallActor {
     }
 }
 
-/// Runs one call under the §8 contract (timeout, size cap). A panic propagates
+/// Runs one call under the tool contract (timeout, size cap). A panic propagates
 /// to the actor, which is the point: the supervisor records it.
 pub async fn run(tool: &dyn Tool, ctx: ToolContext, arguments: Value) -> Result<Value, Value> {
     let secs = tool.spec().timeout_secs;
@@ -127,7 +127,7 @@ pub async fn run(tool: &dyn Tool, ctx: ToolContext, arguments: Value) -> Result<
     }
 }
 
-/// Replaces a result over [`MAX_RESULT_BYTES`] by the error object of §8.
+/// Replaces a result over [`MAX_RESULT_BYTES`] by the error object that says so.
 pub fn cap_result(value: Value) -> Result<Value, Value> {
     let size = match serde_json::to_vec(&value) {
         Ok(bytes) => bytes.len(),

@@ -1,4 +1,4 @@
-//! Slash commands of the ACP agent (§17): the editor learns them from an
+//! Slash commands of the ACP agent: the editor learns them from an
 //! `available_commands_update` when a session opens, and the person types
 //! them as a prompt.
 //!

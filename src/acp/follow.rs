@@ -265,7 +265,7 @@ impl Follower {
                 self.send(updates::finished(call_id.as_str(), state, &result));
             }
             EventKind::Error { message } => self.last_error = Some(message),
-            // A skill's instructions joined the conversation (§17): the
+            // A skill's instructions joined the conversation: the
             // editor is told, in the agent's words.
             EventKind::SkillActivated { name, .. } => {
                 self.send(updates::agent_chunk(format!("[skill {name} is active]\n")))

@@ -235,7 +235,7 @@ impl Sessions {
     }
 
     /// What sessions of `agent` may use: the stored tasks it runs, and its
-    /// skills (§17), for the editor's slash commands.
+    /// skills, for the editor's slash commands.
     pub(crate) async fn offer(&self, agent: &str) -> Result<super::commands::Offer, SessionsError> {
         match self {
             Self::Local(o) => {

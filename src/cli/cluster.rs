@@ -1,4 +1,4 @@
-//! `overseer cluster status`: the nodes of a cluster (§15) as the database
+//! `overseer cluster status`: the nodes of a cluster as the database
 //! sees them: id, advertised URL, alive or dead, heartbeat age, and how many
 //! active sessions (running or awaiting approval) each owns: on a dead node,
 //! what is still to be taken over. Dead nodes stay listed, marked dead,

@@ -569,7 +569,7 @@ async fn drive(
     let (pending_tx, pending_rx) = mpsc::unbounded_channel();
     let decider = tokio::spawn(decide_calls(overseer.clone(), id, mode, pending_rx));
 
-    // Subagents' approvals surface at the root (§7) but are announced on the
+    // Subagents' approvals surface at the root but are announced on the
     // children's own event streams: watch the tree for them.
     let children = tokio::spawn(watch_children(
         overseer.clone(),

@@ -3,7 +3,7 @@
 //! `crate::store::check` for what it checks) and prints a summary and the
 //! problems found on stdout; `overseer store copy --from DIR --to postgres`
 //! copies every session of a store directory into the database of
-//! `OVERSEER_DATABASE_URL` (cluster mode, §15; see `crate::store::copy`).
+//! `OVERSEER_DATABASE_URL` (cluster mode; see `crate::store::copy`).
 //!
 //! Owns the command line and the exit status only: 0 when the store is
 //! healthy (or the copy complete), non-zero when it has problems (listed) or

@@ -1,4 +1,4 @@
-//! The configuration of stored tasks and skills (§17): `[[tasks]]`,
+//! The configuration of stored tasks and skills: `[[tasks]]`,
 //! `tasks_dir` (one task per TOML file), `skills_dirs`, and an agent's
 //! `tasks` and `skills` (names or `*` patterns).
 //!

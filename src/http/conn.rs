@@ -245,7 +245,7 @@ async fn serve_one(
     }
 }
 
-/// HTTP/2's connection preface (RFC 9113 §3.4): a client with prior
+/// HTTP/2's connection preface (RFC 9113): a client with prior
 /// knowledge sends it first.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 

@@ -1,4 +1,4 @@
-//! Forks over HTTP (§17): `POST /v1/sessions/{id}/fork {at?}` → 201 with
+//! Forks over HTTP: `POST /v1/sessions/{id}/fork {at?}` → 201 with
 //! the new session (its `forked_from` says `{session, at, index}`), and
 //! `GET /v1/sessions/{id}/history` → the points a fork can start from.
 //!

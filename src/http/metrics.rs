@@ -1,4 +1,4 @@
-//! `GET /metrics`: the Prometheus text of §13.
+//! `GET /metrics`: the Prometheus text of the metrics `overseer_actors::metrics` names.
 //!
 //! This module owns the route's access rule and its answer. It deliberately
 //! records and configures nothing: [`crate::metrics`] installs the recorder,

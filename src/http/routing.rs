@@ -1,5 +1,5 @@
 //! Routing of API requests to the node that owns the session (cluster
-//! mode, §15).
+//! mode).
 //!
 //! An axum middleware in front of the session routes (`/v1/sessions/{id}`
 //! and everything under it but `/events`, which any node serves from the

@@ -465,7 +465,7 @@ pub(super) async fn show(
     Ok(Json(session_view(&stored)).into_response())
 }
 
-/// `GET /v1/sessions/{id}/tree`: the session and its subtree (§7): each
+/// `GET /v1/sessions/{id}/tree`: the session and its subtree: each
 /// node's agent, status, stop reason, own and rolled-up usage, pending
 /// approvals and children.
 pub(super) async fn tree(
@@ -611,7 +611,7 @@ pub(super) struct DecideBody {
     decisions: BTreeMap<ToolCallId, Decision>,
     #[serde(default)]
     metadata: BTreeMap<ToolCallId, Value>,
-    /// Accepted for clients that send the full §6 shape, but an
+    /// Accepted for clients that send the full decision shape, but an
     /// authenticated caller's identity always comes from the token.
     #[serde(default)]
     approved_by: Option<String>,

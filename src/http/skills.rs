@@ -1,4 +1,4 @@
-//! A person's activation of a skill in a session (§17): `POST
+//! A person's activation of a skill in a session: `POST
 //! /v1/sessions/{id}/skills {name}` → 200 with the session's header.
 //!
 //! A person may activate a skill that needs trust (the model may not: its

@@ -1,4 +1,4 @@
-//! Stored tasks over HTTP (§17): `GET /v1/tasks` lists them, and `POST
+//! Stored tasks over HTTP: `GET /v1/tasks` lists them, and `POST
 //! /v1/tasks/{id}/runs {context?, title?, skills?}` runs one as a root
 //! session of the caller's tenant (201 with the session, like a create).
 //!

@@ -1,4 +1,4 @@
-//! The approval inbox's web page (§16): `GET /` and its assets under
+//! The approval inbox's web page: `GET /` and its assets under
 //! `/ui/`, compiled into the binary, and the security headers of every
 //! response.
 //!

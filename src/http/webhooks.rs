@@ -1,5 +1,5 @@
 //! `/v1/webhooks`: a tenant's webhook endpoints and their delivery logs
-//! (§18), all under the `webhooks:write` scope (`admin` implies it): an
+//!, all under the `webhooks:write` scope (`admin` implies it): an
 //! endpoint's URL and log are the tenant's configuration, which a token
 //! that only reads sessions has no business seeing.
 //!

@@ -1,4 +1,4 @@
-//! The `anthropic` provider (§11): the Messages API, streamed, with tool use.
+//! The `anthropic` provider: the Messages API, streamed, with tool use.
 //!
 //! This module owns the Messages wire format: how a transcript becomes
 //! `system` plus alternating messages of content blocks (`text`, `tool_use`,
@@ -234,7 +234,7 @@ fn wire_request<'a>(
             // the user gives.
             TranscriptEntry::Compaction { summary, .. } => ("user", text_block(summary)),
             // An activated skill's instructions read as context the user
-            // gives (§17).
+            // gives.
             TranscriptEntry::SkillActivated { name, body, .. } => (
                 "user",
                 vec![Block::OwnedText {

@@ -1,4 +1,4 @@
-//! The `openai` provider (§11): any OpenAI-compatible chat-completions
+//! The `openai` provider: any OpenAI-compatible chat-completions
 //! endpoint (OpenAI, vLLM, Ollama, llama.cpp's server, LiteLLM), streamed.
 //!
 //! This module owns the chat-completions wire format: how a transcript
@@ -225,7 +225,7 @@ fn wire_request<'a>(endpoint: &'a Endpoint, request: &'a ProviderRequest) -> Cha
             // the user gives.
             TranscriptEntry::Compaction { summary, .. } => Message::User { content: summary },
             // An activated skill's instructions read as context the user
-            // gives (§17).
+            // gives.
             TranscriptEntry::SkillActivated { name, body, .. } => Message::UserOwned {
                 content: overseer_actors::skills::activation_text(name, body),
             },

@@ -1,4 +1,4 @@
-//! The §11 error policy as a [`Provider`] decorator.
+//! The provider error policy as a [`Provider`] decorator.
 //!
 //! Before any visible output (a text delta or a tool call; see `visible`)
 //! a rate-limit, server or transport error is retried up to three times,
@@ -40,7 +40,7 @@ use crate::backoff::Backoff;
 /// How failures before the first event are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
-    /// Retries after the first attempt (§11: 3).
+    /// Retries after the first attempt (3).
     pub max_retries: u32,
     /// Wait before the first retry; doubles with each retry, with jitter
     /// ([`Backoff`]).
@@ -85,7 +85,7 @@ impl RetryPolicy {
     }
 }
 
-/// A provider that applies the §11 error policy to another.
+/// A provider that applies the provider error policy to another.
 pub struct RetryingProvider {
     retrier: Arc<Retrier>,
 }

@@ -2,7 +2,7 @@
 //! them into provider events through a wire-format [`Decoder`].
 //!
 //! This module owns the parts both providers share: the idle timeout (a
-//! stream silent for too long is cut, §11), the mapping of transport and
+//! stream silent for too long is cut), the mapping of transport and
 //! framing failures onto [`ProviderError`], the rule that a stream which
 //! ends without a finish is a transport error (retried like a disconnect
 //! when nothing was output yet), and its converse: a stream that had
@@ -42,7 +42,7 @@ pub(super) const ENDED_WITHOUT_FINISH: &str = "the stream ended without a finish
 /// A stream that stopped before its finish: a transport error, like a
 /// connection that broke at the same point (a server or proxy that closes
 /// the body cleanly mid-answer is no different), so before any output it
-/// is retried (§11).
+/// is retried.
 pub(super) fn ended_without_finish() -> ProviderError {
     ProviderError::Transport(ENDED_WITHOUT_FINISH.into())
 }

@@ -20,7 +20,7 @@ use overseer_actors::store::{Checkpoint, StoreError};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// Tool results whose JSON is larger than this go to `blobs` (§9).
+/// Tool results whose JSON is larger than this go to `blobs`.
 pub(super) const BLOB_THRESHOLD: usize = 64 * 1024;
 
 /// The blob a stored transcript row references, if any. Only rows that

@@ -1,4 +1,4 @@
-//! The PostgreSQL checkpoint store of cluster mode (§15): [`PgStore`], the
+//! The PostgreSQL checkpoint store of cluster mode: [`PgStore`], the
 //! same [`CheckpointStore`] contract as the sled store, shared by every node
 //! of a cluster.
 //!
@@ -6,14 +6,14 @@
 //! statement per checkpoint and one transaction per group of checkpoints
 //! (`writer`: group commit), the reads, and the rows of cluster membership
 //! and ownership (`nodes`, `leases`) with the conditional updates that move
-//! them. The guarantees of §9 carry over:
+//! them. The sled store's guarantees carry over:
 //!
 //! - **One atomic write per checkpoint, of what changed only**: the header
 //!   row (the commit record), the new transcript entries, events and queued
 //!   messages, the dequeued range, the metadata once, in one statement
 //!   (data-modifying CTEs); checkpoints arriving together share one
 //!   transaction, so one commit (one WAL flush) confirms them all.
-//! - **Fencing** (§15): every checkpoint statement writes only if the tree's
+//! - **Fencing**: every checkpoint statement writes only if the tree's
 //!   lease row still names this node with the epoch this node claimed
 //!   (`FOR SHARE`, so a concurrent claim waits for it or makes it write
 //!   nothing). A write that finds another epoch lands nothing, and the
@@ -71,7 +71,7 @@ use super::codec::{self, corrupt};
 use super::Durability;
 use writer::Writer;
 
-/// The environment variable holding the database URL (§15).
+/// The environment variable holding the database URL.
 pub const DATABASE_URL_ENV: &str = "OVERSEER_DATABASE_URL";
 
 /// The channel on which checkpoints announce new events to other nodes.

@@ -1,4 +1,4 @@
-//! The sled checkpoint store (§9): [`SledStore`], the embedded durable
+//! The sled checkpoint store: [`SledStore`], the embedded durable
 //! implementation of [`CheckpointStore`]. Its keys and rows are in `layout`,
 //! the values they hold in the shared `store::codec`.
 //!

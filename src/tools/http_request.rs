@@ -1,5 +1,5 @@
 //! `http_request`: the built-in tool that lets a model send one HTTP request
-//! to an allow-listed host (§8).
+//! to an allow-listed host.
 //!
 //! This module owns the allow-list ([`AllowList`]: an entry matches a host
 //! exactly, or as a suffix at a dot boundary), the check of every URL before
@@ -7,7 +7,7 @@
 //! checked against the same list, the response-size cap and the shape of the
 //! result (`{"status", "headers", "body"}`). Whether a human approves the
 //! request first is the approval policy's (`requires_approval` defaults to
-//! true here); the timeout and result cap of §8 are also the runtime's
+//! true here); the timeout and result cap are also the runtime's
 //! (`overseer_actors::tool_call`), with a deadline kept here as well.
 //!
 //! It deliberately checks host *names*, not the addresses they resolve to:
@@ -35,7 +35,7 @@ use super::http_tool::{
 /// Default `max_response_bytes`: a body the model will read, so far below
 /// the 10 MiB result cap.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
-/// Default `timeout_secs` (§8).
+/// Default `timeout_secs`.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
 /// Most redirects followed for one call.
 pub const MAX_REDIRECTS: usize = 10;

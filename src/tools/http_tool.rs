@@ -1,10 +1,10 @@
-//! `http` tools (§8): tools a user declares in config (`[[tools]]`) and
+//! `http` tools: tools a user declares in config (`[[tools]]`) and
 //! overseer serves by calling the user's own HTTP endpoint.
 //!
 //! For each call, overseer sends `{"tool", "call_id", "session_id",
 //! "arguments"}` as JSON with `Authorization: Bearer <scope token>` (when
 //! scope tokens are configured) and `Idempotency-Key: <ctx.idempotency_key>`.
-//! The runtime keeps that key across a crash-retry (§9), so the receiver can
+//! The runtime keeps that key across a crash-retry, so the receiver can
 //! de-duplicate a call that overseer had to dispatch twice.
 //!
 //! This module owns the declaration ([`HttpToolConfig`]), its start-up
@@ -17,7 +17,7 @@
 //!
 //! It deliberately does not decide whether a call may run at all (scope and
 //! approval are the runtime's; the scope token is only re-checked here so that
-//! nothing is sent for a tool outside `allowed_tools`), nor enforce the §8
+//! nothing is sent for a tool outside `allowed_tools`), nor enforce the
 //! per-tool timeout and 10 MiB result cap: `overseer_actors::tool_call` wraps
 //! every `call` in both. The tool still keeps its own deadline (the same
 //! `timeout_secs`) so it never outlives that timeout, even called directly.
@@ -43,7 +43,7 @@ use crate::scope_token::{ScopeTokenError, ScopeTokens};
 /// Default `max_response_bytes`: the runtime's result cap, so a body that
 /// fits is never cut here only to be accepted there.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = MAX_RESULT_BYTES;
-/// Default `timeout_secs` (§8).
+/// Default `timeout_secs`.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
 /// Most bytes of a non-2xx body quoted in the error result.
 pub const ERROR_EXCERPT_BYTES: usize = 2 * 1024;
@@ -128,7 +128,7 @@ pub struct HttpToolConfig {
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// Whether the `per_tool` policy asks a human first (default true: a
-    /// declared tool is assumed to have side effects, §6).
+    /// declared tool is assumed to have side effects).
     #[serde(default = "yes")]
     pub requires_approval: bool,
     /// Seconds before a call fails with a timeout (default 60).
@@ -136,10 +136,10 @@ pub struct HttpToolConfig {
     pub timeout_secs: u64,
     /// Whether running it twice with the same arguments has one effect
     /// (default false). Only an idempotent tool is retried, here on transport
-    /// errors and after a crash (§9).
+    /// errors and after a crash.
     #[serde(default)]
     pub idempotent: bool,
-    /// What to do if the process stopped while it ran (§9); unset takes the
+    /// What to do if the process stopped while it ran; unset takes the
     /// default (`retry` if idempotent, else `ask`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_interrupt: Option<OnInterrupt>,
@@ -401,7 +401,7 @@ impl HttpTool {
         let token =
             minted.map_err(|e| ToolError::new(format!("http tool '{}': {e}", self.name())))?;
         // The runtime already checks the session's scope before dispatch;
-        // this is the §8 guarantee that nothing leaves the process for a tool
+        // this is the scope guarantee that nothing leaves the process for a tool
         // the token would not allow, whoever calls the tool.
         tokens.authorize(&token, self.name()).map_err(|e| match e {
             ScopeTokenError::ToolNotAllowed { .. } => ToolError {

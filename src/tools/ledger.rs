@@ -6,7 +6,7 @@
 //! so a test that aborts and restarts the process can count, from outside,
 //! how many times each call really ran. It deliberately does nothing to
 //! de-duplicate by key: telling a first run from a re-run is the runtime's
-//! job (§9), and this tool is how the tests check that it does it.
+//! job, and this tool is how the tests check that it does it.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -31,7 +31,7 @@ impl LedgerAppend {
     pub const NAME: &'static str = "ledger_append";
 
     /// The tool with its declaration: needs approval, not idempotent, so an
-    /// interrupted call is asked about again rather than retried (§9).
+    /// interrupted call is asked about again rather than retried.
     pub fn new() -> Self {
         let parameters = json!({
             "type": "object",

@@ -1,4 +1,4 @@
-//! MCP servers as tool providers (§8): the tools of every configured server,
+//! MCP servers as tool providers: the tools of every configured server,
 //! stdio or streamable HTTP, exposed to agents as `server__tool`.
 //!
 //! [`McpHub::start`] connects to every `[[mcp_servers]]` entry at start-up
@@ -22,7 +22,7 @@
 //!   required unless the server annotates the tool `readOnlyHint: true`. An
 //!   annotation is the server's claim, so an operator who does not trust a
 //!   server overrides it to `requires_approval = true`.
-//! - **Idempotent** (retried after a crash, §9): read-only or annotated
+//! - **Idempotent** (retried after a crash): read-only or annotated
 //!   `idempotentHint: true`.
 //! - **Timeout**: the server's `timeout_secs`, applied by the runtime around
 //!   the call (rmcp then tells the server the call is cancelled).
@@ -31,7 +31,7 @@
 //!   structured content if any, else `""`. An `isError: true` result, a
 //!   JSON-RPC error and a lost connection become error results
 //!   `{"error": <text>, …}`.
-//! - **Scope token** (§8): a call to a tool outside the session's
+//! - **Scope token**: a call to a tool outside the session's
 //!   `allowed_tools` is refused before anything is sent. A streamable HTTP
 //!   server receives the call's scope token as `Authorization: Bearer <token>`
 //!   on its `tools/call` request (see [`http`]). A stdio server receives
@@ -98,7 +98,7 @@ const BACKOFF_START: Duration = Duration::from_secs(1);
 /// Longest pause between reconnection attempts.
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Largest JSON answer accepted from an HTTP server. Above the runtime's
-/// 10 MiB result cap, so an oversized result gets the §8 error object (with
+/// 10 MiB result cap, so an oversized result gets the runtime's error object (with
 /// its size) rather than a transport error.
 const MAX_HTTP_JSON_BYTES: usize = 64 * 1024 * 1024;
 
@@ -222,7 +222,7 @@ impl Server {
         }
     }
 
-    /// A failed request as the error result of §8.
+    /// A failed request as an error result.
     fn call_error(&self, error: ServiceError) -> ToolError {
         match error {
             ServiceError::McpError(data) => {
@@ -286,7 +286,7 @@ impl Tool for McpTool {
     }
 
     async fn call(&self, ctx: ToolContext, arguments: Value) -> Result<Value, ToolError> {
-        // §8: a tool outside the scope is refused before anything is sent.
+        // A tool outside the scope is refused before anything is sent.
         if !ctx.scope.allowed_tools.contains(&self.spec.name) {
             return Err(ToolError::new(format!(
                 "tool '{}' is not available in this session",

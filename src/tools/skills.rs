@@ -1,11 +1,11 @@
-//! `read_skill_resource {name, path}` (§17): one file of an active skill's
+//! `read_skill_resource {name, path}`: one file of an active skill's
 //! folder, as text.
 //!
 //! The path is relative to the skill's folder and must stay inside it: an
 //! absolute path or a `..` component is refused before anything is read,
 //! and what the path resolves to (symlinks followed) must still lie under
 //! the folder, so a link pointing out of it is refused too. A file larger
-//! than a tool result may be (§8, 10 MiB) is refused by its size without
+//! than a tool result may be (10 MiB) is refused by its size without
 //! being read. Whether the session may read this skill (it must be one of
 //! its skills, and active) is the session's to decide before the call runs.
 //!

@@ -1,4 +1,4 @@
-//! Metrics of webhook deliveries (§13, §18), named and recorded in the
+//! Metrics of webhook deliveries, named and recorded in the
 //! style of `overseer_actors::metrics`: one constant per name, a
 //! [`describe`] for the recorder, small helpers the delivery task calls
 //! where things happen.

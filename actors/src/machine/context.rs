@@ -1,4 +1,4 @@
-//! Context management (§15 of the issue on long conversations): keeping a
+//! Context management (of the issue on long conversations): keeping a
 //! session's requests inside its model's context window.
 //!
 //! The session estimates a request's tokens from its characters, calibrated

@@ -1,4 +1,4 @@
-//! Forking (§17): a new root session whose transcript is another's up to a
+//! Forking: a new root session whose transcript is another's up to a
 //! point of its history, the source left untouched.
 //!
 //! A point is the source's latest checkpoint, an event sequence number, or

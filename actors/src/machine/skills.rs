@@ -1,4 +1,4 @@
-//! Skills in a session (§17): which calls of `activate_skill` and
+//! Skills in a session: which calls of `activate_skill` and
 //! `read_skill_resource` are answered without running, how an activation
 //! enters the transcript, and where requests carry the activated bodies.
 //!

@@ -1,4 +1,4 @@
-//! Tool-call records and their state machine (§5).
+//! Tool-call records and their state machine.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -38,7 +38,7 @@ impl From<&str> for ToolCallId {
     }
 }
 
-/// The states of §5. `Completed`, `Failed`, `Denied` and `Cancelled` are terminal.
+/// The states of a tool call. `Completed`, `Failed`, `Denied` and `Cancelled` are terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallState {
@@ -71,7 +71,7 @@ impl CallState {
 }
 
 /// What to do with a call that was dispatched when the process stopped and
-/// whose outcome was never recorded (§9).
+/// whose outcome was never recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnInterrupt {

@@ -1,4 +1,4 @@
-//! Human decisions on tool calls (§6).
+//! Human decisions on tool calls.
 
 use std::collections::BTreeMap;
 
@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::ToolCallId;
 
-/// One decision for one call, in the wire shape of §6:
+/// One decision for one call, in its wire shape:
 /// `{"decision": "approve"}`, `{"decision": "approve", "override_args": {…}}`,
 /// `{"decision": "deny", "message": "…"}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,7 +83,7 @@ impl Submission {
 }
 
 /// A decision as recorded on the call: who, when, metadata and, for an edit,
-/// the argument diff (§6).
+/// the argument diff.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DecisionRecord {
     /// The decision itself.

@@ -31,10 +31,10 @@ use super::{SharedConfig, ToolCallRecord, Usage};
 /// written as 4 by their next checkpoint.
 pub const SCHEMA_VERSION: u32 = 4;
 
-/// Default of `max_delegation_depth` (§7): the deepest child is at this depth.
+/// Default of `max_delegation_depth`: the deepest child is at this depth.
 pub const DEFAULT_MAX_DELEGATION_DEPTH: u32 = 3;
 
-/// Default of `max_children` (§7): live children per session.
+/// Default of `max_children`: live children per session.
 pub const DEFAULT_MAX_CHILDREN: u32 = 8;
 
 /// Identifier of a session.
@@ -74,7 +74,7 @@ impl std::str::FromStr for SessionId {
     }
 }
 
-/// Session statuses of §4.
+/// Session statuses (documented in `docs/src/reference/events.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SessionStatus {
@@ -120,7 +120,7 @@ impl std::fmt::Display for SessionStatus {
     }
 }
 
-/// Why a turn stopped (§4).
+/// Why a turn stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
@@ -168,7 +168,7 @@ impl std::fmt::Display for StopReason {
     }
 }
 
-/// Approval policy of an agent (§6).
+/// Approval policy of an agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalPolicy {
@@ -204,7 +204,7 @@ impl ToolRule {
 }
 
 /// Whether a child's approvals go up to a human at the root, or are granted
-/// automatically (§7).
+/// automatically.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ChildApproval {
@@ -215,7 +215,7 @@ pub enum ChildApproval {
     AutoApprove,
 }
 
-/// Spending limits of a session (§7). `None` is unlimited. A child is granted
+/// Spending limits of a session. `None` is unlimited. A child is granted
 /// at most what its parent has left.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -286,7 +286,7 @@ impl Budget {
     }
 }
 
-/// A named agent configuration (§2), as the runtime needs it.
+/// A named agent configuration, as the runtime needs it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentConfig {
     /// Agent name.
@@ -358,8 +358,8 @@ impl AgentConfig {
     pub fn effective(&self) -> EffectiveConfig {
         let mut tools = self.tools.clone();
         // `delegate_task` exists exactly for agents that list subagents
-        // (§7), `run_task` for those that list tasks, and the skill tools
-        // for those that list skills (§17).
+        //, `run_task` for those that list tasks, and the skill tools
+        // for those that list skills.
         let builtins = [
             super::DELEGATE_TASK,
             super::RUN_TASK,

@@ -1,6 +1,6 @@
 //! Transcript entries: what the model sees, in order.
 //!
-//! Entries are append-only; each is stored under its own key (§9) so a
+//! Entries are append-only; each is stored under its own key so a
 //! checkpoint writes only the new ones.
 
 use serde::{Deserialize, Serialize};
@@ -65,7 +65,7 @@ pub enum TranscriptEntry {
         finish_reason: Option<FinishReason>,
     },
     /// The final record of one tool call, including its result. Joins the
-    /// transcript when every call of its step has a result (§5.7).
+    /// transcript when every call of its step has a result.
     ToolResult {
         /// The full, terminal record (decision, arguments, result).
         call: ToolCallRecord,

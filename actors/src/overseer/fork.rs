@@ -1,4 +1,4 @@
-//! The in-process API of forks (§17): a new root session from a point of
+//! The in-process API of forks: a new root session from a point of
 //! another's history, and the list of those points.
 //!
 //! The source is read from the store (its latest checkpoint and events) and

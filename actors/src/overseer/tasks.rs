@@ -1,4 +1,4 @@
-//! The in-process API of stored tasks and skills (§17): the catalog, a
+//! The in-process API of stored tasks and skills: the catalog, a
 //! person's run of a task (a root session), and a person's activation of a
 //! skill in a session.
 //!

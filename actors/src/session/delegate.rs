@@ -1,4 +1,4 @@
-//! The session actor's side of delegation (§7): starting, resuming,
+//! The session actor's side of delegation: starting, resuming,
 //! activating, supervising and cancelling child sessions, and a child's
 //! reports to its parent.
 //!
@@ -91,7 +91,7 @@ pub(super) fn new_child(
 }
 
 /// What a child runs: its agent, first message, and what a stored task
-/// adds (§17): its output schema, its skills (activated before the first
+/// adds: its output schema, its skills (activated before the first
 /// message), its id.
 #[derive(Debug, Default)]
 pub(super) struct ChildPlan {
@@ -103,7 +103,7 @@ pub(super) struct ChildPlan {
     pub(super) skills: Vec<String>,
 }
 
-/// Builds a new child session under delegation's rules (§7): the child's
+/// Builds a new child session under delegation's rules: the child's
 /// tools, skills and tasks are its agent's intersected with the parent's;
 /// its budget is its agent's, capped by what the parent has left.
 pub(super) fn build_child(
@@ -175,7 +175,7 @@ pub(super) fn build_child(
         propagate: parent.config.child_approval == ChildApproval::Propagate,
     });
     header.root_id = parent.root_id;
-    // A child runs one turn (§7).
+    // A child runs one turn.
     header.auto_complete = true;
     header.task = plan.task.clone();
     let mut session = Session::new(header);
@@ -263,7 +263,7 @@ impl SessionState {
     }
 
     /// A child could not be started or resumed: the call fails visibly, with
-    /// the reason, and the parent goes on (§7).
+    /// the reason, and the parent goes on.
     pub(super) fn child_failed(
         &self,
         myself: &ActorRef<SessionMsg>,
@@ -480,7 +480,7 @@ impl SessionState {
         let _ = reply.send(answer);
     }
 
-    /// Cancels a child as part of our own cancel (§7): a live one by a
+    /// Cancels a child as part of our own cancel: a live one by a
     /// message, one on disk in the store (nobody else may run it).
     pub(super) async fn cancel_child(&mut self, child: SessionId) {
         match self.live_child(child) {
@@ -515,7 +515,7 @@ impl SessionState {
     }
 
     /// A child session actor failed: restart it from its checkpoint under the
-    /// policy of §10, or fail it and let the parent go on.
+    /// restart policy, or fail it and let the parent go on.
     pub(super) async fn on_child_failed(
         &mut self,
         myself: &ActorRef<SessionMsg>,

@@ -1,5 +1,5 @@
-//! The session actor's side of `run_task` (§17): a stored task runs as a
-//! child session under the rules of a delegation (§7), so everything
+//! The session actor's side of `run_task`: a stored task runs as a
+//! child session under the rules of a delegation, so everything
 //! `delegate.rs` does for a child (resume, restart, reports, cancel) holds
 //! for it. This module only makes the child: the task's agent, its
 //! instructions and context as the first message, its output schema, and

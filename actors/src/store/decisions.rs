@@ -1,4 +1,4 @@
-//! The per-tenant decision index (§6, §16: the decision history of
+//! The per-tenant decision index (the decision history of
 //! `GET /v1/decisions`): one row per recorded decision, derived from a
 //! checkpoint's `decision_recorded` events by the store in the same write
 //! as the checkpoint, and paged newest first.

@@ -1,4 +1,4 @@
-//! The per-owner circuit breaker of forwarding (cluster mode, §15).
+//! The per-owner circuit breaker of forwarding (cluster mode).
 //!
 //! A node that forwards to an owner which stops answering (stopped, hung,
 //! partitioned, or dead but still within its lease) must not spend every

@@ -108,7 +108,7 @@ CREATE TABLE leases (
 CREATE INDEX leases_by_node ON leases (node_id);
 "#,
     },
-    // Retention (§9): a purge asks whether any transcript row still names a
+    // Retention: a purge asks whether any transcript row still names a
     // blob before deleting it.
     Migration {
         version: 2,
@@ -148,7 +148,7 @@ CREATE TABLE decisions (
 CREATE INDEX decisions_by_session ON decisions (session_id);
 "#,
     },
-    // Webhooks (§18): endpoints, and the outbox that is also the delivery
+    // Webhooks: endpoints, and the outbox that is also the delivery
     // log. A checkpoint inserts its events' deliveries in its own statement
     // (joined with the tenant's enabled endpoints); nodes claim due ones
     // with `FOR UPDATE SKIP LOCKED` and a lease.

@@ -1,4 +1,4 @@
-//! Purging a session from the sled store (retention, §9): its header, and
+//! Purging a session from the sled store (retention): its header, and
 //! then every row it owns in every tree (its rows of the decision index
 //! too), and the blobs no other session references.
 //!

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 /// unambiguous.
 pub const SEPARATOR: &str = "__";
 
-/// Default seconds a call may run (§8).
+/// Default seconds a call may run.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 60;
 
 /// Default seconds to spawn or reach a server, finish the MCP handshake and

@@ -985,7 +985,9 @@ async fn a_hung_owner_costs_the_other_nodes_neither_their_sessions_nor_their_pro
         "B's budget of local work to be taken up",
         Duration::from_millis(50),
         || async {
-            let (status, _, v) = once(get_on_b(&format!("/v1/sessions/{on_b}"))).await;
+            // `/v1/me`: admitted like any API request, and never forwarded
+            // (a session route may be, which gives its local slot back).
+            let (status, _, v) = once(get_on_b("/v1/me")).await;
             if status == 503 && v["error"]["code"] == "overloaded" {
                 Ok(())
             } else {

@@ -2,7 +2,8 @@
 //! side: the embedded sled store ([`sled`], [`SledStore`]) and the PostgreSQL
 //! store of cluster mode ([`postgres`]), with what they share: the stored
 //! form of a session (`codec`: header, transcript entry, events, blobs; no
-//! engine types), [`Durability`], copying every session from one store to
+//! engine types; `record`: the per-checkpoint record of layout 4, issue
+//! 28), [`Durability`], copying every session from one store to
 //! another ([`copy`]). The offline verification of a sled directory
 //! (`overseer store check`) is the sled store's (`sled::check`).
 //!

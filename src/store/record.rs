@@ -385,7 +385,9 @@ fn refer(kind: &EventKind, entries: &[(u64, Arc<TranscriptEntry>)]) -> StoredKin
             call_id,
             state,
             result,
-        } => pos(&|entry| {
+        // A `null` result is kept whole: the entry's `Option` stores it as
+        // absent (in JSON as here), and the event would not get it back.
+        } if !result.is_null() => pos(&|entry| {
             matches!(entry, TranscriptEntry::ToolResult { call }
                 if call.id == *call_id && call.state == *state && call.result.as_ref() == Some(result))
         })

@@ -192,6 +192,38 @@ fn a_damaged_or_newer_record_is_an_error_naming_the_session() {
 }
 
 #[test]
+fn a_tool_that_returned_null_keeps_its_null_in_the_event() {
+    let id = SessionId::generate();
+    let entries = vec![(
+        0,
+        Arc::new(TranscriptEntry::ToolResult {
+            call: call("c1", Some(Value::Null), None),
+        }),
+    )];
+    let events = vec![Event {
+        session_id: id,
+        seq: 1,
+        at_ms: 3,
+        kind: EventKind::ToolCallFinished {
+            call_id: ToolCallId("c1".into()),
+            state: CallState::Completed,
+            result: Value::Null,
+        },
+    }];
+    let encoded = encode(&id, &entries, &events).unwrap();
+    let expanded = decode(&id, &encoded.bytes)
+        .unwrap()
+        .expand(&id, no_blobs)
+        .unwrap();
+    assert_eq!(expanded.events, events);
+    // The entry reads back as layout 3's JSON reads it: no result.
+    let TranscriptEntry::ToolResult { call } = &*expanded.entries[0].1 else {
+        panic!("{:?}", expanded.entries);
+    };
+    assert_eq!(call.result, None);
+}
+
+#[test]
 fn an_event_of_another_session_is_refused() {
     let id = SessionId::generate();
     let (entries, mut events) = typical(id);
@@ -276,7 +308,8 @@ fn entry() -> impl Strategy<Value = TranscriptEntry> {
         (
             call_id(),
             state(),
-            prop::option::of(some_value()),
+            // `null` too: a tool may return it.
+            prop::option::of(value()),
             prop::option::of(decision_record()),
             any::<bool>()
         )

@@ -8,7 +8,8 @@
 //! Covered: checkpoint and reload (header, transcript, metadata, queued
 //! messages), only new rows per checkpoint, events after a sequence (paged,
 //! bounded by the header), the effect journal in the header's open calls,
-//! large results in content-addressed blobs, refusal of a newer schema,
+//! large results in content-addressed blobs, refusal of a newer schema
+//! (read, or written over by a checkpoint of this binary),
 //! tenant listing and the recovery listing, the bounded walk over every
 //! session (`scan`), purging a terminal session whole (refused for one that
 //! is not), the decision index (newest first, paged, filtered, per tenant,
@@ -402,6 +403,45 @@ async fn a_newer_schema_is_refused(store: &dyn CheckpointStore) {
     );
     let message = store.load(sim.id()).await.unwrap_err().to_string();
     assert!(message.contains("upgrade overseer"), "{message}");
+}
+
+contract!(a_checkpoint_over_a_newer_schema_is_refused_and_writes_nothing);
+async fn a_checkpoint_over_a_newer_schema_is_refused_and_writes_nothing(
+    store: &dyn CheckpointStore,
+) {
+    // A newer binary wrote the session (a rolling upgrade, rolled back)...
+    let mut sim = Sim::new("acme");
+    sim.status(SessionStatus::Running);
+    sim.header.schema_version = SCHEMA_VERSION + 1;
+    sim.write(store).await;
+    let written = sim.events.len();
+    // ...and this one, which knows less of it, checkpoints it again: the
+    // header it would write drops what it does not know, so it must not
+    // land, nor anything of its checkpoint.
+    sim.header.schema_version = SCHEMA_VERSION;
+    sim.user("from the older binary");
+    sim.status(SessionStatus::Cancelled);
+    match store.checkpoint(sim.checkpoint()).await {
+        Err(StoreError::SchemaTooNew {
+            session,
+            found,
+            supported,
+        }) => {
+            assert_eq!(session, sim.id());
+            assert_eq!(found, SCHEMA_VERSION + 1);
+            assert_eq!(supported, SCHEMA_VERSION);
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+    match store.load_header(sim.id()).await {
+        Err(StoreError::SchemaTooNew { found, .. }) => assert_eq!(found, SCHEMA_VERSION + 1),
+        other => panic!("the newer header was replaced: {other:?}"),
+    }
+    match store.events_after(sim.id(), 0, usize::MAX).await {
+        Ok(events) => assert_eq!(events.len(), written, "{events:?}"),
+        Err(StoreError::SchemaTooNew { .. }) => {}
+        Err(other) => panic!("{other:?}"),
+    }
 }
 
 contract!(queued_messages_and_metadata);

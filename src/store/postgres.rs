@@ -87,7 +87,7 @@ pub use membership::{NodeStatus, UrlTaken};
 use prepare::{prepare, Prepared};
 pub(crate) use retry::map_pg;
 use retry::{map_pool, retrying, transient};
-use writer::Writer;
+use writer::{Outcome, Writer};
 
 /// The environment variable holding the database URL.
 pub const DATABASE_URL_ENV: &str = "OVERSEER_DATABASE_URL";
@@ -368,14 +368,19 @@ impl CheckpointStore for PgStore {
         let bytes = prepared.size();
         let wrote_hooks = !prepared.hook_ids.is_empty();
         match self.inner.writer.submit(prepared, self.inner.node).await? {
-            true => {
+            Outcome::Landed => {
                 overseer_actors::metrics::record_checkpoint_bytes(bytes);
                 if let (true, Some(hooks)) = (wrote_hooks, hooks) {
                     hooks.written();
                 }
                 Ok(())
             }
-            false => {
+            Outcome::TooNew(found) => Err(StoreError::SchemaTooNew {
+                session: id,
+                found,
+                supported: overseer_actors::model::SCHEMA_VERSION,
+            }),
+            Outcome::Fenced => {
                 self.lost(root, epoch);
                 Err(StoreError::NotOwner {
                     session: id,

@@ -31,9 +31,13 @@ const MAX_PENDING: usize = 4096;
 const NOTIFY_CHUNK: usize = 7_000;
 
 /// The statement of one checkpoint: everything is written only if the
-/// tree's lease still has this node and this epoch (`fence`), the rows of
-/// the decision index its decisions add included (`x`); it answers how many
-/// header rows it wrote (1, or 0 when fenced). `w` is the webhook outbox:
+/// tree's lease still has this node and this epoch (`fence`) and the stored
+/// header is not of a newer schema than this binary knows (`$34`: the
+/// header this binary writes would drop what it does not know), the rows of
+/// the decision index its decisions add included (`x`); every other row
+/// follows the header row (`FROM s`). It answers how many header rows it
+/// wrote (1, or 0), whether the fence held, and the schema of the header
+/// it found (to tell a fenced write from a refused one). `w` is the webhook outbox:
 /// one delivery per seed (an event that goes out) and enabled endpoint of
 /// the tenant that wants it, in the same statement as the event; the
 /// database's endpoints decide, not any node's view of them.
@@ -49,45 +53,61 @@ WITH fence AS (
         last_event_seq = EXCLUDED.last_event_seq, transcript_len = EXCLUDED.transcript_len,
         header = EXCLUDED.header, metadata = COALESCE(EXCLUDED.metadata, x.metadata),
         updated_at = now()
+    WHERE x.schema_version <= $34
     RETURNING 1
 ), t AS (
     INSERT INTO transcript (session_id, idx, entry, result_blob)
     SELECT $1, u.idx, u.entry, u.blob
-    FROM fence, unnest($13::bigint[], $14::text[], $15::text[]) AS u(idx, entry, blob)
+    FROM s, unnest($13::bigint[], $14::text[], $15::text[]) AS u(idx, entry, blob)
     ON CONFLICT (session_id, idx) DO UPDATE
         SET entry = EXCLUDED.entry, result_blob = EXCLUDED.result_blob
 ), b AS (
     INSERT INTO blobs (hash, data)
-    SELECT u.hash, u.data FROM fence, unnest($16::text[], $17::text[]) AS u(hash, data)
+    SELECT u.hash, u.data FROM s, unnest($16::text[], $17::text[]) AS u(hash, data)
     ON CONFLICT (hash) DO UPDATE SET hash = EXCLUDED.hash
 ), e AS (
     INSERT INTO events (session_id, seq, event)
-    SELECT $1, u.seq, u.event FROM fence, unnest($18::bigint[], $19::text[]) AS u(seq, event)
+    SELECT $1, u.seq, u.event FROM s, unnest($18::bigint[], $19::text[]) AS u(seq, event)
     ON CONFLICT (session_id, seq) DO UPDATE SET event = EXCLUDED.event
 ), q AS (
     INSERT INTO queue (session_id, seq, message)
     SELECT $1, u.seq, u.message
-    FROM fence, unnest($20::bigint[], $21::text[]) AS u(seq, message)
+    FROM s, unnest($20::bigint[], $21::text[]) AS u(seq, message)
     WHERE NOT (u.seq >= $22 AND u.seq < $23)
     ON CONFLICT (session_id, seq) DO UPDATE SET message = EXCLUDED.message
 ), d AS (
     DELETE FROM queue
-    WHERE session_id = $1 AND seq >= $22 AND seq < $23 AND EXISTS (SELECT 1 FROM fence)
+    WHERE session_id = $1 AND seq >= $22 AND seq < $23 AND EXISTS (SELECT 1 FROM s)
 ), w AS (
     INSERT INTO webhook_deliveries (endpoint_id, id, tenant, session_id, seed,
                                     created_at_ms, next_attempt_at_ms)
     SELECT ep.id, u.id, $6, $1, u.seed, $27, $27
-    FROM fence, unnest($24::text[], $25::text[], $26::text[]) AS u(id, event, seed)
+    FROM s, unnest($24::text[], $25::text[], $26::text[]) AS u(id, event, seed)
     JOIN webhook_endpoints ep ON ep.tenant = $6 AND NOT ep.disabled AND u.event = ANY(ep.events)
     ON CONFLICT (endpoint_id, id) DO NOTHING
 ), x AS (
     INSERT INTO decisions (tenant, at_ms, session_id, call_id, agent, tool, decided_by, row_json)
     SELECT $6, u.at_ms, $1, u.call_id, $28, u.tool, u.decided_by, u.row_json
-    FROM fence, unnest($29::bigint[], $30::text[], $31::text[], $32::text[], $33::text[])
+    FROM s, unnest($29::bigint[], $30::text[], $31::text[], $32::text[], $33::text[])
         AS u(at_ms, call_id, tool, decided_by, row_json)
     ON CONFLICT (tenant, at_ms, session_id, call_id) DO UPDATE SET row_json = EXCLUDED.row_json
 )
-SELECT count(*) FROM s";
+SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM fence),
+       (SELECT schema_version FROM sessions WHERE id = $1)";
+
+/// The newest checkpoint schema this binary writes over (`$34`).
+static KNOWN_SCHEMA: i32 = overseer_actors::model::SCHEMA_VERSION as i32;
+
+/// What became of one checkpoint of a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// Written.
+    Landed,
+    /// The lease's epoch had moved on: nothing of it was written.
+    Fenced,
+    /// The stored header is of this newer schema: nothing was written.
+    TooNew(u32),
+}
 
 /// What the writers count.
 #[derive(Clone)]
@@ -98,7 +118,7 @@ struct Counters {
 
 struct Job {
     prepared: Prepared,
-    reply: oneshot::Sender<Result<bool, StoreError>>,
+    reply: oneshot::Sender<Result<Outcome, StoreError>>,
     _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -139,13 +159,12 @@ impl Writer {
         self.commits.load(Ordering::Relaxed)
     }
 
-    /// Writes one checkpoint with its group; `true` when it landed, `false`
-    /// when the lease's epoch had moved on (nothing of it was written).
+    /// Writes one checkpoint with its group, and says what became of it.
     pub(super) async fn submit(
         &self,
         mut prepared: Prepared,
         node: Uuid,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Outcome, StoreError> {
         prepared.node = Some(node);
         let slot = self
             .slots
@@ -200,7 +219,7 @@ async fn write_group(
     group: &[Job],
     retry: Duration,
     counters: &Counters,
-) -> Vec<Result<bool, StoreError>> {
+) -> Vec<Result<Outcome, StoreError>> {
     let jobs: Vec<&Prepared> = group.iter().map(|j| &j.prepared).collect();
     match with_retry(retry, || transaction(pool, &jobs, counters)).await {
         Ok(landed) => landed.into_iter().map(Ok).collect(),
@@ -213,7 +232,7 @@ async fn write_group(
                 out.push(
                     with_retry(retry, || transaction(pool, &one, counters))
                         .await
-                        .map(|v| v.first().copied().unwrap_or(false)),
+                        .map(|v| v.first().copied().unwrap_or(Outcome::Fenced)),
                 );
             }
             out
@@ -244,7 +263,7 @@ async fn transaction(
     pool: &Pool,
     jobs: &[&Prepared],
     counters: &Counters,
-) -> Result<Vec<bool>, StoreError> {
+) -> Result<Vec<Outcome>, StoreError> {
     let mut client = pool.get().await.map_err(map_pool)?;
     let statement = client
         .prepare_cached(CHECKPOINT_SQL)
@@ -261,13 +280,20 @@ async fn transaction(
     .await;
     let mut landed = Vec::with_capacity(jobs.len());
     for r in results {
-        let count: i64 = r.map_err(map_pg)?.get(0);
-        landed.push(count > 0);
+        let row = r.map_err(map_pg)?;
+        let (wrote, fence, found): (i64, i64, Option<i32>) = (row.get(0), row.get(1), row.get(2));
+        landed.push(match (wrote, fence, found) {
+            (1.., _, _) => Outcome::Landed,
+            (_, 1.., Some(v)) if v > KNOWN_SCHEMA => {
+                Outcome::TooNew(u32::try_from(v).unwrap_or(u32::MAX))
+            }
+            _ => Outcome::Fenced,
+        });
     }
     let mut payload = String::new();
     let mut notifies = Vec::new();
     for (p, ok) in jobs.iter().zip(&landed) {
-        if let (true, Some((first, last))) = (*ok, p.new_events) {
+        if let (Outcome::Landed, Some((first, last))) = (*ok, p.new_events) {
             if payload.len() > NOTIFY_CHUNK {
                 notifies.push(std::mem::take(&mut payload));
             }
@@ -330,6 +356,7 @@ impl Prepared {
             &self.decision_tools,
             &self.decision_by,
             &self.decision_rows,
+            &KNOWN_SCHEMA,
         ]
     }
 }

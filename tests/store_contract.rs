@@ -1034,7 +1034,7 @@ async fn a_purge_deletes_unnamed_blobs_and_the_lease_of_an_emptied_tree() {
         1,
         "the shared one stays"
     );
-    for table in ["transcript", "events", "queue"] {
+    for table in ["checkpoints", "queue"] {
         let sql = format!(
             "SELECT count(*) FROM {table} WHERE session_id = '{}'",
             gone.id()
@@ -1051,7 +1051,7 @@ async fn a_purge_deletes_unnamed_blobs_and_the_lease_of_an_emptied_tree() {
     store.purge(kept.id()).await.unwrap();
     assert_eq!(count("SELECT count(*) FROM blobs").await, 0);
     assert_eq!(count("SELECT count(*) FROM sessions").await, 0);
-    assert_eq!(count("SELECT count(*) FROM transcript").await, 0);
+    assert_eq!(count("SELECT count(*) FROM checkpoints").await, 0);
     assert_eq!(count("SELECT count(*) FROM leases").await, 0);
 }
 
@@ -1373,4 +1373,54 @@ async fn concurrent_checkpoints_share_transactions() {
         "{} transactions for 300 checkpoints",
         after - before
     );
+}
+
+/// Layout 3 on PostgreSQL: a checkpoint with anything new is one
+/// `checkpoints` row (its entries and events as one record) beside the
+/// header row; one with nothing new writes the header only; the layout-2
+/// tables are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_is_one_record_row_beside_the_header_row() {
+    let url = shared().database().await.unwrap();
+    let store = open_pg(&url, Duration::from_secs(10)).await;
+    let mut sim = Sim::new("acme");
+    sim.user("hello");
+    sim.status(SessionStatus::Running);
+    sim.write(&store).await;
+    sim.push(tool_result(big_result()));
+    sim.push(TranscriptEntry::Assistant {
+        text: "done".into(),
+        tool_calls: Vec::new(),
+        at_ms: 8,
+        finish_reason: None,
+    });
+    sim.status(SessionStatus::AwaitingInput);
+    sim.write(&store).await;
+    // Nothing new but the header (a usage update, say).
+    sim.header.updated_at_ms += 1;
+    sim.write(&store).await;
+    let rows = format!(
+        "SELECT count(*) FROM checkpoints WHERE session_id = '{}'",
+        sim.id()
+    );
+    assert_eq!(PgServer::scalar(&url, &rows).await.unwrap(), 2);
+    assert_eq!(
+        PgServer::scalar(
+            &url,
+            "SELECT count(*) FROM pg_tables WHERE tablename IN ('transcript', 'events')"
+        )
+        .await
+        .unwrap(),
+        0
+    );
+    assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
+    assert_eq!(
+        store.events_after(sim.id(), 0, usize::MAX).await.unwrap(),
+        sim.events
+    );
+    // A range that spans both records, and a page of events that does.
+    let both = store.entries(sim.id(), 0..3).await.unwrap();
+    assert_eq!(both, sim.transcript[..3]);
+    let page = store.events_after(sim.id(), 1, 2).await.unwrap();
+    assert_eq!(page, sim.events[1..3]);
 }

@@ -14,10 +14,14 @@
 //! over:
 //!
 //! - **One atomic write per checkpoint, of what changed only**: the header
-//!   row (the commit record), the new transcript entries, events and queued
+//!   row, one `checkpoints` row holding the new transcript entries and
+//!   events as one record (layout 3, `crate::store::record`; migration 6
+//!   moved layout 2's row per entry and per event into it), queued
 //!   messages, the dequeued range, the metadata once, in one statement
-//!   (data-modifying CTEs); checkpoints arriving together share one
-//!   transaction, so one commit (one WAL flush) confirms them all.
+//!   (data-modifying CTEs, every row conditional on the header row's
+//!   write); checkpoints arriving together share one transaction, so one
+//!   commit (one WAL flush) confirms them all. Atomicity is PostgreSQL's
+//!   transaction: readers need no commit record and filter nothing.
 //! - **Fencing**: every checkpoint statement writes only if the tree's
 //!   lease row still names this node with the epoch this node claimed
 //!   (`FOR SHARE`, so a concurrent claim waits for it or makes it write
@@ -25,7 +29,9 @@
 //!   caller gets [`StoreError::NotOwner`]. Before that, a node whose own
 //!   lease (its heartbeat) ran out by its own clock refuses to write at all.
 //! - Blobs over 64 KiB, content-addressed, shared; `schema_version` refused
-//!   when newer (per header, and for the whole database at open); the effect
+//!   when newer (per header, read or written over, and for the whole
+//!   database at open: a binary older than a migration refuses in one
+//!   line, [`PgOpenError::SchemaTooNew`]); the effect
 //!   journal lives in the header's open calls, as with sled.
 //! - `durability = "os"` maps to `synchronous_commit = off`.
 //! - **Retention**: `scan` walks the sessions by id; `purge` deletes a

@@ -1,6 +1,7 @@
 //! `overseer store copy` into PostgreSQL: one session read from another
-//! store written whole, with every event and its decision-index rows, in one
-//! transaction, unless a session with its id is already here.
+//! store written whole (its header, its transcript and every event as one
+//! record, its queue and decision-index rows), in one transaction, unless
+//! a session with its id is already here.
 //!
 //! It owns the writing side only; reading the source and the report are
 //! `crate::store::copy`'s.
@@ -69,25 +70,26 @@ impl PgStore {
         )
         .await
         .map_err(map_pg)?;
-        tx.execute(
-            "INSERT INTO transcript (session_id, idx, entry, result_blob)
-             SELECT $1, * FROM unnest($2::bigint[], $3::text[], $4::text[])",
-            &[
-                &prepared.id,
-                &prepared.entry_idx,
-                &prepared.entries,
-                &prepared.entry_blobs,
-            ],
-        )
-        .await
-        .map_err(map_pg)?;
-        tx.execute(
-            "INSERT INTO events (session_id, seq, event)
-             SELECT $1, * FROM unnest($2::bigint[], $3::text[])",
-            &[&prepared.id, &prepared.event_seqs, &prepared.events],
-        )
-        .await
-        .map_err(map_pg)?;
+        // The whole copied log as one record, keyed as the checkpoint that
+        // wrote its header would be.
+        if prepared.first_event.is_some() || prepared.first_entry.is_some() {
+            tx.execute(
+                "INSERT INTO checkpoints (session_id, events_end, entries_end, first_event,
+                                          first_entry, blobs, record)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                &[
+                    &prepared.id,
+                    &prepared.last_event_seq,
+                    &prepared.transcript_len,
+                    &prepared.first_event,
+                    &prepared.first_entry,
+                    &prepared.record_blobs,
+                    &prepared.record,
+                ],
+            )
+            .await
+            .map_err(map_pg)?;
+        }
         tx.execute(
             "INSERT INTO queue (session_id, seq, message)
              SELECT $1, * FROM unnest($2::bigint[], $3::text[])",

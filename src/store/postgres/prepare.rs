@@ -1,9 +1,10 @@
 //! A checkpoint encoded into the parameters of its statement
 //! ([`Prepared`]): pure (no I/O), so a large one is encoded off the async
-//! runtime. Only what is new is encoded: the new transcript entries (a
-//! large tool result moved out to a content-addressed blob), the new
-//! events, queued messages, the dequeued range, the metadata once, and the
-//! rows of the decision index the checkpoint's decisions add.
+//! runtime. Only what is new is encoded: the new transcript entries and
+//! events as one record (`crate::store::record`; a large tool result moved
+//! out to a content-addressed blob), queued messages, the dequeued range,
+//! the metadata once, and the rows of the decision index the checkpoint's
+//! decisions add.
 //!
 //! It owns no SQL: the statement is `writer`'s, the import's `import`'s.
 
@@ -11,8 +12,9 @@ use overseer_actors::model::SessionId;
 use overseer_actors::store::{decision_rows, Checkpoint, StoreError};
 use uuid::Uuid;
 
-use super::codec::{self, corrupt};
+use super::codec::corrupt;
 use super::signed;
+use crate::store::record;
 
 /// One checkpoint, encoded into the parameters of its statement.
 #[derive(Debug)]
@@ -27,13 +29,17 @@ pub(crate) struct Prepared {
     pub(super) transcript_len: i64,
     pub(super) header: String,
     pub(super) metadata: Option<String>,
-    pub(super) entry_idx: Vec<i64>,
-    pub(super) entries: Vec<String>,
-    pub(super) entry_blobs: Vec<Option<String>>,
+    /// The checkpoint's new entries and events as one record (empty when
+    /// it has neither: then no `checkpoints` row is written).
+    pub(super) record: Vec<u8>,
+    /// Its first event's sequence number and first entry's index, if any.
+    pub(super) first_event: Option<i64>,
+    pub(super) first_entry: Option<i64>,
+    /// The blobs the record's entries name (`None`: none).
+    pub(super) record_blobs: Option<Vec<String>>,
+    /// The blobs themselves: sha256 hex and the result's JSON.
     pub(super) blob_hashes: Vec<String>,
     pub(super) blob_data: Vec<String>,
-    pub(super) event_seqs: Vec<i64>,
-    pub(super) events: Vec<String>,
     pub(super) queue_seqs: Vec<i64>,
     pub(super) queued: Vec<String>,
     pub(super) dequeue_from: i64,
@@ -67,9 +73,8 @@ impl Prepared {
         let rows = |v: &[String]| v.iter().map(String::len).sum::<usize>();
         (self.header.len()
             + self.metadata.as_ref().map_or(0, String::len)
-            + rows(&self.entries)
+            + self.record.len()
             + rows(&self.blob_data)
-            + rows(&self.events)
             + rows(&self.queued)
             + rows(&self.decision_rows)) as u64
     }
@@ -85,23 +90,12 @@ pub(super) fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, S
     let id = h.id;
     let header =
         serde_json::to_string(h).map_err(|e| corrupt(id, format!("cannot encode header: {e}")))?;
-    let mut new_blobs = Vec::new();
-    let mut entry_idx = Vec::with_capacity(cp.entries.len());
-    let mut entries = Vec::with_capacity(cp.entries.len());
-    let mut entry_blobs = Vec::with_capacity(cp.entries.len());
-    for (idx, entry) in &cp.entries {
-        let before = new_blobs.len();
-        let value = codec::encode_entry(&id, entry, &mut new_blobs)?;
-        entry_idx.push(signed(*idx));
-        entries.push(utf8(&id, value)?);
-        entry_blobs.push(if new_blobs.len() > before {
-            new_blobs
-                .last()
-                .map(|(hash, _): &(String, Vec<u8>)| hash.clone())
-        } else {
-            None
-        });
-    }
+    let (record, new_blobs) = if cp.entries.is_empty() && cp.events.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        let encoded = record::encode(&id, &cp.entries, &cp.events)?;
+        (encoded.bytes, encoded.blobs)
+    };
     let mut blob_hashes = Vec::with_capacity(new_blobs.len());
     let mut blob_data = Vec::with_capacity(new_blobs.len());
     for (hash, data) in new_blobs {
@@ -110,15 +104,6 @@ pub(super) fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, S
         }
         blob_hashes.push(hash);
         blob_data.push(utf8(&id, data)?);
-    }
-    let mut event_seqs = Vec::with_capacity(cp.events.len());
-    let mut events = Vec::with_capacity(cp.events.len());
-    for e in cp.events.iter() {
-        event_seqs.push(signed(e.seq));
-        events.push(
-            serde_json::to_string(e)
-                .map_err(|err| corrupt(id, format!("cannot encode event {}: {err}", e.seq)))?,
-        );
     }
     let mut queue_seqs = Vec::with_capacity(cp.queued.len());
     let mut queued = Vec::with_capacity(cp.queued.len());
@@ -162,13 +147,12 @@ pub(super) fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, S
         transcript_len: signed(h.transcript_len),
         header,
         metadata,
-        entry_idx,
-        entries,
-        entry_blobs,
+        first_event: cp.events.first().map(|e| signed(e.seq)),
+        first_entry: cp.entries.first().map(|(i, _)| signed(*i)),
+        record_blobs: (!blob_hashes.is_empty()).then(|| blob_hashes.clone()),
+        record,
         blob_hashes,
         blob_data,
-        event_seqs,
-        events,
         queue_seqs,
         queued,
         dequeue_from: signed(cp.dequeued.start),

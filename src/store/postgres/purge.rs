@@ -1,5 +1,5 @@
 //! Retention on PostgreSQL: a terminal session deleted whole in one
-//! transaction (header, transcript, events, queue, decisions, webhook
+//! transaction (header, checkpoint records, queue, decisions, webhook
 //! deliveries, the blobs no other row names, and the lease of a tree left
 //! empty), refused for a session that is not terminal or whose tree another
 //! live node owns.
@@ -77,8 +77,8 @@ impl PgStore {
         let hashes: Vec<String> = tx
             .query(
                 "SELECT hash FROM blobs WHERE hash IN (
-                     SELECT result_blob FROM transcript
-                     WHERE session_id = $1 AND result_blob IS NOT NULL)
+                     SELECT unnest(blobs) FROM checkpoints
+                     WHERE session_id = $1 AND blobs IS NOT NULL)
                  ORDER BY hash FOR UPDATE",
                 &[&id.0],
             )
@@ -89,8 +89,7 @@ impl PgStore {
             .collect();
         for sql in [
             "DELETE FROM sessions WHERE id = $1",
-            "DELETE FROM transcript WHERE session_id = $1",
-            "DELETE FROM events WHERE session_id = $1",
+            "DELETE FROM checkpoints WHERE session_id = $1",
             "DELETE FROM queue WHERE session_id = $1",
             "DELETE FROM decisions WHERE session_id = $1",
             // Its webhook deliveries (a log bounded per endpoint: no index).
@@ -103,7 +102,8 @@ impl PgStore {
             // committed before the locks above were granted.
             tx.execute(
                 "DELETE FROM blobs b WHERE b.hash = ANY($1)
-                   AND NOT EXISTS (SELECT 1 FROM transcript t WHERE t.result_blob = b.hash)",
+                   AND NOT EXISTS (SELECT 1 FROM checkpoints c
+                                   WHERE c.blobs @> ARRAY[b.hash] AND c.blobs IS NOT NULL)",
                 &[&hashes],
             )
             .await

@@ -18,6 +18,7 @@ use overseer_actors::store::{
 
 use super::codec::{self, corrupt};
 use super::{map_pg, retrying, session_id, signed, PgStore, READ_RETRY};
+use crate::store::record;
 
 impl PgStore {
     pub(super) async fn read_session(
@@ -28,16 +29,16 @@ impl PgStore {
         let statement = client
             .prepare_cached(
                 "SELECT s.header, s.metadata,
-                        ARRAY(SELECT t.idx FROM transcript t
-                              WHERE t.session_id = s.id AND t.idx < s.transcript_len
-                              ORDER BY t.idx),
-                        ARRAY(SELECT t.entry FROM transcript t
-                              WHERE t.session_id = s.id AND t.idx < s.transcript_len
-                              ORDER BY t.idx),
-                        ARRAY(SELECT b.data FROM transcript t
-                              LEFT JOIN blobs b ON b.hash = t.result_blob
-                              WHERE t.session_id = s.id AND t.idx < s.transcript_len
-                              ORDER BY t.idx),
+                        ARRAY(SELECT c.record FROM checkpoints c WHERE c.session_id = s.id
+                              ORDER BY c.events_end, c.entries_end),
+                        ARRAY(SELECT b.hash FROM blobs b WHERE b.hash IN (
+                                SELECT unnest(c.blobs) FROM checkpoints c
+                                WHERE c.session_id = s.id AND c.blobs IS NOT NULL)
+                              ORDER BY b.hash),
+                        ARRAY(SELECT b.data FROM blobs b WHERE b.hash IN (
+                                SELECT unnest(c.blobs) FROM checkpoints c
+                                WHERE c.session_id = s.id AND c.blobs IS NOT NULL)
+                              ORDER BY b.hash),
                         ARRAY(SELECT q.seq FROM queue q WHERE q.session_id = s.id ORDER BY q.seq),
                         ARRAY(SELECT q.message FROM queue q WHERE q.session_id = s.id ORDER BY q.seq)
                  FROM sessions s WHERE s.id = $1",
@@ -60,30 +61,34 @@ impl PgStore {
                 .map_err(|e| corrupt(id, format!("unreadable metadata: {e}")))?,
             None => serde_json::Value::Null,
         };
-        let idx: Vec<i64> = row.get(2);
-        let entries: Vec<String> = row.get(3);
-        let blobs: Vec<Option<String>> = row.get(4);
+        let records: Vec<Vec<u8>> = row.get(2);
+        let blobs = Blobs::new(row.get(3), row.get(4));
         let len = header.transcript_len;
-        if idx.len() as u64 != len {
+        let mut transcript: Vec<Arc<TranscriptEntry>> = Vec::new();
+        for bytes in &records {
+            for (idx, entry) in expand(&id, bytes, &blobs)?.entries {
+                let at = usize::try_from(idx).unwrap_or(usize::MAX);
+                match at.cmp(&transcript.len()) {
+                    std::cmp::Ordering::Equal => transcript.push(entry),
+                    // Written again by a later checkpoint: the later wins.
+                    std::cmp::Ordering::Less => transcript[at] = entry,
+                    std::cmp::Ordering::Greater => {
+                        return Err(corrupt(
+                            id,
+                            format!("transcript entry {} is missing", transcript.len()),
+                        ))
+                    }
+                }
+            }
+        }
+        if transcript.len() as u64 != len {
             return Err(corrupt(
                 id,
                 format!(
                     "the header counts {len} transcript entries but {} are stored",
-                    idx.len()
+                    transcript.len()
                 ),
             ));
-        }
-        let mut transcript = Vec::with_capacity(entries.len());
-        for (i, ((n, entry), blob)) in idx.iter().zip(&entries).zip(blobs).enumerate() {
-            if *n != i as i64 {
-                return Err(corrupt(id, format!("transcript entry {i} is missing")));
-            }
-            transcript.push(codec::decode_entry(
-                &id,
-                i as u64,
-                entry.as_bytes(),
-                |_| Ok(blob.map(String::into_bytes)),
-            )?);
         }
         let seqs: Vec<i64> = row.get(5);
         let messages: Vec<String> = row.get(6);
@@ -162,27 +167,38 @@ impl PgStore {
             let client = self.client().await?;
             let statement = client
                 .prepare_cached(
-                    "SELECT e.event FROM events e
-                     WHERE e.session_id = $1 AND e.seq > $2
-                       AND e.seq <= (SELECT s.last_event_seq FROM sessions s WHERE s.id = $1)
-                     ORDER BY e.seq LIMIT $3",
+                    "SELECT c.record,
+                            ARRAY(SELECT b.hash FROM blobs b WHERE b.hash = ANY(c.blobs)
+                                  ORDER BY b.hash),
+                            ARRAY(SELECT b.data FROM blobs b WHERE b.hash = ANY(c.blobs)
+                                  ORDER BY b.hash)
+                     FROM checkpoints c
+                     WHERE c.session_id = $1 AND c.events_end > $2 AND c.first_event IS NOT NULL
+                     ORDER BY c.events_end, c.entries_end LIMIT $3",
                 )
                 .await
                 .map_err(map_pg)?;
             self.trip();
+            // Each record holds at least one event: `limit` records hold
+            // at least `limit` events after `after`, or all there are.
             client
                 .query(&statement, &[&id.0, &signed(after), &signed(limit as u64)])
                 .await
                 .map_err(map_pg)
         })
         .await?;
-        rows.iter()
-            .map(|r| {
-                let text: &str = r.get(0);
-                serde_json::from_str(text)
-                    .map_err(|e| corrupt(id, format!("unreadable event: {e}")))
-            })
-            .collect()
+        let mut events: Vec<Event> = Vec::new();
+        for r in &rows {
+            let bytes: &[u8] = r.get(0);
+            let blobs = Blobs::new(r.get(1), r.get(2));
+            for event in expand(&id, bytes, &blobs)?.events {
+                let next = events.last().map_or(after, |e| e.seq);
+                if event.seq > next && events.len() < limit {
+                    events.push(event);
+                }
+            }
+        }
+        Ok(events)
     }
 
     pub(super) async fn read_by_status(
@@ -353,11 +369,15 @@ impl PgStore {
             let client = self.client().await?;
             let statement = client
                 .prepare_cached(
-                    "SELECT t.idx, t.entry, b.data FROM transcript t
-                     LEFT JOIN blobs b ON b.hash = t.result_blob
-                     WHERE t.session_id = $1 AND t.idx >= $2 AND t.idx < $3
-                       AND t.idx < (SELECT s.transcript_len FROM sessions s WHERE s.id = $1)
-                     ORDER BY t.idx",
+                    "SELECT c.record,
+                            ARRAY(SELECT b.hash FROM blobs b WHERE b.hash = ANY(c.blobs)
+                                  ORDER BY b.hash),
+                            ARRAY(SELECT b.data FROM blobs b WHERE b.hash = ANY(c.blobs)
+                                  ORDER BY b.hash)
+                     FROM checkpoints c
+                     WHERE c.session_id = $1 AND c.first_entry IS NOT NULL
+                       AND c.first_entry < $3 AND c.entries_end > $2
+                     ORDER BY c.events_end, c.entries_end",
                 )
                 .await
                 .map_err(map_pg)?;
@@ -368,18 +388,32 @@ impl PgStore {
                 .map_err(map_pg)
         })
         .await?;
-        rows.into_iter()
-            .map(|r| {
-                let idx: i64 = r.get(0);
-                let entry: String = r.get(1);
-                let blob: Option<String> = r.get(2);
-                codec::decode_entry(
-                    &id,
-                    u64::try_from(idx).unwrap_or(0),
-                    entry.as_bytes(),
-                    |_| Ok(blob.map(String::into_bytes)),
-                )
-            })
-            .collect()
+        let mut found: std::collections::BTreeMap<u64, Arc<TranscriptEntry>> = Default::default();
+        for r in &rows {
+            let bytes: &[u8] = r.get(0);
+            let blobs = Blobs::new(r.get(1), r.get(2));
+            for (idx, entry) in expand(&id, bytes, &blobs)?.entries {
+                if range.contains(&idx) {
+                    // A later checkpoint's copy of an entry wins.
+                    found.insert(idx, entry);
+                }
+            }
+        }
+        Ok(found.into_values().collect())
     }
+}
+
+/// The blobs some records name, by hash.
+struct Blobs(std::collections::HashMap<String, String>);
+
+impl Blobs {
+    fn new(hashes: Vec<String>, data: Vec<String>) -> Self {
+        Self(hashes.into_iter().zip(data).collect())
+    }
+}
+
+/// One stored record's entries and events, its large results read back
+/// from `blobs`.
+fn expand(id: &SessionId, bytes: &[u8], blobs: &Blobs) -> Result<record::Expanded, StoreError> {
+    record::decode(id, bytes)?.expand(id, |hash| Ok(blobs.0.get(hash).map(String::as_bytes)))
 }

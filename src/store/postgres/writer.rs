@@ -30,9 +30,12 @@ const MAX_PENDING: usize = 4096;
 /// Largest `pg_notify` payload we send (PostgreSQL's limit is 8000 bytes).
 const NOTIFY_CHUNK: usize = 7_000;
 
-/// The statement of one checkpoint: everything is written only if the
+/// The statement of one checkpoint: the header row and one `checkpoints`
+/// row (its new entries and events as one record, when it has any), with
+/// its blobs, queue changes, webhook deliveries and decision rows.
+/// Everything is written only if the
 /// tree's lease still has this node and this epoch (`fence`) and the stored
-/// header is not of a newer schema than this binary knows (`$34`: the
+/// header is not of a newer schema than this binary knows (`$33`: the
 /// header this binary writes would drop what it does not know), the rows of
 /// the decision index its decisions add included (`x`); every other row
 /// follows the header row (`FROM s`). It answers how many header rows it
@@ -53,49 +56,47 @@ WITH fence AS (
         last_event_seq = EXCLUDED.last_event_seq, transcript_len = EXCLUDED.transcript_len,
         header = EXCLUDED.header, metadata = COALESCE(EXCLUDED.metadata, x.metadata),
         updated_at = now()
-    WHERE x.schema_version <= $34
+    WHERE x.schema_version <= $33
     RETURNING 1
-), t AS (
-    INSERT INTO transcript (session_id, idx, entry, result_blob)
-    SELECT $1, u.idx, u.entry, u.blob
-    FROM s, unnest($13::bigint[], $14::text[], $15::text[]) AS u(idx, entry, blob)
-    ON CONFLICT (session_id, idx) DO UPDATE
-        SET entry = EXCLUDED.entry, result_blob = EXCLUDED.result_blob
+), c AS (
+    INSERT INTO checkpoints (session_id, events_end, entries_end, first_event, first_entry,
+                             blobs, record)
+    SELECT $1, $9, $10, $14, $15, $16, $13 FROM s
+    WHERE $14::bigint IS NOT NULL OR $15::bigint IS NOT NULL
+    ON CONFLICT (session_id, events_end, entries_end) DO UPDATE
+        SET first_event = EXCLUDED.first_event, first_entry = EXCLUDED.first_entry,
+            blobs = EXCLUDED.blobs, record = EXCLUDED.record
 ), b AS (
     INSERT INTO blobs (hash, data)
-    SELECT u.hash, u.data FROM s, unnest($16::text[], $17::text[]) AS u(hash, data)
+    SELECT u.hash, u.data FROM s, unnest($17::text[], $18::text[]) AS u(hash, data)
     ON CONFLICT (hash) DO UPDATE SET hash = EXCLUDED.hash
-), e AS (
-    INSERT INTO events (session_id, seq, event)
-    SELECT $1, u.seq, u.event FROM s, unnest($18::bigint[], $19::text[]) AS u(seq, event)
-    ON CONFLICT (session_id, seq) DO UPDATE SET event = EXCLUDED.event
 ), q AS (
     INSERT INTO queue (session_id, seq, message)
     SELECT $1, u.seq, u.message
-    FROM s, unnest($20::bigint[], $21::text[]) AS u(seq, message)
-    WHERE NOT (u.seq >= $22 AND u.seq < $23)
+    FROM s, unnest($19::bigint[], $20::text[]) AS u(seq, message)
+    WHERE NOT (u.seq >= $21 AND u.seq < $22)
     ON CONFLICT (session_id, seq) DO UPDATE SET message = EXCLUDED.message
 ), d AS (
     DELETE FROM queue
-    WHERE session_id = $1 AND seq >= $22 AND seq < $23 AND EXISTS (SELECT 1 FROM s)
+    WHERE session_id = $1 AND seq >= $21 AND seq < $22 AND EXISTS (SELECT 1 FROM s)
 ), w AS (
     INSERT INTO webhook_deliveries (endpoint_id, id, tenant, session_id, seed,
                                     created_at_ms, next_attempt_at_ms)
-    SELECT ep.id, u.id, $6, $1, u.seed, $27, $27
-    FROM s, unnest($24::text[], $25::text[], $26::text[]) AS u(id, event, seed)
+    SELECT ep.id, u.id, $6, $1, u.seed, $26, $26
+    FROM s, unnest($23::text[], $24::text[], $25::text[]) AS u(id, event, seed)
     JOIN webhook_endpoints ep ON ep.tenant = $6 AND NOT ep.disabled AND u.event = ANY(ep.events)
     ON CONFLICT (endpoint_id, id) DO NOTHING
 ), x AS (
     INSERT INTO decisions (tenant, at_ms, session_id, call_id, agent, tool, decided_by, row_json)
-    SELECT $6, u.at_ms, $1, u.call_id, $28, u.tool, u.decided_by, u.row_json
-    FROM s, unnest($29::bigint[], $30::text[], $31::text[], $32::text[], $33::text[])
+    SELECT $6, u.at_ms, $1, u.call_id, $27, u.tool, u.decided_by, u.row_json
+    FROM s, unnest($28::bigint[], $29::text[], $30::text[], $31::text[], $32::text[])
         AS u(at_ms, call_id, tool, decided_by, row_json)
     ON CONFLICT (tenant, at_ms, session_id, call_id) DO UPDATE SET row_json = EXCLUDED.row_json
 )
 SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM fence),
        (SELECT schema_version FROM sessions WHERE id = $1)";
 
-/// The newest checkpoint schema this binary writes over (`$34`).
+/// The newest checkpoint schema this binary writes over (`$33`).
 static KNOWN_SCHEMA: i32 = overseer_actors::model::SCHEMA_VERSION as i32;
 
 /// What became of one checkpoint of a group.
@@ -335,13 +336,12 @@ impl Prepared {
             &self.transcript_len,
             &self.header,
             &self.metadata,
-            &self.entry_idx,
-            &self.entries,
-            &self.entry_blobs,
+            &self.record,
+            &self.first_event,
+            &self.first_entry,
+            &self.record_blobs,
             &self.blob_hashes,
             &self.blob_data,
-            &self.event_seqs,
-            &self.events,
             &self.queue_seqs,
             &self.queued,
             &self.dequeue_from,

@@ -3,9 +3,9 @@
 //! of a cluster.
 //!
 //! It owns the SQL, a file per concept: the schema and its embedded
-//! migrations (`schema`), a checkpoint's encoding (`prepare`), one statement
-//! per checkpoint and one transaction per group of checkpoints (`writer`:
-//! group commit), the reads (`read`), retention (`purge`), `store copy`'s
+//! migrations (`schema`), a checkpoint's encoding (`prepare`), one
+//! transaction and one statement per group of checkpoints (`writer`: group
+//! commit), the reads (`read`), retention (`purge`), `store copy`'s
 //! writes (`import`), the rows of cluster membership (`membership`: `nodes`,
 //! heartbeats) and ownership (`leases`: claims and fencing) with the
 //! conditional updates that move them, the webhook outbox (`webhooks`), and
@@ -17,10 +17,11 @@
 //!   row, one `checkpoints` row holding the new transcript entries and
 //!   events as one record (layout 3, `crate::store::record`; migration 6
 //!   moved layout 2's row per entry and per event into it), queued
-//!   messages, the dequeued range, the metadata once, in one statement
-//!   (data-modifying CTEs, every row conditional on the header row's
-//!   write); checkpoints arriving together share one transaction, so one
-//!   commit (one WAL flush) confirms them all. Atomicity is PostgreSQL's
+//!   messages, the dequeued range, the metadata once, in one transaction
+//!   (data-modifying CTEs, every row conditional on its header row's
+//!   write); checkpoints arriving together share the transaction and the
+//!   statement (one multi-row write per kind of row), so one commit (one
+//!   WAL flush) confirms them all. Atomicity is PostgreSQL's
 //!   transaction: readers need no commit record and filter nothing.
 //! - **Fencing**: every checkpoint statement writes only if the tree's
 //!   lease row still names this node with the epoch this node claimed

@@ -1545,3 +1545,125 @@ async fn the_tenant_stream_resets_when_the_relay_lost_its_connection() {
         .await
         .unwrap();
 }
+
+/// Migration 6 on a database the previous release wrote (migrations 1–5,
+/// layout 2: a row per transcript entry and per event), committed as
+/// `tests/fixtures/postgres-layout-5/dump.sql` with what that release read
+/// back from it (`sessions.json`): a finished session, two parked on an
+/// approval, a delegation parked in its child, and one written through the
+/// store with a large result in a blob, queued messages and metadata. This
+/// binary migrates it at open (one record per session, the old tables
+/// dropped), reads every session back exactly as the old one did, pages of
+/// events and ranges of the transcript included, and finishes the parked
+/// ones on a node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_6_moves_layout_2_rows_into_records_and_the_parked_sessions_finish() {
+    use overseer_actors::model::SessionId;
+    let _turn = SERIAL.lock().await;
+    let database = shared().database().await.unwrap();
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/postgres-layout-5");
+    let dump = std::fs::read_to_string(fixture.join("dump.sql")).unwrap();
+    PgServer::execute(&database, &dump).await.unwrap();
+    let scalar = |sql: &'static str| {
+        let database = database.clone();
+        async move { PgServer::scalar(&database, sql).await.unwrap() }
+    };
+    assert_eq!(
+        scalar("SELECT max(version)::bigint FROM overseer_migrations").await,
+        5
+    );
+    let old_rows =
+        scalar("SELECT (SELECT count(*) FROM transcript) + (SELECT count(*) FROM events)").await;
+    assert!(old_rows > 30, "{old_rows}");
+    let expected: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("sessions.json")).unwrap())
+            .unwrap();
+    assert_eq!(expected.len(), 6);
+
+    {
+        let store = PgStore::open(&database, PgOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            scalar("SELECT max(version)::bigint FROM overseer_migrations").await,
+            6
+        );
+        assert_eq!(
+            scalar("SELECT count(*) FROM pg_tables WHERE tablename IN ('transcript', 'events')")
+                .await,
+            0,
+            "the layout-2 tables are gone"
+        );
+        assert_eq!(
+            scalar("SELECT count(*) FROM checkpoints").await,
+            6,
+            "one record per session"
+        );
+        for want in &expected {
+            let id: SessionId = serde_json::from_value(want["header"]["id"].clone()).unwrap();
+            let s = store.load(id).await.unwrap().unwrap();
+            let events = store.events_after(id, 0, usize::MAX).await.unwrap();
+            let got = serde_json::json!({
+                "header": s.header, "transcript": s.transcript, "metadata": s.metadata,
+                "inbox": s.inbox, "events": events,
+            });
+            assert_eq!(&got, want, "session {id}");
+            let page = store.events_after(id, 1, 2).await.unwrap();
+            assert_eq!(
+                serde_json::to_value(&page).unwrap(),
+                Value::Array(
+                    want["events"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .skip(1)
+                        .take(2)
+                        .cloned()
+                        .collect()
+                ),
+                "session {id}"
+            );
+            let len = s.transcript.len() as u64;
+            let tail = store.entries(id, 1..len).await.unwrap();
+            assert_eq!(
+                tail,
+                s.transcript[1.min(s.transcript.len())..],
+                "session {id}"
+            );
+        }
+    }
+
+    // The parked roots (the delegation's approval is its child's, asked on
+    // the root) finish on a node of this binary, each call run once.
+    let world = World::new(database, &Settings::default()).unwrap();
+    let node = world.node().unwrap();
+    let parked: Vec<String> = expected
+        .iter()
+        .filter(|s| {
+            s["header"]["parent"].is_null()
+                && s["header"]["tenant"] != "other"
+                && s["header"]["status"] != "awaiting_input"
+        })
+        .map(|s| s["header"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(parked.len(), 3, "{parked:?}");
+    for id in &parked {
+        let calls = pending(&world, &node, id).await.unwrap();
+        let (status, v) = approve(&world, &node, id, &calls).await.unwrap();
+        assert_eq!(status, 200, "{v}");
+    }
+    for id in &parked {
+        wait_status(&world, &node, id, "awaiting_input")
+            .await
+            .unwrap();
+    }
+    let ledger = world.ledger();
+    let want: BTreeSet<String> = ["n2", "n3", "n9"].map(String::from).into();
+    assert_eq!(
+        ledger.keys().cloned().collect::<BTreeSet<_>>(),
+        want,
+        "{ledger:?}"
+    );
+    assert!(ledger.values().all(|&n| n == 1), "{ledger:?}");
+}

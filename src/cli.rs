@@ -37,9 +37,24 @@ pub use crate::telemetry::init_tracing;
 /// The message the model sees for calls denied by `--approve deny`.
 pub const DENY_MESSAGE: &str = "denied by --approve deny";
 
+/// What `overseer --version` prints: the version, then the store layouts
+/// and database migrations this binary understands (from their constants,
+/// see `store::upgrade`), so an operator can tell before an upgrade whether
+/// a binary opens a store as it is.
+fn version_text() -> &'static str {
+    static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "{}; {}",
+            env!("CARGO_PKG_VERSION"),
+            crate::store::upgrade::versions()
+        )
+    });
+    TEXT.as_str()
+}
+
 /// `overseer`: a supervised actor tree hosting LLM agent sessions.
 #[derive(Debug, Parser)]
-#[command(name = "overseer", version, about, long_about = None)]
+#[command(name = "overseer", version = version_text(), about, long_about = None)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]

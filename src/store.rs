@@ -15,16 +15,19 @@
 //!
 //! [`CheckpointStore`]: overseer_actors::store::CheckpointStore
 
+pub mod backup;
 mod codec;
 pub mod copy;
 pub mod postgres;
 pub mod sled;
+pub mod upgrade;
 
 pub use self::sled::check::{check, CheckReport};
 pub use self::sled::{
     Compression, Inspector, OpenError, SledStore, StoreOptions, StoreWatch, DEFAULT_CACHE_MB,
     MAX_CACHE_MB,
 };
+pub use self::upgrade::Upgrade;
 
 /// When `checkpoint` returns (`durability` in the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]

@@ -79,8 +79,10 @@ pub enum Command {
     /// List every configured tool (built-ins, http tools, MCP servers' tools)
     /// with its approval default and the agents that have it.
     Tools(tools::ToolsArgs),
-    /// Offline maintenance of a store directory (`store check DIR`), and
-    /// copying one into PostgreSQL (`store copy --from DIR --to postgres`).
+    /// Maintenance of a store directory (`store check DIR`), copying one
+    /// into PostgreSQL (`store copy --from DIR --to postgres`), backups of a
+    /// serving or stopped store (`store backup`) and restoring them
+    /// (`store restore`).
     Store(store::StoreArgs),
     /// Cluster mode: the nodes sharing OVERSEER_DATABASE_URL
     /// (`cluster status`).

@@ -569,6 +569,25 @@ async fn bad_backups_and_restores_are_refused_naming_what_is_wrong() {
     );
     let served = serve(&full, &[]);
     until_status(&client, &served.url, &user, &id, "awaiting_approval").await;
+    // Not even --force restores under a running server.
+    let out = store(
+        &[
+            "restore",
+            "--from",
+            offline.to_str().unwrap(),
+            "--to",
+            full.to_str().unwrap(),
+            "--force",
+        ],
+        "",
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("{}: in use", full.display())),
+        "{err}"
+    );
+    until_status(&client, &served.url, &user, &id, "awaiting_approval").await;
     served.stop();
 }
 

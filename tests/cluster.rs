@@ -38,7 +38,8 @@
 //!   cluster, and a second copy copies nothing;
 //! - upgrades: a database migrated past this binary is refused in one line
 //!   naming both versions; two nodes starting together on a fresh database
-//!   migrate it once (the advisory lock).
+//!   migrate it once (the advisory lock); `store backup` against a node
+//!   refused with the pointer to `pg_dump`.
 //!
 //! The heavy tests take turns (`SERIAL`): nodes starved of CPU by another
 //! test's nodes would miss heartbeats on a two-core machine.
@@ -1640,4 +1641,21 @@ async fn two_nodes_starting_together_on_a_fresh_database_migrate_it_once() {
         .await
         .unwrap();
     assert_eq!(through_b["id"], id.as_str());
+
+    // `store backup` against a cluster node: PostgreSQL is backed up with
+    // its own tools, and the refusal says which.
+    let target = world.dir.path().join("backup");
+    let out = std::process::Command::new(common::cluster::BIN)
+        .args(["store", "backup", "--url", &a.url, "--to"])
+        .arg(&target)
+        .env("OVERSEER_TOKEN", common::token("acme", "ops", &["admin"]))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("409") && err.contains("pg_dump") && err.contains("point-in-time"),
+        "{err}"
+    );
+    assert!(!target.exists(), "nothing was kept");
 }

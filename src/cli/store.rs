@@ -133,6 +133,10 @@ pub enum StoreCliError {
         /// Why.
         source: overseer_actors::store::StoreError,
     },
+    /// Neither `--url` nor `--data` (clap requires one; kept for callers
+    /// that build the arguments themselves).
+    #[error("store backup: give --url URL (a running server) or --data DIR (a stopped store)")]
+    NoSource,
     /// A backup or restore failed.
     #[error(transparent)]
     Backup(#[from] crate::store::backup::BackupError),
@@ -258,7 +262,7 @@ fn backup(source: BackupSource, to: &std::path::Path) -> Result<(), StoreCliErro
     let manifest = match (source.url, source.data) {
         (_, Some(data)) => rt.block_on(crate::store::backup::backup_dir(&data, to))?,
         (Some(url), None) => rt.block_on(backup_from_server(&url, to))?,
-        (None, None) => unreachable_source()?,
+        (None, None) => return Err(StoreCliError::NoSource),
     };
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -272,14 +276,6 @@ fn backup(source: BackupSource, to: &std::path::Path) -> Result<(), StoreCliErro
     )
     .and_then(|()| out.flush())
     .map_err(StoreCliError::Output)
-}
-
-/// clap requires one of `--url` and `--data`; this is what neither would be.
-fn unreachable_source() -> Result<crate::store::backup::Manifest, StoreCliError> {
-    Err(StoreCliError::Output(std::io::Error::new(
-        std::io::ErrorKind::InvalidInput,
-        "give --url URL (a running server) or --data DIR (a stopped store)",
-    )))
 }
 
 /// Reads the backup stream of the server at `url` into the new backup

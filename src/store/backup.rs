@@ -131,6 +131,9 @@ pub enum BackupError {
     /// The target of a restore exists and holds something.
     #[error("{}: exists and is not empty; restore into a new or empty directory, or pass --force to move it aside", .0.display())]
     RestoreTargetNotEmpty(PathBuf),
+    /// The target of a restore is held by a running process.
+    #[error("{}: in use by another process (a running overseer holds its lock); stop it before restoring into it", .0.display())]
+    InUse(PathBuf),
     /// The source of a restore is not a backup.
     #[error("{}: not an overseer backup: {why}", dir.display())]
     NotABackup {
@@ -471,6 +474,9 @@ pub struct Restored {
 /// `to` must be stopped. Blocking.
 pub fn restore(from: &Path, to: &Path, force: bool) -> Result<Restored, BackupError> {
     let manifest = verify(from)?;
+    if is_held(to)? {
+        return Err(BackupError::InUse(to.to_owned()));
+    }
     let mut moved_aside = None;
     if !is_vacant(to)? {
         if !force {
@@ -497,6 +503,22 @@ pub fn restore(from: &Path, to: &Path, force: bool) -> Result<Restored, BackupEr
         manifest,
         moved_aside,
     })
+}
+
+/// Whether a process holds the sled lock of the store in `dir` (a server
+/// serving it): its `db` file's lock is taken for a moment to see.
+fn is_held(dir: &Path) -> Result<bool, BackupError> {
+    let path = dir.join("db");
+    let file = match std::fs::File::options().read(true).write(true).open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io(&path)(e)),
+    };
+    match file.try_lock() {
+        Ok(()) => Ok(false),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(true),
+        Err(std::fs::TryLockError::Error(e)) => Err(io(&path)(e)),
+    }
 }
 
 /// `<dir>.<suffix>`, beside `dir`.

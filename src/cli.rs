@@ -39,14 +39,14 @@ pub const DENY_MESSAGE: &str = "denied by --approve deny";
 
 /// What `overseer --version` prints: the version, then the store layouts
 /// and database migrations this binary understands (from their constants,
-/// see `store::upgrade`), so an operator can tell before an upgrade whether
+/// see `store::versions`), so an operator can tell before an upgrade whether
 /// a binary opens a store as it is.
 fn version_text() -> &'static str {
     static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
             "{}; {}",
             env!("CARGO_PKG_VERSION"),
-            crate::store::upgrade::versions()
+            crate::store::versions()
         )
     });
     TEXT.as_str()

@@ -701,11 +701,11 @@ fn version_names_the_layouts_and_migrations_it_understands() {
     assert_eq!(version.lines().count(), 1, "{version}");
     let expected = format!(
         "sled layout {} (reads {}–{}), PostgreSQL migrations {}–{}",
-        overseer::store::upgrade::sled_layout(),
-        overseer::store::upgrade::OLDEST_SLED_LAYOUT,
-        overseer::store::upgrade::sled_layout(),
-        overseer::store::upgrade::OLDEST_PG_MIGRATION,
-        overseer::store::upgrade::pg_migration(),
+        overseer::store::sled_layout(),
+        overseer::store::OLDEST_SLED_LAYOUT,
+        overseer::store::sled_layout(),
+        overseer::store::OLDEST_PG_MIGRATION,
+        overseer::store::pg_migration(),
     );
     assert!(version.contains(&expected), "{version}");
     assert!(version.contains(env!("CARGO_PKG_VERSION")), "{version}");

@@ -522,41 +522,19 @@ fn is_held(dir: &Path) -> Result<bool, BackupError> {
 }
 
 /// `<dir>.<suffix>`, beside `dir`.
-pub(crate) fn sibling(dir: &Path, suffix: &str) -> Result<PathBuf, BackupError> {
-    let name = dir.file_name().ok_or_else(|| BackupError::Io {
+fn sibling(dir: &Path, suffix: &str) -> Result<PathBuf, BackupError> {
+    super::upgrade::sibling(dir, suffix).ok_or_else(|| BackupError::Io {
         path: dir.to_owned(),
         source: std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "needs a directory name (not `/`, `.` or `..`)",
         ),
-    })?;
-    let mut name = name.to_os_string();
-    name.push(".");
-    name.push(suffix);
-    Ok(dir.with_file_name(name))
+    })
 }
 
-/// Copies the directory tree `from` into `to` (created), file by file,
-/// each synced, then `to` itself. Only for a store no process writes.
-pub(crate) fn copy_dir(from: &Path, to: &Path) -> Result<(), BackupError> {
-    std::fs::create_dir_all(to).map_err(io(to))?;
-    for entry in std::fs::read_dir(from).map_err(io(from))? {
-        let entry = entry.map_err(io(from))?;
-        let path = entry.path();
-        let target = to.join(entry.file_name());
-        let kind = entry.file_type().map_err(io(&path))?;
-        if kind.is_dir() {
-            copy_dir(&path, &target)?;
-        } else if kind.is_file() {
-            std::fs::copy(&path, &target).map_err(io(&path))?;
-            std::fs::File::open(&target)
-                .and_then(|f| f.sync_all())
-                .map_err(io(&target))?;
-        }
-    }
-    std::fs::File::open(to)
-        .and_then(|d| d.sync_all())
-        .map_err(io(to))
+/// Copies the directory tree `from` into `to` (see `upgrade::copy_dir`).
+fn copy_dir(from: &Path, to: &Path) -> Result<(), BackupError> {
+    super::upgrade::copy_dir(from, to).map_err(|(path, source)| BackupError::Io { path, source })
 }
 
 /// Now, in RFC 3339.

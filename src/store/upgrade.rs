@@ -1,5 +1,4 @@
-//! The gate before an in-place layout upgrade of a sled store directory,
-//! and the versions this binary understands (`overseer --version`).
+//! The gate before an in-place layout upgrade of a sled store directory.
 //!
 //! A store directory of an older layout is upgraded in place when a server
 //! opens it, and from then on the previous binary refuses it: a rollback
@@ -21,11 +20,9 @@
 //! database's migrations are additive and recorded, and its backups are
 //! PostgreSQL's own (see the operations docs).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use overseer_actors::store::StoreError;
-
-use super::backup::{copy_dir, sibling};
 
 /// What opening a store directory of an older layout does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -42,36 +39,14 @@ pub enum Upgrade {
     KeepCopy,
 }
 
-/// The oldest sled layout this binary reads (and upgrades).
-pub const OLDEST_SLED_LAYOUT: u32 = 1;
-/// The oldest PostgreSQL migration (an empty database is migrated from it).
-pub const OLDEST_PG_MIGRATION: i32 = 1;
-
-/// The sled layout this binary writes.
-pub fn sled_layout() -> u32 {
-    super::sled::FORMAT_VERSION
-}
-
-/// The newest PostgreSQL migration this binary knows.
-pub fn pg_migration() -> i32 {
-    super::postgres::latest_migration()
-}
-
-/// What `overseer --version` prints after the version number.
-pub fn versions() -> String {
-    format!(
-        "sled layout {} (reads {}–{}), PostgreSQL migrations {}–{}",
-        sled_layout(),
-        OLDEST_SLED_LAYOUT,
-        sled_layout(),
-        OLDEST_PG_MIGRATION,
-        pg_migration()
-    )
-}
-
 /// Where the pre-upgrade copy of `dir` at layout `found` goes.
-pub fn copy_path(dir: &Path, found: u32) -> Result<std::path::PathBuf, StoreError> {
-    sibling(dir, &format!("pre-upgrade-format-{found}")).map_err(|e| StoreError::Io(e.to_string()))
+pub fn copy_path(dir: &Path, found: u32) -> Result<PathBuf, StoreError> {
+    sibling(dir, &format!("pre-upgrade-format-{found}")).ok_or_else(|| {
+        StoreError::Io(format!(
+            "the store directory {} has no name to keep a pre-upgrade copy beside",
+            dir.display()
+        ))
+    })
 }
 
 /// Called once by the sled store's open, with the directory open and
@@ -109,29 +84,21 @@ pub(super) fn before_upgrade(
                     dir.display()
                 ))
             })?;
-            let partial = sibling(&copy, "partial").map_err(|e| StoreError::Io(e.to_string()))?;
-            let failed = |e: super::backup::BackupError| {
+            let partial = sibling(&copy, "partial").unwrap_or_else(|| copy.clone());
+            let failed = |(path, e): (PathBuf, std::io::Error)| {
                 StoreError::Io(format!(
-                    "keeping a pre-upgrade copy of the store in {} (in {}): {e}; nothing was upgraded",
+                    "keeping a pre-upgrade copy of the store in {} (in {}): {}: {e}; nothing was \
+                     upgraded",
                     dir.display(),
-                    copy.display()
+                    copy.display(),
+                    path.display()
                 ))
             };
             if partial.exists() {
-                std::fs::remove_dir_all(&partial).map_err(|e| {
-                    failed(super::backup::BackupError::Io {
-                        path: partial.clone(),
-                        source: e,
-                    })
-                })?;
+                std::fs::remove_dir_all(&partial).map_err(|e| failed((partial.clone(), e)))?;
             }
             copy_dir(dir, &partial).map_err(failed)?;
-            std::fs::rename(&partial, &copy).map_err(|e| {
-                failed(super::backup::BackupError::Io {
-                    path: copy.clone(),
-                    source: e,
-                })
-            })?;
+            std::fs::rename(&partial, &copy).map_err(|e| failed((copy.clone(), e)))?;
             tracing::warn!(
                 dir = %dir.display(),
                 copy = %copy.display(),
@@ -143,4 +110,41 @@ pub(super) fn before_upgrade(
             Ok(())
         }
     }
+}
+
+/// `<dir>.<suffix>`, beside `dir`; `None` for a path without a name (`/`,
+/// `..`).
+pub(crate) fn sibling(dir: &Path, suffix: &str) -> Option<PathBuf> {
+    let mut name = dir.file_name()?.to_os_string();
+    name.push(".");
+    name.push(suffix);
+    Some(dir.with_file_name(name))
+}
+
+/// Copies the directory tree `from` into `to` (created), file by file,
+/// each synced, then `to` itself; a failure names its path. Only for a
+/// store no process writes (or one this process holds and has flushed).
+pub(crate) fn copy_dir(from: &Path, to: &Path) -> Result<(), (PathBuf, std::io::Error)> {
+    let at = |path: &Path| {
+        let path = path.to_owned();
+        move |e| (path, e)
+    };
+    std::fs::create_dir_all(to).map_err(at(to))?;
+    for entry in std::fs::read_dir(from).map_err(at(from))? {
+        let entry = entry.map_err(at(from))?;
+        let path = entry.path();
+        let target = to.join(entry.file_name());
+        let kind = entry.file_type().map_err(at(&path))?;
+        if kind.is_dir() {
+            copy_dir(&path, &target)?;
+        } else if kind.is_file() {
+            std::fs::copy(&path, &target).map_err(at(&path))?;
+            std::fs::File::open(&target)
+                .and_then(|f| f.sync_all())
+                .map_err(at(&target))?;
+        }
+    }
+    std::fs::File::open(to)
+        .and_then(|d| d.sync_all())
+        .map_err(at(to))
 }

@@ -16,6 +16,7 @@
 //!
 //! [`CheckpointStore`]: overseer_actors::store::CheckpointStore
 
+pub mod backup;
 mod codec;
 pub mod copy;
 pub mod postgres;
@@ -24,12 +25,43 @@ pub mod postgres;
 #[allow(dead_code)]
 mod record;
 pub mod sled;
+pub mod upgrade;
 
 pub use self::sled::check::{check, CheckReport};
 pub use self::sled::{
     Compression, Inspector, OpenError, SledStore, StoreOptions, StoreWatch, DEFAULT_CACHE_MB,
     MAX_CACHE_MB,
 };
+pub use self::upgrade::Upgrade;
+
+/// The oldest sled layout this binary reads (and upgrades).
+pub const OLDEST_SLED_LAYOUT: u32 = 1;
+/// The oldest PostgreSQL migration (an empty database is migrated from it).
+pub const OLDEST_PG_MIGRATION: i32 = 1;
+
+/// The sled layout this binary writes.
+pub fn sled_layout() -> u32 {
+    self::sled::FORMAT_VERSION
+}
+
+/// The newest PostgreSQL migration this binary knows.
+pub fn pg_migration() -> i32 {
+    self::postgres::latest_migration()
+}
+
+/// The store layouts and database migrations this binary understands, from
+/// the stores' constants: what `overseer --version` prints after the
+/// version number.
+pub fn versions() -> String {
+    format!(
+        "sled layout {} (reads {}–{}), PostgreSQL migrations {}–{}",
+        sled_layout(),
+        OLDEST_SLED_LAYOUT,
+        sled_layout(),
+        OLDEST_PG_MIGRATION,
+        pg_migration()
+    )
+}
 
 /// When `checkpoint` returns (`durability` in the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]

@@ -35,7 +35,11 @@
 //!   and then pruned;
 //! - `overseer store copy` from a sled directory with finished, parked and
 //!   delegating sessions: the copies are equal, the parked ones finish on the
-//!   cluster, and a second copy copies nothing.
+//!   cluster, and a second copy copies nothing;
+//! - upgrades: a database migrated past this binary is refused in one line
+//!   naming both versions; two nodes starting together on a fresh database
+//!   migrate it once (the advisory lock); `store backup` against a node
+//!   refused with the pointer to `pg_dump`.
 //!
 //! The heavy tests take turns (`SERIAL`): nodes starved of CPU by another
 //! test's nodes would miss heartbeats on a two-core machine.
@@ -1666,4 +1670,114 @@ async fn migration_6_moves_layout_2_rows_into_records_and_the_parked_sessions_fi
         "{ledger:?}"
     );
     assert!(ledger.values().all(|&n| n == 1), "{ledger:?}");
+}
+
+/// The rolling-upgrade rule, from the database's side: a binary never
+/// serves a database migrated past what it knows. A database whose
+/// `overseer_migrations` records a version newer than this binary's (as a
+/// newer binary would have left it) is refused at start, in one line naming
+/// both versions, and left untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_migrated_past_this_binary_is_refused_in_one_line_naming_both_versions() {
+    let _turn = SERIAL.lock().await;
+    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    // The binary migrates a fresh database to what it knows, which is what
+    // `--version` says.
+    let mut node = world.node().unwrap();
+    node.terminate().unwrap();
+    let known = database_count(
+        &world,
+        "SELECT max(version)::bigint FROM overseer_migrations",
+    )
+    .await;
+    let out = std::process::Command::new(common::cluster::BIN)
+        .arg("--version")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        version.contains(&format!("PostgreSQL migrations 1–{known}")),
+        "{version}"
+    );
+    let newer = known + 1;
+    PgServer::execute(
+        &world.database,
+        &format!("INSERT INTO overseer_migrations (version) VALUES ({newer})"),
+    )
+    .await
+    .unwrap();
+    let (status, stderr) = world.refused_node(&NodeOptions::default()).unwrap();
+    assert!(!status.success(), "{stderr}");
+    let refusal: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("schema is version"))
+        .collect();
+    assert_eq!(refusal.len(), 1, "{stderr}");
+    eprintln!("{}", refusal[0]);
+    assert!(
+        refusal[0].contains(&format!("version {newer}"))
+            && refusal[0].contains(&format!("at most version {known}")),
+        "{stderr}"
+    );
+    assert_eq!(
+        database_count(&world, "SELECT count(*) FROM overseer_migrations").await,
+        newer,
+        "nothing was migrated or removed"
+    );
+}
+
+/// Two nodes started at once on a fresh database: the migrations run under
+/// an advisory lock, so one node applies each migration exactly once while
+/// the other waits and then finds them applied; both serve, and a session
+/// created on one is read through the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_starting_together_on_a_fresh_database_migrate_it_once() {
+    let _turn = SERIAL.lock().await;
+    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| world.node());
+        let b = s.spawn(|| world.node());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let applied = database_count(&world, "SELECT count(*) FROM overseer_migrations").await;
+    let distinct = database_count(
+        &world,
+        "SELECT count(DISTINCT version) FROM overseer_migrations",
+    )
+    .await;
+    let newest = database_count(
+        &world,
+        "SELECT max(version)::bigint FROM overseer_migrations",
+    )
+    .await;
+    assert_eq!(
+        (applied, distinct),
+        (newest, newest),
+        "each migration once: {}\n{}",
+        a.log(),
+        b.log()
+    );
+    let id = create(&world, &a, 1).await.unwrap();
+    let through_b = get(&world, &b, &format!("/v1/sessions/{id}"))
+        .await
+        .unwrap();
+    assert_eq!(through_b["id"], id.as_str());
+
+    // `store backup` against a cluster node: PostgreSQL is backed up with
+    // its own tools, and the refusal says which.
+    let target = world.dir.path().join("backup");
+    let out = std::process::Command::new(common::cluster::BIN)
+        .args(["store", "backup", "--url", &a.url, "--to"])
+        .arg(&target)
+        .env("OVERSEER_TOKEN", common::token("acme", "ops", &["admin"]))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("409") && err.contains("pg_dump") && err.contains("point-in-time"),
+        "{err}"
+    );
+    assert!(!target.exists(), "nothing was kept");
 }

@@ -68,6 +68,11 @@ mod schema;
 mod webhooks;
 mod writer;
 
+/// The newest schema migration this binary knows (`overseer --version`).
+pub fn latest_migration() -> i32 {
+    schema::latest()
+}
+
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

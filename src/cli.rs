@@ -405,7 +405,8 @@ pub(crate) fn status(line: impl Display) {
 pub fn report(error: &CliError) {
     // Messages are one line by construction; this guards against a foreign
     // error (sled, I/O) that is not.
-    let message = error.to_string();
+    // With its causes (a store error keeps the OS error beneath it).
+    let message = overseer_actors::error::chain(error);
     let message = message.split_whitespace().collect::<Vec<_>>().join(" ");
     status(format_args!("error: {message}"));
 }

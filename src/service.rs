@@ -84,6 +84,9 @@ pub enum ServiceError {
 fn store_open_message(dir: &str, source: &StoreError) -> String {
     match source {
         StoreError::Io(text) if text.contains(dir) => text.clone(),
+        StoreError::Backend { context, source } if context.contains(dir) => {
+            format!("{context}: {source}")
+        }
         other => format!("cannot open the data directory {dir}: {other}"),
     }
 }
@@ -263,7 +266,7 @@ pub async fn open_sled(
         .await
         .map_err(|e| ServiceError::Store {
             dir: config.store.data_dir.display().to_string(),
-            source: StoreError::Io(e.to_string()),
+            source: StoreError::io("opening the store (its task failed)", e),
         })?;
     opened.map_err(|source| ServiceError::Store {
         dir: config.store.data_dir.display().to_string(),

@@ -220,8 +220,11 @@ impl std::fmt::Debug for SledStore {
     }
 }
 
-fn io(context: impl std::fmt::Display, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Io(format!("{context}: {e}"))
+fn io(
+    context: impl std::fmt::Display,
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> StoreError {
+    StoreError::io(context.to_string(), e)
 }
 
 impl SledStore {

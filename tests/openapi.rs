@@ -249,6 +249,19 @@ async fn every_route_answers_as_the_document_says() -> Result {
     .await?;
     expect(s.get("/v1/sessions", &all), 200).await?;
     expect(s.get(&format!("/v1/sessions/{id}"), &all), 200).await?;
+    // Nested fields are held to the document too.
+    let shown = expect(s.get(&format!("/v1/sessions/{id}"), &all), 200).await?;
+    let path = format!("/v1/sessions/{id}");
+    contract::assert("GET", &path, 200, &shown);
+    let mut extra = shown.clone();
+    extra["usage"]["bogus"] = json!(1);
+    assert!(contract::check("GET", &path, 200, &extra).is_err());
+    let mut extra = shown.clone();
+    extra["transcript"][0]["bogus"] = json!(1);
+    assert!(contract::check("GET", &path, 200, &extra).is_err());
+    let mut wrong = shown;
+    wrong["status"] = json!("sleeping");
+    assert!(contract::check("GET", &path, 200, &wrong).is_err());
     expect(s.get(&format!("/v1/sessions/{missing}"), &all), 404).await?;
     expect(s.get("/v1/sessions/not-a-uuid", &all), 400).await?;
     expect(s.get(&format!("/v1/sessions/{id}/tree"), &all), 200).await?;
@@ -445,5 +458,88 @@ async fn every_route_answers_as_the_document_says() -> Result {
     assert!(contract::check("GET", "/healthz", 418, &json!({"status": "ok"})).is_err());
     assert!(contract::check("GET", "/healthz", 200, &json!({"status": "ok", "extra": 1})).is_err());
     assert!(contract::check("GET", "/v1/me", 200, &json!({"sub": "a"})).is_err());
+    s.stop().await
+}
+
+#[tokio::test]
+async fn the_webhook_routes_answer_as_the_document_says() -> Result {
+    use overseer::webhooks::{Subscriptions, SystemClock, TargetRules, WebhookOptions, Webhooks};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir()?;
+    let store = overseer::store::SledStore::open(dir.path(), overseer::store::Durability::Os)?;
+    let view = Arc::new(Subscriptions::new());
+    store.set_webhooks(view.clone());
+    let options = WebhookOptions {
+        targets: TargetRules {
+            allow_loopback: true,
+            allow_private: false,
+        },
+        ..Default::default()
+    };
+    let hooks = Webhooks::open(
+        Arc::new(store.clone()),
+        view,
+        options,
+        Arc::new(SystemClock),
+    )
+    .await?;
+    let s = Server::start_configured(
+        dir,
+        Arc::new(store),
+        common::hs256(),
+        overseer::http::HttpOptions {
+            webhooks: Some(hooks),
+            ..Default::default()
+        },
+        overseer_actors::RuntimeConfig::default(),
+    )
+    .await?;
+    let t = token("acme", "hooks", &["webhooks:write"]);
+    let created = expect(
+        s.post(
+            "/v1/webhooks",
+            &t,
+            &json!({"url": "http://127.0.0.1:9/hook", "events": ["session.finished"], "description": "d"}),
+        ),
+        201,
+    )
+    .await?;
+    let id = created["id"].as_str().unwrap().to_owned();
+    expect(s.post("/v1/webhooks", &t, &json!({"url": "ftp://x"})), 400).await?;
+    expect(s.get("/v1/webhooks", &t), 200).await?;
+    expect(s.get(&format!("/v1/webhooks/{id}"), &t), 200).await?;
+    expect(s.get("/v1/webhooks/not-a-uuid", &t), 400).await?;
+    expect(
+        s.get("/v1/webhooks/00000000-0000-4000-8000-000000000000", &t),
+        404,
+    )
+    .await?;
+    expect(s.get(&format!("/v1/webhooks/{id}/deliveries"), &t), 200).await?;
+    expect(
+        s.get(&format!("/v1/webhooks/{id}/deliveries?cursor=x"), &t),
+        400,
+    )
+    .await?;
+    expect(
+        s.post(&format!("/v1/webhooks/{id}/enable"), &t, &json!({})),
+        200,
+    )
+    .await?;
+    expect(
+        s.post(
+            &format!("/v1/webhooks/{id}/rotate"),
+            &t,
+            &json!({"grace_secs": 60}),
+        ),
+        200,
+    )
+    .await?;
+    expect(
+        s.client
+            .delete(s.url(&format!("/v1/webhooks/{id}")))
+            .bearer_auth(&t),
+        204,
+    )
+    .await?;
     s.stop().await
 }

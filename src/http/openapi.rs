@@ -40,7 +40,8 @@ use utoipa::OpenApi;
         title = "overseer",
         description = "A supervised actor tree hosting many concurrent LLM agent sessions. \
                        Errors are `{\"error\": {\"code\", \"message\", \"details\"?}}`; \
-                       scopes are the roles of the `bearer` (JWT) requirement."
+                       scopes are the roles of the `bearer` (JWT) requirement. Another method on a path \
+                       answers 405, another path 404, both in the error shape."
     ),
     components(schemas(schemas::ErrorBody)),
     tags(

@@ -64,6 +64,15 @@ pub struct DecisionItem {
     pub args_diff: Option<Value>,
 }
 
+/// A page of `GET /v1/decisions` (described for the OpenAPI document; the
+/// handler builds it as a JSON value).
+#[derive(Serialize, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub(super) struct DecisionPage {
+    decisions: Vec<DecisionItem>,
+    next_cursor: Option<String>,
+}
+
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -90,7 +99,7 @@ fn filter(value: Option<String>) -> Option<String> {
     get, path = "/v1/decisions", tag = "tenant",
     params(DecisionsQuery),
     responses(
-        (status = 200, description = "The tenant's decisions, newest first", body = crate::http::openapi::schemas::DecisionPage),
+        (status = 200, description = "The tenant's decisions, newest first", body = DecisionPage),
         (status = 400, description = "Invalid query", body = crate::http::openapi::schemas::ErrorBody)
     ),
     security(("bearer" = ["sessions:read"]))

@@ -338,6 +338,15 @@ pub(crate) async fn tenant_approvals(
     Ok(items)
 }
 
+/// A page of `GET /v1/approvals`, newest request first (described for the
+/// OpenAPI document; the handler builds it as a JSON value).
+#[derive(Serialize, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub(super) struct ApprovalPage {
+    approvals: Vec<ApprovalItem>,
+    next_cursor: Option<String>,
+}
+
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -373,7 +382,7 @@ fn parse_cursor(raw: &str) -> Result<(i64, String), ApiError> {
     get, path = "/v1/approvals", tag = "tenant",
     params(ApprovalsQuery),
     responses(
-        (status = 200, description = "The tenant's pending approvals, newest request first", body = crate::http::openapi::schemas::ApprovalPage),
+        (status = 200, description = "The tenant's pending approvals, newest request first", body = ApprovalPage),
         (status = 400, description = "Invalid query", body = crate::http::openapi::schemas::ErrorBody)
     ),
     security(("bearer" = ["sessions:read"]))

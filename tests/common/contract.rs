@@ -59,7 +59,7 @@ pub fn template(path: &str) -> Option<String> {
 }
 
 /// Follows `$ref`s to what they name.
-fn resolve<'a>(mut schema: &'a Value) -> &'a Value {
+fn resolve(mut schema: &Value) -> &Value {
     let doc = document();
     for _ in 0..32 {
         let Some(r) = schema.get("$ref").and_then(Value::as_str) else {

@@ -14,8 +14,6 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use utoipa::ToSchema;
 
-use crate::http::decisions::DecisionItem;
-use crate::http::inbox::ApprovalItem;
 use crate::render::Warning;
 
 /// Every refusal: `{"error": {"code", "message", "details"?}}`.
@@ -139,20 +137,6 @@ pub struct SkillSpec {
     pub description: String,
     /// Only a person may activate it.
     pub requires_trust: bool,
-}
-
-/// A page of `GET /v1/approvals`, newest request first.
-#[derive(Serialize, ToSchema)]
-pub struct ApprovalPage {
-    pub approvals: Vec<ApprovalItem>,
-    pub next_cursor: Option<String>,
-}
-
-/// A page of `GET /v1/decisions`, newest first.
-#[derive(Serialize, ToSchema)]
-pub struct DecisionPage {
-    pub decisions: Vec<DecisionItem>,
-    pub next_cursor: Option<String>,
 }
 
 /// `GET /v1/sessions/{id}/history`: the points a fork can start from.

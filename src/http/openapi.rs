@@ -10,8 +10,9 @@
 //! This module owns the document's frame (info, the `bearer` security
 //! scheme, the error shape) and the responses every route shares, added in
 //! [`document`] from what each operation declares: 401 where a token is
-//! required, 403 where a scope is, the body errors where a body is taken,
-//! the in-flight cap's 503 and the 500 of an internal failure. The scopes
+//! required, 403 where a scope is, the body errors (400, 408, 413, 415)
+//! on every POST and DELETE, the edge's 414 and 431 everywhere, the
+//! in-flight cap's 503 and the 500 of an internal failure. The scopes
 //! are the security requirement of each operation (`bearer` with the scope
 //! as its role, as OpenAPI 3.1 allows for non-OAuth schemes).
 //!
@@ -103,7 +104,9 @@ const SHARED: &[(&str, &str, &str)] = &[
     ("403", "Forbidden", "The token lacks the scope this route needs"),
     ("408", "RequestTimeout", "The request body did not arrive in time"),
     ("413", "PayloadTooLarge", "The body exceeds 1 MiB, or a field its limit"),
+    ("414", "UriTooLong", "The request target (path and query) exceeds 8 KiB"),
     ("415", "UnsupportedMediaType", "A body without `Content-Type: application/json`"),
+    ("431", "HeadersTooLarge", "The request head exceeds 32 KiB or 100 header fields"),
     (
         "500",
         "Internal",
@@ -160,8 +163,19 @@ fn frame(doc: &mut utoipa::openapi::OpenApi) {
     for (path, item) in doc.paths.paths.iter_mut() {
         let unmetered = path == "/healthz" || path == "/metrics";
         let api = path.starts_with("/v1/");
-        for op in operations_mut(item) {
-            edge_responses(op, unmetered, api);
+        // POST and DELETE read a body even when they take no parameters
+        // (an empty one, or `{}`): its errors apply to them all.
+        if let Some(op) = item.post.as_mut() {
+            edge_responses(op, unmetered, api, true);
+        }
+        if let Some(op) = item.delete.as_mut() {
+            edge_responses(op, unmetered, api, true);
+        }
+        for op in [item.get.as_mut(), item.put.as_mut(), item.patch.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            edge_responses(op, unmetered, api, false);
         }
     }
 }
@@ -213,7 +227,7 @@ fn operations_mut(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = 
     .flatten()
 }
 
-fn edge_responses(op: &mut Operation, unmetered: bool, api: bool) {
+fn edge_responses(op: &mut Operation, unmetered: bool, api: bool, reads_body: bool) {
     let security = serde_json::to_value(&op.security).unwrap_or_default();
     let needs_token = security.as_array().is_some_and(|reqs| {
         !reqs
@@ -239,7 +253,10 @@ fn edge_responses(op: &mut Operation, unmetered: bool, api: bool) {
     if scoped {
         add("403");
     }
-    if op.request_body.is_some() {
+    // Refused before routing, on any route.
+    add("414");
+    add("431");
+    if reads_body || op.request_body.is_some() {
         for status in ["400", "408", "413", "415"] {
             add(status);
         }

@@ -20,6 +20,7 @@ use std::str::FromStr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use overseer_actors::error::chain as error_chain;
 use overseer_actors::provider::{Provider, ProviderError};
 use overseer_actors::scripted::ScriptedProvider;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -711,22 +712,6 @@ fn header_map(headers: &BTreeMap<String, String>) -> Result<HeaderMap, ProviderC
         map.insert(header, value);
     }
     Ok(map)
-}
-
-/// An error with its sources, since reqwest's own message ("error sending
-/// request") hides the useful part ("connection refused").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = s.source();
-    }
-    text
 }
 
 /// `retry-after-ms` (OpenAI) or `retry-after` in seconds. An HTTP-date is

@@ -318,11 +318,12 @@ async fn too_long_too_large_and_malformed_requests_answer_json() -> TestResult {
 
 // ---- failing stores: stable answers, details in the log ----------------------------------------
 
-/// What a disk failure's text looks like: an OS error and a path, neither of
-/// which a caller should see.
-const IO_DETAIL: &str = "No space left on device (os error 28) in /srv/overseer/secret-dir/db";
+/// Where the disk failure happened: a path no caller should see (nor the
+/// OS error under it).
+const IO_CONTEXT: &str = "writing /srv/overseer/secret-dir/db";
 
-/// An in-memory store that fails writes while `broken` is set.
+/// An in-memory store that fails writes, listings and its health check
+/// while `broken` is set, with a full disk's OS error as the cause.
 struct FailingStore {
     inner: MemStore,
     broken: AtomicBool,
@@ -331,7 +332,10 @@ struct FailingStore {
 impl FailingStore {
     fn fail(&self) -> Result<(), StoreError> {
         if self.broken.load(Ordering::SeqCst) {
-            Err(StoreError::Io(IO_DETAIL.into()))
+            Err(StoreError::io(
+                IO_CONTEXT,
+                std::io::Error::from_raw_os_error(28),
+            ))
         } else {
             Ok(())
         }
@@ -372,6 +376,7 @@ impl CheckpointStore for FailingStore {
         after: Option<SessionId>,
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
+        self.fail()?;
         self.inner.list_tenant(tenant, after, limit).await
     }
     async fn flush(&self) -> Result<(), StoreError> {
@@ -429,6 +434,13 @@ async fn store_failures_answer_stable_codes_without_io_details() -> TestResult {
     assert_eq!(
         v["error"]["message"],
         format!("session {id} is temporarily unavailable; retry shortly")
+    );
+    hides(&v);
+    // A read that fails is the server's fault: 500, never a 400.
+    let v = expect_error(s.get("/v1/sessions", &t), 500, "internal").await?;
+    assert_eq!(
+        v["error"]["message"],
+        "internal storage error; the request was not applied"
     );
     hides(&v);
 

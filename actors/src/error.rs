@@ -138,3 +138,50 @@ fn join(ids: &[ToolCallId]) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// An error with its sources, one line: each source's message is appended
+/// unless the text already holds it (many errors repeat their source's
+/// message, e.g. [`StoreError::Backend`]; reqwest's "error sending request"
+/// hides the useful part, "connection refused", in a source).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store failure keeps the OS error beneath it as a typed source, and
+    /// [`chain`] prints each message once.
+    #[test]
+    fn a_store_failure_keeps_the_os_error_as_its_source() {
+        let os = std::io::Error::from_raw_os_error(28);
+        let os_text = os.to_string();
+        let e = SessionError::Store(StoreError::io("writing the log", os));
+        let mut source = std::error::Error::source(&e);
+        let mut found = None;
+        while let Some(s) = source {
+            if let Some(io) = s.downcast_ref::<std::io::Error>() {
+                found = io.raw_os_error();
+            }
+            source = s.source();
+        }
+        assert_eq!(found, Some(28), "the OS error is not in the chain of {e:?}");
+        let text = chain(&e);
+        assert!(text.contains("writing the log"), "{text}");
+        assert_eq!(text.matches(&os_text).count(), 1, "{text}");
+        // Clone and equality survive the shared cause.
+        let copy = e.clone();
+        assert_eq!(copy, e);
+    }
+}

@@ -71,9 +71,25 @@ pub type SessionSummary = SessionHeader;
 /// Store failures.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StoreError {
-    /// The underlying database failed.
+    /// The store failed in a way it describes itself, with no underlying
+    /// error to keep (it is closed, a worker thread stopped, it does not
+    /// support the operation). A failure of the database, the file system
+    /// or the OS is [`StoreError::Backend`].
     #[error("storage failure: {0}")]
     Io(String),
+    /// The underlying database, file system or OS failed. `source` is its
+    /// error, kept whole (not flattened to text) so a log line or
+    /// `overseer store check` can show the chain down to the OS error. The
+    /// message repeats the source's own text, so code that prints only
+    /// this error still says what failed. Built with [`StoreError::io`].
+    #[error("storage failure: {context}: {source}")]
+    Backend {
+        /// What the store was doing.
+        context: String,
+        /// The error it got.
+        #[source]
+        source: Cause,
+    },
     /// Stored data could not be decoded.
     #[error("corrupt record for session {session}: {detail}")]
     Corrupt {
@@ -124,7 +140,54 @@ pub enum StoreError {
     },
 }
 
+/// The error under a [`StoreError::Backend`], shared so the store error
+/// stays `Clone` (a group commit answers every waiter with the same error).
+/// It derefs to the error itself, which is what `source()` returns: a walk
+/// of the chain meets the original error (an [`std::io::Error`] can be
+/// downcast), not this wrapper. Two causes are equal when their messages
+/// are: equality exists for tests that compare whole results.
+#[derive(Clone)]
+pub struct Cause(Arc<dyn std::error::Error + Send + Sync>);
+
+impl std::ops::Deref for Cause {
+    type Target = dyn std::error::Error + Send + Sync;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl std::fmt::Debug for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl PartialEq for Cause {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_string() == other.0.to_string()
+    }
+}
+
 impl StoreError {
+    /// A failure of the database, the file system or the OS while the store
+    /// was doing `context`, keeping `source` ([`StoreError::Backend`]).
+    pub fn io(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Backend {
+            context: context.into(),
+            source: Cause(Arc::new(source)),
+        }
+    }
+
     /// Whether this is [`StoreError::NotOwner`]: the session's tree belongs
     /// to another node, so this node must neither retry nor restart it.
     pub fn is_not_owner(&self) -> bool {

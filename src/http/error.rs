@@ -335,7 +335,10 @@ impl From<SessionError> for ApiError {
             }
             SessionError::Store(store) => {
                 // The details are for operators, not for callers.
-                tracing::error!(error = %store, "storage failure while serving a request");
+                tracing::error!(
+                    error = %overseer_actors::error::chain(&store),
+                    "storage failure while serving a request"
+                );
                 Self::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal",
@@ -452,5 +455,76 @@ impl IntoResponse for ApiError {
             _ => {}
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use overseer_actors::model::{SessionId, SessionStatus};
+
+    use super::*;
+
+    /// One of each store error. The match has no wildcard, so a new variant
+    /// does not compile until it is listed here, and so checked below.
+    fn every_store_error() -> Vec<StoreError> {
+        let session = SessionId::generate();
+        let all = vec![
+            StoreError::Io("the store is closed".into()),
+            StoreError::io("reading session x", std::io::Error::from_raw_os_error(5)),
+            StoreError::Corrupt {
+                session: session.to_string(),
+                detail: "bad row".into(),
+            },
+            StoreError::SchemaTooNew {
+                session,
+                found: 99,
+                supported: 1,
+            },
+            StoreError::Unavailable("the database restarts".into()),
+            StoreError::NotOwner {
+                session,
+                reason: "node b holds its lease".into(),
+            },
+            StoreError::NotTerminal {
+                session,
+                status: SessionStatus::Running,
+            },
+        ];
+        for e in &all {
+            match e {
+                StoreError::Io(_)
+                | StoreError::Backend { .. }
+                | StoreError::Corrupt { .. }
+                | StoreError::SchemaTooNew { .. }
+                | StoreError::Unavailable(_)
+                | StoreError::NotOwner { .. }
+                | StoreError::NotTerminal { .. } => {}
+            }
+        }
+        all
+    }
+
+    /// A failure of the store or of the runtime itself is the server's: 500
+    /// or 503, never a 4xx the caller would take as its own mistake.
+    #[test]
+    fn internal_failures_are_500_or_503_never_4xx() {
+        for e in every_store_error() {
+            let text = e.to_string();
+            let retry = e.is_unavailable() || e.is_not_owner();
+            let api = ApiError::from(e);
+            let want = if retry {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::INTERNAL_SERVER_ERROR
+            };
+            assert_eq!(api.status, want, "{text}");
+            assert!(!api.message.contains("os error"), "{text}: {}", api.message);
+        }
+        for e in [
+            SessionError::Internal("the runtime is not started".into()),
+            SessionError::Internal("the orchestrator did not answer".into()),
+        ] {
+            assert_eq!(ApiError::from(e).status, StatusCode::INTERNAL_SERVER_ERROR);
+        }
     }
 }

@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use overseer_actors::error::chain as error_chain;
 use overseer_actors::model::OnInterrupt;
 use overseer_actors::tool::{Tool, ToolContext, ToolError, ToolSpec, MAX_RESULT_BYTES};
 use reqwest::header::{
@@ -759,22 +760,6 @@ pub(crate) fn is_json(headers: &HeaderMap) -> bool {
         .and_then(|v| v.split(';').next())
         .map(|v| v.trim().to_ascii_lowercase())
         .is_some_and(|v| v == "application/json" || v.ends_with("+json"))
-}
-
-/// An error with its sources, since reqwest's own message ("error sending
-/// request") hides the useful part ("connection refused").
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = s.source();
-    }
-    text
 }
 
 fn now_secs() -> u64 {

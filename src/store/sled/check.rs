@@ -345,6 +345,7 @@ fn check_events(trees: &Trees, id: &SessionId, last: u64) -> Result<(), String> 
 fn detail(e: &overseer_actors::store::StoreError) -> String {
     match e {
         overseer_actors::store::StoreError::Corrupt { detail, .. } => detail.clone(),
-        other => other.to_string(),
+        // With its causes, down to the OS error.
+        other => overseer_actors::error::chain(other),
     }
 }

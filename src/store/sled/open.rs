@@ -235,6 +235,15 @@ pub(in crate::store) fn open(
         };
         if purpose == Purpose::Serve {
             if version.is_none_or(|v| v < FORMAT_VERSION) {
+                if let Some(found) = version {
+                    crate::store::upgrade::before_upgrade(
+                        &db,
+                        dir,
+                        found,
+                        FORMAT_VERSION,
+                        options.upgrade,
+                    )?;
+                }
                 upgrade(&trees, version, dir)?;
             }
             super::purge::finish_pending(&trees)
@@ -322,10 +331,10 @@ fn remove_unfinished_snapshots(dir: &Path) -> std::io::Result<usize> {
 /// returns the version found (`None` for a directory overseer never wrote).
 fn check_format(meta: &Tree, dir: &Path) -> Result<Option<u32>, StoreError> {
     let io = |e: sled::Error| {
-        StoreError::Io(format!(
-            "reading the store format version in {}: {e}",
-            dir.display()
-        ))
+        StoreError::io(
+            format!("reading the store format version in {}", dir.display()),
+            e,
+        )
     };
     let Some(raw) = meta.get(FORMAT_KEY).map_err(io)? else {
         return Ok(None);
@@ -361,10 +370,13 @@ fn check_format(meta: &Tree, dir: &Path) -> Result<Option<u32>, StoreError> {
 /// from opening the directory. A new directory has nothing to convert.
 fn upgrade(trees: &Trees, found: Option<u32>, dir: &Path) -> Result<(), StoreError> {
     let write = |what: &str, e: sled::Error| {
-        StoreError::Io(format!(
-            "upgrading the store in {} to format version {FORMAT_VERSION}: {what}: {e}",
-            dir.display()
-        ))
+        StoreError::io(
+            format!(
+                "upgrading the store in {} to format version {FORMAT_VERSION}: {what}",
+                dir.display()
+            ),
+            e,
+        )
     };
     if found == Some(1) {
         let mut refs = 0u64;

@@ -1567,7 +1567,29 @@ async fn migration_6_moves_layout_2_rows_into_records_and_the_parked_sessions_fi
     let database = shared().database().await.unwrap();
     let fixture =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/postgres-layout-5");
-    let dump = std::fs::read_to_string(fixture.join("dump.sql")).unwrap();
+    // The fixture's approvals were asked with a one-hour deadline when it
+    // was made; a node would deny them as expired. Each deadline moves ten
+    // years on, in the dump and in what the old release read back alike,
+    // so the parked calls are still open whenever this test runs.
+    let mut dump = std::fs::read_to_string(fixture.join("dump.sql")).unwrap();
+    let mut sessions_json =
+        std::fs::read_to_string(fixture.join("sessions.json")).unwrap();
+    let key = "approval_deadline_ms\":";
+    let deadlines: BTreeSet<String> = dump
+        .match_indices(key)
+        .map(|(at, _)| {
+            dump[at + key.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+        .collect();
+    assert_eq!(deadlines.len(), 4, "{deadlines:?}");
+    for old in &deadlines {
+        let new = (old.parse::<u64>().unwrap() + 10 * 365 * 86_400_000).to_string();
+        dump = dump.replace(old.as_str(), &new);
+        sessions_json = sessions_json.replace(old.as_str(), &new);
+    }
     PgServer::execute(&database, &dump).await.unwrap();
     let scalar = |sql: &'static str| {
         let database = database.clone();
@@ -1581,8 +1603,7 @@ async fn migration_6_moves_layout_2_rows_into_records_and_the_parked_sessions_fi
         scalar("SELECT (SELECT count(*) FROM transcript) + (SELECT count(*) FROM events)").await;
     assert!(old_rows > 30, "{old_rows}");
     let expected: Vec<Value> =
-        serde_json::from_str(&std::fs::read_to_string(fixture.join("sessions.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&sessions_json).unwrap();
     assert_eq!(expected.len(), 6);
 
     {

@@ -1,5 +1,6 @@
 //! The one backoff policy of every retry loop at the edge: provider
-//! requests, http tools, MCP reconnects, webhook deliveries. Exponential
+//! requests, http tools, MCP reconnects, webhook deliveries, PostgreSQL
+//! statements retried across a restart and the event relay's reconnects. Exponential
 //! (doubling from `initial`, at most `max`) with jitter, so that many
 //! sessions failing together (a provider's outage, a restarted MCP server)
 //! do not retry in lockstep. The arithmetic is `backon`'s; each use

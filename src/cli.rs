@@ -37,9 +37,24 @@ pub use crate::telemetry::init_tracing;
 /// The message the model sees for calls denied by `--approve deny`.
 pub const DENY_MESSAGE: &str = "denied by --approve deny";
 
+/// What `overseer --version` prints: the version, then the store layouts
+/// and database migrations this binary understands (from their constants,
+/// see `store::versions`), so an operator can tell before an upgrade whether
+/// a binary opens a store as it is.
+fn version_text() -> &'static str {
+    static TEXT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "{}; {}",
+            env!("CARGO_PKG_VERSION"),
+            crate::store::versions()
+        )
+    });
+    TEXT.as_str()
+}
+
 /// `overseer`: a supervised actor tree hosting LLM agent sessions.
 #[derive(Debug, Parser)]
-#[command(name = "overseer", version, about, long_about = None)]
+#[command(name = "overseer", version = version_text(), about, long_about = None)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -64,8 +79,10 @@ pub enum Command {
     /// List every configured tool (built-ins, http tools, MCP servers' tools)
     /// with its approval default and the agents that have it.
     Tools(tools::ToolsArgs),
-    /// Offline maintenance of a store directory (`store check DIR`), and
-    /// copying one into PostgreSQL (`store copy --from DIR --to postgres`).
+    /// Maintenance of a store directory (`store check DIR`), copying one
+    /// into PostgreSQL (`store copy --from DIR --to postgres`), backups of a
+    /// serving or stopped store (`store backup`) and restoring them
+    /// (`store restore`).
     Store(store::StoreArgs),
     /// Cluster mode: the nodes sharing OVERSEER_DATABASE_URL
     /// (`cluster status`).

@@ -28,7 +28,9 @@
 //! /v1/tasks/{id}/runs`, `POST /v1/sessions/{id}/skills` and `POST
 //! /v1/sessions/{id}/fork` `sessions:write`; the webhook routes
 //! (`/v1/webhooks`, reads included) need `webhooks:write`;
-//! `admin` implies all four. `admin` does not cross tenants. `/healthz`,
+//! `admin` implies all four. `admin` does not cross tenants, except on the
+//! operator routes that are about the whole server: `/metrics` and
+//! `POST /v1/admin/backup` (every tenant's sessions, streamed; `admin`). `/healthz`,
 //! `/readyz` and the approval inbox's page (`/`, `/ui/*`: static files, no
 //! data) are unauthenticated. `/metrics` needs `admin` unless
 //! [`HttpOptions::metrics_public`] (why: see the `metrics` submodule).
@@ -47,6 +49,7 @@
 //!
 //! [`health_check`]: overseer_actors::store::CheckpointStore::health_check
 
+mod admin;
 mod admission;
 mod conn;
 mod decisions;
@@ -431,6 +434,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/approvals", get(inbox::list))
         .route("/v1/decisions", get(decisions::list))
         .route("/v1/me", get(me::me))
+        .route("/v1/admin/backup", post(admin::backup))
         .route("/v1/events", get(tenant_events::stream))
         .route("/v1/webhooks", get(webhooks::list).post(webhooks::create))
         .route(

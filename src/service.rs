@@ -21,7 +21,7 @@ pub use crate::provider::RoutedProvider;
 use crate::provider::{process_env, ProviderConfigError};
 use crate::scope_token::ScopeTokens;
 use crate::store::postgres::{PgOptions, PgStore, DATABASE_URL_ENV};
-use crate::store::SledStore;
+use crate::store::{SledStore, StoreOptions};
 use crate::tools::builtin_tools;
 use crate::tools::http_request::HttpRequestTool;
 use crate::tools::http_tool::http_tools;
@@ -235,7 +235,9 @@ pub async fn open(
     tools: &Tools,
     provider: Arc<dyn Provider>,
 ) -> Result<(Overseer, SledStore), ServiceError> {
-    let store = open_sled(config).await?;
+    // A store of an older layout is upgraded by `overseer serve --upgrade`
+    // only, which keeps a copy of it first.
+    let store = open_sled(config, crate::store::Upgrade::Refuse).await?;
     let overseer = Overseer::start_with(
         config.agent_configs(),
         tools.library.clone(),
@@ -248,10 +250,17 @@ pub async fn open(
     Ok((overseer, store))
 }
 
-/// Opens the sled store of the configuration (its data directory).
-pub async fn open_sled(config: &Config) -> Result<SledStore, ServiceError> {
+/// Opens the sled store of the configuration (its data directory); a
+/// directory of an older layout is upgraded, or not, as `upgrade` says.
+pub async fn open_sled(
+    config: &Config,
+    upgrade: crate::store::Upgrade,
+) -> Result<SledStore, ServiceError> {
     let dir = config.store.data_dir.clone();
-    let options = config.store.options();
+    let options = StoreOptions {
+        upgrade,
+        ..config.store.options()
+    };
     // Opening sled reads and replays its log: blocking work.
     let opened = tokio::task::spawn_blocking(move || SledStore::open_with(&dir, &options))
         .await

@@ -35,7 +35,11 @@
 //!   and then pruned;
 //! - `overseer store copy` from a sled directory with finished, parked and
 //!   delegating sessions: the copies are equal, the parked ones finish on the
-//!   cluster, and a second copy copies nothing.
+//!   cluster, and a second copy copies nothing;
+//! - upgrades: a database migrated past this binary is refused in one line
+//!   naming both versions; two nodes starting together on a fresh database
+//!   migrate it once (the advisory lock); `store backup` against a node
+//!   refused with the pointer to `pg_dump`.
 //!
 //! The heavy tests take turns (`SERIAL`): nodes starved of CPU by another
 //! test's nodes would miss heartbeats on a two-core machine.
@@ -1544,4 +1548,236 @@ async fn the_tenant_stream_resets_when_the_relay_lost_its_connection() {
     feed.until(|event, data| event == "approval_requested" && data["session_id"] == id.as_str())
         .await
         .unwrap();
+}
+
+/// Migration 6 on a database the previous release wrote (migrations 1–5,
+/// layout 2: a row per transcript entry and per event), committed as
+/// `tests/fixtures/postgres-layout-5/dump.sql` with what that release read
+/// back from it (`sessions.json`): a finished session, two parked on an
+/// approval, a delegation parked in its child, and one written through the
+/// store with a large result in a blob, queued messages and metadata. This
+/// binary migrates it at open (one record per session, the old tables
+/// dropped), reads every session back exactly as the old one did, pages of
+/// events and ranges of the transcript included, and finishes the parked
+/// ones on a node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_6_moves_layout_2_rows_into_records_and_the_parked_sessions_finish() {
+    use overseer_actors::model::SessionId;
+    let _turn = SERIAL.lock().await;
+    let database = shared().database().await.unwrap();
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/postgres-layout-5");
+    let dump = std::fs::read_to_string(fixture.join("dump.sql")).unwrap();
+    PgServer::execute(&database, &dump).await.unwrap();
+    let scalar = |sql: &'static str| {
+        let database = database.clone();
+        async move { PgServer::scalar(&database, sql).await.unwrap() }
+    };
+    assert_eq!(
+        scalar("SELECT max(version)::bigint FROM overseer_migrations").await,
+        5
+    );
+    let old_rows =
+        scalar("SELECT (SELECT count(*) FROM transcript) + (SELECT count(*) FROM events)").await;
+    assert!(old_rows > 30, "{old_rows}");
+    let expected: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(fixture.join("sessions.json")).unwrap())
+            .unwrap();
+    assert_eq!(expected.len(), 6);
+
+    {
+        let store = PgStore::open(&database, PgOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            scalar("SELECT max(version)::bigint FROM overseer_migrations").await,
+            6
+        );
+        assert_eq!(
+            scalar("SELECT count(*) FROM pg_tables WHERE tablename IN ('transcript', 'events')")
+                .await,
+            0,
+            "the layout-2 tables are gone"
+        );
+        assert_eq!(
+            scalar("SELECT count(*) FROM checkpoints").await,
+            6,
+            "one record per session"
+        );
+        for want in &expected {
+            let id: SessionId = serde_json::from_value(want["header"]["id"].clone()).unwrap();
+            let s = store.load(id).await.unwrap().unwrap();
+            let events = store.events_after(id, 0, usize::MAX).await.unwrap();
+            let got = serde_json::json!({
+                "header": s.header, "transcript": s.transcript, "metadata": s.metadata,
+                "inbox": s.inbox, "events": events,
+            });
+            assert_eq!(&got, want, "session {id}");
+            let page = store.events_after(id, 1, 2).await.unwrap();
+            assert_eq!(
+                serde_json::to_value(&page).unwrap(),
+                Value::Array(
+                    want["events"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .skip(1)
+                        .take(2)
+                        .cloned()
+                        .collect()
+                ),
+                "session {id}"
+            );
+            let len = s.transcript.len() as u64;
+            let tail = store.entries(id, 1..len).await.unwrap();
+            assert_eq!(
+                tail,
+                s.transcript[1.min(s.transcript.len())..],
+                "session {id}"
+            );
+        }
+    }
+
+    // The parked roots (the delegation's approval is its child's, asked on
+    // the root) finish on a node of this binary, each call run once.
+    let world = World::new(database, &Settings::default()).unwrap();
+    let node = world.node().unwrap();
+    let parked: Vec<String> = expected
+        .iter()
+        .filter(|s| {
+            s["header"]["parent"].is_null()
+                && s["header"]["tenant"] != "other"
+                && s["header"]["status"] != "awaiting_input"
+        })
+        .map(|s| s["header"]["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(parked.len(), 3, "{parked:?}");
+    for id in &parked {
+        let calls = pending(&world, &node, id).await.unwrap();
+        let (status, v) = approve(&world, &node, id, &calls).await.unwrap();
+        assert_eq!(status, 200, "{v}");
+    }
+    for id in &parked {
+        wait_status(&world, &node, id, "awaiting_input")
+            .await
+            .unwrap();
+    }
+    let ledger = world.ledger();
+    let want: BTreeSet<String> = ["n2", "n3", "n9"].map(String::from).into();
+    assert_eq!(
+        ledger.keys().cloned().collect::<BTreeSet<_>>(),
+        want,
+        "{ledger:?}"
+    );
+    assert!(ledger.values().all(|&n| n == 1), "{ledger:?}");
+}
+
+/// The rolling-upgrade rule, from the database's side: a binary never
+/// serves a database migrated past what it knows. A database whose
+/// `overseer_migrations` records a version newer than this binary's (as a
+/// newer binary would have left it) is refused at start, in one line naming
+/// both versions, and left untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_migrated_past_this_binary_is_refused_in_one_line_naming_both_versions() {
+    let _turn = SERIAL.lock().await;
+    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    // The binary migrates a fresh database to what it knows, which is what
+    // `--version` says.
+    let mut node = world.node().unwrap();
+    node.terminate().unwrap();
+    let known = database_count(
+        &world,
+        "SELECT max(version)::bigint FROM overseer_migrations",
+    )
+    .await;
+    let out = std::process::Command::new(common::cluster::BIN)
+        .arg("--version")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        version.contains(&format!("PostgreSQL migrations 1–{known}")),
+        "{version}"
+    );
+    let newer = known + 1;
+    PgServer::execute(
+        &world.database,
+        &format!("INSERT INTO overseer_migrations (version) VALUES ({newer})"),
+    )
+    .await
+    .unwrap();
+    let (status, stderr) = world.refused_node(&NodeOptions::default()).unwrap();
+    assert!(!status.success(), "{stderr}");
+    let refusal: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("schema is version"))
+        .collect();
+    assert_eq!(refusal.len(), 1, "{stderr}");
+    eprintln!("{}", refusal[0]);
+    assert!(
+        refusal[0].contains(&format!("version {newer}"))
+            && refusal[0].contains(&format!("at most version {known}")),
+        "{stderr}"
+    );
+    assert_eq!(
+        database_count(&world, "SELECT count(*) FROM overseer_migrations").await,
+        newer,
+        "nothing was migrated or removed"
+    );
+}
+
+/// Two nodes started at once on a fresh database: the migrations run under
+/// an advisory lock, so one node applies each migration exactly once while
+/// the other waits and then finds them applied; both serve, and a session
+/// created on one is read through the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_starting_together_on_a_fresh_database_migrate_it_once() {
+    let _turn = SERIAL.lock().await;
+    let world = World::new(shared().database().await.unwrap(), &Settings::default()).unwrap();
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| world.node());
+        let b = s.spawn(|| world.node());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let applied = database_count(&world, "SELECT count(*) FROM overseer_migrations").await;
+    let distinct = database_count(
+        &world,
+        "SELECT count(DISTINCT version) FROM overseer_migrations",
+    )
+    .await;
+    let newest = database_count(
+        &world,
+        "SELECT max(version)::bigint FROM overseer_migrations",
+    )
+    .await;
+    assert_eq!(
+        (applied, distinct),
+        (newest, newest),
+        "each migration once: {}\n{}",
+        a.log(),
+        b.log()
+    );
+    let id = create(&world, &a, 1).await.unwrap();
+    let through_b = get(&world, &b, &format!("/v1/sessions/{id}"))
+        .await
+        .unwrap();
+    assert_eq!(through_b["id"], id.as_str());
+
+    // `store backup` against a cluster node: PostgreSQL is backed up with
+    // its own tools, and the refusal says which.
+    let target = world.dir.path().join("backup");
+    let out = std::process::Command::new(common::cluster::BIN)
+        .args(["store", "backup", "--url", &a.url, "--to"])
+        .arg(&target)
+        .env("OVERSEER_TOKEN", common::token("acme", "ops", &["admin"]))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("409") && err.contains("pg_dump") && err.contains("point-in-time"),
+        "{err}"
+    );
+    assert!(!target.exists(), "nothing was kept");
 }

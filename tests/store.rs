@@ -1609,3 +1609,76 @@ fn watchdog(
     });
     done
 }
+
+// ---------------------------------------------------------------------------
+// Issue 28: a store written by the layout-3 binary (the committed fixture)
+
+/// `tests/fixtures/store-format-3/`: a directory written by the binary of
+/// store layout 3 (see `tests/fixtures/README.md`): one finished session,
+/// a delegation tree of three, and one session parked on an approval.
+fn format_3_fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store-format-3")
+}
+
+/// The fixture's session parked on an approval of `current_time`.
+const FIXTURE_PARKED: &str = "01a23c69-284a-70f9-9a13-29e313219311";
+
+#[test]
+fn the_layout_3_fixture_is_read_whole_and_its_parked_session_completes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    copy_dir(&format_3_fixture(), &data);
+    check_passes_at_layout(&data, 3);
+
+    let list = overseer(&["sessions", "list", "--data"], &data);
+    let listed = text(&list.stdout);
+    assert!(list.status.success(), "{}", text(&list.stderr));
+    let statuses: Vec<(&str, &str)> = listed
+        .lines()
+        .filter_map(|l| {
+            let mut cols = l.split('\t');
+            Some((cols.next()?, cols.next()?))
+        })
+        .collect();
+    assert_eq!(statuses.len(), 5, "{listed}");
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|(_, status)| *status == "completed")
+            .count(),
+        4,
+        "{listed}"
+    );
+    assert!(
+        statuses.contains(&(FIXTURE_PARKED, "awaiting_approval")),
+        "{listed}"
+    );
+
+    let resumed = Command::new(BIN)
+        .args([
+            "run",
+            "--approve",
+            "auto",
+            "--resume",
+            FIXTURE_PARKED,
+            "--data",
+        ])
+        .arg(&data)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let progress = text(&resumed.stderr);
+    assert!(resumed.status.success(), "{progress}");
+    assert!(progress.contains("decision acknowledged"), "{progress}");
+    assert!(
+        text(&resumed.stdout).contains("Here is what the clock says"),
+        "{}",
+        text(&resumed.stdout)
+    );
+
+    let show = overseer(&["sessions", "show", FIXTURE_PARKED, "--data"], &data);
+    let shown: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(shown["status"], "completed", "{shown}");
+    check_passes_at_layout(&data, 3);
+}

@@ -8,7 +8,8 @@
 //! Covered: checkpoint and reload (header, transcript, metadata, queued
 //! messages), only new rows per checkpoint, events after a sequence (paged,
 //! bounded by the header), the effect journal in the header's open calls,
-//! large results in content-addressed blobs, refusal of a newer schema,
+//! large results in content-addressed blobs, refusal of a newer schema
+//! (read, or written over by a checkpoint of this binary),
 //! tenant listing and the recovery listing, the bounded walk over every
 //! session (`scan`), purging a terminal session whole (refused for one that
 //! is not), the decision index (newest first, paged, filtered, per tenant,
@@ -402,6 +403,45 @@ async fn a_newer_schema_is_refused(store: &dyn CheckpointStore) {
     );
     let message = store.load(sim.id()).await.unwrap_err().to_string();
     assert!(message.contains("upgrade overseer"), "{message}");
+}
+
+contract!(a_checkpoint_over_a_newer_schema_is_refused_and_writes_nothing);
+async fn a_checkpoint_over_a_newer_schema_is_refused_and_writes_nothing(
+    store: &dyn CheckpointStore,
+) {
+    // A newer binary wrote the session (a rolling upgrade, rolled back)...
+    let mut sim = Sim::new("acme");
+    sim.status(SessionStatus::Running);
+    sim.header.schema_version = SCHEMA_VERSION + 1;
+    sim.write(store).await;
+    let written = sim.events.len();
+    // ...and this one, which knows less of it, checkpoints it again: the
+    // header it would write drops what it does not know, so it must not
+    // land, nor anything of its checkpoint.
+    sim.header.schema_version = SCHEMA_VERSION;
+    sim.user("from the older binary");
+    sim.status(SessionStatus::Cancelled);
+    match store.checkpoint(sim.checkpoint()).await {
+        Err(StoreError::SchemaTooNew {
+            session,
+            found,
+            supported,
+        }) => {
+            assert_eq!(session, sim.id());
+            assert_eq!(found, SCHEMA_VERSION + 1);
+            assert_eq!(supported, SCHEMA_VERSION);
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+    match store.load_header(sim.id()).await {
+        Err(StoreError::SchemaTooNew { found, .. }) => assert_eq!(found, SCHEMA_VERSION + 1),
+        other => panic!("the newer header was replaced: {other:?}"),
+    }
+    match store.events_after(sim.id(), 0, usize::MAX).await {
+        Ok(events) => assert_eq!(events.len(), written, "{events:?}"),
+        Err(StoreError::SchemaTooNew { .. }) => {}
+        Err(other) => panic!("{other:?}"),
+    }
 }
 
 contract!(queued_messages_and_metadata);
@@ -994,7 +1034,7 @@ async fn a_purge_deletes_unnamed_blobs_and_the_lease_of_an_emptied_tree() {
         1,
         "the shared one stays"
     );
-    for table in ["transcript", "events", "queue"] {
+    for table in ["checkpoints", "queue"] {
         let sql = format!(
             "SELECT count(*) FROM {table} WHERE session_id = '{}'",
             gone.id()
@@ -1011,7 +1051,7 @@ async fn a_purge_deletes_unnamed_blobs_and_the_lease_of_an_emptied_tree() {
     store.purge(kept.id()).await.unwrap();
     assert_eq!(count("SELECT count(*) FROM blobs").await, 0);
     assert_eq!(count("SELECT count(*) FROM sessions").await, 0);
-    assert_eq!(count("SELECT count(*) FROM transcript").await, 0);
+    assert_eq!(count("SELECT count(*) FROM checkpoints").await, 0);
     assert_eq!(count("SELECT count(*) FROM leases").await, 0);
 }
 
@@ -1333,4 +1373,54 @@ async fn concurrent_checkpoints_share_transactions() {
         "{} transactions for 300 checkpoints",
         after - before
     );
+}
+
+/// Layout 3 on PostgreSQL: a checkpoint with anything new is one
+/// `checkpoints` row (its entries and events as one record) beside the
+/// header row; one with nothing new writes the header only; the layout-2
+/// tables are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_is_one_record_row_beside_the_header_row() {
+    let url = shared().database().await.unwrap();
+    let store = open_pg(&url, Duration::from_secs(10)).await;
+    let mut sim = Sim::new("acme");
+    sim.user("hello");
+    sim.status(SessionStatus::Running);
+    sim.write(&store).await;
+    sim.push(tool_result(big_result()));
+    sim.push(TranscriptEntry::Assistant {
+        text: "done".into(),
+        tool_calls: Vec::new(),
+        at_ms: 8,
+        finish_reason: None,
+    });
+    sim.status(SessionStatus::AwaitingInput);
+    sim.write(&store).await;
+    // Nothing new but the header (a usage update, say).
+    sim.header.updated_at_ms += 1;
+    sim.write(&store).await;
+    let rows = format!(
+        "SELECT count(*) FROM checkpoints WHERE session_id = '{}'",
+        sim.id()
+    );
+    assert_eq!(PgServer::scalar(&url, &rows).await.unwrap(), 2);
+    assert_eq!(
+        PgServer::scalar(
+            &url,
+            "SELECT count(*) FROM pg_tables WHERE tablename IN ('transcript', 'events')"
+        )
+        .await
+        .unwrap(),
+        0
+    );
+    assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
+    assert_eq!(
+        store.events_after(sim.id(), 0, usize::MAX).await.unwrap(),
+        sim.events
+    );
+    // A range that spans both records, and a page of events that does.
+    let both = store.entries(sim.id(), 0..3).await.unwrap();
+    assert_eq!(both, sim.transcript[..3]);
+    let page = store.events_after(sim.id(), 1, 2).await.unwrap();
+    assert_eq!(page, sim.events[1..3]);
 }

@@ -361,6 +361,7 @@ impl Backend {
             durability,
             cache_mb: cache_mb(),
             compression: compression(),
+            ..overseer::store::StoreOptions::default()
         };
         let sled = overseer::store::SledStore::open_with(dir, &options)?;
         Ok(Self {

@@ -244,6 +244,30 @@ impl Client {
         Err(ClientError::Server { status, message })
     }
 
+    /// `POST path` without a body, answered by a stream (`overseer store
+    /// backup`); an error status is an error carrying the server's message.
+    pub(crate) async fn post_stream(&self, path: &str) -> Result<reqwest::Response, ClientError> {
+        let url = format!("{}{path}", self.base.trim_end_matches('/'));
+        let mut req = self.http.post(&url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|source| ClientError::Transport {
+            url: url.clone(),
+            source,
+        })?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+            .unwrap_or(text);
+        Err(ClientError::Server { status, message })
+    }
+
     /// One JSON call; an error status is an error carrying the server's
     /// message.
     pub(crate) async fn call(

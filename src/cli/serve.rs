@@ -44,6 +44,12 @@ pub struct ServeArgs {
     /// Data directory (default: store.data_dir of the configuration).
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
+    /// Upgrade a store directory of an older layout in place, keeping a copy
+    /// of it as it was in `<DIR>.pre-upgrade-format-<N>` first (what the
+    /// previous binary opens, to roll back). Without it such a directory is
+    /// refused, in one line saying what would change.
+    #[arg(long)]
+    pub upgrade: bool,
 }
 
 /// `overseer token` flags.
@@ -179,7 +185,12 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         }
         let (overseer, cluster, listener, bound, webhooks, watch) = match config.store.kind {
             StoreKind::Sled => {
-                let store = service::open_sled(&config).await?;
+                let upgrade = if args.upgrade {
+                    crate::store::Upgrade::KeepCopy
+                } else {
+                    crate::store::Upgrade::Refuse
+                };
+                let store = service::open_sled(&config, upgrade).await?;
                 let webhooks =
                     service::webhooks(&config, Arc::new(store.clone()), |view| {
                         store.set_webhooks(view)

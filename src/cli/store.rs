@@ -3,7 +3,11 @@
 //! `crate::store::check` for what it checks) and prints a summary and the
 //! problems found on stdout; `overseer store copy --from DIR --to postgres`
 //! copies every session of a store directory into the database of
-//! `OVERSEER_DATABASE_URL` (cluster mode; see `crate::store::copy`).
+//! `OVERSEER_DATABASE_URL` (cluster mode; see `crate::store::copy`);
+//! `overseer store backup --to DIR` takes a backup from a running server
+//! (`--url`, over `POST /v1/admin/backup`) or a stopped store directory
+//! (`--data`), and `overseer store restore --from DIR --to STORE` puts one
+//! back (see `crate::store::backup`).
 //!
 //! Owns the command line and the exit status only: 0 when the store is
 //! healthy (or the copy complete), non-zero when it has problems (listed) or
@@ -48,6 +52,48 @@ pub enum StoreCommand {
         #[arg(long, value_name = "STORE", value_parser = ["postgres"])]
         to: String,
     },
+    /// Back up a sled store into a new directory while its server serves
+    /// (--url) or from a stopped store (--data). Every session acknowledged
+    /// before the backup began is in it, each at one whole checkpoint. The
+    /// backup is a store directory (`DIR/store`) plus `DIR/overseer-backup.json`,
+    /// written last: without it the backup is not complete. In cluster mode
+    /// back PostgreSQL up with pg_dump instead.
+    Backup {
+        /// Where from.
+        #[command(flatten)]
+        source: BackupSource,
+        /// The new backup directory (missing or empty).
+        #[arg(long, value_name = "DIR")]
+        to: PathBuf,
+    },
+    /// Restore a backup into a store directory, after checking it (its
+    /// manifest, and `store check` of its store). Stop the server that uses
+    /// STORE first.
+    Restore {
+        /// The backup directory (what `store backup --to` wrote).
+        #[arg(long, value_name = "DIR")]
+        from: PathBuf,
+        /// The store directory to restore into (missing or empty).
+        #[arg(long, value_name = "STORE")]
+        to: PathBuf,
+        /// Restore into a non-empty STORE: it is moved aside to
+        /// `STORE.replaced-<unix seconds>` first (never deleted).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// Where `overseer store backup` reads from.
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct BackupSource {
+    /// A running server's base URL (token with the `admin` scope in
+    /// OVERSEER_TOKEN): it streams a consistent backup while it serves.
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// A stopped server's store directory, opened directly.
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
 }
 
 /// Why `overseer store` failed.
@@ -87,6 +133,31 @@ pub enum StoreCliError {
         /// Why.
         source: overseer_actors::store::StoreError,
     },
+    /// Neither `--url` nor `--data` (clap requires one; kept for callers
+    /// that build the arguments themselves).
+    #[error("store backup: give --url URL (a running server) or --data DIR (a stopped store)")]
+    NoSource,
+    /// A backup or restore failed.
+    #[error(transparent)]
+    Backup(#[from] crate::store::backup::BackupError),
+    /// The server refused the backup or could not be reached.
+    #[error("{url}: {source}")]
+    Server {
+        /// The server.
+        url: String,
+        /// Why.
+        source: super::client::ClientError,
+    },
+    /// The backup stream broke off or held something unreadable.
+    #[error("the backup stream from {url} {why}; nothing was kept in {}", to.display())]
+    Stream {
+        /// The server.
+        url: String,
+        /// What went wrong.
+        why: String,
+        /// The backup directory (removed).
+        to: PathBuf,
+    },
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
@@ -96,6 +167,31 @@ pub enum StoreCliError {
 pub fn run(args: StoreArgs) -> Result<(), StoreCliError> {
     match args.command {
         StoreCommand::Copy { from, to: _ } => copy(&from),
+        StoreCommand::Backup { source, to } => backup(source, &to),
+        StoreCommand::Restore { from, to, force } => {
+            let restored = crate::store::backup::restore(&from, &to, force)?;
+            let mut out = std::io::stdout().lock();
+            if let Some(aside) = &restored.moved_aside {
+                writeln!(
+                    out,
+                    "moved what was in {} to {}",
+                    to.display(),
+                    aside.display()
+                )
+                .map_err(StoreCliError::Output)?;
+            }
+            writeln!(
+                out,
+                "restored {} session(s) with {} event(s) (backup of {} taken at {}) into {}",
+                restored.manifest.sessions,
+                restored.manifest.events,
+                restored.manifest.source,
+                restored.manifest.started_at,
+                to.display()
+            )
+            .and_then(|()| out.flush())
+            .map_err(StoreCliError::Output)
+        }
         StoreCommand::Check { dir } => {
             let report = store::check(&dir)?;
             let mut out = std::io::stdout().lock();
@@ -154,4 +250,131 @@ fn copy(from: &std::path::Path) -> Result<(), StoreCliError> {
     )
     .and_then(|()| out.flush())
     .map_err(StoreCliError::Output)
+}
+
+/// `overseer store backup`.
+fn backup(source: BackupSource, to: &std::path::Path) -> Result<(), StoreCliError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(StoreCliError::Runtime)?;
+    let manifest = match (source.url, source.data) {
+        (_, Some(data)) => rt.block_on(crate::store::backup::backup_dir(&data, to))?,
+        (Some(url), None) => rt.block_on(backup_from_server(&url, to))?,
+        (None, None) => return Err(StoreCliError::NoSource),
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "backed up {} session(s) with {} event(s) from {} into {} (every session acknowledged before {} is in it)",
+        manifest.sessions,
+        manifest.events,
+        manifest.source,
+        to.display(),
+        manifest.started_at
+    )
+    .and_then(|()| out.flush())
+    .map_err(StoreCliError::Output)
+}
+
+/// Reads the backup stream of the server at `url` into the new backup
+/// directory `to`. The directory is checked before the server is asked, and
+/// removed again if the stream does not end whole.
+async fn backup_from_server(
+    url: &str,
+    to: &std::path::Path,
+) -> Result<crate::store::backup::Manifest, StoreCliError> {
+    use crate::store::backup::{BackupError, BackupWriter, StreamLine};
+    let vacant = {
+        let to = to.to_owned();
+        tokio::task::spawn_blocking(move || match std::fs::read_dir(&to) {
+            Ok(mut entries) => Ok(entries.next().is_none()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+            Err(source) => Err(BackupError::Io { path: to, source }),
+        })
+        .await
+        .map_err(|e| StoreCliError::Output(std::io::Error::other(e)))??
+    };
+    if !vacant {
+        return Err(BackupError::TargetNotEmpty(to.to_owned()).into());
+    }
+    let client = super::client::Client::from_env(url);
+    let mut resp = client
+        .post_stream("/v1/admin/backup")
+        .await
+        .map_err(|source| StoreCliError::Server {
+            url: url.to_owned(),
+            source,
+        })?;
+    let mut writer = {
+        let (to, source) = (to.to_owned(), url.to_owned());
+        tokio::task::spawn_blocking(move || BackupWriter::create(&to, source))
+            .await
+            .map_err(|e| StoreCliError::Output(std::io::Error::other(e)))??
+    };
+    let broken = |why: String| StoreCliError::Stream {
+        url: url.to_owned(),
+        why,
+        to: to.to_owned(),
+    };
+    let mut buffer: Vec<u8> = Vec::new();
+    let (mut sessions, mut events) = (0u64, 0u64);
+    let outcome: Result<(u64, u64), StoreCliError> = async {
+        loop {
+            let chunk = resp
+                .chunk()
+                .await
+                .map_err(|e| broken(format!("broke off: {e}")))?;
+            let Some(chunk) = chunk else {
+                return Err(broken(format!(
+                    "ended after {sessions} session(s) without its end line (the server stopped?)"
+                )));
+            };
+            buffer.extend_from_slice(&chunk);
+            while let Some(newline) = buffer.iter().position(|b| *b == b'\n') {
+                let raw: Vec<u8> = buffer.drain(..=newline).collect();
+                let line: StreamLine = serde_json::from_slice(&raw)
+                    .map_err(|e| broken(format!("held an unreadable line: {e}")))?;
+                match line {
+                    StreamLine::Begin { format, started_at } => {
+                        if format != crate::store::backup::BACKUP_FORMAT {
+                            return Err(broken(format!(
+                                "is format {format}; this binary reads format {}",
+                                crate::store::backup::BACKUP_FORMAT
+                            )));
+                        }
+                        writer.started_at(started_at);
+                    }
+                    StreamLine::Session(copy) => {
+                        sessions += 1;
+                        events += copy.events.len() as u64;
+                        writer.write(*copy).await?;
+                    }
+                    StreamLine::End {
+                        sessions: sent,
+                        events: sent_events,
+                    } => {
+                        if (sent, sent_events) != (sessions, events) {
+                            return Err(broken(format!(
+                                "says it sent {sent} session(s) and {sent_events} event(s), but {sessions} and {events} arrived"
+                            )));
+                        }
+                        return Ok((sessions, events));
+                    }
+                    StreamLine::Error { message } => {
+                        return Err(broken(format!("failed on the server: {message}")));
+                    }
+                }
+            }
+        }
+    }
+    .await;
+    match outcome {
+        Ok((sessions, events)) => Ok(writer.finish(sessions, events).await?),
+        Err(e) => {
+            writer.abandon().await;
+            Err(e)
+        }
+    }
 }

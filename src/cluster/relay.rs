@@ -26,7 +26,12 @@ use overseer_actors::model::{Notification, SessionId};
 use overseer_actors::Overseer;
 use tokio_postgres::AsyncMessage;
 
+use crate::backoff::Backoff;
 use crate::store::postgres::{PgStore, EVENTS_CHANNEL};
+
+/// The wait before the relay connects again: from 100 ms, doubling, at
+/// most 2 s.
+const RECONNECT: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
 /// The `application_name` of a node's relay connection.
 pub(super) const RELAY_APPLICATION: &str = "overseer-relay";
@@ -80,7 +85,10 @@ pub(super) async fn connect(store: &PgStore) -> Result<Listening, tokio_postgres
 /// The relay loop: relays what `first` hears until its connection ends,
 /// then reconnects, listens and relays again.
 pub(super) async fn run(store: PgStore, overseer: Overseer, first: Listening) {
-    let mut pause = Duration::from_millis(100);
+    // Consecutive failed connections: the wait before the next one grows
+    // with them (the crate's one backoff policy, with jitter, so the nodes
+    // of a cluster do not all come back to a restarted database at once).
+    let mut failures = 0u32;
     let mut next = Some(first);
     let mut again = false;
     loop {
@@ -91,15 +99,15 @@ pub(super) async fn run(store: PgStore, overseer: Overseer, first: Listening) {
         match listening {
             Ok(l) => {
                 relay(&overseer, l, again).await;
-                pause = Duration::from_millis(100);
+                failures = 0;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "event relay connection lost; reconnecting");
-                pause = (pause * 2).min(Duration::from_secs(2));
+                failures = failures.saturating_add(1);
             }
         }
         again = true;
-        tokio::time::sleep(pause).await;
+        tokio::time::sleep(RECONNECT.delay(failures)).await;
     }
 }
 

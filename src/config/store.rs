@@ -68,6 +68,7 @@ impl StoreSection {
             durability: self.durability,
             cache_mb: self.cache_mb,
             compression: self.compression,
+            ..StoreOptions::default()
         }
     }
 }

@@ -155,7 +155,7 @@ const LARGE_RESULT: usize = 16 * 1024;
 /// Whether `v`'s JSON fits in `budget` bytes, roughly (strings by their
 /// length, scalars and punctuation by a few bytes each), spending what it
 /// measured; it stops as soon as it does not fit.
-fn fits(v: &serde_json::Value, budget: &mut usize) -> bool {
+pub(super) fn fits(v: &serde_json::Value, budget: &mut usize) -> bool {
     use serde_json::Value;
     let cost = match v {
         Value::String(s) => s.len() + 2,

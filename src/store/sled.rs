@@ -160,6 +160,8 @@ pub struct StoreOptions {
     /// How a new directory stores its log; an existing one keeps what it
     /// was created with.
     pub compression: Compression,
+    /// What opening a directory of an older layout does (`store::upgrade`).
+    pub upgrade: crate::store::upgrade::Upgrade,
 }
 
 impl Default for StoreOptions {
@@ -168,6 +170,7 @@ impl Default for StoreOptions {
             durability: Durability::default(),
             cache_mb: DEFAULT_CACHE_MB,
             compression: Compression::default(),
+            upgrade: crate::store::upgrade::Upgrade::default(),
         }
     }
 }

@@ -373,9 +373,9 @@ mod tests {
         assert_eq!(inner.headers.len(), 2);
     }
 
-    /// As sled does: a checkpoint over a session last written by a newer
-    /// binary is refused and writes nothing (the contract suite covers the
-    /// reads; PostgreSQL overwrites, see tests/store_contract.rs).
+    /// As sled and PostgreSQL do: a checkpoint over a session last written
+    /// by a newer binary is refused and writes nothing (the contract suite
+    /// checks it on all three stores, tests/store_contract.rs).
     #[tokio::test]
     async fn a_checkpoint_over_a_newer_schema_is_refused_and_writes_nothing() {
         let store = MemStore::new();

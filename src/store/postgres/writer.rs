@@ -1,7 +1,9 @@
 //! Group commit for the PostgreSQL store: checkpoints submitted together are
-//! written in one transaction, one statement each (pipelined, so a group
-//! costs about two round trips and one commit whatever its size), and each
-//! caller learns whether its own checkpoint landed or was fenced.
+//! written in one transaction by one statement (a multi-row write per kind
+//! of row, from arrays; a second statement only for a session with two
+//! checkpoints in the group, pipelined), so a group costs about three round
+//! trips and one commit whatever its size, and each caller learns whether
+//! its own checkpoint landed, was fenced or was refused.
 //!
 //! A few writer tasks share one bounded queue; each takes whatever is queued
 //! (up to a group's limit) when it is free, so groups grow exactly when the
@@ -30,64 +32,109 @@ const MAX_PENDING: usize = 4096;
 /// Largest `pg_notify` payload we send (PostgreSQL's limit is 8000 bytes).
 const NOTIFY_CHUNK: usize = 7_000;
 
-/// The statement of one checkpoint: everything is written only if the
-/// tree's lease still has this node and this epoch (`fence`), the rows of
-/// the decision index its decisions add included (`x`); it answers how many
-/// header rows it wrote (1, or 0 when fenced). `w` is the webhook outbox:
-/// one delivery per seed (an event that goes out) and enabled endpoint of
-/// the tenant that wants it, in the same statement as the event; the
-/// database's endpoints decide, not any node's view of them.
-const CHECKPOINT_SQL: &str = "
-WITH fence AS (
-    SELECT 1 AS ok FROM leases WHERE root_id = $2 AND node_id = $3 AND epoch = $4 FOR SHARE
+/// The statement of a group of checkpoints (of distinct sessions): one
+/// multi-row write per kind, from arrays (`unnest`), whatever the group's
+/// size. Per checkpoint (`i`, one element each): the header row and, when
+/// it has anything new, one `checkpoints` row (its entries and events as
+/// one record); then its blobs, queue changes, webhook deliveries and
+/// decision rows, each kind's rows for the whole group in one array tagged
+/// with the checkpoint's ordinal. A checkpoint is written only if its
+/// tree's lease still has this node and its epoch (`fence`, `FOR SHARE`)
+/// and the stored header is not of a newer schema than this binary knows
+/// (`$21`: the header this binary writes would drop what it does not
+/// know); every other row follows its header row's write (`w`). It answers,
+/// per checkpoint in order, whether its header was written, whether the
+/// fence held, and the schema of the header it found (to tell a fenced
+/// write from a refused one). The webhook deliveries (`h`) join the
+/// tenant's enabled endpoints in the database: no node's view decides.
+const GROUP_SQL: &str = "
+WITH i AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::uuid[], $5::text[],
+                         $6::text[], $7::integer[], $8::bigint[], $9::bigint[], $10::text[],
+                         $11::text[], $12::bytea[], $13::bigint[], $14::bigint[], $15::text[],
+                         $16::bigint[], $17::bigint[], $18::bigint[], $19::text[])
+        WITH ORDINALITY AS u(id, root, epoch, parent, tenant, status, sv, les, tl, header,
+                             metadata, record, fev, fen, rblobs, dq_from, dq_to, now_ms, agent,
+                             ord)
+), fence AS (
+    SELECT l.root_id, l.epoch FROM leases l
+    WHERE l.node_id = $20 AND (l.root_id, l.epoch) IN (SELECT root, epoch FROM i)
+    FOR SHARE
 ), s AS (
     INSERT INTO sessions AS x (id, root_id, parent_id, tenant, status, schema_version,
                                last_event_seq, transcript_len, header, metadata, updated_at)
-    SELECT $1, $2, $5, $6, $7, $8, $9, $10, $11, $12, now() FROM fence
+    SELECT i.id, i.root, i.parent, i.tenant, i.status, i.sv, i.les, i.tl, i.header, i.metadata,
+           now()
+    FROM i JOIN fence f ON f.root_id = i.root AND f.epoch = i.epoch
     ON CONFLICT (id) DO UPDATE SET
         status = EXCLUDED.status, schema_version = EXCLUDED.schema_version,
         last_event_seq = EXCLUDED.last_event_seq, transcript_len = EXCLUDED.transcript_len,
         header = EXCLUDED.header, metadata = COALESCE(EXCLUDED.metadata, x.metadata),
         updated_at = now()
-    RETURNING 1
-), t AS (
-    INSERT INTO transcript (session_id, idx, entry, result_blob)
-    SELECT $1, u.idx, u.entry, u.blob
-    FROM fence, unnest($13::bigint[], $14::text[], $15::text[]) AS u(idx, entry, blob)
-    ON CONFLICT (session_id, idx) DO UPDATE
-        SET entry = EXCLUDED.entry, result_blob = EXCLUDED.result_blob
+    WHERE x.schema_version <= $21
+    RETURNING x.id
+), w AS (
+    SELECT i.* FROM i JOIN s ON s.id = i.id
+), c AS (
+    INSERT INTO checkpoints (session_id, events_end, entries_end, first_event, first_entry,
+                             blobs, record)
+    SELECT w.id, w.les, w.tl, w.fev, w.fen, w.rblobs::text[], w.record FROM w
+    WHERE w.fev IS NOT NULL OR w.fen IS NOT NULL
+    ON CONFLICT (session_id, events_end, entries_end) DO UPDATE
+        SET first_event = EXCLUDED.first_event, first_entry = EXCLUDED.first_entry,
+            blobs = EXCLUDED.blobs, record = EXCLUDED.record
 ), b AS (
     INSERT INTO blobs (hash, data)
-    SELECT u.hash, u.data FROM fence, unnest($16::text[], $17::text[]) AS u(hash, data)
+    SELECT DISTINCT ON (u.hash) u.hash, u.data
+    FROM unnest($22::bigint[], $23::text[], $24::text[]) AS u(ord, hash, data)
+    JOIN w ON w.ord = u.ord
+    ORDER BY u.hash
     ON CONFLICT (hash) DO UPDATE SET hash = EXCLUDED.hash
-), e AS (
-    INSERT INTO events (session_id, seq, event)
-    SELECT $1, u.seq, u.event FROM fence, unnest($18::bigint[], $19::text[]) AS u(seq, event)
-    ON CONFLICT (session_id, seq) DO UPDATE SET event = EXCLUDED.event
 ), q AS (
     INSERT INTO queue (session_id, seq, message)
-    SELECT $1, u.seq, u.message
-    FROM fence, unnest($20::bigint[], $21::text[]) AS u(seq, message)
-    WHERE NOT (u.seq >= $22 AND u.seq < $23)
+    SELECT w.id, u.seq, u.message
+    FROM unnest($25::bigint[], $26::bigint[], $27::text[]) AS u(ord, seq, message)
+    JOIN w ON w.ord = u.ord
+    WHERE NOT (u.seq >= w.dq_from AND u.seq < w.dq_to)
     ON CONFLICT (session_id, seq) DO UPDATE SET message = EXCLUDED.message
 ), d AS (
-    DELETE FROM queue
-    WHERE session_id = $1 AND seq >= $22 AND seq < $23 AND EXISTS (SELECT 1 FROM fence)
-), w AS (
+    DELETE FROM queue USING w
+    WHERE queue.session_id = w.id AND queue.seq >= w.dq_from AND queue.seq < w.dq_to
+), h AS (
     INSERT INTO webhook_deliveries (endpoint_id, id, tenant, session_id, seed,
                                     created_at_ms, next_attempt_at_ms)
-    SELECT ep.id, u.id, $6, $1, u.seed, $27, $27
-    FROM fence, unnest($24::text[], $25::text[], $26::text[]) AS u(id, event, seed)
-    JOIN webhook_endpoints ep ON ep.tenant = $6 AND NOT ep.disabled AND u.event = ANY(ep.events)
+    SELECT ep.id, u.id, w.tenant, w.id, u.seed, w.now_ms, w.now_ms
+    FROM unnest($28::bigint[], $29::text[], $30::text[], $31::text[]) AS u(ord, id, event, seed)
+    JOIN w ON w.ord = u.ord
+    JOIN webhook_endpoints ep
+      ON ep.tenant = w.tenant AND NOT ep.disabled AND u.event = ANY(ep.events)
     ON CONFLICT (endpoint_id, id) DO NOTHING
 ), x AS (
     INSERT INTO decisions (tenant, at_ms, session_id, call_id, agent, tool, decided_by, row_json)
-    SELECT $6, u.at_ms, $1, u.call_id, $28, u.tool, u.decided_by, u.row_json
-    FROM fence, unnest($29::bigint[], $30::text[], $31::text[], $32::text[], $33::text[])
-        AS u(at_ms, call_id, tool, decided_by, row_json)
+    SELECT w.tenant, u.at_ms, w.id, u.call_id, w.agent, u.tool, u.decided_by, u.row_json
+    FROM unnest($32::bigint[], $33::bigint[], $34::text[], $35::text[], $36::text[],
+                $37::text[]) AS u(ord, at_ms, call_id, tool, decided_by, row_json)
+    JOIN w ON w.ord = u.ord
     ON CONFLICT (tenant, at_ms, session_id, call_id) DO UPDATE SET row_json = EXCLUDED.row_json
 )
-SELECT count(*) FROM s";
+SELECT EXISTS (SELECT 1 FROM s WHERE s.id = i.id),
+       EXISTS (SELECT 1 FROM fence f WHERE f.root_id = i.root AND f.epoch = i.epoch),
+       (SELECT x.schema_version FROM sessions x WHERE x.id = i.id)
+FROM i ORDER BY i.ord";
+
+/// The newest checkpoint schema this binary writes over (`$21`).
+static KNOWN_SCHEMA: i32 = overseer_actors::model::SCHEMA_VERSION as i32;
+
+/// What became of one checkpoint of a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// Written.
+    Landed,
+    /// The lease's epoch had moved on: nothing of it was written.
+    Fenced,
+    /// The stored header is of this newer schema: nothing was written.
+    TooNew(u32),
+}
 
 /// What the writers count.
 #[derive(Clone)]
@@ -98,7 +145,7 @@ struct Counters {
 
 struct Job {
     prepared: Prepared,
-    reply: oneshot::Sender<Result<bool, StoreError>>,
+    reply: oneshot::Sender<Result<Outcome, StoreError>>,
     _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
@@ -139,13 +186,12 @@ impl Writer {
         self.commits.load(Ordering::Relaxed)
     }
 
-    /// Writes one checkpoint with its group; `true` when it landed, `false`
-    /// when the lease's epoch had moved on (nothing of it was written).
+    /// Writes one checkpoint with its group, and says what became of it.
     pub(super) async fn submit(
         &self,
         mut prepared: Prepared,
         node: Uuid,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Outcome, StoreError> {
         prepared.node = Some(node);
         let slot = self
             .slots
@@ -200,7 +246,7 @@ async fn write_group(
     group: &[Job],
     retry: Duration,
     counters: &Counters,
-) -> Vec<Result<bool, StoreError>> {
+) -> Vec<Result<Outcome, StoreError>> {
     let jobs: Vec<&Prepared> = group.iter().map(|j| &j.prepared).collect();
     match with_retry(retry, || transaction(pool, &jobs, counters)).await {
         Ok(landed) => landed.into_iter().map(Ok).collect(),
@@ -213,7 +259,7 @@ async fn write_group(
                 out.push(
                     with_retry(retry, || transaction(pool, &one, counters))
                         .await
-                        .map(|v| v.first().copied().unwrap_or(false)),
+                        .map(|v| v.first().copied().unwrap_or(Outcome::Fenced)),
                 );
             }
             out
@@ -244,30 +290,40 @@ async fn transaction(
     pool: &Pool,
     jobs: &[&Prepared],
     counters: &Counters,
-) -> Result<Vec<bool>, StoreError> {
+) -> Result<Vec<Outcome>, StoreError> {
     let mut client = pool.get().await.map_err(map_pool)?;
-    let statement = client
-        .prepare_cached(CHECKPOINT_SQL)
-        .await
-        .map_err(map_pg)?;
+    let statement = client.prepare_cached(GROUP_SQL).await.map_err(map_pg)?;
     let tx = client.transaction().await.map_err(map_pg)?;
-    // Polled together, so the statements are pipelined on the connection.
-    let results = futures::future::join_all(jobs.iter().map(|p| {
-        let params = p.params();
+    // One statement per wave (a wave holds each session once: a row cannot
+    // be written twice by one statement), polled together so that they are
+    // pipelined on the connection, in order.
+    let waves = waves(jobs);
+    let params: Vec<Group> = waves.iter().map(|w| Group::of(w)).collect();
+    let results = futures::future::join_all(params.iter().map(|g| {
         let tx = &tx;
         let statement = &statement;
-        async move { tx.query_one(statement, &params).await }
+        async move { tx.query(statement, &g.params()).await }
     }))
     .await;
-    let mut landed = Vec::with_capacity(jobs.len());
-    for r in results {
-        let count: i64 = r.map_err(map_pg)?.get(0);
-        landed.push(count > 0);
+    let mut landed = vec![Outcome::Fenced; jobs.len()];
+    for (wave, rows) in waves.iter().zip(results) {
+        let rows = rows.map_err(map_pg)?;
+        for (&(at, _), row) in wave.iter().zip(&rows) {
+            let (wrote, fence, found): (bool, bool, Option<i32>) =
+                (row.get(0), row.get(1), row.get(2));
+            landed[at] = match (wrote, fence, found) {
+                (true, _, _) => Outcome::Landed,
+                (false, true, Some(v)) if v > KNOWN_SCHEMA => {
+                    Outcome::TooNew(u32::try_from(v).unwrap_or(u32::MAX))
+                }
+                _ => Outcome::Fenced,
+            };
+        }
     }
     let mut payload = String::new();
     let mut notifies = Vec::new();
     for (p, ok) in jobs.iter().zip(&landed) {
-        if let (true, Some((first, last))) = (*ok, p.new_events) {
+        if let (Outcome::Landed, Some((first, last))) = (*ok, p.new_events) {
             if payload.len() > NOTIFY_CHUNK {
                 notifies.push(std::mem::take(&mut payload));
             }
@@ -294,37 +350,158 @@ async fn transaction(
     Ok(landed)
 }
 
-impl Prepared {
+/// Splits a group into waves in which each session appears once, keeping
+/// each session's checkpoints in order; each job with its position.
+fn waves<'a>(jobs: &[&'a Prepared]) -> Vec<Vec<(usize, &'a Prepared)>> {
+    let mut waves: Vec<Vec<(usize, &Prepared)>> = Vec::new();
+    let mut seen: std::collections::HashMap<Uuid, usize> = Default::default();
+    for (at, p) in jobs.iter().enumerate() {
+        let wave = seen.entry(p.id).and_modify(|w| *w += 1).or_insert(0);
+        if waves.len() <= *wave {
+            waves.push(Vec::new());
+        }
+        waves[*wave].push((at, p));
+    }
+    waves
+}
+
+/// The parameters of one wave's statement: one array per column, one
+/// element per checkpoint (or per row of a kind, tagged with the
+/// checkpoint's 1-based ordinal).
+#[derive(Default)]
+struct Group {
+    ids: Vec<Uuid>,
+    roots: Vec<Uuid>,
+    epochs: Vec<Option<i64>>,
+    parents: Vec<Option<Uuid>>,
+    tenants: Vec<String>,
+    statuses: Vec<String>,
+    schema_versions: Vec<i32>,
+    last_event_seqs: Vec<i64>,
+    transcript_lens: Vec<i64>,
+    headers: Vec<String>,
+    metadata: Vec<Option<String>>,
+    records: Vec<Vec<u8>>,
+    first_events: Vec<Option<i64>>,
+    first_entries: Vec<Option<i64>>,
+    /// The blobs each record names, as an array literal (`{h1,h2}`: hex
+    /// needs no quoting), since PostgreSQL arrays of arrays must be
+    /// rectangular.
+    record_blobs: Vec<Option<String>>,
+    dequeue_from: Vec<i64>,
+    dequeue_to: Vec<i64>,
+    hook_now_ms: Vec<i64>,
+    agents: Vec<String>,
+    node: Option<Uuid>,
+    blob_ord: Vec<i64>,
+    blob_hashes: Vec<String>,
+    blob_data: Vec<String>,
+    queue_ord: Vec<i64>,
+    queue_seqs: Vec<i64>,
+    queued: Vec<String>,
+    hook_ord: Vec<i64>,
+    hook_ids: Vec<String>,
+    hook_events: Vec<String>,
+    hook_seeds: Vec<String>,
+    decision_ord: Vec<i64>,
+    decision_at: Vec<i64>,
+    decision_calls: Vec<String>,
+    decision_tools: Vec<String>,
+    decision_by: Vec<Option<String>>,
+    decision_rows: Vec<String>,
+}
+
+impl Group {
+    fn of(wave: &[(usize, &Prepared)]) -> Self {
+        let mut g = Self::default();
+        for (n, (_, p)) in wave.iter().enumerate() {
+            let ord = n as i64 + 1;
+            g.ids.push(p.id);
+            g.roots.push(p.root);
+            g.epochs.push(p.epoch);
+            g.parents.push(p.parent);
+            g.tenants.push(p.tenant.clone());
+            g.statuses.push(p.status.clone());
+            g.schema_versions.push(p.schema_version);
+            g.last_event_seqs.push(p.last_event_seq);
+            g.transcript_lens.push(p.transcript_len);
+            g.headers.push(p.header.clone());
+            g.metadata.push(p.metadata.clone());
+            g.records.push(p.record.clone());
+            g.first_events.push(p.first_event);
+            g.first_entries.push(p.first_entry);
+            g.record_blobs.push(
+                p.record_blobs
+                    .as_ref()
+                    .map(|hashes| format!("{{{}}}", hashes.join(","))),
+            );
+            g.dequeue_from.push(p.dequeue_from);
+            g.dequeue_to.push(p.dequeue_to);
+            g.hook_now_ms.push(p.hook_now_ms);
+            g.agents.push(p.agent.clone());
+            g.node = g.node.or(p.node);
+            for (hash, data) in p.blob_hashes.iter().zip(&p.blob_data) {
+                g.blob_ord.push(ord);
+                g.blob_hashes.push(hash.clone());
+                g.blob_data.push(data.clone());
+            }
+            for (seq, message) in p.queue_seqs.iter().zip(&p.queued) {
+                g.queue_ord.push(ord);
+                g.queue_seqs.push(*seq);
+                g.queued.push(message.clone());
+            }
+            for ((id, event), seed) in p.hook_ids.iter().zip(&p.hook_events).zip(&p.hook_seeds) {
+                g.hook_ord.push(ord);
+                g.hook_ids.push(id.clone());
+                g.hook_events.push(event.clone());
+                g.hook_seeds.push(seed.clone());
+            }
+            for i in 0..p.decision_rows.len() {
+                g.decision_ord.push(ord);
+                g.decision_at.push(p.decision_at[i]);
+                g.decision_calls.push(p.decision_calls[i].clone());
+                g.decision_tools.push(p.decision_tools[i].clone());
+                g.decision_by.push(p.decision_by[i].clone());
+                g.decision_rows.push(p.decision_rows[i].clone());
+            }
+        }
+        g
+    }
+
     fn params(&self) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
         vec![
-            &self.id,
-            &self.root,
-            &self.node,
-            &self.epoch,
-            &self.parent,
-            &self.tenant,
-            &self.status,
-            &self.schema_version,
-            &self.last_event_seq,
-            &self.transcript_len,
-            &self.header,
+            &self.ids,
+            &self.roots,
+            &self.epochs,
+            &self.parents,
+            &self.tenants,
+            &self.statuses,
+            &self.schema_versions,
+            &self.last_event_seqs,
+            &self.transcript_lens,
+            &self.headers,
             &self.metadata,
-            &self.entry_idx,
-            &self.entries,
-            &self.entry_blobs,
-            &self.blob_hashes,
-            &self.blob_data,
-            &self.event_seqs,
-            &self.events,
-            &self.queue_seqs,
-            &self.queued,
+            &self.records,
+            &self.first_events,
+            &self.first_entries,
+            &self.record_blobs,
             &self.dequeue_from,
             &self.dequeue_to,
+            &self.hook_now_ms,
+            &self.agents,
+            &self.node,
+            &KNOWN_SCHEMA,
+            &self.blob_ord,
+            &self.blob_hashes,
+            &self.blob_data,
+            &self.queue_ord,
+            &self.queue_seqs,
+            &self.queued,
+            &self.hook_ord,
             &self.hook_ids,
             &self.hook_events,
             &self.hook_seeds,
-            &self.hook_now_ms,
-            &self.agent,
+            &self.decision_ord,
             &self.decision_at,
             &self.decision_calls,
             &self.decision_tools,

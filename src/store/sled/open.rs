@@ -235,6 +235,15 @@ pub(in crate::store) fn open(
         };
         if purpose == Purpose::Serve {
             if version.is_none_or(|v| v < FORMAT_VERSION) {
+                if let Some(found) = version {
+                    crate::store::upgrade::before_upgrade(
+                        &db,
+                        dir,
+                        found,
+                        FORMAT_VERSION,
+                        options.upgrade,
+                    )?;
+                }
                 upgrade(&trees, version, dir)?;
             }
             super::purge::finish_pending(&trees)

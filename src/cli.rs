@@ -90,10 +90,21 @@ pub enum Command {
     /// Serve the Agent Client Protocol (v1) on stdin/stdout, for editors:
     /// sessions run in-process on the embedded store.
     Acp(crate::acp::AcpArgs),
+    /// Print the OpenAPI 3.1 document of the HTTP API (what the server
+    /// serves at GET /openapi.json), or write it to a file.
+    Openapi(OpenapiArgs),
     /// Write the book's generated reference pages (configuration, command
     /// line, metrics) from the code.
     #[command(hide = true)]
     Docs(DocsArgs),
+}
+
+/// Arguments of `overseer openapi`.
+#[derive(Debug, Clone, Args)]
+pub struct OpenapiArgs {
+    /// Write the document to this file instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 }
 
 /// Arguments of the hidden `overseer docs`.
@@ -194,6 +205,14 @@ pub enum ApproveMode {
 /// `error: <message>`.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
+    /// Writing an output file (or stdout) failed.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// Configuration.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -368,12 +387,34 @@ pub fn execute(cli: Cli) -> Result<(), CliError> {
         Command::Store(args) => Ok(store::run(args)?),
         Command::Cluster(args) => cluster::run(args),
         Command::Acp(args) => Ok(crate::acp::run(args)?),
+        Command::Openapi(args) => openapi(&args),
         Command::Docs(args) => {
             let command = <Cli as clap::CommandFactory>::command();
             for path in crate::docs::write_reference(&args.out, &command)? {
                 status(format_args!("wrote {}", path.display()));
             }
             Ok(())
+        }
+    }
+}
+
+/// `overseer openapi`: the document, to stdout or `--out`.
+fn openapi(args: &OpenapiArgs) -> Result<(), CliError> {
+    let text = format!("{}\n", crate::http::openapi::document_json());
+    match &args.out {
+        Some(path) => std::fs::write(path, text).map_err(|source| CliError::Write {
+            path: path.clone(),
+            source,
+        }),
+        None => {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes())
+                .and_then(|()| out.flush())
+                .map_err(|source| CliError::Write {
+                    path: PathBuf::from("<stdout>"),
+                    source,
+                })
         }
     }
 }

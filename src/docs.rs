@@ -1,7 +1,7 @@
 //! The generated pages of the book's reference (`docs/src/reference/`): the
 //! configuration (every key with its default and its environment variable),
-//! the command line (clap's help of every subcommand) and the metrics
-//! registry.
+//! the command line (clap's help of every subcommand), the metrics
+//! registry and the HTTP API's OpenAPI document (`openapi.json`).
 //!
 //! Each page is rendered from what the code itself holds, so it cannot drift
 //! from it: the section types' own key lists, the commented defaults file
@@ -73,6 +73,11 @@ pub fn reference_pages(cli: &clap::Command) -> Result<Vec<Page>, DocsError> {
         Page {
             file: "metrics.md",
             text: with_banner(metrics::render()),
+        },
+        // JSON has no comments: no banner. `overseer openapi` prints the same.
+        Page {
+            file: "openapi.json",
+            text: format!("{}\n", crate::http::openapi::document_json()),
         },
     ])
 }

@@ -61,6 +61,7 @@ mod idempotency;
 pub(crate) mod inbox;
 mod me;
 mod metrics;
+pub mod openapi;
 mod routing;
 mod sessions;
 mod skills;
@@ -79,7 +80,6 @@ use std::time::Duration;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use overseer_actors::model::SessionId;
 use overseer_actors::store::StoreError;
@@ -88,6 +88,9 @@ use serde_json::json;
 use tokio::sync::{watch, Semaphore};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 pub use error::{ApiError, NotOwnerResponse};
 pub use routing::{
@@ -395,6 +398,48 @@ impl AppState {
     }
 }
 
+/// Every route with its OpenAPI operation: the router serves what the
+/// handlers' `#[utoipa::path]` attributes declare, and the document
+/// ([`openapi::document`]) is made of the same attributes. A route must be
+/// added here through `routes!` (never `.route`), or it would be served
+/// undocumented; `tests/openapi.rs` guards that.
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(ui::index))
+        .routes(routes!(ui::asset))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
+        .routes(routes!(metrics::metrics))
+        .routes(routes!(openapi::serve_document))
+        .routes(routes!(sessions::agents))
+        .routes(routes!(sessions::list, sessions::create))
+        .routes(routes!(sessions::show))
+        .routes(routes!(sessions::tree))
+        .routes(routes!(sessions::message))
+        .routes(routes!(sessions::pending, sessions::decide))
+        .routes(routes!(sessions::cancel))
+        .routes(routes!(sessions::done))
+        .routes(routes!(sessions::interrupt))
+        .routes(routes!(sessions::set_model))
+        .routes(routes!(sessions::set_rule))
+        .routes(routes!(events::stream))
+        .routes(routes!(skills::activate))
+        .routes(routes!(fork::fork))
+        .routes(routes!(fork::history))
+        .routes(routes!(tasks::list))
+        .routes(routes!(tasks::run))
+        .routes(routes!(inbox::list))
+        .routes(routes!(decisions::list))
+        .routes(routes!(me::me))
+        .routes(routes!(admin::backup))
+        .routes(routes!(tenant_events::stream))
+        .routes(routes!(webhooks::list, webhooks::create))
+        .routes(routes!(webhooks::show, webhooks::delete))
+        .routes(routes!(webhooks::deliveries))
+        .routes(routes!(webhooks::enable))
+        .routes(routes!(webhooks::rotate))
+}
+
 /// The API's routes over `state`. Invalid CORS origins are skipped with an
 /// error log here; [`serve`] refuses them up front.
 pub fn router(state: AppState) -> Router {
@@ -405,45 +450,8 @@ pub fn router(state: AppState) -> Router {
             None
         }
     };
-    let router = Router::new()
-        .route("/", get(ui::index))
-        .route("/ui/{file}", get(ui::asset))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics::metrics))
-        .route("/v1/agents", get(sessions::agents))
-        .route("/v1/sessions", get(sessions::list).post(sessions::create))
-        .route("/v1/sessions/{id}", get(sessions::show))
-        .route("/v1/sessions/{id}/tree", get(sessions::tree))
-        .route("/v1/sessions/{id}/messages", post(sessions::message))
-        .route(
-            "/v1/sessions/{id}/approvals",
-            get(sessions::pending).post(sessions::decide),
-        )
-        .route("/v1/sessions/{id}/cancel", post(sessions::cancel))
-        .route("/v1/sessions/{id}/done", post(sessions::done))
-        .route("/v1/sessions/{id}/interrupt", post(sessions::interrupt))
-        .route("/v1/sessions/{id}/model", post(sessions::set_model))
-        .route("/v1/sessions/{id}/rules", post(sessions::set_rule))
-        .route("/v1/sessions/{id}/events", get(events::stream))
-        .route("/v1/sessions/{id}/skills", post(skills::activate))
-        .route("/v1/sessions/{id}/fork", post(fork::fork))
-        .route("/v1/sessions/{id}/history", get(fork::history))
-        .route("/v1/tasks", get(tasks::list))
-        .route("/v1/tasks/{id}/runs", post(tasks::run))
-        .route("/v1/approvals", get(inbox::list))
-        .route("/v1/decisions", get(decisions::list))
-        .route("/v1/me", get(me::me))
-        .route("/v1/admin/backup", post(admin::backup))
-        .route("/v1/events", get(tenant_events::stream))
-        .route("/v1/webhooks", get(webhooks::list).post(webhooks::create))
-        .route(
-            "/v1/webhooks/{id}",
-            get(webhooks::show).delete(webhooks::delete),
-        )
-        .route("/v1/webhooks/{id}/deliveries", get(webhooks::deliveries))
-        .route("/v1/webhooks/{id}/enable", post(webhooks::enable))
-        .route("/v1/webhooks/{id}/rotate", post(webhooks::rotate))
+    let (router, _) = routes().split_for_parts();
+    let router = router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES));
@@ -514,6 +522,12 @@ pub async fn serve_with(
     Ok(())
 }
 
+#[utoipa::path(
+    get, path = "/healthz", tag = "operations",
+    responses(
+        (status = 200, description = "The process is alive", body = crate::http::openapi::schemas::Health)
+    )
+)]
 async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
@@ -522,6 +536,13 @@ async fn healthz() -> Json<serde_json::Value> {
 /// longer than this to accept one small write is not ready for traffic.
 const STORE_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+#[utoipa::path(
+    get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "Recovered, and the store takes a write", body = crate::http::openapi::schemas::Health),
+        (status = 503, description = "Recovering or shutting down (`not_ready`), or the store does not take writes (`store_unavailable`, with `details.reason`)", body = crate::http::openapi::schemas::ErrorBody)
+    )
+)]
 async fn readyz(State(state): State<AppState>) -> Response {
     if !state.is_ready() {
         return ApiError::new(

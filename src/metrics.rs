@@ -13,11 +13,12 @@
 //! the gauges are kept as deltas, and a delta recorded before there is a
 //! recorder is lost.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use metrics::{Key, KeyName, Metadata, SharedString, Unit};
 pub use metrics_exporter_prometheus::PrometheusHandle;
-use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusRecorder};
 use overseer_actors::metrics as names;
 
 /// The `Content-Type` of the Prometheus text exposition format.
@@ -30,10 +31,13 @@ const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 /// Why the recorder could not be installed.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    /// The exporter refused its configuration, or another recorder (not
-    /// this module's) is already installed in this process.
+    /// The exporter refused its configuration.
     #[error("cannot install the Prometheus recorder: {0}")]
     Install(#[from] BuildError),
+    /// Another recorder (not this module's) is already installed in this
+    /// process.
+    #[error("cannot install the Prometheus recorder: another metrics recorder is installed")]
+    Taken,
 }
 
 /// The installed handle; `None` until [`install_recorder`] succeeds. A std
@@ -52,7 +56,9 @@ pub fn install_recorder() -> Result<PrometheusHandle, MetricsError> {
     if let Some(handle) = slot.as_ref() {
         return Ok(handle.clone());
     }
-    let handle = builder()?.install_recorder()?;
+    let recorder = builder()?.build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(Tee(recorder)).map_err(|_| MetricsError::Taken)?;
     describe();
     spawn_upkeep(handle.clone());
     *slot = Some(handle.clone());
@@ -65,7 +71,7 @@ pub fn install_recorder() -> Result<PrometheusHandle, MetricsError> {
 /// is rendered from this same call (`crate::docs`), so it lists exactly what
 /// a scrape can show.
 pub fn describe() {
-    use metrics::{describe_counter, describe_histogram, Unit};
+    use metrics::{describe_counter, describe_histogram};
     names::describe();
     crate::webhooks::metrics::describe();
     describe_counter!(
@@ -78,6 +84,11 @@ pub fn describe() {
         Unit::Count,
         "Trace spans the collector accepted."
     );
+    describe_counter!(
+        crate::telemetry::METRIC_EXPORTS_FAILED_TOTAL,
+        Unit::Count,
+        "GenAI metric exports the collector did not take (the next export carries the totals)."
+    );
     describe_histogram!(
         overseer_actors::genai::OPERATION_DURATION,
         Unit::Seconds,
@@ -88,6 +99,68 @@ pub fn describe() {
         Unit::Count,
         "Tokens per provider request (GenAI semantic conventions), by gen_ai.token.type (input, output) and the labels of the duration."
     );
+}
+
+/// The process recorder: Prometheus for everything, and the GenAI client
+/// histograms also to OpenTelemetry ([`crate::telemetry::record_genai`],
+/// a no-op unless metrics export is on), so both see the same samples
+/// while the actors record each one once.
+struct Tee(PrometheusRecorder);
+
+/// A GenAI histogram: its Prometheus handle and the sample's attributes.
+struct GenAiHistogram {
+    prometheus: metrics::Histogram,
+    name: &'static str,
+    attributes: Vec<opentelemetry::KeyValue>,
+}
+
+impl metrics::HistogramFn for GenAiHistogram {
+    fn record(&self, value: f64) {
+        self.prometheus.record(value);
+        crate::telemetry::record_genai(self.name, value, &self.attributes);
+    }
+}
+
+impl metrics::Recorder for Tee {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_counter(key, unit, description);
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_gauge(key, unit, description);
+    }
+
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_histogram(key, unit, description);
+    }
+
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> metrics::Counter {
+        self.0.register_counter(key, metadata)
+    }
+
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> metrics::Gauge {
+        self.0.register_gauge(key, metadata)
+    }
+
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> metrics::Histogram {
+        let prometheus = self.0.register_histogram(key, metadata);
+        let name = match key.name() {
+            n if n == overseer_actors::genai::OPERATION_DURATION => {
+                overseer_actors::genai::OPERATION_DURATION
+            }
+            n if n == overseer_actors::genai::TOKEN_USAGE => overseer_actors::genai::TOKEN_USAGE,
+            _ => return prometheus,
+        };
+        let attributes = key
+            .labels()
+            .map(|l| opentelemetry::KeyValue::new(l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        metrics::Histogram::from_arc(Arc::new(GenAiHistogram {
+            prometheus,
+            name,
+            attributes,
+        }))
+    }
 }
 
 /// The handle, if [`install_recorder`] has been called in this process.

@@ -139,7 +139,7 @@ pub fn escaped_json(value: &Value) -> String {
 }
 
 /// What a warning is about. Codes are stable: clients may key on them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WarningCode {
     /// Hidden or direction-changing characters (`chars` lists them).
@@ -149,7 +149,7 @@ pub enum WarningCode {
 }
 
 /// One finding of the rule, in the API and on every surface.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Warning {
     /// What was found.
     pub code: WarningCode,

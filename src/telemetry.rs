@@ -15,6 +15,7 @@
 
 mod export;
 mod logs;
+mod meters;
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -34,6 +35,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
 pub use export::{ExportOptions, SPANS_DROPPED_TOTAL, SPANS_EXPORTED_TOTAL};
+pub use meters::{record as record_genai, METRIC_EXPORTS_FAILED_TOTAL};
 
 /// Set once an OpenTelemetry layer is installed: what [`traceparent`]
 /// checks first, so a process without telemetry pays one load per request.
@@ -79,6 +81,11 @@ pub struct TelemetrySection {
     /// Seconds one export request may take.
     #[serde(default = "default_export_timeout_secs")]
     pub export_timeout_secs: u64,
+    /// Milliseconds between exports of the GenAI metrics
+    /// (`gen_ai.client.token.usage`, `gen_ai.client.operation.duration`) to
+    /// `<otlp_endpoint>/v1/metrics`.
+    #[serde(default = "default_metrics_interval_ms")]
+    pub metrics_interval_ms: u64,
 }
 
 fn default_protocol() -> String {
@@ -102,6 +109,9 @@ fn default_export_interval_ms() -> u64 {
 fn default_export_timeout_secs() -> u64 {
     10
 }
+fn default_metrics_interval_ms() -> u64 {
+    60_000
+}
 
 impl Default for TelemetrySection {
     fn default() -> Self {
@@ -116,6 +126,7 @@ impl Default for TelemetrySection {
             max_batch: default_max_batch(),
             export_interval_ms: default_export_interval_ms(),
             export_timeout_secs: default_export_timeout_secs(),
+            metrics_interval_ms: default_metrics_interval_ms(),
         }
     }
 }
@@ -156,6 +167,10 @@ pub struct Settings {
     pub capture_content: bool,
     /// Queue and batching.
     pub export: ExportOptions,
+    /// Full URL the GenAI metrics are POSTed to; `None`: not exported.
+    pub metrics_url: Option<String>,
+    /// Time between metric exports.
+    pub metrics_interval: Duration,
 }
 
 impl TelemetrySection {
@@ -183,6 +198,7 @@ impl TelemetrySection {
             ("telemetry.max_batch", self.max_batch as u64),
             ("telemetry.export_interval_ms", self.export_interval_ms),
             ("telemetry.export_timeout_secs", self.export_timeout_secs),
+            ("telemetry.metrics_interval_ms", self.metrics_interval_ms),
         ] {
             if value == 0 {
                 out.push((key.into(), "must be at least 1".into()));
@@ -199,8 +215,11 @@ impl TelemetrySection {
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `OTEL_EXPORTER_OTLP_PROTOCOL`,
     /// `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_SERVICE_NAME`,
     /// `OTEL_TRACES_SAMPLER_ARG`, `OTEL_BSP_SCHEDULE_DELAY`,
-    /// `OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`). `None`:
-    /// traces are off. An invalid variable is an error naming it.
+    /// `OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`,
+    /// `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`, `OTEL_METRICS_EXPORTER=none`,
+    /// `OTEL_METRIC_EXPORT_INTERVAL`). `None`: telemetry is off (metrics
+    /// go where traces go: no traces, no metrics). An invalid variable is
+    /// an error naming it.
     pub fn resolve(
         &self,
         env: impl Fn(&str) -> Option<OsString>,
@@ -223,19 +242,28 @@ impl TelemetrySection {
         {
             check_protocol(&p).map_err(|e| format!("OTEL_EXPORTER_OTLP_PROTOCOL: {e}"))?;
         }
-        let traces_url = if let Some(url) = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")? {
-            url
-        } else if let Some(base) = var("OTEL_EXPORTER_OTLP_ENDPOINT")? {
-            format!("{}/v1/traces", base.trim_end_matches('/'))
-        } else if !self.otlp_endpoint.is_empty() {
-            format!("{}/v1/traces", self.otlp_endpoint.trim_end_matches('/'))
-        } else {
+        let base = match var("OTEL_EXPORTER_OTLP_ENDPOINT")? {
+            Some(base) => Some(base),
+            None => (!self.otlp_endpoint.is_empty()).then(|| self.otlp_endpoint.clone()),
+        };
+        let signal = |path: &str| {
+            base.as_ref()
+                .map(|b| format!("{}/{path}", b.trim_end_matches('/')))
+        };
+        let Some(traces_url) = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")?.or(signal("v1/traces"))
+        else {
             return Ok(None);
         };
-        if !(traces_url.starts_with("http://") || traces_url.starts_with("https://")) {
-            return Err(format!(
-                "the OTLP endpoint '{traces_url}' is not an http(s) URL"
-            ));
+        let metrics_url =
+            if var("OTEL_METRICS_EXPORTER")?.is_some_and(|v| v.eq_ignore_ascii_case("none")) {
+                None
+            } else {
+                var("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")?.or(signal("v1/metrics"))
+            };
+        for url in std::iter::once(&traces_url).chain(metrics_url.as_ref()) {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!("the OTLP endpoint '{url}' is not an http(s) URL"));
+            }
         }
         let mut headers = self.headers.clone();
         if let Some(list) = var("OTEL_EXPORTER_OTLP_HEADERS")? {
@@ -284,6 +312,10 @@ impl TelemetrySection {
                 ),
                 timeout: Duration::from_secs(self.export_timeout_secs),
             },
+            metrics_url,
+            metrics_interval: Duration::from_millis(
+                number("OTEL_METRIC_EXPORT_INTERVAL")?.unwrap_or(self.metrics_interval_ms),
+            ),
         }))
     }
 }
@@ -316,6 +348,7 @@ pub enum TelemetryError {
 /// exports what is queued, for a bounded time.
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
+    meters: Option<opentelemetry_sdk::metrics::SdkMeterProvider>,
 }
 
 impl Telemetry {
@@ -327,6 +360,10 @@ impl Telemetry {
     fn stop(&mut self) {
         if let Some(provider) = self.provider.take() {
             let _ = provider.shutdown_with_timeout(Duration::from_secs(5));
+        }
+        // The last export carries the totals up to now.
+        if let Some(meters) = self.meters.take() {
+            let _ = meters.shutdown_with_timeout(Duration::from_secs(5));
         }
     }
 }
@@ -372,9 +409,15 @@ pub fn init(log: &LogSection, settings: Option<&Settings>) -> Result<Telemetry, 
     };
     let Some(settings) = settings else {
         let _ = tracing_subscriber::registry().with(log_layer).try_init();
-        return Ok(Telemetry { provider: None });
+        return Ok(Telemetry {
+            provider: None,
+            meters: None,
+        });
     };
-    let provider = tracer_provider(settings)?;
+    let resource = Resource::builder()
+        .with_service_name(settings.service_name.clone())
+        .build();
+    let provider = tracer_provider(settings, resource.clone())?;
     let tracer = provider.tracer("overseer");
     let otel = tracing_opentelemetry::layer()
         .with_tracer(tracer)
@@ -393,12 +436,25 @@ pub fn init(log: &LogSection, settings: Option<&Settings>) -> Result<Telemetry, 
         }));
         ENABLED.store(true, Ordering::Release);
     }
+    let meters = match &settings.metrics_url {
+        Some(url) => Some(meters::start(
+            settings,
+            url,
+            settings.metrics_interval,
+            resource,
+        )?),
+        None => None,
+    };
     Ok(Telemetry {
         provider: Some(provider),
+        meters,
     })
 }
 
-fn tracer_provider(settings: &Settings) -> Result<SdkTracerProvider, TelemetryError> {
+fn tracer_provider(
+    settings: &Settings,
+    resource: Resource,
+) -> Result<SdkTracerProvider, TelemetryError> {
     use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
     // The exporter's own client: no redirects, bounded by the export
     // timeout; rustls with the process's provider (installed in `main`).
@@ -415,9 +471,6 @@ fn tracer_provider(settings: &Settings) -> Result<SdkTracerProvider, TelemetryEr
         .with_timeout(settings.export.timeout)
         .build()
         .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-    let resource = Resource::builder()
-        .with_service_name(settings.service_name.clone())
-        .build();
     let processor = export::QueueProcessor::start(exporter, &resource, settings.export.clone())
         .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
     Ok(SdkTracerProvider::builder()

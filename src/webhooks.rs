@@ -183,9 +183,10 @@ impl Endpoint {
     }
 }
 
-/// What a checkpoint says about one event that goes out as a webhook:
-/// written into the outbox with the checkpoint, so the body can be built
-/// (once) from what was true when the event happened.
+/// What a checkpoint says about one event that goes out as a webhook: a
+/// reference to the event, written into the outbox with the checkpoint
+/// (the event and its call are durable in that checkpoint already), from
+/// which the body is built when it is first sent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Seed {
     /// The `webhook-id`: the same for every endpoint and every attempt.
@@ -202,13 +203,15 @@ pub struct Seed {
     pub seq: u64,
     /// When it happened, ms since the epoch.
     pub at_ms: i64,
-    /// The call as the checkpoint recorded it (approval events).
+    /// The call as a checkpoint recorded it: only in rows written before
+    /// rows became references (read, never written now).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call: Option<ToolCallRecord>,
-    /// The call's id, also when the call itself is not in the checkpoint.
+    /// The call's id (approval events).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
-    /// The decision (`approval.decided`).
+    /// The decision: only in rows written before rows became references
+    /// (now read from the stored event).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<DecisionRecord>,
     /// The session's new status (`session.*`).
@@ -217,7 +220,9 @@ pub struct Seed {
     /// Why the last turn stopped (`session.*`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<StopReason>,
-    /// The error of a failed session, or why the runtime completed it.
+    /// The error of a failed session, or why the runtime completed it: only
+    /// in rows written before rows became references (now read from the
+    /// stored header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }

@@ -14,7 +14,9 @@
 //! - a rotated secret signs beside the old one for the grace period (the
 //!   verifier accepts either), and alone once the grace is over;
 //! - an endpoint id that is not a UUID is a 400;
-//! - deliveries are counted in the Prometheus metrics.
+//! - deliveries are counted in the Prometheus metrics;
+//! - a session purged before delivery: its rows dropped and counted;
+//! - the delivery task runs at the lowest CPU priority.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -303,6 +305,24 @@ async fn log(base: &str, tok: &str, endpoint: &str) -> Vec<Value> {
     v["deliveries"].as_array().unwrap().clone()
 }
 
+/// The endpoint's log once its `n` newest entries are over (delivered or
+/// failed): the receiver sees a delivery before its outcome is recorded.
+async fn logged(base: &str, tok: &str, endpoint: &str, n: usize) -> Vec<Value> {
+    common::eventually(
+        "the attempts' outcomes recorded",
+        Duration::from_millis(10),
+        || async {
+            let entries = log(base, tok, endpoint).await;
+            if entries.len() >= n && entries[..n].iter().all(|e| e["status"] != "pending") {
+                Ok(entries)
+            } else {
+                Err(format!("{entries:?}"))
+            }
+        },
+    )
+    .await
+}
+
 fn assert_verified(got: &Got) {
     assert!(
         got.verified.is_ok(),
@@ -450,7 +470,7 @@ async fn every_event_is_delivered_signed_with_the_inbox_card_and_links() {
         .all(|g| g.body["type"] == "approval.requested"));
 
     // The log: three delivered, one attempt each, newest first.
-    let entries = log(base, &tok, &endpoint).await;
+    let entries = logged(base, &tok, &endpoint, 3).await;
     let kinds: Vec<&str> = entries
         .iter()
         .map(|e| e["event"].as_str().unwrap())
@@ -615,6 +635,17 @@ async fn in_process(
     watch::Sender<bool>,
     tokio::task::JoinHandle<()>,
 ) {
+    let (server, hooks) = in_process_idle(options, clock).await;
+    let (stop, stopped) = watch::channel(false);
+    let delivery = hooks.start(server.overseer.runtime(), stopped);
+    (server, stop, delivery)
+}
+
+/// [`in_process`] with the delivery task not started yet.
+async fn in_process_idle(
+    options: overseer::webhooks::WebhookOptions,
+    clock: Arc<dyn overseer::webhooks::Clock>,
+) -> (common::Server, Arc<overseer::webhooks::Webhooks>) {
     use overseer::webhooks::{Subscriptions, Webhooks};
     let dir = tempfile::tempdir().unwrap();
     let store =
@@ -636,9 +667,7 @@ async fn in_process(
     )
     .await
     .unwrap();
-    let (stop, stopped) = watch::channel(false);
-    let delivery = hooks.start(server.overseer.runtime(), stopped);
-    (server, stop, delivery)
+    (server, hooks)
 }
 
 fn loopback() -> overseer::webhooks::TargetRules {
@@ -970,7 +999,7 @@ async fn a_disabled_endpoint_is_enabled_again_and_hears_new_events() {
     let got = rx.delivered("approval.requested").await;
     assert_verified(&got);
     assert!(rx.all().len() > before);
-    let entries = log(&server.base, &tok, &endpoint).await;
+    let entries = logged(&server.base, &tok, &endpoint, 2).await;
     assert_eq!(entries[0]["status"], "delivered", "{entries:?}");
     assert_eq!(entries[1]["status"], "failed", "{entries:?}");
 
@@ -1113,5 +1142,129 @@ async fn an_endpoint_id_that_is_not_a_uuid_is_a_400() {
     let unknown = uuid::Uuid::now_v7();
     let (status, _) = get(&server.base, &format!("/v1/webhooks/{unknown}"), &tok).await;
     assert_eq!(status, 404);
+    finish(server, stop, delivery).await;
+}
+
+/// A session purged before its webhooks were sent (the retention janitor's
+/// purge, while the delivery task was not running): nothing is sent for
+/// it, its outbox rows are dropped and counted
+/// (`overseer_webhook_dropped_total{reason="not_committed"}`: no stored
+/// event backs them any more), and another session's webhooks still go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_purged_before_delivery_is_dropped_and_counted() {
+    let metrics = overseer::metrics::install_recorder().unwrap();
+    let dropped = || -> f64 {
+        metrics
+            .render()
+            .lines()
+            .find(|l| l.starts_with("overseer_webhook_dropped_total{reason=\"not_committed\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let options = overseer::webhooks::WebhookOptions {
+        targets: loopback(),
+        ..Default::default()
+    };
+    let (server, hooks) = in_process_idle(options, Arc::new(overseer::webhooks::SystemClock)).await;
+    let rx = Receiver::start().await;
+    let tok = token("acme", "alice", SCOPES);
+    let (_, secret) = register(&server.base, &tok, &rx.url, &[]).await;
+    rx.set_secret(&secret);
+
+    // approval.requested, then session.finished (cancelled): two rows.
+    let (purged, _) = server.create_pending(&tok).await.unwrap();
+    let (status, v) = post(
+        &server.base,
+        &format!("/v1/sessions/{purged}/cancel"),
+        &tok,
+        &json!({}),
+    )
+    .await;
+    assert!(status < 300, "{status} {v}");
+    common::eventually(
+        "the session cancelled",
+        Duration::from_millis(10),
+        || async {
+            let (_, v) = get(&server.base, &format!("/v1/sessions/{purged}"), &tok).await;
+            match v["status"].as_str() {
+                Some("cancelled") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let before = dropped();
+    server
+        .overseer
+        .runtime()
+        .store
+        .purge(purged.parse().unwrap())
+        .await
+        .unwrap();
+
+    let (stop, stopped) = watch::channel(false);
+    let delivery = hooks.start(server.overseer.runtime(), stopped);
+    let (witness, _) = server.create_pending(&tok).await.unwrap();
+    let got = rx.delivered("approval.requested").await;
+    assert_verified(&got);
+    assert_eq!(got.body["data"]["session_id"], json!(witness));
+    assert!(
+        rx.all()
+            .iter()
+            .all(|g| g.body["data"]["session_id"] != json!(purged)),
+        "{:#?}",
+        rx.all()
+    );
+    assert!(dropped() - before >= 2.0, "{} dropped", dropped() - before);
+    finish(server, stop, delivery).await;
+}
+
+/// The invariant "deliveries yield to sessions": the delivery task runs on
+/// threads of its own at the lowest CPU priority (nice 19), its store
+/// calls' blocking threads included, so under load the scheduler gives the
+/// cores to turns first.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delivery_task_runs_at_the_lowest_cpu_priority() {
+    let (server, stop, delivery) = quick().await;
+    let rx = Receiver::start().await;
+    let tok = token("acme", "alice", SCOPES);
+    let (_, secret) = register(&server.base, &tok, &rx.url, &["approval.requested"]).await;
+    rx.set_secret(&secret);
+    server.create_pending(&tok).await.unwrap();
+    assert_verified(&rx.delivered("approval.requested").await);
+
+    // (comm, nice) of every thread of this process; a thread's name is
+    // cut to 15 bytes.
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let path = task.unwrap().path();
+        let (Ok(comm), Ok(stat)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("stat")),
+        ) else {
+            continue; // the thread ended meanwhile
+        };
+        // Fields after the parenthesised name: state is the 3rd, nice the 19th.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let nice: i32 = rest.split(' ').nth(16).unwrap().parse().unwrap();
+        threads.push((comm.trim().to_owned(), nice));
+    }
+    let delivery_threads: Vec<_> = threads
+        .iter()
+        .filter(|(name, _)| name.starts_with("overseer-webhoo"))
+        .collect();
+    assert!(!delivery_threads.is_empty(), "{threads:?}");
+    assert!(
+        delivery_threads.iter().all(|(_, nice)| *nice == 19),
+        "{delivery_threads:?}"
+    );
+    assert!(
+        threads
+            .iter()
+            .any(|(name, nice)| !name.starts_with("overseer-webhoo") && *nice < 19),
+        "the rest of the process keeps its priority: {threads:?}"
+    );
     finish(server, stop, delivery).await;
 }

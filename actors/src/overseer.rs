@@ -819,6 +819,7 @@ impl Drop for CreatingGuard<'_> {
 
 /// A pending approval as seen from an ancestor.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PendingApproval {
     /// The session that owns the call.
     pub session_id: SessionId,
@@ -830,6 +831,7 @@ pub struct PendingApproval {
 
 /// One node of a session tree.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TreeNode {
     /// Session.
     pub session_id: SessionId,
@@ -853,6 +855,7 @@ pub struct TreeNode {
     #[serde(skip)]
     pub calls: Vec<ToolCallId>,
     /// Children, in call order.
+    #[cfg_attr(feature = "openapi", schema(no_recursion))]
     pub children: Vec<TreeNode>,
 }
 

@@ -26,6 +26,7 @@ pub use crate::model::RUN_TASK;
 
 /// One stored task.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct TaskDef {
     /// Unique id (what `run_task` and the API name it by).

@@ -62,6 +62,14 @@ fn line(line: &StreamLine) -> Bytes {
 }
 
 /// `POST /v1/admin/backup` → 200 and the backup stream.
+#[utoipa::path(
+    post, path = "/v1/admin/backup", tag = "operations",
+    responses(
+        (status = 200, description = "The backup stream: one JSON object per line (a header naming the format, the records, a trailer)", content_type = "application/x-ndjson", body = String),
+        (status = 409, description = "Cluster mode: back the database up with pg_dump", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["admin"]))
+)]
 pub(super) async fn backup(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Admin>,

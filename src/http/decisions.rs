@@ -35,7 +35,7 @@ const DEFAULT_PAGE: usize = 50;
 const MAX_PAGE: usize = 200;
 
 /// One decision as the history shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct DecisionItem {
     /// When it was accepted, ms since the epoch.
     pub at_ms: i64,
@@ -64,7 +64,17 @@ pub struct DecisionItem {
     pub args_diff: Option<Value>,
 }
 
-#[derive(Debug, Deserialize)]
+/// A page of `GET /v1/decisions` (described for the OpenAPI document; the
+/// handler builds it as a JSON value).
+#[derive(Serialize, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub(super) struct DecisionPage {
+    decisions: Vec<DecisionItem>,
+    next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct DecisionsQuery {
     #[serde(default)]
@@ -85,6 +95,15 @@ fn filter(value: Option<String>) -> Option<String> {
 }
 
 /// `GET /v1/decisions` → `{decisions: [...], next_cursor}`.
+#[utoipa::path(
+    get, path = "/v1/decisions", tag = "tenant",
+    params(DecisionsQuery),
+    responses(
+        (status = 200, description = "The tenant's decisions, newest first", body = DecisionPage),
+        (status = 400, description = "Invalid query", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:read"]))
+)]
 pub(super) async fn list(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Read>,

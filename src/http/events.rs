@@ -41,7 +41,8 @@ const REPLAY_PAGE: usize = 512;
 /// Comment lines keep idle connections (and proxies) from timing out.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct EventsQuery {
     #[serde(default)]
@@ -63,6 +64,16 @@ fn sse_event(e: &Event) -> SseEvent {
 }
 
 /// `GET /v1/sessions/{id}/events[?after=N]` with optional `Last-Event-ID`.
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}/events", tag = "sessions",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404"), EventsQuery, ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this event")),
+    responses(
+        (status = 200, description = "Server-Sent Events: each `data` is an event (its `type` is the SSE event name, its `seq` the id); replayed after `after` or `Last-Event-ID`", content_type = "text/event-stream", body = overseer_actors::model::Event),
+        (status = 400, description = "Invalid `after`, `Last-Event-ID` or id", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:read"]))
+)]
 pub(super) async fn stream(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Read>,

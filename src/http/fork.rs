@@ -22,14 +22,14 @@ use super::extract::{Authorized, Read, SessionPath, Write};
 use super::sessions::{owned_header, session_json};
 use super::{ApiError, AppState};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 enum At {
     Seq(u64),
     Point(AtPoint),
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct AtPoint {
     #[serde(default)]
@@ -38,7 +38,7 @@ struct AtPoint {
     index: Option<u64>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ForkBody {
     #[serde(default)]
@@ -65,6 +65,18 @@ fn fork_at(body: &ForkBody) -> Result<ForkAt, ApiError> {
 }
 
 /// `POST /v1/sessions/{id}/fork`.
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/fork", tag = "library",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404")),
+    request_body = Option<ForkBody>,
+    responses(
+        (status = 201, description = "The fork, a new root session (with `Location`)", body = crate::http::openapi::schemas::Session),
+        (status = 400, description = "Invalid body (`at`) or id", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 409, description = "The session's state forbids it (terminal, busy, already decided, key reused)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:write"]))
+)]
 pub(super) async fn fork(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,
@@ -86,6 +98,16 @@ pub(super) async fn fork(
 
 /// `GET /v1/sessions/{id}/history` → `{session_id, points: [{seq, index,
 /// at_ms, kind: "turn_ended"|"tool_result", …}]}`.
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}/history", tag = "library",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404")),
+    responses(
+        (status = 200, description = "The points a fork can start from", body = crate::http::openapi::schemas::History),
+        (status = 400, description = "The path's id is not a UUID", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:read"]))
+)]
 pub(super) async fn history(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Read>,

@@ -48,7 +48,7 @@ const MAX_PAGE: usize = 200;
 const MAX_LINEAGE: usize = 64;
 
 /// One session on the way from a root to the session that owns a call.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct PathStep {
     /// The session.
     pub session_id: SessionId,
@@ -57,7 +57,7 @@ pub struct PathStep {
 }
 
 /// A pending approval as the inbox shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct ApprovalItem {
     /// The call.
     pub call_id: String,
@@ -116,7 +116,7 @@ pub const CONTEXT_TEXT_BYTES: usize = 4096;
 const CONTEXT_MAX_ENTRIES: u64 = 128;
 
 /// A text of a card's context, bounded.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct BoundedText {
     /// At most [`CONTEXT_TEXT_BYTES`] bytes of it.
     pub text: String,
@@ -141,7 +141,7 @@ impl BoundedText {
 }
 
 /// Why a call is asked, from the owner's transcript.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct CallContext {
     /// What the model said in the step that proposed the call (or, when
     /// that step has no text, the latest text of the turn before it).
@@ -338,7 +338,17 @@ pub(crate) async fn tenant_approvals(
     Ok(items)
 }
 
-#[derive(Debug, Deserialize)]
+/// A page of `GET /v1/approvals`, newest request first (described for the
+/// OpenAPI document; the handler builds it as a JSON value).
+#[derive(Serialize, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub(super) struct ApprovalPage {
+    approvals: Vec<ApprovalItem>,
+    next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ApprovalsQuery {
     #[serde(default)]
@@ -368,6 +378,15 @@ fn parse_cursor(raw: &str) -> Result<(i64, String), ApiError> {
 }
 
 /// `GET /v1/approvals?cursor=&limit=`: `{approvals: [...], next_cursor}`.
+#[utoipa::path(
+    get, path = "/v1/approvals", tag = "tenant",
+    params(ApprovalsQuery),
+    responses(
+        (status = 200, description = "The tenant's pending approvals, newest request first", body = ApprovalPage),
+        (status = 400, description = "Invalid query", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:read"]))
+)]
 pub(super) async fn list(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Read>,

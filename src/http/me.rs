@@ -14,6 +14,13 @@ use super::ApiError;
 use crate::auth::Scope;
 
 /// `GET /v1/me` → `{sub, tenant, scopes, may: {read, write, decide, admin}}`.
+#[utoipa::path(
+    get, path = "/v1/me", tag = "tenant",
+    responses(
+        (status = 200, description = "Who the token is and what it may do", body = crate::http::openapi::schemas::Me)
+    ),
+    security(("bearer" = []))
+)]
 pub(super) async fn me(Auth(principal): Auth) -> Result<Json<Value>, ApiError> {
     let may = |scope| principal.require(scope).is_ok();
     Ok(Json(json!({

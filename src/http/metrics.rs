@@ -27,6 +27,14 @@ use axum::response::{IntoResponse, Response};
 use super::extract::{Admin, Authorized};
 use super::{ApiError, AppState};
 
+#[utoipa::path(
+    get, path = "/metrics", tag = "operations",
+    responses(
+        (status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String),
+        (status = 503, description = "No metrics recorder is installed in this process", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security((), ("bearer" = ["admin"]))
+)]
 pub(super) async fn metrics(State(state): State<AppState>, mut parts: Parts) -> Response {
     if !state.inner.options.metrics_public {
         if let Err(e) = Authorized::<Admin>::from_request_parts(&mut parts, &state).await {

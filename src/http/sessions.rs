@@ -108,7 +108,8 @@ async fn owned_state(
 
 // ---- create -----------------------------------------------------------------
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = SessionCreate)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CreateBody {
     agent: String,
@@ -163,6 +164,17 @@ fn traceparent(headers: &axum::http::HeaderMap) -> Option<String> {
 /// key is a 409. The session's id is derived from the caller's tenant and the
 /// key ([`keyed_session_id`]), so two tenants using the same key get two
 /// sessions, and no key of one tenant can reach, or reveal, another's.
+#[utoipa::path(
+    post, path = "/v1/sessions", tag = "sessions",
+    request_body = CreateBody,
+    responses(
+        (status = 201, description = "The session (with `Location`); an idempotent retry answers the same", body = crate::http::openapi::schemas::Session),
+        (status = 400, description = "Invalid body: unknown agent, model route or field, a bad key", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 409, description = "`idempotency_key` was used for a different request", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 429, description = "The tenant's session quota is full (`Retry-After`)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:write"]))
+)]
 pub(super) async fn create(
     State(state): State<AppState>,
     headers: axum::http::HeaderMap,
@@ -390,7 +402,8 @@ fn same_create(stored: &StoredSession, p: &Principal, body: &CreateBody, metadat
 
 // ---- list -------------------------------------------------------------------
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ListQuery {
     #[serde(default)]
@@ -405,6 +418,15 @@ pub(super) struct ListQuery {
 
 /// `GET /v1/sessions?status=&agent=&cursor=&limit=`: the caller's tenant's
 /// sessions, ascending by id, `{sessions, next_cursor}`.
+#[utoipa::path(
+    get, path = "/v1/sessions", tag = "sessions",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of session headers", body = crate::http::openapi::schemas::SessionPage),
+        (status = 400, description = "Invalid query", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:read"]))
+)]
 pub(super) async fn list(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Read>,
@@ -456,6 +478,16 @@ pub(super) async fn list(
 // ---- show, tree ---------------------------------------------------------------
 
 /// `GET /v1/sessions/{id}`.
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404")),
+    responses(
+        (status = 200, description = "The session with its transcript", body = crate::http::openapi::schemas::Session),
+        (status = 400, description = "The path's id is not a UUID", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:read"]))
+)]
 pub(super) async fn show(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Read>,
@@ -468,6 +500,16 @@ pub(super) async fn show(
 /// `GET /v1/sessions/{id}/tree`: the session and its subtree: each
 /// node's agent, status, stop reason, own and rolled-up usage, pending
 /// approvals and children.
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}/tree", tag = "sessions",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404")),
+    responses(
+        (status = 200, description = "The session and its subtree", body = crate::http::openapi::schemas::Tree),
+        (status = 400, description = "The path's id is not a UUID", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:read"]))
+)]
 pub(super) async fn tree(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Read>,
@@ -480,7 +522,7 @@ pub(super) async fn tree(
 
 // ---- messages -----------------------------------------------------------------
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct MessageBody {
     text: String,
@@ -491,6 +533,19 @@ pub(super) struct MessageBody {
 /// `POST /v1/sessions/{id}/messages` → 202 once the message is checkpointed
 /// (it starts a turn now, or queues behind the running one). A repeated
 /// `message_id` with the same text is accepted once and answered the same.
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/messages", tag = "sessions",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404")),
+    request_body = MessageBody,
+    responses(
+        (status = 202, description = "Checkpointed: it starts a turn or queues behind the running one", body = crate::http::openapi::schemas::MessageAccepted),
+        (status = 400, description = "Invalid body or id", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 409, description = "The session is terminal, or `message_id` was used with another text", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 429, description = "The session's queue is full (`Retry-After`)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:write"]))
+)]
 pub(super) async fn message(
     State(state): State<AppState>,
     headers: axum::http::HeaderMap,
@@ -596,6 +651,16 @@ struct PendingCall<'a> {
 }
 
 /// `GET /v1/sessions/{id}/approvals`.
+#[utoipa::path(
+    get, path = "/v1/sessions/{id}/approvals", tag = "sessions",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404")),
+    responses(
+        (status = 200, description = "The calls decidable at this session", body = crate::http::openapi::schemas::PendingApprovals),
+        (status = 400, description = "The path's id is not a UUID", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:read"]))
+)]
 pub(super) async fn pending(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Read>,
@@ -605,7 +670,7 @@ pub(super) async fn pending(
     pending_response(&state, header).await
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct DecideBody {
     decisions: BTreeMap<ToolCallId, Decision>,
@@ -619,6 +684,18 @@ pub(super) struct DecideBody {
 
 /// `POST /v1/sessions/{id}/approvals` with `{decisions, metadata?}` → 200
 /// with the remaining pending calls, once the decisions are checkpointed.
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/approvals", tag = "sessions",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404")),
+    request_body = DecideBody,
+    responses(
+        (status = 200, description = "Decisions checkpointed; the calls still pending", body = crate::http::openapi::schemas::PendingApprovals),
+        (status = 400, description = "Invalid body: unknown call ids, stray metadata, an override the tool's schema refuses", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 409, description = "A call was already decided, or the session is terminal", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["approvals:write"]))
+)]
 pub(super) async fn decide(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Approve>,
@@ -651,7 +728,7 @@ pub(super) async fn decide(
     pending_response(&state, header).await
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RuleBody {
     tool: String,
@@ -665,6 +742,18 @@ pub(super) struct RuleBody {
 /// subject, and kept across restarts. A tool the session does not have is a
 /// 400 naming it. Deciding for later calls is deciding approvals, hence the
 /// scope `approvals:write`.
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/rules", tag = "sessions",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404")),
+    request_body = RuleBody,
+    responses(
+        (status = 200, description = "The session's header", body = overseer_actors::model::SessionHeader),
+        (status = 400, description = "Invalid body, or a tool the session does not have", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 409, description = "The session's state forbids it (terminal, busy, already decided, key reused)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["approvals:write"]))
+)]
 pub(super) async fn set_rule(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Approve>,
@@ -684,6 +773,17 @@ pub(super) async fn set_rule(
 /// `POST /v1/sessions/{id}/cancel` → 200 with the session's header (as in
 /// the list; the transcript is `GET /v1/sessions/{id}`'s, so that acting on a
 /// long session does not ship its whole history back).
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/cancel", tag = "sessions",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404")),
+    responses(
+        (status = 200, description = "The session's header", body = overseer_actors::model::SessionHeader),
+        (status = 400, description = "A body with parameters, or a bad id", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 409, description = "The session's state forbids it (terminal, busy, already decided, key reused)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:write"]))
+)]
 pub(super) async fn cancel(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,
@@ -696,6 +796,17 @@ pub(super) async fn cancel(
 }
 
 /// `POST /v1/sessions/{id}/done` → 200 with the session's header.
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/done", tag = "sessions",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404")),
+    responses(
+        (status = 200, description = "The session's header", body = overseer_actors::model::SessionHeader),
+        (status = 400, description = "A body with parameters, or a bad id", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 409, description = "The session's state forbids it (terminal, busy, already decided, key reused)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:write"]))
+)]
 pub(super) async fn done(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,
@@ -712,6 +823,17 @@ pub(super) async fn done(
 /// closed), its partial text is kept, it ends with `interrupted`, and the
 /// session waits for the next message. Without a running turn nothing
 /// changes.
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/interrupt", tag = "sessions",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404")),
+    responses(
+        (status = 200, description = "The session's header", body = overseer_actors::model::SessionHeader),
+        (status = 400, description = "A body with parameters, or a bad id", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 409, description = "The session's state forbids it (terminal, busy, already decided, key reused)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:write"]))
+)]
 pub(super) async fn interrupt(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,
@@ -723,7 +845,7 @@ pub(super) async fn interrupt(
     header_json(&state, &principal, id).await
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ModelBody {
     model: String,
@@ -733,6 +855,18 @@ pub(super) struct ModelBody {
 /// header: its next turns are served by this configured model route
 /// (recorded in the transcript). Only between turns: 409 `session_busy`
 /// while one runs.
+#[utoipa::path(
+    post, path = "/v1/sessions/{id}/model", tag = "sessions",
+    params(("id" = overseer_actors::model::SessionId, Path, description = "The session (a UUID); another tenant's is a 404")),
+    request_body = ModelBody,
+    responses(
+        (status = 200, description = "The session's header", body = overseer_actors::model::SessionHeader),
+        (status = 400, description = "Not a configured model route", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such session (or another tenant's)", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 409, description = "A turn is running (`session_busy`), or the session is terminal", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:write"]))
+)]
 pub(super) async fn set_model(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,
@@ -757,6 +891,13 @@ pub(super) async fn header_json(
 // ---- agents ---------------------------------------------------------------------------
 
 /// `GET /v1/agents`: the configured agents.
+#[utoipa::path(
+    get, path = "/v1/agents", tag = "sessions",
+    responses(
+        (status = 200, description = "The configured agents", body = crate::http::openapi::schemas::AgentList)
+    ),
+    security(("bearer" = ["sessions:read"]))
+)]
 pub(super) async fn agents(
     State(state): State<AppState>,
     Authorized(_, _): Authorized<Read>,

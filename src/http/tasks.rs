@@ -24,6 +24,13 @@ use super::{ApiError, AppState};
 
 /// `GET /v1/tasks` → `{tasks: [{id, description, agent, skills,
 /// instructions, input_schema?, output_schema?}]}`.
+#[utoipa::path(
+    get, path = "/v1/tasks", tag = "library",
+    responses(
+        (status = 200, description = "The stored tasks", body = crate::http::openapi::schemas::TaskList)
+    ),
+    security(("bearer" = ["sessions:read"]))
+)]
 pub(super) async fn list(
     State(state): State<AppState>,
     Authorized(_, _): Authorized<Read>,
@@ -36,7 +43,7 @@ pub(super) async fn list(
     Json(json!({ "tasks": tasks }))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RunBody {
     /// What this run is about (checked against the task's `input_schema`).
@@ -52,6 +59,18 @@ pub(super) struct RunBody {
 }
 
 /// `POST /v1/tasks/{id}/runs` → 201 with the new session.
+#[utoipa::path(
+    post, path = "/v1/tasks/{id}/runs", tag = "library",
+    params(("id" = String, Path, description = "The task")),
+    request_body = Option<RunBody>,
+    responses(
+        (status = 201, description = "The run's session (with `Location`)", body = crate::http::openapi::schemas::Session),
+        (status = 400, description = "Invalid body, or a context its `input_schema` refuses", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such task", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 429, description = "The tenant's session quota is full (`Retry-After`)", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:write"]))
+)]
 pub(super) async fn run(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Write>,

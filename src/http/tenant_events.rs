@@ -434,7 +434,8 @@ fn summary(event: &Event) -> Map<String, Value> {
     out
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct EventsQuery {
     #[serde(default)]
@@ -463,6 +464,15 @@ fn sse(stream: &str, item: &Item) -> SseEvent {
 }
 
 /// `GET /v1/events[?after=ID]` with optional `Last-Event-ID`.
+#[utoipa::path(
+    get, path = "/v1/events", tag = "tenant",
+    params(EventsQuery, ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (`<stream>-<seq>`)")),
+    responses(
+        (status = 200, description = "Server-Sent Events of the tenant: `approval.requested`, `approval.decided`, session endings, and `reset` when the replay was lost", content_type = "text/event-stream", body = String),
+        (status = 400, description = "Invalid `after` or `Last-Event-ID`", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["sessions:read"]))
+)]
 pub(super) async fn stream(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Read>,

@@ -145,11 +145,27 @@ fn serve(index: usize, headers: &HeaderMap) -> Response {
 }
 
 /// `GET /`: the page.
+#[utoipa::path(
+    get, path = "/", tag = "ui",
+    responses(
+        (status = 200, description = "The approval inbox's page", content_type = "text/html", body = String),
+        (status = 304, description = "Not modified (`If-None-Match`)")
+    )
+)]
 pub(super) async fn index(headers: HeaderMap) -> Response {
     serve(0, &headers)
 }
 
 /// `GET /ui/{file}`.
+#[utoipa::path(
+    get, path = "/ui/{file}", tag = "ui",
+    params(("file" = String, Path, description = "The file")),
+    responses(
+        (status = 200, description = "A static file of the page (script, style sheet)", content_type = "application/octet-stream", body = String),
+        (status = 304, description = "Not modified (`If-None-Match`)"),
+        (status = 404, description = "No such file", body = crate::http::openapi::schemas::ErrorBody)
+    )
+)]
 pub(super) async fn asset(Path(file): Path<String>, headers: HeaderMap) -> Response {
     match ASSETS.iter().position(|a| a.name == file) {
         Some(i) => serve(i, &headers),

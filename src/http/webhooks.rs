@@ -111,7 +111,8 @@ fn delivery_view(d: &Delivery) -> Value {
     })
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[schema(as = WebhookCreate)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CreateBody {
     url: String,
@@ -122,6 +123,16 @@ pub(super) struct CreateBody {
 }
 
 /// `POST /v1/webhooks`.
+#[utoipa::path(
+    post, path = "/v1/webhooks", tag = "webhooks",
+    request_body = CreateBody,
+    responses(
+        (status = 201, description = "The endpoint, with its secret (shown once)", body = crate::http::openapi::schemas::WebhookWithSecret),
+        (status = 400, description = "Invalid body: a URL the target rules refuse, an unknown event", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "Webhooks are disabled on this server", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["webhooks:write"]))
+)]
 pub(super) async fn create(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Hooks>,
@@ -158,6 +169,14 @@ pub(super) async fn create(
 }
 
 /// `GET /v1/webhooks`.
+#[utoipa::path(
+    get, path = "/v1/webhooks", tag = "webhooks",
+    responses(
+        (status = 200, description = "The tenant's endpoints", body = crate::http::openapi::schemas::WebhookList),
+        (status = 404, description = "Webhooks are disabled on this server", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["webhooks:write"]))
+)]
 pub(super) async fn list(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Hooks>,
@@ -168,6 +187,16 @@ pub(super) async fn list(
 }
 
 /// `GET /v1/webhooks/{id}`.
+#[utoipa::path(
+    get, path = "/v1/webhooks/{id}", tag = "webhooks",
+    params(("id" = uuid::Uuid, Path, description = "The endpoint")),
+    responses(
+        (status = 200, description = "The endpoint", body = crate::http::openapi::schemas::Webhook),
+        (status = 400, description = "The id is not a UUID", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such endpoint, or webhooks are disabled", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["webhooks:write"]))
+)]
 pub(super) async fn show(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Hooks>,
@@ -178,6 +207,16 @@ pub(super) async fn show(
 }
 
 /// `DELETE /v1/webhooks/{id}`.
+#[utoipa::path(
+    delete, path = "/v1/webhooks/{id}", tag = "webhooks",
+    params(("id" = uuid::Uuid, Path, description = "The endpoint")),
+    responses(
+        (status = 204, description = "Deleted; its pending deliveries are dropped"),
+        (status = 400, description = "The id is not a UUID, or a body was sent", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such endpoint, or webhooks are disabled", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["webhooks:write"]))
+)]
 pub(super) async fn delete(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Hooks>,
@@ -188,6 +227,16 @@ pub(super) async fn delete(
 }
 
 /// `POST /v1/webhooks/{id}/enable`.
+#[utoipa::path(
+    post, path = "/v1/webhooks/{id}/enable", tag = "webhooks",
+    params(("id" = uuid::Uuid, Path, description = "The endpoint")),
+    responses(
+        (status = 200, description = "The endpoint, receiving deliveries again", body = crate::http::openapi::schemas::Webhook),
+        (status = 400, description = "The id is not a UUID, or a body was sent", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such endpoint, or webhooks are disabled", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["webhooks:write"]))
+)]
 pub(super) async fn enable(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Hooks>,
@@ -198,7 +247,7 @@ pub(super) async fn enable(
     Ok(Json(view(&endpoint)))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RotateBody {
     #[serde(default)]
@@ -206,6 +255,17 @@ pub(super) struct RotateBody {
 }
 
 /// `POST /v1/webhooks/{id}/rotate`.
+#[utoipa::path(
+    post, path = "/v1/webhooks/{id}/rotate", tag = "webhooks",
+    params(("id" = uuid::Uuid, Path, description = "The endpoint")),
+    request_body = RotateBody,
+    responses(
+        (status = 200, description = "The endpoint with its new secret; the old one signs too until `previous_secret_until_ms`", body = crate::http::openapi::schemas::WebhookWithSecret),
+        (status = 400, description = "Invalid body or id", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such endpoint, or webhooks are disabled", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["webhooks:write"]))
+)]
 pub(super) async fn rotate(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Hooks>,
@@ -221,7 +281,8 @@ pub(super) async fn rotate(
     Ok(Json(shown))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct LogQuery {
     #[serde(default)]
@@ -231,6 +292,16 @@ pub(super) struct LogQuery {
 }
 
 /// `GET /v1/webhooks/{id}/deliveries?cursor=&limit=`.
+#[utoipa::path(
+    get, path = "/v1/webhooks/{id}/deliveries", tag = "webhooks",
+    params(("id" = uuid::Uuid, Path, description = "The endpoint"), LogQuery),
+    responses(
+        (status = 200, description = "A page of the endpoint's delivery log, newest first", body = crate::http::openapi::schemas::DeliveryPage),
+        (status = 400, description = "Invalid query or id", body = crate::http::openapi::schemas::ErrorBody),
+        (status = 404, description = "No such endpoint, or webhooks are disabled", body = crate::http::openapi::schemas::ErrorBody)
+    ),
+    security(("bearer" = ["webhooks:write"]))
+)]
 pub(super) async fn deliveries(
     State(state): State<AppState>,
     Authorized(principal, _): Authorized<Hooks>,

@@ -14,11 +14,22 @@
 //! event; past that, or past `max_attempts`, or on `410 Gone`, the delivery
 //! fails and its endpoint is disabled with the reason recorded.
 //!
-//! It sleeps until the earliest of: a checkpoint wrote outbox rows (the
+//! When not paced, it sleeps until the earliest of: a checkpoint wrote outbox rows (the
 //! store says so through [`Subscriptions::written`]), an attempt finished,
 //! the next delivery is due, or [`SWEEP`] passed (rows another node wrote,
 //! a claim that ran out). Time comes from a [`Clock`], so tests can move it
 //! by hours ([`ManualClock`]) instead of waiting.
+//!
+//! It yields to sessions. It runs on a thread of its own with a runtime of
+//! its own, at the lowest CPU priority (nice 19; its store calls' blocking
+//! threads inherit it), so the scheduler gives the cores to turns first.
+//! And while checkpoints are writing outbox rows (their sessions are busy:
+//! [`Subscriptions::busy`]), it paces itself ([`PACE`]): rows are taken in
+//! (a store flush) at most once a second, and attempts start at most
+//! `batch` per `tick`, a trickle that keeps the oldest moving; once the
+//! burst is over, the backlog drains at full concurrency. A burst's
+//! deliveries are therefore late by up to the burst's length plus the
+//! drain, never lost (they wait in the store).
 //!
 //! Memory is bounded: `concurrency` attempts in flight and their bodies;
 //! everything else waits in the store.
@@ -27,14 +38,16 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use overseer_actors::store::StoreError;
 use overseer_actors::Runtime;
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 use tokio::sync::{watch, OnceCell};
 use tokio::task::JoinSet;
 
+use super::payload::Unbuildable;
 use super::signing::{sign, Secret};
 use super::{
     metrics, payload, Claim, Delivery, DeliveryKey, DeliveryStatus, Disabled, Endpoint, Outcome,
@@ -45,6 +58,28 @@ use crate::tools::http_tool::transport_message;
 
 /// The longest the task sleeps without looking at the store.
 pub const SWEEP: Duration = Duration::from_secs(2);
+
+/// How deliveries keep out of the way of busy sessions.
+struct Pace {
+    /// Sessions whose events go out count as busy until their checkpoints
+    /// have written no outbox row for this long.
+    quiet: Duration,
+    /// While busy, attempts start at most once per `tick`…
+    tick: Duration,
+    /// …at most `batch` at a time (so `batch / tick` a second: a trickle
+    /// that keeps the oldest moving, not the backlog).
+    batch: usize,
+    /// While busy, rows are taken in (which flushes the store) at most this
+    /// often.
+    intake_every: Duration,
+}
+
+const PACE: Pace = Pace {
+    quiet: Duration::from_millis(300),
+    tick: Duration::from_millis(250),
+    batch: 8,
+    intake_every: Duration::from_secs(1),
+};
 /// How long it waits after the store failed before trying again.
 const STORE_RETRY: Duration = Duration::from_secs(1);
 
@@ -121,23 +156,79 @@ impl Clock for ManualClock {
     }
 }
 
-/// Starts the task.
+/// Starts the task on a thread of its own, at the lowest CPU priority,
+/// with a runtime of its own: its sends, body builds and store calls (the
+/// store's blocking work is spawned from that thread, so its threads
+/// inherit the priority) take the CPU only when turns leave it. The handle
+/// resolves once the thread has stopped.
 pub(super) fn start(
     hooks: Arc<Webhooks>,
     runtime: Weak<Runtime>,
     shutdown: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
+    let (done, stopped) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("overseer-webhooks".into())
+        .spawn(move || {
+            lower_priority();
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .thread_name("overseer-webhooks-io")
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(error = %e, "webhooks: cannot start the delivery runtime; no webhook is delivered");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let client = match client(&hooks.options) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::error!(error = %e, "webhooks: cannot build the HTTP client; no webhook is delivered");
+                        return;
+                    }
+                };
+                run(hooks, runtime, client, shutdown).await;
+            });
+            // Attempts still in flight are dropped with the runtime (their
+            // deliveries stay pending); store calls under way finish first.
+            rt.shutdown_timeout(SHUTDOWN_WAIT);
+            let _ = done.send(());
+        });
     tokio::spawn(async move {
-        let client = match client(&hooks.options) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "webhooks: cannot build the HTTP client; no webhook is delivered");
-                return;
+        match thread {
+            Ok(_) => {
+                let _ = stopped.await;
             }
-        };
-        run(hooks, runtime, client, shutdown).await;
+            Err(e) => {
+                tracing::error!(error = %e, "webhooks: cannot start the delivery thread; no webhook is delivered");
+            }
+        }
     })
 }
+
+/// How long a stopping delivery thread waits for store calls under way.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
+/// Lowers the calling thread to the lowest CPU priority (nice 19): Linux
+/// keeps a nice value per thread, and threads it starts inherit it.
+#[cfg(target_os = "linux")]
+fn lower_priority() {
+    // SAFETY: gettid and setpriority take and return plain integers; the
+    // target is the calling thread itself.
+    let rc = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19)
+    };
+    if rc != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "webhooks: cannot lower the delivery thread's priority");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lower_priority() {}
 
 fn client(options: &WebhookOptions) -> Result<reqwest::Client, reqwest::Error> {
     // reqwest is built without a bundled crypto provider; installing it
@@ -192,16 +283,26 @@ async fn run(
     // process left), after a checkpoint wrote some, and at every sweep; not
     // merely because an attempt finished.
     let mut intake = true;
-    let mut gauges_at: Option<tokio::time::Instant> = None;
+    let mut gauges_at: Option<Instant> = None;
+    // While sessions are busy: when rows were last taken in and attempts
+    // last started (see `Pace`).
+    let mut intake_at: Option<Instant> = None;
+    let mut round_at: Option<Instant> = None;
     loop {
         if *shutdown.borrow() {
             break;
         }
         let now = clock.now_ms();
+        let paced = hooks.subscriptions.busy(PACE.quiet);
         let mut trouble = false;
-        if intake {
+        if intake && (!paced || intake_at.is_none_or(|at| at.elapsed() >= PACE.intake_every)) {
             match store.intake(now).await {
-                Ok(_) => intake = false,
+                // Rows taken in: more may wait behind them (a batch is
+                // bounded), so look again; none: until told.
+                Ok(moved) => {
+                    intake = moved > 0;
+                    intake_at = Some(Instant::now());
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "webhooks: cannot take outbox rows; retrying");
                     trouble = true;
@@ -209,15 +310,22 @@ async fn run(
             }
         }
         if gauges_at.is_none_or(|at| at.elapsed() >= SWEEP) {
-            gauges_at = Some(tokio::time::Instant::now());
+            gauges_at = Some(Instant::now());
             refresh_gauges(&hooks).await;
         }
-        let free = concurrency.saturating_sub(tasks.len());
+        let mut free = concurrency.saturating_sub(tasks.len());
+        // The round's turn, while paced: at most `batch` attempts started
+        // per `tick`.
+        let held = paced && round_at.is_some_and(|at| at.elapsed() < PACE.tick);
+        if paced {
+            free = if held { 0 } else { free.min(PACE.batch) };
+        }
         let mut more_due = false;
         if free > 0 && !trouble {
             let lease_until = now.saturating_add(ms(lease(&options)));
             match store.claim_due(now, lease_until, free, &busy).await {
                 Ok(due) => {
+                    round_at = Some(Instant::now());
                     more_due = due.len() == free;
                     for claim in due {
                         let key = claim.delivery.key();
@@ -240,10 +348,13 @@ async fn run(
         }
         // When to look again for due deliveries: at once if a full claim
         // may have left some, else when the next one is due (not before a
-        // slot is free), and at least every SWEEP.
+        // slot is free), and at least every SWEEP. While paced: at the next
+        // tick, whatever wakes.
         let mut wake_at = now.saturating_add(ms(SWEEP));
         if trouble {
             wake_at = now.saturating_add(ms(STORE_RETRY));
+        } else if paced {
+            wake_at = i64::MAX;
         } else if tasks.len() < concurrency {
             if more_due {
                 wake_at = now;
@@ -252,6 +363,7 @@ async fn run(
             }
         }
         let sweep = tokio::time::sleep(SWEEP);
+        let tick = tokio::time::sleep(if paced { PACE.tick } else { SWEEP });
         tokio::select! {
             changed = shutdown.changed() => {
                 if changed.is_err() {
@@ -293,8 +405,11 @@ async fn run(
                     busy.remove(key);
                 }
             }
-            () = hooks.subscriptions.wait() => intake = true,
-            () = clock.sleep_until(wake_at) => {}
+            // While paced, rows written do not wake the task (a burst writes
+            // thousands a second): the next tick takes them in.
+            () = hooks.subscriptions.wait(), if !paced => intake = true,
+            () = tick, if paced => intake = true,
+            () = clock.sleep_until(wake_at), if !paced => {}
             // A clock that does not move (tests) must not stop the sweep
             // for rows other nodes wrote.
             () = sweep, if !trouble => intake = true,
@@ -362,19 +477,38 @@ async fn attempt(
             Ok(mut map) => map.entry(delivery.seed.id.clone()).or_default().clone(),
             Err(_) => Arc::new(OnceCell::new()),
         };
-        let body = cell
-            .get_or_init(|| async {
+        let built = cell
+            .get_or_try_init(|| async {
                 match runtime.upgrade() {
                     Some(rt) => payload::build(&rt, &options.public_url, &delivery.seed).await,
-                    None => String::new(),
+                    // The runtime is gone (shutting down): tried again later.
+                    None => Err(Unbuildable::Store(StoreError::Io("shutting down".into()))),
                 }
             })
             .await;
-        if body.is_empty() {
-            // The runtime is gone (shutting down): tried again later.
-            return None;
+        match built {
+            Ok(body) => delivery.body = Some(body.clone()),
+            Err(Unbuildable::Store(e)) => {
+                tracing::debug!(error = %e, webhook = %delivery.seed.id, "webhooks: cannot build a body yet");
+                return None;
+            }
+            Err(Unbuildable::Gone(reason)) => {
+                // Its session was purged before the body was built: there
+                // is nothing to send, now or later.
+                tracing::info!(webhook = %delivery.seed.id, session = %delivery.seed.session_id, reason, "webhooks: delivery dropped, its session is gone");
+                metrics::dropped(reason);
+                delivery.status = DeliveryStatus::Failed;
+                delivery.last_error = Some(format!(
+                    "not sent: session {} is no longer stored ({reason})",
+                    delivery.seed.session_id
+                ));
+                delivery.compact();
+                return Some(Outcome {
+                    delivery,
+                    was_due_at,
+                });
+            }
         }
-        delivery.body = Some(body.clone());
     }
     let outcome = send(&client, options, &endpoint, &delivery, now).await;
     delivery.attempts = delivery.attempts.saturating_add(1);

@@ -18,6 +18,12 @@ use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gau
 pub const DELIVERIES_TOTAL: &str = "overseer_webhook_deliveries_total";
 /// Counter: attempts that did not deliver (each retry counts).
 pub const FAILED_ATTEMPTS_TOTAL: &str = "overseer_webhook_failed_attempts_total";
+/// Counter: deliveries dropped unsent, by `reason`: `purged` (the session
+/// was purged before its body was built), `event_gone` (its event is no
+/// longer stored as the outbox row describes it), `not_committed` (an
+/// outbox row no committed event backs, or whose session is gone, at
+/// intake).
+pub const DROPPED_TOTAL: &str = "overseer_webhook_dropped_total";
 /// Gauge: deliveries waiting for their first or next attempt.
 pub const PENDING_DELIVERIES: &str = "overseer_webhook_pending_deliveries";
 /// Gauge: endpoints disabled (given up on, or answered 410 Gone).
@@ -46,6 +52,11 @@ pub fn describe() {
         Unit::Count,
         "Webhook delivery attempts that did not deliver (each retry counts)."
     );
+    describe_counter!(
+        DROPPED_TOTAL,
+        Unit::Count,
+        "Webhook deliveries dropped unsent because their session or event is no longer stored, by reason (purged, event_gone, not_committed)."
+    );
     describe_gauge!(
         PENDING_DELIVERIES,
         Unit::Count,
@@ -64,6 +75,14 @@ pub fn describe() {
     counter!(DELIVERIES_TOTAL, "outcome" => "delivered").absolute(0);
     counter!(DELIVERIES_TOTAL, "outcome" => "failed").absolute(0);
     counter!(FAILED_ATTEMPTS_TOTAL).absolute(0);
+    for reason in ["purged", "event_gone", "not_committed"] {
+        counter!(DROPPED_TOTAL, "reason" => reason).absolute(0);
+    }
+}
+
+/// A delivery (or outbox row) was dropped unsent, for `reason`.
+pub fn dropped(reason: &'static str) {
+    counter!(DROPPED_TOTAL, "reason" => reason).increment(1);
 }
 
 /// A delivery reached its receiver `latency_ms` after its event.

@@ -9,13 +9,24 @@
 //! nodes, does not trust any node's view: its checkpoint statement joins the
 //! seeds with the endpoints table itself.
 //!
+//! A row is a reference, not a copy: the event's kind, session, sequence
+//! number, time and call id (a few hundred bytes). The event and the call
+//! are durable in the same checkpoint already, so the body is built from
+//! the session's stored state at delivery time (`payload`), and a
+//! checkpoint's write grows by little more than a key per endpoint.
+//!
+//! The view also says whether such checkpoints are being written right now
+//! ([`Subscriptions::busy`]): the delivery task paces itself by it, so
+//! deliveries do not take the machine from the turns that cause them.
+//!
 //! It deliberately does no I/O: the store writes what it returns.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
-use overseer_actors::model::{Event, EventKind, SessionStatus, ToolCallRecord, TranscriptEntry};
+use overseer_actors::model::{Event, EventKind, SessionStatus};
 use overseer_actors::store::Checkpoint;
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -41,6 +52,18 @@ pub struct Subscriptions {
     any: AtomicBool,
     /// Signalled when rows were written (or a delivery may have become due).
     wake: Notify,
+    /// When rows were last written: ms since [`epoch`], plus one (0: never).
+    last_write: AtomicU64,
+}
+
+/// The origin of [`Subscriptions::busy`]'s monotonic clock.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn since_epoch_ms() -> u64 {
+    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Subscriptions {
@@ -116,7 +139,22 @@ impl Subscriptions {
     /// Tells the delivery task that rows were committed (or that it should
     /// look again).
     pub fn written(&self) {
+        self.last_write
+            .store(since_epoch_ms().saturating_add(1), Ordering::Relaxed);
         self.wake.notify_one();
+    }
+
+    /// Whether a checkpoint wrote outbox rows within the last `quiet`: the
+    /// sessions whose events go out are busy, and deliveries should keep out
+    /// of their way.
+    pub fn busy(&self, quiet: Duration) -> bool {
+        match self.last_write.load(Ordering::Relaxed) {
+            0 => false,
+            at => {
+                let quiet = u64::try_from(quiet.as_millis()).unwrap_or(u64::MAX);
+                since_epoch_ms().saturating_add(1).saturating_sub(at) < quiet
+            }
+        }
     }
 
     /// Resolves at the next [`Subscriptions::written`] (or at once, if one
@@ -142,23 +180,10 @@ fn event_type(event: &Event, cp: &Checkpoint) -> Option<EventType> {
     }
 }
 
-/// The call `id` as `cp` records it: among the header's open calls, or, if
-/// its step closed in this checkpoint, in a new transcript entry.
-fn call_of<'a>(cp: &'a Checkpoint, id: &str) -> Option<&'a ToolCallRecord> {
-    cp.header
-        .open_calls
-        .iter()
-        .find(|c| c.id.as_str() == id)
-        .or_else(|| {
-            cp.entries.iter().find_map(|(_, e)| match &**e {
-                TranscriptEntry::ToolResult { call } if call.id.as_str() == id => Some(call),
-                _ => None,
-            })
-        })
-}
-
 /// The events of `cp` that go out as webhooks, whoever listens: each with a
-/// fresh `webhook-id` and what the checkpoint knows of it.
+/// fresh `webhook-id` and a reference to the event (its session, sequence
+/// number, time, call id or new status), not its content: the body is
+/// built from the stored session when it is sent.
 pub fn seeds(cp: &Checkpoint) -> Vec<Seed> {
     let h = &cp.header;
     let mut out = Vec::new();
@@ -182,19 +207,13 @@ pub fn seeds(cp: &Checkpoint) -> Vec<Seed> {
             detail: None,
         };
         match &event.kind {
-            EventKind::ApprovalRequested { call_id, .. } => {
-                seed.call = call_of(cp, call_id.as_str()).cloned();
+            EventKind::ApprovalRequested { call_id, .. }
+            | EventKind::DecisionRecorded { call_id, .. } => {
                 seed.call_id = Some(call_id.to_string());
-            }
-            EventKind::DecisionRecorded { call_id, record } => {
-                seed.call = call_of(cp, call_id.as_str()).cloned();
-                seed.call_id = Some(call_id.to_string());
-                seed.decision = Some(record.clone());
             }
             EventKind::StatusChanged { status } => {
                 seed.status = Some(*status);
                 seed.stop_reason = h.last_stop_reason;
-                seed.detail = h.error.clone().or_else(|| h.completion_reason.clone());
             }
             _ => {}
         }
@@ -228,7 +247,9 @@ pub fn describes(seed: &Seed, event: &Event) -> bool {
 mod tests {
     use std::sync::Arc;
 
-    use overseer_actors::model::{AgentConfig, SessionHeader, SessionId, ToolCallId};
+    use overseer_actors::model::{
+        AgentConfig, SessionHeader, SessionId, ToolCallId, ToolCallRecord,
+    };
     use serde_json::json;
 
     use super::*;
@@ -326,7 +347,10 @@ mod tests {
             .collect();
         assert_eq!(requested_ids[0], requested_ids[1]);
         let seed = &rows[0].1;
-        assert_eq!(seed.call.as_ref().map(|c| c.name.as_str()), Some("t"));
+        // A reference to the event, not a copy of the call.
+        assert_eq!(seed.call_id.as_deref(), Some("call_1"));
+        assert!(seed.call.is_none() && seed.decision.is_none() && seed.detail.is_none());
+        assert!(serde_json::to_vec(seed).unwrap().len() < 300, "{seed:?}");
         assert!(describes(seed, &cp.events[1]));
         assert!(!describes(seed, &cp.events[2]));
 

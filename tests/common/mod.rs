@@ -9,6 +9,7 @@
 
 pub mod chromium;
 pub mod cluster;
+pub mod contract;
 pub mod npm;
 pub mod pg;
 
@@ -373,8 +374,14 @@ impl Server {
 }
 
 /// Sends a request; returns the status and the JSON body (`Null` if none).
+/// The answer is held to the OpenAPI document ([`contract::check`]): an
+/// undocumented status or field fails the test.
 pub async fn send(req: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> {
-    let resp = req.send().await?;
+    let (client, request) = req.build_split();
+    let request = request?;
+    let method = request.method().as_str().to_owned();
+    let path = request.url().path().to_owned();
+    let resp = client.execute(request).await?;
     let status = resp.status().as_u16();
     let text = resp.text().await?;
     let v = if text.is_empty() {
@@ -382,6 +389,12 @@ pub async fn send(req: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> 
     } else {
         serde_json::from_str(&text).with_context(|| format!("non-JSON body ({status}): {text}"))?
     };
+    // Only answers of this server: a test may send through these helpers
+    // to a stand-in server of its own.
+    if contract::template(&path).is_some() {
+        contract::check(&method, &path, status, &v)
+            .map_err(|e| anyhow::anyhow!("contract: {e}"))?;
+    }
     Ok((status, v))
 }
 

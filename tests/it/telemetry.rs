@@ -15,10 +15,14 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use axum::routing::post;
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use prost::Message;
 use serde_json::{json, Value};
 
@@ -35,9 +39,25 @@ struct Got {
     attrs: HashMap<String, String>,
 }
 
+/// A histogram data point as received (cumulative: later exports repeat
+/// it with the totals so far).
+#[derive(Debug, Clone)]
+struct Point {
+    name: String,
+    unit: String,
+    attrs: HashMap<String, String>,
+    count: u64,
+    sum: f64,
+    bounds: Vec<f64>,
+}
+
 #[derive(Default)]
 struct Seen {
     spans: Vec<Got>,
+    /// Histogram points of every metrics export, in arrival order.
+    points: Vec<Point>,
+    /// Metric export requests received.
+    metric_exports: usize,
     /// `traceparent` headers the stand-in tool received.
     tool_traceparents: Vec<String>,
     service: Option<String>,
@@ -67,7 +87,46 @@ async fn receiver() -> Receiver {
     let seen: Arc<Mutex<Seen>> = Arc::default();
     let traces = seen.clone();
     let tool = seen.clone();
+    let meters = seen.clone();
     let app = axum::Router::new()
+        .route(
+            "/v1/metrics",
+            post(move |body: Bytes| {
+                let seen = meters.clone();
+                async move {
+                    let req = ExportMetricsServiceRequest::decode(body).unwrap();
+                    let mut seen = seen.lock().unwrap();
+                    seen.metric_exports += 1;
+                    for rm in req.resource_metrics {
+                        for sm in rm.scope_metrics {
+                            for m in sm.metrics {
+                                let Some(Data::Histogram(h)) = m.data else {
+                                    continue;
+                                };
+                                for p in h.data_points {
+                                    seen.points.push(Point {
+                                        name: m.name.clone(),
+                                        unit: m.unit.clone(),
+                                        attrs: p
+                                            .attributes
+                                            .iter()
+                                            .map(|kv| (kv.key.clone(), any(&kv.value)))
+                                            .collect(),
+                                        count: p.count,
+                                        sum: p.sum.unwrap_or_default(),
+                                        bounds: p.explicit_bounds.clone(),
+                                    });
+                                }
+                            }
+                        }
+                    }
+                    (
+                        [("content-type", "application/x-protobuf")],
+                        ExportMetricsServiceResponse::default().encode_to_vec(),
+                    )
+                }
+            }),
+        )
         .route(
             "/v1/traces",
             post(move |body: Bytes| {
@@ -689,4 +748,127 @@ async fn a_message_with_a_traceparent_starts_a_turn_under_the_callers_span() {
     let second = turns.iter().find(|t| t.trace == caller).unwrap();
     assert_eq!(second.parent, caller_span);
     r.task.abort();
+}
+
+/// The latest point of histogram `name` whose attributes include `with`.
+fn latest(r: &Receiver, name: &str, with: &[(&str, &str)]) -> Option<Point> {
+    r.seen
+        .lock()
+        .unwrap()
+        .points
+        .iter()
+        .rev()
+        .find(|p| {
+            p.name == name
+                && with
+                    .iter()
+                    .all(|(k, v)| p.attrs.get(*k).map(String::as_str) == Some(*v))
+        })
+        .cloned()
+}
+
+/// The GenAI client histograms reach the collector over OTLP with the
+/// conventions' names, units, attributes and bucket boundaries: two turns
+/// of the scripted provider are two operations, and the token sums are the
+/// scenario's (7 + 8 in, 1 + 2 out). `OTEL_METRICS_EXPORTER=none` keeps
+/// traces and turns metrics off: no export, even at shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_genai_histograms_are_exported_over_otlp_unless_metrics_are_off() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    for metrics_on in [true, false] {
+        let r = receiver().await;
+        let dir = tempfile::tempdir().unwrap();
+        let config = write_config(dir.path(), &r.url, &r.url, "");
+        let mut env = vec![("OTEL_METRIC_EXPORT_INTERVAL", "100")];
+        if !metrics_on {
+            env.push(("OTEL_METRICS_EXPORTER", "none"));
+        }
+        let mut served = serve(&dir.path().join("data"), &config, &env);
+        let http = reqwest::Client::new();
+        let (status, created) = send(
+            http.post(format!("{}/v1/sessions", served.url))
+                .json(&json!({"agent": "echo", "prompt": "First."})),
+        )
+        .await;
+        assert_eq!(status, 201, "{created}");
+        let id = created["id"].as_str().unwrap().to_owned();
+        wait_status(&http, &served.url, &id, "awaiting_input").await;
+        let (status, body) = send(
+            http.post(format!("{}/v1/sessions/{id}/messages", served.url))
+                .json(&json!({"text": "Second."})),
+        )
+        .await;
+        assert_eq!(status, 202, "{body}");
+        // The second turn's spans are out: both operations are recorded.
+        until("the second turn", || {
+            (spans(&r)
+                .iter()
+                .filter(|s| s.name == "invoke_agent echo")
+                .count()
+                == 2)
+                .then_some(())
+        })
+        .await;
+        if !metrics_on {
+            // Shutdown exports what is left; with metrics off there is none.
+            served.sigterm();
+            assert_eq!(r.seen.lock().unwrap().metric_exports, 0);
+            r.task.abort();
+            continue;
+        }
+        let chat = [
+            ("gen_ai.operation.name", "chat"),
+            ("gen_ai.provider.name", "scripted"),
+        ];
+        // What was received, should a wait below fail.
+        let dump = || {
+            let seen = r.seen.lock().unwrap();
+            eprintln!(
+                "{} metric exports; points: {:#?}; server log: {:#?}",
+                seen.metric_exports,
+                seen.points,
+                served.logs.lock().unwrap()
+            );
+        };
+        let mut input = None;
+        for _ in 0..1500 {
+            input = latest(
+                &r,
+                "gen_ai.client.token.usage",
+                &[chat[0], chat[1], ("gen_ai.token.type", "input")],
+            )
+            .filter(|p| p.count == 2);
+            if input.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let Some(input) = input else {
+            dump();
+            panic!("never: the input tokens of both turns");
+        };
+        assert_eq!(input.sum, 15.0, "{input:?}");
+        assert_eq!(input.unit, "{token}");
+        assert_eq!(input.bounds.first(), Some(&1.0), "{input:?}");
+        assert!(
+            input.attrs.contains_key("gen_ai.request.model"),
+            "{input:?}"
+        );
+        let output = latest(
+            &r,
+            "gen_ai.client.token.usage",
+            &[chat[0], chat[1], ("gen_ai.token.type", "output")],
+        )
+        .unwrap();
+        assert_eq!((output.count, output.sum), (2, 3.0), "{output:?}");
+        let duration = until("both operations' durations", || {
+            latest(&r, "gen_ai.client.operation.duration", &chat).filter(|p| p.count == 2)
+        })
+        .await;
+        assert_eq!(duration.unit, "s");
+        assert!(duration.sum > 0.0, "{duration:?}");
+        assert_eq!(duration.bounds.first(), Some(&0.01), "{duration:?}");
+        served.sigterm();
+        r.task.abort();
+    }
 }

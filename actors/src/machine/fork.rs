@@ -56,6 +56,7 @@ pub struct ForkSpec {
 
 /// A point of a session's history a fork can start from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ForkPoint {
     /// The event marking it (`{"at": seq}` forks there).
     pub seq: u64,
@@ -71,6 +72,7 @@ pub struct ForkPoint {
 
 /// What a fork point is.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ForkPointKind {
     /// A turn ended.

@@ -11,6 +11,7 @@ use super::DecisionRecord;
 /// provider reuses its own ids across steps, and a decision submitted at a root
 /// can name a call of any descendant unambiguously.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(transparent)]
 pub struct ToolCallId(pub String);
 
@@ -40,6 +41,7 @@ impl From<&str> for ToolCallId {
 
 /// The states of a tool call. `Completed`, `Failed`, `Denied` and `Cancelled` are terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum CallState {
     /// Recorded from the model's output, not yet vetted.
@@ -73,6 +75,7 @@ impl CallState {
 /// What to do with a call that was dispatched when the process stopped and
 /// whose outcome was never recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum OnInterrupt {
     /// Dispatch again with the same idempotency key.
@@ -86,6 +89,7 @@ pub enum OnInterrupt {
 /// Everything known about one tool call. Lives in the session header while its
 /// step is open, then moves into the transcript as a `ToolResult` entry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolCallRecord {
     /// Runtime-assigned id.
     pub id: ToolCallId,

@@ -11,6 +11,7 @@ use super::ToolCallId;
 /// `{"decision": "approve"}`, `{"decision": "approve", "override_args": {…}}`,
 /// `{"decision": "deny", "message": "…"}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "decision", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Decision {
     /// Run the call, optionally with some arguments replaced (shallow merge).
@@ -57,6 +58,7 @@ impl Decision {
 
 /// A batch of decisions, as submitted by one caller at one time.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Submission {
     /// Call id → decision.
@@ -85,6 +87,7 @@ impl Submission {
 /// A decision as recorded on the call: who, when, metadata and, for an edit,
 /// the argument diff.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DecisionRecord {
     /// The decision itself.
     pub decision: Decision,

@@ -11,6 +11,7 @@ use super::{
 /// A durable event. `seq` is dense and increasing per session, starting at 1;
 /// it is the SSE event id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Event {
     /// Session the event belongs to.
     pub session_id: SessionId,
@@ -25,6 +26,7 @@ pub struct Event {
 
 /// What happened. Tagged by `type` on the wire.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventKind {
     /// The session exists.

@@ -17,6 +17,7 @@ pub struct OverrideError(pub String);
 /// Per-session changes to an agent's preset. Each may only narrow what the
 /// agent allows: tools a subset, limits lower.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SessionOverrides {
     /// Appended to the agent's instructions, on a new line.

@@ -39,6 +39,7 @@ pub const DEFAULT_MAX_CHILDREN: u32 = 8;
 
 /// Identifier of a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(transparent)]
 pub struct SessionId(pub uuid::Uuid);
 
@@ -76,6 +77,7 @@ impl std::str::FromStr for SessionId {
 
 /// Session statuses (documented in `docs/src/reference/events.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SessionStatus {
     /// Created, no message yet.
@@ -122,6 +124,7 @@ impl std::fmt::Display for SessionStatus {
 
 /// Why a turn stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
     /// The model answered without calling tools.
@@ -170,6 +173,7 @@ impl std::fmt::Display for StopReason {
 
 /// Approval policy of an agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalPolicy {
     /// Never ask.
@@ -185,6 +189,7 @@ pub enum ApprovalPolicy {
 /// when asked (e.g. an editor's allow-always / reject-always): later calls
 /// of that tool in the session are approved or denied without asking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ToolRule {
     /// Run without asking.
@@ -206,6 +211,7 @@ impl ToolRule {
 /// Whether a child's approvals go up to a human at the root, or are granted
 /// automatically.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ChildApproval {
     /// Pending approvals of children appear at the root and are decided there.
@@ -218,6 +224,7 @@ pub enum ChildApproval {
 /// Spending limits of a session. `None` is unlimited. A child is granted
 /// at most what its parent has left.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Budget {
     /// Input plus output tokens.
@@ -288,6 +295,7 @@ impl Budget {
 
 /// A named agent configuration, as the runtime needs it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AgentConfig {
     /// Agent name.
     pub name: String,
@@ -404,6 +412,7 @@ impl AgentConfig {
 /// so that a later change to the agent's preset does not change a running
 /// session behind its users' backs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EffectiveConfig {
     /// System instructions.
     pub instructions: String,
@@ -470,6 +479,7 @@ fn default_children() -> u32 {
 
 /// Link from a child session to the call that started it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ParentLink {
     /// Parent session.
     pub session_id: SessionId,
@@ -488,6 +498,7 @@ pub struct ParentLink {
 /// A message id a session accepted, for idempotent retries. Only hashes are
 /// kept, so a long id costs the header nothing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RecentMessage {
     /// Hash of the client-chosen id.
     #[serde(default)]
@@ -503,6 +514,7 @@ pub struct RecentMessage {
 /// survive a crash: each is a row of its own beside the header, written once
 /// when accepted and deleted when its turn starts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QueuedMessage {
     /// The text.
     pub text: String,
@@ -513,6 +525,7 @@ pub struct QueuedMessage {
 /// Where a session's queued messages are: rows `head..next` (by sequence
 /// number), `bytes` of text in all.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QueueIndex {
     /// Sequence number of the oldest queued message.
     pub head: u64,
@@ -540,6 +553,7 @@ impl QueueIndex {
 
 /// The header of a session snapshot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SessionHeader {
     /// Format version (see [`SCHEMA_VERSION`]).
     pub schema_version: u32,
@@ -577,6 +591,7 @@ pub struct SessionHeader {
     pub auto_complete: bool,
     /// What the session runs under (shared with the other sessions that
     /// run under the same, see [`SharedConfig`]).
+    #[cfg_attr(feature = "openapi", schema(value_type = EffectiveConfig))]
     pub config: SharedConfig,
     /// Cumulative usage of this session alone.
     pub usage: Usage,
@@ -636,6 +651,7 @@ pub struct SessionHeader {
 /// Where a fork came from: the source session and the point of its
 /// history the fork's transcript ends at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ForkOrigin {
     /// The source session.
     pub session: SessionId,
@@ -650,6 +666,7 @@ pub struct ForkOrigin {
 /// window: how its estimate of a request's tokens compares with what the
 /// provider reported, and what the current step has already tried.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ContextState {
     /// Tokens the provider counted per 1,000 characters of request, from the
     /// last step that reported usage (0: not calibrated yet; 250 is used).

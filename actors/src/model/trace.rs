@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 /// Where a session's current turn sits in a trace.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TraceLink {
     /// The turn's parent: the caller's `traceparent` (on create or on a
     /// message), or, for a child session, its parent's `delegate_task` span.

@@ -11,6 +11,7 @@ use super::{ToolCallId, ToolCallRecord, ToolRule};
 /// A tool call as the model proposed it, kept inside the assistant entry so
 /// the provider request can replay the conversation faithfully.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ProposedCall {
     /// Runtime-assigned id (also sent to providers as the tool-call id).
     pub id: ToolCallId,
@@ -22,6 +23,7 @@ pub struct ProposedCall {
 
 /// Why the model stopped a step's stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FinishReason {
     /// Natural end of the message.
@@ -42,6 +44,7 @@ pub enum FinishReason {
 // nothing per entry and boxing would only add an allocation.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "role", rename_all = "snake_case")]
 pub enum TranscriptEntry {
     /// A user message that started (or was queued for) a turn.

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// What a session has spent. Accumulates across turns; never decreases.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Usage {
     /// Provider inference requests issued: every attempt, retried,
     /// interrupted and broken ones included.

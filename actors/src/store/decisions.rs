@@ -40,6 +40,7 @@ use crate::model::{
 
 /// What kind of decision a row records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum DecisionKind {
     /// A person approved the call as proposed.

@@ -44,6 +44,8 @@ mod library;
 mod limits;
 #[path = "it/mcp.rs"]
 mod mcp;
+#[path = "it/openapi.rs"]
+mod openapi;
 #[path = "it/providers.rs"]
 mod providers;
 #[path = "it/render.rs"]

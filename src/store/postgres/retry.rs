@@ -44,7 +44,7 @@ pub(crate) fn map_pg(e: tokio_postgres::Error) -> StoreError {
     if transient(&e) {
         StoreError::Unavailable(e.to_string())
     } else {
-        StoreError::Io(format!("database error: {e}"))
+        StoreError::io("database error", e)
     }
 }
 

@@ -20,7 +20,7 @@ use overseer_actors::store::CheckpointStore;
 use overseer_actors::{CreateSession, SessionError};
 use serde_json::{json, Value};
 
-mod common;
+use crate::common;
 use common::*;
 
 // ---- approvals ----------------------------------------------------------------

@@ -19,7 +19,7 @@ use overseer::tools::http_tool::HttpToolConfig;
 use overseer::tools::mcp::McpServerConfig;
 use serde::de::DeserializeOwned;
 
-const FILE: &str = include_str!("../config/overseer.toml");
+const FILE: &str = include_str!("../../config/overseer.toml");
 
 /// The keys `T` accepts, from the message of its refusal of an unknown key.
 fn keys_of<T: DeserializeOwned>() -> Vec<String> {

@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use anyhow::{bail, Context};
 use common::{expect_error, send, token, Server, Sse, ALL};

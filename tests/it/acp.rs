@@ -36,7 +36,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::LinesStream;
 
-mod common;
+use crate::common;
 
 use overseer::store::{Durability, SledStore};
 use overseer_actors::model::{EventKind, SessionId, ToolRule, TranscriptEntry};

@@ -28,7 +28,7 @@
 
 #[path = "ui/browser.rs"]
 mod browser;
-mod common;
+use crate::common;
 #[path = "ui/served.rs"]
 mod served;
 

@@ -346,7 +346,7 @@ fn nothing_cites_the_spec_outside_the_repository() {
 fn every_test_file_is_on_the_tests_page() {
     let page = std::fs::read_to_string(root().join("docs/src/development/tests.md")).unwrap();
     let mut missing = Vec::new();
-    for dir in ["tests", "actors/tests"] {
+    for dir in ["tests", "tests/it", "actors/tests", "actors/tests/it"] {
         for entry in std::fs::read_dir(root().join(dir)).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "rs") {

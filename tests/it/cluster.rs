@@ -1572,8 +1572,7 @@ async fn migration_6_moves_layout_2_rows_into_records_and_the_parked_sessions_fi
     // years on, in the dump and in what the old release read back alike,
     // so the parked calls are still open whenever this test runs.
     let mut dump = std::fs::read_to_string(fixture.join("dump.sql")).unwrap();
-    let mut sessions_json =
-        std::fs::read_to_string(fixture.join("sessions.json")).unwrap();
+    let mut sessions_json = std::fs::read_to_string(fixture.join("sessions.json")).unwrap();
     let key = "approval_deadline_ms\":";
     let deadlines: BTreeSet<String> = dump
         .match_indices(key)
@@ -1602,8 +1601,7 @@ async fn migration_6_moves_layout_2_rows_into_records_and_the_parked_sessions_fi
     let old_rows =
         scalar("SELECT (SELECT count(*) FROM transcript) + (SELECT count(*) FROM events)").await;
     assert!(old_rows > 30, "{old_rows}");
-    let expected: Vec<Value> =
-        serde_json::from_str(&sessions_json).unwrap();
+    let expected: Vec<Value> = serde_json::from_str(&sessions_json).unwrap();
     assert_eq!(expected.len(), 6);
 
     {

@@ -346,10 +346,9 @@ approval = "always"
     config
 }
 
+/// The shared helper: each answer is also held to the OpenAPI document.
 async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
-    let r = req.send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
+    crate::common::send(req).await.unwrap()
 }
 
 /// Polls until `check` says yes (a bounded number of real queries).

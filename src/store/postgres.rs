@@ -371,7 +371,7 @@ impl CheckpointStore for PgStore {
         let prepared = if codec::may_be_large(&checkpoint) {
             tokio::task::spawn_blocking(move || prepare(&checkpoint, Some(epoch)))
                 .await
-                .map_err(|e| StoreError::Io(format!("encoding the checkpoint of {id}: {e}")))??
+                .map_err(|e| StoreError::io(format!("encoding the checkpoint of {id}"), e))??
         } else {
             prepare(&checkpoint, Some(epoch))?
         };

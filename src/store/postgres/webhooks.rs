@@ -55,7 +55,7 @@ pub(super) fn add_seeds(prepared: &mut Prepared, seeds: &[Seed]) -> Result<(), S
         prepared.hook_events.push(seed.event.as_str().to_owned());
         prepared.hook_seeds.push(
             serde_json::to_string(seed)
-                .map_err(|e| StoreError::Io(format!("cannot encode a webhook seed: {e}")))?,
+                .map_err(|e| StoreError::io("cannot encode a webhook seed", e))?,
         );
     }
     prepared.hook_now_ms = SystemClock.now_ms();
@@ -106,7 +106,7 @@ impl PgStore {
 impl WebhookStore for PgStore {
     async fn put_endpoint(&self, endpoint: &Endpoint) -> Result<(), StoreError> {
         let text = serde_json::to_string(endpoint)
-            .map_err(|e| StoreError::Io(format!("cannot encode an endpoint: {e}")))?;
+            .map_err(|e| StoreError::io("cannot encode an endpoint", e))?;
         let events: Vec<String> = endpoint
             .events
             .iter()
@@ -286,7 +286,7 @@ impl WebhookStore for PgStore {
             bodies.push(d.body.clone());
             seeds.push(
                 serde_json::to_string(&d.seed)
-                    .map_err(|e| StoreError::Io(format!("cannot encode a webhook seed: {e}")))?,
+                    .map_err(|e| StoreError::io("cannot encode a webhook seed", e))?,
             );
             if d.status != DeliveryStatus::Pending && !finished.contains(&d.endpoint) {
                 finished.push(d.endpoint);

@@ -225,9 +225,7 @@ impl GroupCommit {
             std::thread::Builder::new()
                 .name("overseer-store-flusher".into())
                 .spawn(move || run_flusher(&shared, &flush_rx, sidecar))
-                .map_err(|e| {
-                    StoreError::Io(format!("cannot start the store flusher thread: {e}"))
-                })?
+                .map_err(|e| StoreError::io("cannot start the store flusher thread", e))?
         };
         let writer = Writer {
             durability: shared.options.durability,
@@ -241,7 +239,7 @@ impl GroupCommit {
         let writer = std::thread::Builder::new()
             .name("overseer-store-writer".into())
             .spawn(move || writer.run(&rx))
-            .map_err(|e| StoreError::Io(format!("cannot start the store writer thread: {e}")))?;
+            .map_err(|e| StoreError::io("cannot start the store writer thread", e))?;
         Ok(Self {
             tx,
             // Writer first: the flusher only stops once the writer is gone.

@@ -70,7 +70,7 @@ impl Readers {
                 .name(format!("overseer-store-reader-{i}"))
                 .spawn(move || run(&shared, &rx))
                 // Dropping `readers` stops the threads already started.
-                .map_err(|e| StoreError::Io(format!("cannot start a store reader thread: {e}")))?;
+                .map_err(|e| StoreError::io("cannot start a store reader thread", e))?;
             readers.threads.push(thread);
         }
         Ok(readers)

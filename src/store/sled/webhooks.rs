@@ -196,7 +196,7 @@ impl From<StoreError> for OpError {
 }
 
 fn read_err(what: &'static str) -> impl Fn(sled::Error) -> OpError {
-    move |e| OpError::Read(StoreError::Io(format!("webhooks: {what}: {e}")))
+    move |e| OpError::Read(StoreError::io(format!("webhooks: {what}"), e))
 }
 
 fn write_err(what: &'static str) -> impl Fn(sled::Error) -> OpError {
@@ -222,7 +222,7 @@ impl SledStore {
         tokio::task::spawn_blocking(move || {
             let generation = inner.shared.gate.get()?;
             let trees = HookTrees::open(&generation.trees.db)
-                .map_err(|e| StoreError::Io(format!("webhooks: opening their trees: {e}")))?;
+                .map_err(|e| StoreError::io("webhooks: opening their trees", e))?;
             match f(&trees, &generation) {
                 Ok(v) => Ok(v),
                 Err(OpError::Read(e)) => Err(e),
@@ -233,7 +233,7 @@ impl SledStore {
             }
         })
         .await
-        .map_err(|e| StoreError::Io(format!("webhooks: store task: {e}")))?
+        .map_err(|e| StoreError::io("webhooks: store task", e))?
     }
 }
 

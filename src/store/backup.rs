@@ -403,9 +403,8 @@ pub async fn backup_dir(from: &Path, to: &Path) -> Result<Manifest, BackupError>
             upgrade: super::Upgrade::Refuse,
             ..super::StoreOptions::default()
         };
-        let source = super::SledStore::open_with(&source_dir, &options).map_err(|e| {
-            BackupError::Store(StoreError::Io(format!("{}: {e}", source_dir.display())))
-        })?;
+        let source = super::SledStore::open_with(&source_dir, &options)
+            .map_err(|e| BackupError::Store(StoreError::io(source_dir.display().to_string(), e)))?;
         let writer = BackupWriter::create(&target, source_dir.display().to_string())?;
         Ok::<_, BackupError>((source, writer))
     })

@@ -79,10 +79,10 @@ pub(super) fn before_upgrade(
                 return Ok(());
             }
             db.flush().map_err(|e| {
-                StoreError::Io(format!(
-                    "flushing the store in {} before copying it: {e}",
-                    dir.display()
-                ))
+                StoreError::io(
+                    format!("flushing the store in {} before copying it", dir.display()),
+                    e,
+                )
             })?;
             let partial = sibling(&copy, "partial").unwrap_or_else(|| copy.clone());
             let failed = |(path, e): (PathBuf, std::io::Error)| {

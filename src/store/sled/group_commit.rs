@@ -214,10 +214,13 @@ impl GroupCommit {
         let (tx, rx) = mpsc::channel::<Command>();
         let (flush_tx, flush_rx) = mpsc::channel::<Batch>();
         let sidecar = Sidecar::open(&shared.dir, seq).map_err(|e| {
-            StoreError::Io(format!(
-                "cannot write the commit record of the store in {}: {e}",
-                shared.dir.display()
-            ))
+            StoreError::io(
+                format!(
+                    "cannot write the commit record of the store in {}",
+                    shared.dir.display()
+                ),
+                e,
+            )
         })?;
 
         let flusher = {
@@ -1202,10 +1205,10 @@ fn check(
     for (i, (hash, _)) in p.blobs.iter().enumerate() {
         // Content-addressed: an existing blob already holds these bytes.
         let stored = trees.blobs.contains_key(hash.as_bytes()).map_err(|e| {
-            StoreError::Io(format!(
-                "checkpoint of session {}: reading blob {hash}: {e}",
-                p.id
-            ))
+            StoreError::io(
+                format!("checkpoint of session {}: reading blob {hash}", p.id),
+                e,
+            )
         })?;
         if !stored && !blobs_in_group.contains(hash.as_str()) {
             new_blobs.push(i);
@@ -1217,10 +1220,10 @@ fn check(
 /// The state of the header a checkpoint is about to replace, read from disk.
 fn stored_previous(trees: &Trees, p: &Prepared) -> Result<Previous, StoreError> {
     let stored = trees.sessions.get(p.id.as_bytes()).map_err(|e| {
-        StoreError::Io(format!(
-            "checkpoint of session {}: reading its header: {e}",
-            p.id
-        ))
+        StoreError::io(
+            format!("checkpoint of session {}: reading its header", p.id),
+            e,
+        )
     })?;
     let Some(bytes) = stored else {
         return Ok(None);

@@ -1560,9 +1560,13 @@ async fn sigterm_ends_a_server_whose_store_is_wedged_saying_what_was_not_confirm
         Some(3),
         "not ended by the shutdown's deadline: {stderr}"
     );
-    // The create's checkpoint and the shutdown's own flush.
+    // The create's checkpoint, and the shutdown's own flush if the
+    // shutdown reached it before its deadline (with sessions still stopping
+    // it may not: both happen, so either count is what was not confirmed).
     assert!(
-        stderr.contains("2 store write(s) (checkpoints, flushes) not confirmed"),
+        ["1", "2"].iter().any(|n| stderr.contains(&format!(
+            "{n} store write(s) (checkpoints, flushes) not confirmed"
+        ))),
         "{stderr}"
     );
     assert!(stderr.contains("nothing confirmed is lost"), "{stderr}");

@@ -318,14 +318,20 @@ impl Node {
         label: &str,
     ) -> anyhow::Result<f64> {
         let admin = super::token("acme", "ops", &["admin"]);
-        let text = world
-            .client
-            .get(format!("{}/metrics", self.url))
-            .bearer_auth(admin)
-            .send()
-            .await?
-            .text()
-            .await?;
+        let answer = super::answer(
+            world
+                .client
+                .get(format!("{}/metrics", self.url))
+                .bearer_auth(admin),
+        )
+        .await?;
+        anyhow::ensure!(
+            answer.status == 200,
+            "/metrics answered {}: {}",
+            answer.status,
+            answer.text
+        );
+        let text = answer.text;
         Ok(text
             .lines()
             .filter(|l| !l.starts_with('#'))

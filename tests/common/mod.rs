@@ -377,25 +377,98 @@ impl Server {
 /// The answer is held to the OpenAPI document ([`contract::check`]): an
 /// undocumented status or field fails the test.
 pub async fn send(req: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> {
+    let answer = answer(req).await?;
+    if !answer.is_json() && !answer.text.is_empty() {
+        bail!("non-JSON body ({}): {}", answer.status, answer.text);
+    }
+    Ok((answer.status, answer.body))
+}
+
+/// One answer of the server, whole: what [`send`] returns plus the headers
+/// (`Retry-After`, `Location`, …) and the raw text of a non-JSON body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub version: reqwest::Version,
+    pub headers: reqwest::header::HeaderMap,
+    /// The JSON body; `Null` when there is none or it is not JSON.
+    pub body: Value,
+    /// The body as received.
+    pub text: String,
+}
+
+impl Answer {
+    /// A header's value as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// `Retry-After` in seconds.
+    pub fn retry_after(&self) -> Option<u64> {
+        self.header("retry-after")?.parse().ok()
+    }
+
+    /// The media type of the body, without parameters.
+    pub fn media_type(&self) -> &str {
+        self.header("content-type")
+            .and_then(|ct| ct.split(';').next())
+            .unwrap_or_default()
+            .trim()
+    }
+
+    fn is_json(&self) -> bool {
+        self.media_type() == "application/json"
+    }
+}
+
+/// Sends a request and returns the whole [`Answer`]; it fails (`Err`) only
+/// when no answer came. An answer of this server the OpenAPI document does
+/// not describe ([`contract::check`]: an undocumented status, field or
+/// media type) panics, so that no caller can take it for a transport error
+/// and retry it away.
+pub async fn answer(req: reqwest::RequestBuilder) -> anyhow::Result<Answer> {
     let (client, request) = req.build_split();
     let request = request?;
     let method = request.method().as_str().to_owned();
     let path = request.url().path().to_owned();
     let resp = client.execute(request).await?;
+    read_answer(&method, &path, resp).await
+}
+
+/// The whole answer `resp` to `method` `path`, held to the document.
+async fn read_answer(method: &str, path: &str, resp: reqwest::Response) -> anyhow::Result<Answer> {
     let status = resp.status().as_u16();
+    let version = resp.version();
+    let headers = resp.headers().clone();
     let text = resp.text().await?;
-    let v = if text.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).with_context(|| format!("non-JSON body ({status}): {text}"))?
+    let mut answer = Answer {
+        status,
+        version,
+        headers,
+        body: Value::Null,
+        text,
     };
+    if answer.is_json() && !answer.text.is_empty() {
+        answer.body = serde_json::from_str(&answer.text).with_context(|| {
+            format!(
+                "a JSON body that does not parse ({status}): {}",
+                answer.text
+            )
+        })?;
+    }
     // Only answers of this server: a test may send through these helpers
     // to a stand-in server of its own.
-    if contract::template(&path).is_some() {
-        contract::check(&method, &path, status, &v)
-            .map_err(|e| anyhow::anyhow!("contract: {e}"))?;
+    if contract::template(path).is_some() {
+        let checked = if answer.text.is_empty() || answer.is_json() {
+            contract::check(method, path, status, &answer.body)
+        } else {
+            contract::check_media(method, path, status, answer.media_type())
+        };
+        if let Err(e) = checked {
+            panic!("contract: {e}");
+        }
     }
-    Ok((status, v))
+    Ok(answer)
 }
 
 /// Asserts an error answer: status, JSON shape and code.
@@ -446,13 +519,18 @@ impl Sse {
 
     /// Opens a stream from an arbitrary request.
     pub async fn from_request(req: reqwest::RequestBuilder) -> anyhow::Result<Self> {
-        let resp = req.send().await?;
+        let (client, request) = req.build_split();
+        let request = request?;
+        let (method, path) = (
+            request.method().to_string(),
+            request.url().path().to_owned(),
+        );
+        let resp = client.execute(request).await?;
         let status = resp.status();
         if status != 200 {
-            bail!(
-                "event stream answered {status}: {}",
-                resp.text().await.unwrap_or_default()
-            );
+            // Not a stream: the whole answer, held to the document.
+            let answer = read_answer(&method, &path, resp).await?;
+            bail!("event stream answered {status}: {}", answer.text);
         }
         let ct = resp
             .headers()
@@ -462,6 +540,11 @@ impl Sse {
             .to_owned();
         if !ct.starts_with("text/event-stream") {
             bail!("event stream has content-type {ct}");
+        }
+        if contract::template(&path).is_some() {
+            if let Err(e) = contract::check_media(&method, &path, 200, "text/event-stream") {
+                panic!("contract: {e}");
+            }
         }
         Ok(Self {
             body: Box::pin(resp.bytes_stream()),

@@ -137,21 +137,15 @@ fn http() -> reqwest::Client {
 }
 
 async fn get(client: &reqwest::Client, url: &str, token: &str) -> (u16, Value) {
-    let resp = client.get(url).bearer_auth(token).send().await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
+    crate::common::send(client.get(url).bearer_auth(token))
+        .await
+        .unwrap()
 }
 
 async fn post(client: &reqwest::Client, url: &str, token: &str, body: &Value) -> (u16, Value) {
-    let resp = client
-        .post(url)
-        .bearer_auth(token)
-        .json(body)
-        .send()
+    crate::common::send(client.post(url).bearer_auth(token).json(body))
         .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
+        .unwrap()
 }
 
 /// Creates a session that asks for the time: it parks awaiting approval.
@@ -394,14 +388,14 @@ async fn bad_backups_and_restores_are_refused_naming_what_is_wrong() {
 
     // A token without `admin`: 403, from the API and through the client,
     // and no directory is left behind.
-    let resp = client
-        .post(format!("{}/v1/admin/backup", served.url))
-        .bearer_auth(&user)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 403);
-    let body: Value = resp.json().await.unwrap();
+    let (status, body) = crate::common::send(
+        client
+            .post(format!("{}/v1/admin/backup", served.url))
+            .bearer_auth(&user),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 403);
     assert!(
         body["error"]["message"].as_str().unwrap().contains("admin"),
         "{body}"

@@ -899,23 +899,20 @@ async fn database_count(world: &World, sql: &str) -> i64 {
 }
 
 /// Status, `Retry-After` and body of one request, not retried (status 0
-/// and the error as the body when it got no answer).
+/// and the error as the body when it got no answer). The answer is held to
+/// the OpenAPI document like every other ([`common::answer`]).
 async fn once(req: reqwest::RequestBuilder) -> (u16, Option<u64>, Value) {
-    let resp = match req.send().await {
-        Ok(resp) => resp,
-        Err(e) => return (0, None, Value::from(e.to_string())),
-    };
-    let status = resp.status().as_u16();
-    let retry_after = resp
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok()?.parse().ok());
-    let text = resp.text().await.unwrap_or_else(|e| e.to_string());
-    (
-        status,
-        retry_after,
-        serde_json::from_str(&text).unwrap_or(Value::from(text)),
-    )
+    match common::answer(req).await {
+        Ok(answer) => {
+            let body = if answer.body.is_null() {
+                Value::from(answer.text.clone())
+            } else {
+                answer.body.clone()
+            };
+            (answer.status, answer.retry_after(), body)
+        }
+        Err(e) => (0, None, Value::from(e.to_string())),
+    }
 }
 
 /// Node A, owning a session, is stopped (SIGSTOP) and answers nothing, but

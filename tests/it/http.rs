@@ -557,13 +557,10 @@ async fn bad_tokens_are_401_and_missing_scopes_403() -> Result {
     let list = |t: &str| s.get("/v1/sessions", t);
 
     // Missing or malformed header.
-    let resp = s.client.get(s.url("/v1/sessions")).send().await?;
-    assert_eq!(resp.status(), 401);
-    assert_eq!(
-        resp.headers().get("www-authenticate").map(|v| v.as_bytes()),
-        Some(&b"Bearer"[..])
-    );
-    let v: Value = resp.json().await?;
+    let resp = common::answer(s.client.get(s.url("/v1/sessions"))).await?;
+    assert_eq!(resp.status, 401);
+    assert_eq!(resp.header("www-authenticate"), Some("Bearer"));
+    let v = resp.body;
     assert_eq!(v["error"]["code"], "unauthorized");
     expect_error(
         s.client

@@ -336,9 +336,9 @@ async fn a_cancelled_sessions_approval_leaves_the_tenant_stream_and_the_list() -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_and_the_api_carry_the_security_headers() -> Result {
     let s = Server::start().await?;
-    let page = s.client.get(s.url("/")).send().await?;
-    assert_eq!(page.status(), 200);
-    let h = page.headers().clone();
+    let page = common::answer(s.client.get(s.url("/"))).await?;
+    assert_eq!(page.status, 200);
+    let h = page.headers.clone();
     let csp = h["content-security-policy"].to_str()?;
     for part in [
         "default-src 'none'",
@@ -356,17 +356,12 @@ async fn the_page_and_the_api_carry_the_security_headers() -> Result {
     assert_eq!(h["x-frame-options"], "DENY");
     assert!(h["content-type"].to_str()?.starts_with("text/html"));
     let etag = h["etag"].to_str()?.to_owned();
-    let body = page.text().await?;
+    let body = page.text;
     assert!(body.contains("<script type=\"module\" src=\"/ui/app.js\"></script>"));
 
     // Revalidation answers 304; modules are JavaScript.
-    let again = s
-        .client
-        .get(s.url("/"))
-        .header("If-None-Match", &etag)
-        .send()
-        .await?;
-    assert_eq!(again.status(), 304);
+    let again = common::answer(s.client.get(s.url("/")).header("If-None-Match", &etag)).await?;
+    assert_eq!(again.status, 304);
     for file in [
         "app.js",
         "api.js",
@@ -378,24 +373,22 @@ async fn the_page_and_the_api_carry_the_security_headers() -> Result {
         "desk.js",
         "history.js",
     ] {
-        let r = s.client.get(s.url(&format!("/ui/{file}"))).send().await?;
-        assert_eq!(r.status(), 200, "{file}");
-        assert!(r.headers()["content-type"]
-            .to_str()?
-            .starts_with("text/javascript"));
-        assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+        let r = common::answer(s.client.get(s.url(&format!("/ui/{file}")))).await?;
+        assert_eq!(r.status, 200, "{file}");
+        assert_eq!(r.media_type(), "text/javascript");
+        assert_eq!(r.headers["x-content-type-options"], "nosniff");
     }
     expect_error(s.client.get(s.url("/ui/secret.js")), 404, "not_found").await?;
 
     // API answers: nothing may load from them, and they are never sniffed.
-    let api = s.client.get(s.url("/v1/sessions")).send().await?;
-    assert_eq!(api.status(), 401);
+    let api = common::answer(s.client.get(s.url("/v1/sessions"))).await?;
+    assert_eq!(api.status, 401);
     assert_eq!(
-        api.headers()["content-security-policy"],
+        api.headers["content-security-policy"],
         "default-src 'none'; frame-ancestors 'none'"
     );
-    assert_eq!(api.headers()["x-content-type-options"], "nosniff");
-    assert_eq!(api.headers()["referrer-policy"], "no-referrer");
+    assert_eq!(api.headers["x-content-type-options"], "nosniff");
+    assert_eq!(api.headers["referrer-policy"], "no-referrer");
     s.stop().await
 }
 

@@ -311,29 +311,23 @@ async fn approvals_carry_warnings_the_cli_shows_escapes_and_the_tool_gets_the_ex
     let (url, token) = (served.url.clone(), token());
     let http = reqwest::Client::new();
 
-    let created: Value = http
-        .post(format!("{url}/v1/sessions"))
-        .bearer_auth(&token)
-        .json(&json!({"agent": "clerk", "title": TITLE, "prompt": "file the Q3 report"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created: Value = crate::common::send(
+        http.post(format!("{url}/v1/sessions"))
+            .bearer_auth(&token)
+            .json(&json!({"agent": "clerk", "title": TITLE, "prompt": "file the Q3 report"})),
+    )
+    .await
+    .unwrap()
+    .1;
     let id = created["id"].as_str().expect("created").to_owned();
     until_event(&http, &url, &token, &id, "approval_requested").await;
 
     // The inbox card: raw data, and the warnings beside it.
-    let inbox: Value = http
-        .get(format!("{url}/v1/approvals"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let inbox: Value =
+        crate::common::send(http.get(format!("{url}/v1/approvals")).bearer_auth(&token))
+            .await
+            .unwrap()
+            .1;
     let card = &inbox["approvals"][0];
     assert_eq!(card["arguments"], arguments(), "the API keeps raw data raw");
     assert_eq!(card["title"], TITLE);
@@ -347,15 +341,13 @@ async fn approvals_carry_warnings_the_cli_shows_escapes_and_the_tool_gets_the_ex
     assert_eq!(card["warnings"], Value::Array(want), "{card}");
 
     // The session's own list of pending calls.
-    let pending: Value = http
-        .get(format!("{url}/v1/sessions/{id}/approvals"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let pending: Value = crate::common::send(
+        http.get(format!("{url}/v1/sessions/{id}/approvals"))
+            .bearer_auth(&token),
+    )
+    .await
+    .unwrap()
+    .1;
     assert_eq!(pending["pending"][0]["arguments"], arguments());
     assert_eq!(pending["pending"][0]["warnings"], argument_warnings());
 

@@ -131,16 +131,14 @@ async fn quick_start_then_sigterm_and_restart_keep_the_approval_decidable() {
     let token = token();
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{}/v1/sessions", served.url))
-        .bearer_auth(&token)
-        .json(&json!({"agent": "assistant", "prompt": "What time is it?"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created: Value = crate::common::send(
+        http.post(format!("{}/v1/sessions", served.url))
+            .bearer_auth(&token)
+            .json(&json!({"agent": "assistant", "prompt": "What time is it?"})),
+    )
+    .await
+    .unwrap()
+    .1;
     let id = created["id"].as_str().unwrap().to_owned();
     until_status(&served.url, &token, &id, "awaiting_approval");
 
@@ -239,16 +237,15 @@ async fn sigterm_with_a_stalled_connection_open_still_exits_and_keeps_the_approv
     let served = serve_with(&data, &config_arg);
     let token = token();
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let created: Value = reqwest::Client::new()
-        .post(format!("{}/v1/sessions", served.url))
-        .bearer_auth(&token)
-        .json(&json!({"agent": "assistant", "prompt": "What time is it?"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created: Value = crate::common::send(
+        reqwest::Client::new()
+            .post(format!("{}/v1/sessions", served.url))
+            .bearer_auth(&token)
+            .json(&json!({"agent": "assistant", "prompt": "What time is it?"})),
+    )
+    .await
+    .unwrap()
+    .1;
     let id = created["id"].as_str().unwrap().to_owned();
     until_status(&served.url, &token, &id, "awaiting_approval");
 

@@ -634,14 +634,10 @@ async fn after_kill_9_the_resumed_turn_stays_in_its_trace_and_content_is_capture
 }
 
 async fn metric(http: &reqwest::Client, url: &str, name: &str) -> f64 {
-    let text = http
-        .get(format!("{url}/metrics"))
-        .send()
+    let text = crate::common::answer(http.get(format!("{url}/metrics")))
         .await
         .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text;
     text.lines()
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

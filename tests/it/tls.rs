@@ -253,18 +253,18 @@ async fn https_with_a_private_ca_speaks_http2_and_http1() -> Result {
     let served = Served::start(&config, &[])?;
 
     // ALPN: a client offering h2 gets HTTP/2.
-    let resp = ca.client().get(served.url("/healthz")).send().await?;
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+    let resp = common::answer(ca.client().get(served.url("/healthz"))).await?;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.version, reqwest::Version::HTTP_2);
     // A client offering only HTTP/1.1 gets it.
     let h1 = reqwest::Client::builder()
         .tls_built_in_root_certs(false)
         .add_root_certificate(reqwest::Certificate::from_pem(ca.pem().as_bytes())?)
         .http1_only()
         .build()?;
-    let resp = h1.get(served.url("/healthz")).send().await?;
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.version(), reqwest::Version::HTTP_11);
+    let resp = common::answer(h1.get(served.url("/healthz"))).await?;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.version, reqwest::Version::HTTP_11);
     // The API itself over HTTP/2, auth included.
     let (status, v) = send(ca.client().get(served.url("/v1/me")).bearer_auth(token())).await?;
     assert_eq!(status, 200, "{v}");
@@ -306,8 +306,8 @@ async fn a_reloaded_certificate_keeps_the_open_event_stream() -> Result {
     served
         .until_line(|l| l.starts_with("reloaded the TLS certificate") && l.ends_with("(SIGHUP)"))?;
     // New handshakes get the new certificate…
-    let resp = second.client().get(served.url("/healthz")).send().await?;
-    assert_eq!(resp.status(), 200);
+    let resp = common::answer(second.client().get(served.url("/healthz"))).await?;
+    assert_eq!(resp.status, 200);
     assert!(
         first
             .client()
@@ -328,8 +328,8 @@ async fn a_reloaded_certificate_keeps_the_open_event_stream() -> Result {
     served.until_line(|l| {
         l.starts_with("reloaded the TLS certificate") && l.ends_with("(a file changed)")
     })?;
-    let resp = first.client().get(served.url("/healthz")).send().await?;
-    assert_eq!(resp.status(), 200);
+    let resp = common::answer(first.client().get(served.url("/healthz"))).await?;
+    assert_eq!(resp.status, 200);
 
     // A broken pair is not taken: the server keeps what it serves.
     replace(
@@ -337,8 +337,8 @@ async fn a_reloaded_certificate_keeps_the_open_event_stream() -> Result {
         &KeyPair::generate()?.serialize_pem(),
     );
     served.signal("-HUP");
-    let resp = first.client().get(served.url("/healthz")).send().await?;
-    assert_eq!(resp.status(), 200);
+    let resp = common::answer(first.client().get(served.url("/healthz"))).await?;
+    assert_eq!(resp.status, 200);
     Ok(())
 }
 
@@ -382,13 +382,9 @@ async fn nodes_forward_over_https_with_a_private_ca() -> Result {
     assert_eq!(status, 200, "{v}");
     let (status, v) = approve(&client, &other.url(""), &id, &call).await?;
     assert_eq!(status, 200, "forwarded decision: {v}");
-    let metrics = client
-        .get(other.url("/metrics"))
-        .bearer_auth(token())
-        .send()
+    let metrics = common::answer(client.get(other.url("/metrics")).bearer_auth(token()))
         .await?
-        .text()
-        .await?;
+        .text;
     let forwarded_ok = metrics
         .lines()
         .find(|l| {

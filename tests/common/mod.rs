@@ -1,6 +1,7 @@
 //! Shared helpers of the black-box HTTP tests: a whole service (sled store in
 //! a temp dir, scripted provider, a tool that needs approval) on a real
-//! loopback socket, tokens, and a small Server-Sent Events reader.
+//! loopback socket, tokens, an event-stream reader (`eventsource-stream`
+//! underneath), hang guards, and `overseer serve` as a process ([`served`]).
 //!
 //! It deliberately reaches into nothing private: everything goes through the
 //! public API of `overseer` and `overseer-actors`, as a user's program would.
@@ -12,12 +13,14 @@ pub mod cluster;
 pub mod contract;
 pub mod npm;
 pub mod pg;
+pub mod served;
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
+use eventsource_stream::Eventsource;
 use futures::{Stream, StreamExt};
 use overseer::auth::{self, AuthConfig};
 use overseer::http::{self, HttpOptions};
@@ -487,19 +490,34 @@ pub async fn expect_error(
 /// One Server-Sent Event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SseMsg {
+    /// The id of a stored event of a session stream; `None` for a live
+    /// `text_delta`, which carries none, and for the tenant stream's ids.
     pub id: Option<u64>,
+    /// The event's own id as sent (`<stream>-<seq>` on the tenant stream).
+    pub last_id: Option<String>,
     pub event: String,
     pub data: Value,
 }
 
-type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<axum::body::Bytes>> + Send>>;
+type Events = Pin<
+    Box<
+        dyn Stream<
+                Item = Result<
+                    eventsource_stream::Event,
+                    eventsource_stream::EventStreamError<reqwest::Error>,
+                >,
+            > + Send,
+    >,
+>;
 
-/// A minimal SSE reader over a reqwest response.
+/// An event-stream reader over a reqwest response. `eventsource-stream`
+/// parses the stream (a character split across chunks included); this turns
+/// each event's data into JSON and tells an event's own id from the one the
+/// format carries over from the event before (a session stream's live
+/// `text_delta` has none of its own, every other event must).
 pub struct Sse {
-    body: ByteStream,
-    buf: Vec<u8>,
-    scanned: usize,
-    eof: bool,
+    events: Events,
+    last_id: String,
 }
 
 impl Sse {
@@ -517,8 +535,30 @@ impl Sse {
         Self::from_request(req).await
     }
 
+    /// Opens the tenant stream (`GET /v1/events`), resuming after `last`.
+    pub async fn open_tenant(
+        server: &Server,
+        token: &str,
+        last: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let mut req = server.get("/v1/events", token);
+        if let Some(last) = last {
+            req = req.header("Last-Event-ID", last);
+        }
+        Self::from_request(req).await
+    }
+
     /// Opens a stream from an arbitrary request.
     pub async fn from_request(req: reqwest::RequestBuilder) -> anyhow::Result<Self> {
+        Self::from_request_in_chunks(req, None).await
+    }
+
+    /// [`Sse::from_request`], the body handed to the parser in pieces of at
+    /// most `piece` bytes (a multi-byte character then spans pieces).
+    pub async fn from_request_in_chunks(
+        req: reqwest::RequestBuilder,
+        piece: Option<usize>,
+    ) -> anyhow::Result<Self> {
         let (client, request) = req.build_split();
         let request = request?;
         let (method, path) = (
@@ -546,44 +586,61 @@ impl Sse {
                 panic!("contract: {e}");
             }
         }
+        let bytes = resp.bytes_stream();
+        let events: Events = match piece {
+            None => Box::pin(bytes.eventsource()),
+            Some(n) => Box::pin(
+                bytes
+                    .flat_map(move |chunk| {
+                        let pieces: Vec<reqwest::Result<axum::body::Bytes>> = match chunk {
+                            Ok(b) => (0..b.len())
+                                .step_by(n.max(1))
+                                .map(|i| Ok(b.slice(i..(i + n.max(1)).min(b.len()))))
+                                .collect(),
+                            Err(e) => vec![Err(e)],
+                        };
+                        futures::stream::iter(pieces)
+                    })
+                    .eventsource(),
+            ),
+        };
         Ok(Self {
-            body: Box::pin(resp.bytes_stream()),
-            buf: Vec::new(),
-            scanned: 0,
-            eof: false,
+            events,
+            last_id: String::new(),
         })
     }
 
     /// The next event, or `None` when the server ended the stream.
     pub async fn next(&mut self) -> anyhow::Result<Option<SseMsg>> {
-        tokio::time::timeout(PATIENCE, self.next_inner())
+        let Some(event) = tokio::time::timeout(PATIENCE, self.events.next())
             .await
             .map_err(|_| anyhow!("no event within {PATIENCE:?}"))?
+        else {
+            return Ok(None);
+        };
+        let event = event.map_err(|e| anyhow!("the event stream broke: {e}"))?;
+        let own = !event.id.is_empty() && event.id != self.last_id;
+        if !own && event.event != "text_delta" {
+            bail!(
+                "a {} event without an id of its own (the last was {:?})",
+                event.event,
+                self.last_id
+            );
+        }
+        self.last_id = event.id.clone();
+        let data = serde_json::from_str(&event.data)
+            .with_context(|| format!("{} data that is not JSON: {}", event.event, event.data))?;
+        Ok(Some(SseMsg {
+            id: if own { event.id.parse().ok() } else { None },
+            last_id: own.then_some(event.id),
+            event: event.event,
+            data,
+        }))
     }
 
-    async fn next_inner(&mut self) -> anyhow::Result<Option<SseMsg>> {
-        loop {
-            // Resume the search where the last one stopped: a multi-megabyte
-            // event arrives in many chunks, and rescanning it per chunk would
-            // be quadratic.
-            let from = self.scanned.saturating_sub(1);
-            if let Some(end) = find(&self.buf[from..], b"\n\n").map(|i| i + from) {
-                self.scanned = 0;
-                let block: Vec<u8> = self.buf.drain(..end + 2).collect();
-                if let Some(msg) = parse_block(&String::from_utf8(block)?)? {
-                    return Ok(Some(msg));
-                }
-                continue;
-            }
-            self.scanned = self.buf.len();
-            if self.eof {
-                return Ok(None);
-            }
-            match self.body.next().await {
-                Some(chunk) => self.buf.extend_from_slice(&chunk?),
-                None => self.eof = true,
-            }
-        }
+    /// The next event; an error if the stream ended.
+    pub async fn next_event(&mut self) -> anyhow::Result<SseMsg> {
+        self.next().await?.context("the event stream ended")
     }
 
     /// Events up to and including the first that satisfies `pred`.
@@ -612,39 +669,6 @@ impl Sse {
         self.until(|m| m.event == "status_changed" && m.data["status"] == status)
             .await
     }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Parses one event block; comment-only blocks (keep-alives) are `None`.
-fn parse_block(block: &str) -> anyhow::Result<Option<SseMsg>> {
-    let mut id = None;
-    let mut event = None;
-    let mut data: Vec<&str> = Vec::new();
-    for line in block.lines() {
-        if line.is_empty() || line.starts_with(':') {
-            continue;
-        }
-        let (field, value) = line.split_once(':').unwrap_or((line, ""));
-        let value = value.strip_prefix(' ').unwrap_or(value);
-        match field {
-            "id" => id = Some(value.parse::<u64>()?),
-            "event" => event = Some(value.to_owned()),
-            "data" => data.push(value),
-            _ => {}
-        }
-    }
-    if event.is_none() && data.is_empty() {
-        return Ok(None);
-    }
-    let data = serde_json::from_str(&data.join("\n"))?;
-    Ok(Some(SseMsg {
-        id,
-        event: event.unwrap_or_else(|| "message".into()),
-        data,
-    }))
 }
 
 /// The ids of the stored (id-carrying) events among `msgs`.
@@ -717,4 +741,25 @@ where
             Err(_) => tokio::time::sleep(every).await,
         }
     }
+}
+
+/// Waits for the next event of a live session (its broadcast channel) that
+/// satisfies `pred`; returns it. Fails naming the error if the channel
+/// ends, and after [`PATIENCE`] (a hang guard, nothing is timed).
+pub async fn until_event(
+    rx: &mut tokio::sync::broadcast::Receiver<overseer_actors::model::Notification>,
+    pred: impl Fn(&overseer_actors::model::EventKind) -> bool,
+) -> overseer_actors::model::EventKind {
+    use overseer_actors::model::Notification;
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            match rx.recv().await {
+                Ok(Notification::Event(e)) if pred(&e.kind) => return e.kind,
+                Ok(_) => {}
+                Err(e) => panic!("event stream ended: {e}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the awaited event never came within {PATIENCE:?}"))
 }

@@ -634,7 +634,7 @@ async fn store_copy_moves_every_session_and_the_parked_ones_finish_on_the_cluste
     assert!(single.terminate().unwrap().success());
 
     let copy = || {
-        std::process::Command::new(common::cluster::BIN)
+        std::process::Command::new(common::served::BIN)
             .args(["store", "copy", "--from"])
             .arg(&data)
             .args(["--to", "postgres"])
@@ -741,7 +741,7 @@ async fn cluster_status_lists_active_sessions_prunes_dead_nodes_and_a_bad_databa
     }
     b.kill9();
     let status = |json: bool| {
-        let mut cmd = std::process::Command::new(common::cluster::BIN);
+        let mut cmd = std::process::Command::new(common::served::BIN);
         cmd.args(["cluster", "status", "--lease-secs", "4"]);
         if json {
             cmd.arg("--json");
@@ -828,7 +828,7 @@ async fn cluster_status_lists_active_sessions_prunes_dead_nodes_and_a_bad_databa
             &*format!("cannot connect to PostgreSQL at 127.0.0.1:{port}/db"),
         ),
     ] {
-        let out = std::process::Command::new(common::cluster::BIN)
+        let out = std::process::Command::new(common::served::BIN)
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&world.config)
             .env("OVERSEER_JWT_SECRET", common::SECRET)
@@ -1423,57 +1423,26 @@ async fn a_survivor_fires_the_approval_timers_of_the_sessions_it_took_over() {
     assert!(ledger.is_empty(), "no timed-out call ran: {ledger:?}");
 }
 
-/// A reader of the tenant stream (`/v1/events`), whose event ids are
-/// `<stream>-<seq>`.
+/// The tenant stream (`/v1/events`) of a node, through the shared reader.
 struct TenantStream {
-    body: std::pin::Pin<Box<dyn futures::Stream<Item = reqwest::Result<axum::body::Bytes>> + Send>>,
-    buf: String,
+    events: Sse,
 }
 
 impl TenantStream {
     async fn open(world: &World, node: &Node) -> anyhow::Result<Self> {
-        let resp = reqwest::Client::new()
-            .get(format!("{}/v1/events", node.url))
-            .bearer_auth(world.token())
-            .send()
-            .await?;
-        anyhow::ensure!(
-            resp.status() == 200,
-            "tenant stream answered {}",
-            resp.status()
-        );
-        Ok(Self {
-            body: Box::pin(resp.bytes_stream()),
-            buf: String::new(),
-        })
+        let events = Sse::from_request(
+            reqwest::Client::new()
+                .get(format!("{}/v1/events", node.url))
+                .bearer_auth(world.token()),
+        )
+        .await?;
+        Ok(Self { events })
     }
 
     /// The next event's type and data.
     async fn next(&mut self) -> anyhow::Result<(String, Value)> {
-        let next = async {
-            loop {
-                if let Some(end) = self.buf.find("\n\n") {
-                    let block: String = self.buf.drain(..end + 2).collect();
-                    let (mut event, mut data) = (None, Vec::new());
-                    for line in block.lines() {
-                        if let Some(v) = line.strip_prefix("event:") {
-                            event = Some(v.trim().to_owned());
-                        } else if let Some(v) = line.strip_prefix("data:") {
-                            data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
-                        }
-                    }
-                    let Some(event) = event else { continue };
-                    return anyhow::Ok((event, serde_json::from_str(&data.join("\n"))?));
-                }
-                match self.body.next().await {
-                    Some(chunk) => self.buf.push_str(std::str::from_utf8(&chunk?)?),
-                    None => anyhow::bail!("the tenant stream ended"),
-                }
-            }
-        };
-        tokio::time::timeout(common::PATIENCE, next)
-            .await
-            .map_err(|_| anyhow::anyhow!("no tenant event within {:?}", common::PATIENCE))?
+        let m = self.events.next_event().await?;
+        Ok((m.event, m.data))
     }
 
     /// Events up to and including the first that satisfies `pred`.
@@ -1734,7 +1703,7 @@ async fn a_database_migrated_past_this_binary_is_refused_in_one_line_naming_both
         "SELECT max(version)::bigint FROM overseer_migrations",
     )
     .await;
-    let out = std::process::Command::new(common::cluster::BIN)
+    let out = std::process::Command::new(common::served::BIN)
         .arg("--version")
         .output()
         .unwrap();
@@ -1811,7 +1780,7 @@ async fn two_nodes_starting_together_on_a_fresh_database_migrate_it_once() {
     // `store backup` against a cluster node: PostgreSQL is backed up with
     // its own tools, and the refusal says which.
     let target = world.dir.path().join("backup");
-    let out = std::process::Command::new(common::cluster::BIN)
+    let out = std::process::Command::new(common::served::BIN)
         .args(["store", "backup", "--url", &a.url, "--to"])
         .arg(&target)
         .env("OVERSEER_TOKEN", common::token("acme", "ops", &["admin"]))

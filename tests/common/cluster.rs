@@ -238,10 +238,7 @@ impl Node {
     }
 
     fn signal(&self, sig: &str) {
-        let _ = Command::new("kill")
-            .args([sig, &self.pid().to_string()])
-            .stderr(Stdio::null())
-            .status();
+        self.served.signal(sig);
     }
 
     /// `kill -9`.

@@ -36,6 +36,8 @@ pub struct Served {
     pub url: String,
     /// Its stderr, line by line, as far as it has come.
     pub log: Arc<Mutex<Vec<String>>>,
+    /// Its stderr lines not yet looked at by [`Served::until_line`].
+    lines: Mutex<std::sync::mpsc::Receiver<String>>,
 }
 
 impl Served {
@@ -56,6 +58,7 @@ impl Served {
         let stderr = child.stderr.take().context("stderr")?;
         let log = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
+        let (lines_tx, lines) = std::sync::mpsc::channel();
         let sink = log.clone();
         let scheme = scheme.to_owned();
         std::thread::spawn(move || {
@@ -67,13 +70,19 @@ impl Served {
                         let _ = tx.send(format!("{scheme}://{addr}"));
                     }
                 }
+                let _ = lines_tx.send(line.clone());
                 if let Ok(mut l) = sink.lock() {
                     l.push(line);
                 }
             }
         });
         match rx.recv_timeout(patience) {
-            Ok(url) => Ok(Self { child, url, log }),
+            Ok(url) => Ok(Self {
+                child,
+                url,
+                log,
+                lines: Mutex::new(lines),
+            }),
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -81,6 +90,34 @@ impl Served {
                 bail!("overseer serve never listened ({e}):\n{log}")
             }
         }
+    }
+
+    /// The address it listens on (`host:port`).
+    pub fn addr(&self) -> &str {
+        self.url.split_once("://").map_or(&self.url, |(_, a)| a)
+    }
+
+    /// Waits for a stderr line matching `pred`, consuming the lines before
+    /// it (from the first, the first time); fails if the process ends or
+    /// [`PATIENCE`] passes first.
+    pub fn until_line(&self, pred: impl Fn(&str) -> bool) -> anyhow::Result<String> {
+        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = Vec::new();
+        loop {
+            match lines.recv_timeout(PATIENCE) {
+                Ok(line) if pred(&line) => return Ok(line),
+                Ok(line) => seen.push(line),
+                Err(e) => bail!("no such line on stderr ({e}); got:\n{}", seen.join("\n")),
+            }
+        }
+    }
+
+    /// Sends it `sig` (`-HUP`, `-STOP`, …).
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
     }
 
     /// `kill -9`, and the exit reaped.

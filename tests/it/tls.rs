@@ -9,20 +9,15 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use common::{send, Sse, PATIENCE, SECRET};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, SanType};
 use serde_json::{json, Value};
 
 type Result = anyhow::Result<()>;
-
-const BIN: &str = env!("CARGO_BIN_EXE_overseer");
 
 /// One approval, then an answer: a session that waits for a decision.
 const SCENARIO: &str = r#"{
@@ -84,58 +79,30 @@ fn replace(path: &Path, contents: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-/// One `overseer serve` process, its stderr lines as they come.
+/// One `overseer serve` process over TLS.
 struct Served {
-    child: Child,
+    served: common::served::Served,
     addr: String,
-    lines: mpsc::Receiver<String>,
 }
 
 impl Served {
     fn start(config: &Path, env: &[(&str, &str)]) -> anyhow::Result<Self> {
-        let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        let mut cmd = common::served::command();
+        cmd.arg("--config")
             .arg(config)
             .env("OVERSEER_JWT_SECRET", SECRET)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .env("RUST_LOG", "warn");
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn()?;
-        let stderr = child.stderr.take().context("stderr")?;
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut served = Self {
-            child,
-            addr: String::new(),
-            lines,
-        };
-        let line = served.until_line(|l| l.starts_with("listening on "))?;
-        served.addr = line["listening on ".len()..].to_owned();
-        Ok(served)
+        let served = common::served::Served::start_with(cmd, "https", PATIENCE)?;
+        let addr = served.addr().to_owned();
+        Ok(Self { served, addr })
     }
 
-    /// Waits for a stderr line matching `pred` (every line before it is
-    /// consumed); fails if the process ends or `PATIENCE` passes first.
+    /// Waits for a stderr line matching `pred`.
     fn until_line(&mut self, pred: impl Fn(&str) -> bool) -> anyhow::Result<String> {
-        let mut seen = Vec::new();
-        loop {
-            match self.lines.recv_timeout(PATIENCE) {
-                Ok(line) if pred(&line) => return Ok(line),
-                Ok(line) => seen.push(line),
-                Err(_) => bail!("no such line on stderr; got:\n{}", seen.join("\n")),
-            }
-        }
+        self.served.until_line(pred)
     }
 
     fn url(&self, path: &str) -> String {
@@ -143,16 +110,7 @@ impl Served {
     }
 
     fn signal(&self, sig: &str) {
-        let _ = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status();
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.served.signal(sig);
     }
 }
 

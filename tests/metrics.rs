@@ -212,15 +212,10 @@ fn the_parser_reads_labels_escapes_and_types() -> Result {
 // ---- helpers ---------------------------------------------------------------
 
 async fn scrape(s: &Server, token: &str) -> anyhow::Result<Scrape> {
-    let resp = s.get("/metrics", token).send().await?;
-    let status = resp.status().as_u16();
-    let ct = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let text = resp.text().await?;
+    let resp = common::answer(s.get("/metrics", token)).await?;
+    let status = resp.status;
+    let ct = resp.header("content-type").unwrap_or_default().to_owned();
+    let text = resp.text;
     ensure!(status == 200, "/metrics answered {status}: {text}");
     ensure!(
         ct.starts_with("text/plain; version=0.0.4"),
@@ -419,8 +414,8 @@ async fn metrics_count_a_session_through_approval_restart_and_completion() -> Re
         ..HttpOptions::default()
     };
     let s = Server::start_with(common::hs256(), public).await?;
-    let resp = s.client.get(s.url("/metrics")).send().await?;
-    assert_eq!(resp.status(), 200);
+    let resp = common::answer(s.client.get(s.url("/metrics"))).await?;
+    assert_eq!(resp.status, 200);
     s.stop().await
 }
 

@@ -1111,13 +1111,9 @@ impl Api {
 
     /// `GET /readyz`: its status, `Retry-After` and body.
     async fn readyz(&self) -> (u16, Option<String>, serde_json::Value) {
-        let response = self.client.get(&self.url).send().await.unwrap();
-        let status = response.status().as_u16();
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .map(|v| v.to_str().unwrap().to_owned());
-        (status, retry_after, response.json().await.unwrap())
+        let answer = common::answer(self.client.get(&self.url)).await.unwrap();
+        let retry_after = answer.header("retry-after").map(str::to_owned);
+        (answer.status, retry_after, answer.body)
     }
 
     /// Stops the server and the runtime, which lets go of the store.
@@ -1294,16 +1290,16 @@ struct Answer {
 /// `POST /v1/sessions` for agent `a` with a long title (so that the store
 /// grows), with [`PATIENCE`] as the only bound on a hang.
 async fn create_on(http: &reqwest::Client, base: &str, n: usize) -> Answer {
-    let response = http
-        .post(format!("{base}/v1/sessions"))
-        .timeout(PATIENCE)
-        .json(&json!({"agent": "a", "title": format!("s{n} {}", "t".repeat(400))}))
-        .send()
-        .await
-        .expect("an answer (a hang would have timed out)");
-    let status = response.status().as_u16();
-    let retry_after = response.headers().contains_key("retry-after");
-    let body: serde_json::Value = response.json().await.unwrap_or_default();
+    let response = common::answer(
+        http.post(format!("{base}/v1/sessions"))
+            .timeout(PATIENCE)
+            .json(&json!({"agent": "a", "title": format!("s{n} {}", "t".repeat(400))})),
+    )
+    .await
+    .expect("an answer (a hang would have timed out)");
+    let status = response.status;
+    let retry_after = response.headers.contains_key("retry-after");
+    let body = response.body;
     Answer {
         status,
         code: body["error"]["code"].as_str().map(str::to_owned),
@@ -1351,11 +1347,11 @@ async fn a_server_on_a_full_tmpfs_answers_503_heals_and_stops_on_sigterm() {
         let http = http.clone();
         let url = format!("{base}/readyz");
         async move {
-            let response = http.get(url).timeout(PATIENCE).send().await.unwrap();
-            let status = response.status().as_u16();
-            let retry_after = response.headers().contains_key("retry-after");
-            let body: serde_json::Value = response.json().await.unwrap_or_default();
-            (status, retry_after, body)
+            let answer = common::answer(http.get(url).timeout(PATIENCE))
+                .await
+                .unwrap();
+            let retry_after = answer.headers.contains_key("retry-after");
+            (answer.status, retry_after, answer.body)
         }
     };
     let mut confirmed = Vec::new();

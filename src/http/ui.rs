@@ -161,7 +161,11 @@ pub(super) async fn index(headers: HeaderMap) -> Response {
     get, path = "/ui/{file}", tag = "ui",
     params(("file" = String, Path, description = "The file")),
     responses(
-        (status = 200, description = "A static file of the page (script, style sheet)", content_type = "application/octet-stream", body = String),
+        (status = 200, description = "A static file of the page (script, style sheet, icon)", content(
+            (String = "text/javascript"),
+            (String = "text/css"),
+            (String = "image/svg+xml")
+        )),
         (status = 304, description = "Not modified (`If-None-Match`)"),
         (status = 404, description = "No such file", body = crate::http::openapi::schemas::ErrorBody)
     )

@@ -5,18 +5,15 @@
 //! a throwaway database (`super::pg`), HTTP over loopback.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use serde_json::{json, Value};
 
+use super::served::Served;
 use super::{send, PATIENCE, SECRET};
-
-pub const BIN: &str = env!("CARGO_BIN_EXE_overseer");
 
 /// The scripted agents: `clerk` records one ledger entry (approval needed)
 /// and answers; `lead` delegates that to a `clerk` child.
@@ -160,16 +157,13 @@ impl World {
                 path
             }
         };
-        let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        let mut cmd = super::served::command();
+        cmd.arg("--config")
             .arg(&config)
             .env("OVERSEER_JWT_SECRET", SECRET)
             .env("OVERSEER_DATABASE_URL", &self.database)
             .env("OVERSEER_TEST_LEDGER", &self.ledger)
-            .env("RUST_LOG", "warn,overseer::cluster=info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .env("RUST_LOG", "warn,overseer::cluster=info");
         if let Some(fault) = &options.fault {
             cmd.env("OVERSEER_FAULT", fault);
         }
@@ -182,7 +176,12 @@ impl World {
         &self,
         options: &NodeOptions,
     ) -> anyhow::Result<(std::process::ExitStatus, String)> {
-        let mut child = self.serve_command(options)?.spawn()?;
+        let mut child = self
+            .serve_command(options)?
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?;
         let mut stderr = child.stderr.take().context("stderr")?;
         let reader = std::thread::spawn(move || {
             let mut text = String::new();
@@ -223,58 +222,29 @@ impl World {
 
 /// One `overseer serve` process.
 pub struct Node {
-    pub child: Child,
+    served: Served,
     pub url: String,
-    pub log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Node {
     fn start(world: &World, options: &NodeOptions) -> anyhow::Result<Self> {
-        let mut child = world.serve_command(options)?.spawn()?;
-        let stderr = child.stderr.take().context("stderr")?;
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(addr) = line.strip_prefix("listening on ") {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(format!("http://{addr}"));
-                    }
-                }
-                if let Ok(mut l) = sink.lock() {
-                    l.push(line);
-                }
-            }
-        });
-        let url = match rx.recv_timeout(PATIENCE) {
-            Ok(url) => url,
-            Err(_) => {
-                let _ = child.kill();
-                let log = log.lock().map(|l| l.join("\n")).unwrap_or_default();
-                bail!("the node did not start listening:\n{log}");
-            }
-        };
-        Ok(Self { child, url, log })
+        let served = Served::start(world.serve_command(options)?)?;
+        let url = served.url.clone();
+        Ok(Self { served, url })
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.served.child.id()
     }
 
     fn signal(&self, sig: &str) {
-        let _ = Command::new("kill")
-            .args([sig, &self.pid().to_string()])
-            .stderr(Stdio::null())
-            .status();
+        self.served.signal(sig);
     }
 
     /// `kill -9`.
     pub fn kill9(&mut self) {
         self.signal("-KILL");
-        let _ = self.child.wait();
+        let _ = self.served.child.wait();
     }
 
     pub fn sigstop(&self) {
@@ -290,7 +260,7 @@ impl Node {
         self.signal("-TERM");
         let deadline = std::time::Instant::now() + PATIENCE;
         loop {
-            if let Some(status) = self.child.try_wait()? {
+            if let Some(status) = self.served.child.try_wait()? {
                 return Ok(status);
             }
             if std::time::Instant::now() > deadline {
@@ -301,7 +271,7 @@ impl Node {
     }
 
     pub fn log(&self) -> String {
-        self.log.lock().map(|l| l.join("\n")).unwrap_or_default()
+        self.served.log()
     }
 
     /// A metric's value summed over its label sets, from `/metrics`.
@@ -318,14 +288,20 @@ impl Node {
         label: &str,
     ) -> anyhow::Result<f64> {
         let admin = super::token("acme", "ops", &["admin"]);
-        let text = world
-            .client
-            .get(format!("{}/metrics", self.url))
-            .bearer_auth(admin)
-            .send()
-            .await?
-            .text()
-            .await?;
+        let answer = super::answer(
+            world
+                .client
+                .get(format!("{}/metrics", self.url))
+                .bearer_auth(admin),
+        )
+        .await?;
+        anyhow::ensure!(
+            answer.status == 200,
+            "/metrics answered {}: {}",
+            answer.status,
+            answer.text
+        );
+        let text = answer.text;
         Ok(text
             .lines()
             .filter(|l| !l.starts_with('#'))
@@ -338,10 +314,9 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        // A stopped process must be continued to die of SIGKILL promptly.
+        // A stopped process must be continued to die of SIGKILL promptly
+        // (`Served` kills it next).
         self.signal("-CONT");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

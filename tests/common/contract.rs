@@ -12,11 +12,11 @@
 //! `anyOf`) names it, or the object is a map (`additionalProperties` with a
 //! schema) or free-form (no properties at all: metadata, tool arguments).
 //!
-//! [`super::send`] calls it for every request, so every test that talks to
-//! the API through the shared helpers holds it to the document. It
-//! deliberately checks only JSON bodies: a stream (`text/event-stream`),
-//! the metrics text and the page's files are checked by status and media
-//! type only.
+//! [`super::answer`] (and [`super::send`] on it) calls it for every
+//! request, so every test that talks to the API through the shared helpers
+//! holds it to the document. It deliberately checks only JSON bodies: a
+//! stream (`text/event-stream`), the metrics text and the page's files are
+//! checked by status and media type only ([`check_media`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -271,6 +271,28 @@ pub fn check(method: &str, path: &str, status: u16, body: &Value) -> Result<(), 
         Err(format!(
             "{method} {template} {status}: fields the document does not describe: {extra:?}; body: {body}"
         ))
+    }
+}
+
+/// Checks a response whose body is not JSON (an event stream, the metrics
+/// text, a page's file): `method` `path` may answer `status`, and with
+/// `media_type` when the document names the media types of that answer.
+pub fn check_media(method: &str, path: &str, status: u16, media_type: &str) -> Result<(), String> {
+    check(method, path, status, &Value::Null)?;
+    let doc = document();
+    let template = template(path).unwrap_or_default();
+    let op = &doc["paths"][&template][method.to_ascii_lowercase()];
+    let Some(response) = op["responses"].get(status.to_string()) else {
+        // The router's 405 on another method (`check` let it through).
+        return Ok(());
+    };
+    match resolve(response).get("content").and_then(Value::as_object) {
+        Some(content) if !content.contains_key(media_type) => Err(format!(
+            "{method} {template} {status}: answered as {media_type:?}, which the document \
+             does not list (listed: {:?})",
+            content.keys().collect::<Vec<_>>()
+        )),
+        _ => Ok(()),
     }
 }
 

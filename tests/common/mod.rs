@@ -1,6 +1,7 @@
 //! Shared helpers of the black-box HTTP tests: a whole service (sled store in
 //! a temp dir, scripted provider, a tool that needs approval) on a real
-//! loopback socket, tokens, and a small Server-Sent Events reader.
+//! loopback socket, tokens, an event-stream reader (`eventsource-stream`
+//! underneath), hang guards, and `overseer serve` as a process ([`served`]).
 //!
 //! It deliberately reaches into nothing private: everything goes through the
 //! public API of `overseer` and `overseer-actors`, as a user's program would.
@@ -12,12 +13,14 @@ pub mod cluster;
 pub mod contract;
 pub mod npm;
 pub mod pg;
+pub mod served;
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
+use eventsource_stream::Eventsource;
 use futures::{Stream, StreamExt};
 use overseer::auth::{self, AuthConfig};
 use overseer::http::{self, HttpOptions};
@@ -377,25 +380,98 @@ impl Server {
 /// The answer is held to the OpenAPI document ([`contract::check`]): an
 /// undocumented status or field fails the test.
 pub async fn send(req: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> {
+    let answer = answer(req).await?;
+    if !answer.is_json() && !answer.text.is_empty() {
+        bail!("non-JSON body ({}): {}", answer.status, answer.text);
+    }
+    Ok((answer.status, answer.body))
+}
+
+/// One answer of the server, whole: what [`send`] returns plus the headers
+/// (`Retry-After`, `Location`, …) and the raw text of a non-JSON body.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub version: reqwest::Version,
+    pub headers: reqwest::header::HeaderMap,
+    /// The JSON body; `Null` when there is none or it is not JSON.
+    pub body: Value,
+    /// The body as received.
+    pub text: String,
+}
+
+impl Answer {
+    /// A header's value as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// `Retry-After` in seconds.
+    pub fn retry_after(&self) -> Option<u64> {
+        self.header("retry-after")?.parse().ok()
+    }
+
+    /// The media type of the body, without parameters.
+    pub fn media_type(&self) -> &str {
+        self.header("content-type")
+            .and_then(|ct| ct.split(';').next())
+            .unwrap_or_default()
+            .trim()
+    }
+
+    fn is_json(&self) -> bool {
+        self.media_type() == "application/json"
+    }
+}
+
+/// Sends a request and returns the whole [`Answer`]; it fails (`Err`) only
+/// when no answer came. An answer of this server the OpenAPI document does
+/// not describe ([`contract::check`]: an undocumented status, field or
+/// media type) panics, so that no caller can take it for a transport error
+/// and retry it away.
+pub async fn answer(req: reqwest::RequestBuilder) -> anyhow::Result<Answer> {
     let (client, request) = req.build_split();
     let request = request?;
     let method = request.method().as_str().to_owned();
     let path = request.url().path().to_owned();
     let resp = client.execute(request).await?;
+    read_answer(&method, &path, resp).await
+}
+
+/// The whole answer `resp` to `method` `path`, held to the document.
+async fn read_answer(method: &str, path: &str, resp: reqwest::Response) -> anyhow::Result<Answer> {
     let status = resp.status().as_u16();
+    let version = resp.version();
+    let headers = resp.headers().clone();
     let text = resp.text().await?;
-    let v = if text.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).with_context(|| format!("non-JSON body ({status}): {text}"))?
+    let mut answer = Answer {
+        status,
+        version,
+        headers,
+        body: Value::Null,
+        text,
     };
+    if answer.is_json() && !answer.text.is_empty() {
+        answer.body = serde_json::from_str(&answer.text).with_context(|| {
+            format!(
+                "a JSON body that does not parse ({status}): {}",
+                answer.text
+            )
+        })?;
+    }
     // Only answers of this server: a test may send through these helpers
     // to a stand-in server of its own.
-    if contract::template(&path).is_some() {
-        contract::check(&method, &path, status, &v)
-            .map_err(|e| anyhow::anyhow!("contract: {e}"))?;
+    if contract::template(path).is_some() {
+        let checked = if answer.text.is_empty() || answer.is_json() {
+            contract::check(method, path, status, &answer.body)
+        } else {
+            contract::check_media(method, path, status, answer.media_type())
+        };
+        if let Err(e) = checked {
+            panic!("contract: {e}");
+        }
     }
-    Ok((status, v))
+    Ok(answer)
 }
 
 /// Asserts an error answer: status, JSON shape and code.
@@ -414,19 +490,34 @@ pub async fn expect_error(
 /// One Server-Sent Event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SseMsg {
+    /// The id of a stored event of a session stream; `None` for a live
+    /// `text_delta`, which carries none, and for the tenant stream's ids.
     pub id: Option<u64>,
+    /// The event's own id as sent (`<stream>-<seq>` on the tenant stream).
+    pub last_id: Option<String>,
     pub event: String,
     pub data: Value,
 }
 
-type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<axum::body::Bytes>> + Send>>;
+type Events = Pin<
+    Box<
+        dyn Stream<
+                Item = Result<
+                    eventsource_stream::Event,
+                    eventsource_stream::EventStreamError<reqwest::Error>,
+                >,
+            > + Send,
+    >,
+>;
 
-/// A minimal SSE reader over a reqwest response.
+/// An event-stream reader over a reqwest response. `eventsource-stream`
+/// parses the stream (a character split across chunks included); this turns
+/// each event's data into JSON and tells an event's own id from the one the
+/// format carries over from the event before (a session stream's live
+/// `text_delta` has none of its own, every other event must).
 pub struct Sse {
-    body: ByteStream,
-    buf: Vec<u8>,
-    scanned: usize,
-    eof: bool,
+    events: Events,
+    last_id: String,
 }
 
 impl Sse {
@@ -444,15 +535,42 @@ impl Sse {
         Self::from_request(req).await
     }
 
+    /// Opens the tenant stream (`GET /v1/events`), resuming after `last`.
+    pub async fn open_tenant(
+        server: &Server,
+        token: &str,
+        last: Option<&str>,
+    ) -> anyhow::Result<Self> {
+        let mut req = server.get("/v1/events", token);
+        if let Some(last) = last {
+            req = req.header("Last-Event-ID", last);
+        }
+        Self::from_request(req).await
+    }
+
     /// Opens a stream from an arbitrary request.
     pub async fn from_request(req: reqwest::RequestBuilder) -> anyhow::Result<Self> {
-        let resp = req.send().await?;
+        Self::from_request_in_chunks(req, None).await
+    }
+
+    /// [`Sse::from_request`], the body handed to the parser in pieces of at
+    /// most `piece` bytes (a multi-byte character then spans pieces).
+    pub async fn from_request_in_chunks(
+        req: reqwest::RequestBuilder,
+        piece: Option<usize>,
+    ) -> anyhow::Result<Self> {
+        let (client, request) = req.build_split();
+        let request = request?;
+        let (method, path) = (
+            request.method().to_string(),
+            request.url().path().to_owned(),
+        );
+        let resp = client.execute(request).await?;
         let status = resp.status();
         if status != 200 {
-            bail!(
-                "event stream answered {status}: {}",
-                resp.text().await.unwrap_or_default()
-            );
+            // Not a stream: the whole answer, held to the document.
+            let answer = read_answer(&method, &path, resp).await?;
+            bail!("event stream answered {status}: {}", answer.text);
         }
         let ct = resp
             .headers()
@@ -463,44 +581,66 @@ impl Sse {
         if !ct.starts_with("text/event-stream") {
             bail!("event stream has content-type {ct}");
         }
+        if contract::template(&path).is_some() {
+            if let Err(e) = contract::check_media(&method, &path, 200, "text/event-stream") {
+                panic!("contract: {e}");
+            }
+        }
+        let bytes = resp.bytes_stream();
+        let events: Events = match piece {
+            None => Box::pin(bytes.eventsource()),
+            Some(n) => Box::pin(
+                bytes
+                    .flat_map(move |chunk| {
+                        let pieces: Vec<reqwest::Result<axum::body::Bytes>> = match chunk {
+                            Ok(b) => (0..b.len())
+                                .step_by(n.max(1))
+                                .map(|i| Ok(b.slice(i..(i + n.max(1)).min(b.len()))))
+                                .collect(),
+                            Err(e) => vec![Err(e)],
+                        };
+                        futures::stream::iter(pieces)
+                    })
+                    .eventsource(),
+            ),
+        };
         Ok(Self {
-            body: Box::pin(resp.bytes_stream()),
-            buf: Vec::new(),
-            scanned: 0,
-            eof: false,
+            events,
+            last_id: String::new(),
         })
     }
 
     /// The next event, or `None` when the server ended the stream.
     pub async fn next(&mut self) -> anyhow::Result<Option<SseMsg>> {
-        tokio::time::timeout(PATIENCE, self.next_inner())
+        let Some(event) = tokio::time::timeout(PATIENCE, self.events.next())
             .await
             .map_err(|_| anyhow!("no event within {PATIENCE:?}"))?
+        else {
+            return Ok(None);
+        };
+        let event = event.map_err(|e| anyhow!("the event stream broke: {e}"))?;
+        let own = !event.id.is_empty() && event.id != self.last_id;
+        if !own && event.event != "text_delta" {
+            bail!(
+                "a {} event without an id of its own (the last was {:?})",
+                event.event,
+                self.last_id
+            );
+        }
+        self.last_id = event.id.clone();
+        let data = serde_json::from_str(&event.data)
+            .with_context(|| format!("{} data that is not JSON: {}", event.event, event.data))?;
+        Ok(Some(SseMsg {
+            id: if own { event.id.parse().ok() } else { None },
+            last_id: own.then_some(event.id),
+            event: event.event,
+            data,
+        }))
     }
 
-    async fn next_inner(&mut self) -> anyhow::Result<Option<SseMsg>> {
-        loop {
-            // Resume the search where the last one stopped: a multi-megabyte
-            // event arrives in many chunks, and rescanning it per chunk would
-            // be quadratic.
-            let from = self.scanned.saturating_sub(1);
-            if let Some(end) = find(&self.buf[from..], b"\n\n").map(|i| i + from) {
-                self.scanned = 0;
-                let block: Vec<u8> = self.buf.drain(..end + 2).collect();
-                if let Some(msg) = parse_block(&String::from_utf8(block)?)? {
-                    return Ok(Some(msg));
-                }
-                continue;
-            }
-            self.scanned = self.buf.len();
-            if self.eof {
-                return Ok(None);
-            }
-            match self.body.next().await {
-                Some(chunk) => self.buf.extend_from_slice(&chunk?),
-                None => self.eof = true,
-            }
-        }
+    /// The next event; an error if the stream ended.
+    pub async fn next_event(&mut self) -> anyhow::Result<SseMsg> {
+        self.next().await?.context("the event stream ended")
     }
 
     /// Events up to and including the first that satisfies `pred`.
@@ -529,39 +669,6 @@ impl Sse {
         self.until(|m| m.event == "status_changed" && m.data["status"] == status)
             .await
     }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Parses one event block; comment-only blocks (keep-alives) are `None`.
-fn parse_block(block: &str) -> anyhow::Result<Option<SseMsg>> {
-    let mut id = None;
-    let mut event = None;
-    let mut data: Vec<&str> = Vec::new();
-    for line in block.lines() {
-        if line.is_empty() || line.starts_with(':') {
-            continue;
-        }
-        let (field, value) = line.split_once(':').unwrap_or((line, ""));
-        let value = value.strip_prefix(' ').unwrap_or(value);
-        match field {
-            "id" => id = Some(value.parse::<u64>()?),
-            "event" => event = Some(value.to_owned()),
-            "data" => data.push(value),
-            _ => {}
-        }
-    }
-    if event.is_none() && data.is_empty() {
-        return Ok(None);
-    }
-    let data = serde_json::from_str(&data.join("\n"))?;
-    Ok(Some(SseMsg {
-        id,
-        event: event.unwrap_or_else(|| "message".into()),
-        data,
-    }))
 }
 
 /// The ids of the stored (id-carrying) events among `msgs`.
@@ -634,4 +741,25 @@ where
             Err(_) => tokio::time::sleep(every).await,
         }
     }
+}
+
+/// Waits for the next event of a live session (its broadcast channel) that
+/// satisfies `pred`; returns it. Fails naming the error if the channel
+/// ends, and after [`PATIENCE`] (a hang guard, nothing is timed).
+pub async fn until_event(
+    rx: &mut tokio::sync::broadcast::Receiver<overseer_actors::model::Notification>,
+    pred: impl Fn(&overseer_actors::model::EventKind) -> bool,
+) -> overseer_actors::model::EventKind {
+    use overseer_actors::model::Notification;
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            match rx.recv().await {
+                Ok(Notification::Event(e)) if pred(&e.kind) => return e.kind,
+                Ok(_) => {}
+                Err(e) => panic!("event stream ended: {e}"),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the awaited event never came within {PATIENCE:?}"))
 }

@@ -1505,14 +1505,15 @@ fn serve_token(sub: &str) -> String {
 async fn served_get(url: &str, path: &str, token: &str) -> serde_json::Value {
     // reqwest is built without a default TLS provider (as in main.rs).
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let resp = reqwest::Client::new()
-        .get(format!("{url}{path}"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
-    assert!(resp.status().is_success(), "GET {path}: {}", resp.status());
-    resp.json().await.unwrap()
+    let (status, v) = crate::common::send(
+        reqwest::Client::new()
+            .get(format!("{url}{path}"))
+            .bearer_auth(token),
+    )
+    .await
+    .unwrap();
+    assert!((200..300).contains(&status), "GET {path}: {status} {v}");
+    v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1837,14 +1838,15 @@ async fn withdrawn(what: &str, ask: &Ask) {
 /// `POST path` on the server as `token`, expecting success.
 async fn served_post(url: &str, path: &str, token: &str, body: serde_json::Value) {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let resp = reqwest::Client::new()
-        .post(format!("{url}{path}"))
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert!(resp.status().is_success(), "POST {path}: {}", resp.status());
+    let (status, v) = crate::common::send(
+        reqwest::Client::new()
+            .post(format!("{url}{path}"))
+            .bearer_auth(token)
+            .json(&body),
+    )
+    .await
+    .unwrap();
+    assert!((200..300).contains(&status), "POST {path}: {status} {v}");
 }
 
 /// Each call of a transcript (as JSON), in order: its final state, and who

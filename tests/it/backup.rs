@@ -14,35 +14,27 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+
+use crate::common::served::{self, Served};
 
 const BIN: &str = env!("CARGO_BIN_EXE_overseer");
 const SECRET: &str = "backup-test-secret-backup-test-secret!";
 /// How long a process may take to start listening before the test fails.
 const PATIENCE: Duration = Duration::from_secs(120);
 
-struct Served {
-    child: Child,
-    url: String,
-    log: Arc<Mutex<Vec<String>>>,
+/// SIGTERM, and a graceful exit.
+trait Stop {
+    fn stop(self);
 }
 
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Served {
-    /// SIGTERM, and a graceful exit.
+impl Stop for Served {
     fn stop(mut self) {
         let pid = self.child.id().to_string();
         assert!(Command::new("kill")
@@ -58,41 +50,13 @@ impl Served {
 /// Starts `overseer serve` on `data` (with `extra` arguments) and waits for
 /// its "listening on" line; its stderr is kept in `log`.
 fn serve(data: &Path, extra: &[&str]) -> Served {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+    let mut cmd = served::command();
+    cmd.arg("--data")
         .arg(data)
         .args(extra)
         .env("OVERSEER_JWT_SECRET", SECRET)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let keep = log.clone();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if let Some(addr) = line.strip_prefix("listening on ") {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(format!("http://{addr}"));
-                }
-            }
-            keep.lock().unwrap().push(line);
-        }
-    });
-    let url = match rx.recv_timeout(PATIENCE) {
-        Ok(url) => url,
-        Err(_) => {
-            let _ = child.kill();
-            panic!("serve never listened: {}", log.lock().unwrap().join("\n"));
-        }
-    };
-    Served { child, url, log }
+        .env("RUST_LOG", "info");
+    Served::start_with(cmd, "http", PATIENCE).unwrap()
 }
 
 fn token(scopes: &str) -> String {
@@ -137,21 +101,15 @@ fn http() -> reqwest::Client {
 }
 
 async fn get(client: &reqwest::Client, url: &str, token: &str) -> (u16, Value) {
-    let resp = client.get(url).bearer_auth(token).send().await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
+    crate::common::send(client.get(url).bearer_auth(token))
+        .await
+        .unwrap()
 }
 
 async fn post(client: &reqwest::Client, url: &str, token: &str, body: &Value) -> (u16, Value) {
-    let resp = client
-        .post(url)
-        .bearer_auth(token)
-        .json(body)
-        .send()
+    crate::common::send(client.post(url).bearer_auth(token).json(body))
         .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
+        .unwrap()
 }
 
 /// Creates a session that asks for the time: it parks awaiting approval.
@@ -394,14 +352,14 @@ async fn bad_backups_and_restores_are_refused_naming_what_is_wrong() {
 
     // A token without `admin`: 403, from the API and through the client,
     // and no directory is left behind.
-    let resp = client
-        .post(format!("{}/v1/admin/backup", served.url))
-        .bearer_auth(&user)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 403);
-    let body: Value = resp.json().await.unwrap();
+    let (status, body) = crate::common::send(
+        client
+            .post(format!("{}/v1/admin/backup", served.url))
+            .bearer_auth(&user),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 403);
     assert!(
         body["error"]["message"].as_str().unwrap().contains("admin"),
         "{body}"

@@ -8,10 +8,9 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::served::Served;
 use common::{expect_error, send, token, Server, ALL, PATIENCE};
 use overseer_actors::schema::{MAX_OUTPUT_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, MAX_SCHEMA_PATTERNS};
 use serde_json::{json, Map, Value};
@@ -179,19 +178,12 @@ async fn schemas_and_bodies_past_their_bounds_are_refused_with_400_naming_the_fi
 // ---- the memory a real server keeps ---------------------------------------
 
 /// An `overseer serve` process, killed on drop.
-struct Served {
-    child: Child,
-    url: String,
+/// Its resident set size.
+trait Rss {
+    fn rss(&self) -> u64;
 }
 
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Served {
+impl Rss for Served {
     /// Its resident set size, in bytes (`VmRSS` of `/proc/PID/status`).
     fn rss(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
@@ -270,29 +262,12 @@ fn serve(dir: &std::path::Path) -> Served {
     )
     .unwrap();
     std::fs::write(dir.join("overseer.toml"), config).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_overseer"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+    let mut cmd = common::served::command();
+    cmd.arg("--config")
         .arg(dir.join("overseer.toml"))
         .arg("--data")
-        .arg(dir.join("data"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("serve exited before listening")
-            .unwrap();
-        if let Some(addr) = line.strip_prefix("listening on ") {
-            break format!("http://{addr}");
-        }
-    };
-    // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Served { child, url }
+        .arg(dir.join("data"));
+    Served::start(cmd).unwrap()
 }
 
 /// Creates a session of `agent` with `schema` and waits until its one turn

@@ -240,13 +240,10 @@ async fn past_the_in_flight_limit_requests_get_503_overloaded_with_retry_after()
     let (status, _, _) = read_response(&mut slow).await?;
     assert_eq!(status, 100, "the server admitted the request");
 
-    let resp = s.get("/v1/sessions", &t).send().await?;
-    assert_eq!(resp.status(), 503);
-    assert_eq!(
-        resp.headers().get("retry-after").map(|v| v.as_bytes()),
-        Some(&b"1"[..])
-    );
-    let v: Value = resp.json().await?;
+    let resp = common::answer(s.get("/v1/sessions", &t)).await?;
+    assert_eq!(resp.status, 503);
+    assert_eq!(resp.retry_after(), Some(1));
+    let v = resp.body;
     assert_eq!(v["error"]["code"], "overloaded", "{v}");
     // The liveness probe is never refused.
     let (status, _) = send(s.client.get(s.url("/healthz"))).await?;

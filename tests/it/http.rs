@@ -557,13 +557,10 @@ async fn bad_tokens_are_401_and_missing_scopes_403() -> Result {
     let list = |t: &str| s.get("/v1/sessions", t);
 
     // Missing or malformed header.
-    let resp = s.client.get(s.url("/v1/sessions")).send().await?;
-    assert_eq!(resp.status(), 401);
-    assert_eq!(
-        resp.headers().get("www-authenticate").map(|v| v.as_bytes()),
-        Some(&b"Bearer"[..])
-    );
-    let v: Value = resp.json().await?;
+    let resp = common::answer(s.client.get(s.url("/v1/sessions"))).await?;
+    assert_eq!(resp.status, 401);
+    assert_eq!(resp.header("www-authenticate"), Some("Bearer"));
+    let v = resp.body;
     assert_eq!(v["error"]["code"], "unauthorized");
     expect_error(
         s.client
@@ -2065,5 +2062,33 @@ async fn a_tool_rule_is_set_by_the_tokens_subject_and_checked() -> Result {
         (&json!("write_record"), &json!("allow"), &json!("alice")),
         "{set}"
     );
+    s.stop().await
+}
+
+/// An event whose text has multi-byte characters, read through the shared
+/// reader with the body cut into one-byte pieces, so that every such
+/// character spans pieces (the server's own chunking cannot be steered from
+/// a test; cutting what it sent is deterministic): the text arrives whole.
+/// A reader decoding each piece as UTF-8 on its own fails here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_whose_characters_span_chunks_is_read_whole() -> Result {
+    let s = Server::start().await?;
+    let t = token("acme", "alice", ALL);
+    let id = s.create(&t, "chat", None).await?;
+    let mut events =
+        Sse::from_request_in_chunks(s.get(&format!("/v1/sessions/{id}/events"), &t), Some(1))
+            .await?;
+    let text = "naïve café — ✓ 🦀 日本語";
+    let (status, v) = send(s.post(
+        &format!("/v1/sessions/{id}/messages"),
+        &t,
+        &json!({ "text": text }),
+    ))
+    .await?;
+    assert_eq!(status, 202, "{v}");
+    let msgs = events.until_type("message_accepted").await?;
+    assert_eq!(msgs.last().context("an event")?.data["text"], text);
+    let reply = events.until_status("awaiting_input").await?;
+    assert!(reply.iter().any(|m| m.event == "turn_ended"), "{reply:?}");
     s.stop().await
 }

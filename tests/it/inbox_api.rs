@@ -10,86 +10,10 @@
 use crate::common;
 
 use anyhow::{bail, Context};
-use common::{expect_error, send, token, Server, Sse, ALL};
+use common::{expect_error, send, token, Server, Sse, SseMsg, ALL};
 use serde_json::{json, Value};
 
 type Result = anyhow::Result<()>;
-
-/// A reader of the tenant stream, whose ids are `<stream>-<seq>` (the
-/// common reader parses only the numeric ids of session streams).
-struct RawSse {
-    inner: reqwest::Response,
-    buf: String,
-}
-
-#[derive(Debug)]
-struct RawMsg {
-    id: Option<String>,
-    event: String,
-    data: Value,
-}
-
-impl RawSse {
-    async fn open(s: &Server, token: &str, last: Option<&str>) -> anyhow::Result<Self> {
-        let mut req = s.get("/v1/events", token);
-        if let Some(last) = last {
-            req = req.header("Last-Event-ID", last);
-        }
-        let inner = req.send().await?;
-        if inner.status() != 200 {
-            bail!("tenant stream answered {}", inner.status());
-        }
-        Ok(Self {
-            inner,
-            buf: String::new(),
-        })
-    }
-
-    async fn next(&mut self) -> anyhow::Result<RawMsg> {
-        tokio::time::timeout(common::PATIENCE, async {
-            loop {
-                if let Some(end) = self.buf.find("\n\n") {
-                    let block: String = self.buf.drain(..end + 2).collect();
-                    let (mut id, mut event, mut data) = (None, None, Vec::new());
-                    for line in block.lines() {
-                        if let Some(v) = line.strip_prefix("id:") {
-                            id = Some(v.trim().to_owned());
-                        } else if let Some(v) = line.strip_prefix("event:") {
-                            event = Some(v.trim().to_owned());
-                        } else if let Some(v) = line.strip_prefix("data:") {
-                            data.push(v.strip_prefix(' ').unwrap_or(v).to_owned());
-                        }
-                    }
-                    let Some(event) = event else { continue };
-                    return Ok(RawMsg {
-                        id,
-                        event,
-                        data: serde_json::from_str(&data.join("\n"))?,
-                    });
-                }
-                match self.inner.chunk().await? {
-                    Some(chunk) => self.buf.push_str(std::str::from_utf8(&chunk)?),
-                    None => bail!("the tenant stream ended"),
-                }
-            }
-        })
-        .await
-        .context("no tenant event within PATIENCE")?
-    }
-
-    /// Events up to and including the first that satisfies `pred`.
-    async fn until(&mut self, pred: impl Fn(&RawMsg) -> bool) -> anyhow::Result<Vec<RawMsg>> {
-        let mut out = Vec::new();
-        loop {
-            let m = self.next().await?;
-            let done = pred(&m);
-            out.push(m);
-            if done {
-                return Ok(out);
-            }
-        }
-    }
-}
 
 async fn approvals(s: &Server, token: &str, query: &str) -> anyhow::Result<Value> {
     let (status, v) = send(s.get(&format!("/v1/approvals{query}"), token)).await?;
@@ -221,7 +145,7 @@ async fn approvals_are_tenant_wide_newest_first_paginated_and_carry_the_path() -
     s.stop().await
 }
 
-fn of_type<'a>(msgs: &'a [RawMsg], ty: &str) -> Vec<&'a RawMsg> {
+fn of_type<'a>(msgs: &'a [SseMsg], ty: &str) -> Vec<&'a SseMsg> {
     msgs.iter().filter(|m| m.event == ty).collect()
 }
 
@@ -231,12 +155,12 @@ async fn the_tenant_stream_resets_then_streams_live_and_resumes_by_id() -> Resul
     let alice = token("acme", "alice", ALL);
     let eve = token("globex", "eve", ALL);
 
-    let mut acme = RawSse::open(&s, &alice, None).await?;
-    let reset = acme.next().await?;
+    let mut acme = Sse::open_tenant(&s, &alice, None).await?;
+    let reset = acme.next_event().await?;
     assert_eq!(reset.event, "reset", "a new client starts with a reset");
     assert_eq!(reset.data["snapshot"], "/v1/approvals");
-    let mut globex = RawSse::open(&s, &eve, None).await?;
-    assert_eq!(globex.next().await?.event, "reset");
+    let mut globex = Sse::open_tenant(&s, &eve, None).await?;
+    assert_eq!(globex.next_event().await?.event, "reset");
 
     // A new approval arrives with its whole card.
     let (sid, cid) = s.create_pending(&alice).await?;
@@ -260,7 +184,7 @@ async fn the_tenant_stream_resets_then_streams_live_and_resumes_by_id() -> Resul
         asked.data["approval"]["context"]["user_message"]["text"],
         "please write record 42"
     );
-    let resume_from = asked.id.clone().context("an id")?;
+    let resume_from = asked.last_id.clone().context("an id")?;
 
     // Decide it; the stream says so.
     let (status, _) = send(s.post(
@@ -278,23 +202,23 @@ async fn the_tenant_stream_resets_then_streams_live_and_resumes_by_id() -> Resul
     assert_eq!(decided[0].data["call_id"], json!(cid));
     assert_eq!(decided[0].data["decision"], "deny");
     assert_eq!(decided[0].data["by"], "alice");
-    let live_after: Vec<String> = msgs.iter().filter_map(|m| m.id.clone()).collect();
+    let live_after: Vec<String> = msgs.iter().filter_map(|m| m.last_id.clone()).collect();
     drop(acme);
 
     // Resuming after the approval replays exactly what followed it.
-    let mut resumed = RawSse::open(&s, &alice, Some(&resume_from)).await?;
+    let mut resumed = Sse::open_tenant(&s, &alice, Some(&resume_from)).await?;
     let mut replayed = Vec::new();
     for _ in 0..live_after.len() {
-        let m = resumed.next().await?;
+        let m = resumed.next_event().await?;
         assert_ne!(m.event, "reset", "a known position resumes without a reset");
-        replayed.push(m.id.unwrap());
+        replayed.push(m.last_id.unwrap());
     }
     assert_eq!(replayed, live_after);
 
     // A position of another stream (a restarted server) resets; a malformed
     // one is refused.
-    let mut stale = RawSse::open(&s, &alice, Some("0123456789ab-1-5")).await?;
-    let m = stale.next().await?;
+    let mut stale = Sse::open_tenant(&s, &alice, Some("0123456789ab-1-5")).await?;
+    let m = stale.next_event().await?;
     assert_eq!(m.event, "reset");
     assert_eq!(m.data["reason"], "unknown_stream");
     expect_error(
@@ -305,7 +229,7 @@ async fn the_tenant_stream_resets_then_streams_live_and_resumes_by_id() -> Resul
     .await?;
     // Another tenant's stream never saw any of it: its next event is its own.
     let (theirs, _) = s.create_pending(&eve).await?;
-    let first = globex.next().await?;
+    let first = globex.next_event().await?;
     assert_eq!(first.data["session_id"], json!(theirs), "{first:?}");
     // The stream needs sessions:read.
     let writer = token("acme", "w", &["sessions:write"]);
@@ -317,8 +241,8 @@ async fn the_tenant_stream_resets_then_streams_live_and_resumes_by_id() -> Resul
 async fn a_cancelled_sessions_approval_leaves_the_tenant_stream_and_the_list() -> Result {
     let s = Server::start().await?;
     let alice = token("acme", "alice", ALL);
-    let mut acme = RawSse::open(&s, &alice, None).await?;
-    acme.next().await?;
+    let mut acme = Sse::open_tenant(&s, &alice, None).await?;
+    acme.next_event().await?;
     let (sid, _) = s.create_pending(&alice).await?;
     acme.until(|m| m.event == "approval_requested").await?;
     let (status, _) =
@@ -336,9 +260,9 @@ async fn a_cancelled_sessions_approval_leaves_the_tenant_stream_and_the_list() -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_and_the_api_carry_the_security_headers() -> Result {
     let s = Server::start().await?;
-    let page = s.client.get(s.url("/")).send().await?;
-    assert_eq!(page.status(), 200);
-    let h = page.headers().clone();
+    let page = common::answer(s.client.get(s.url("/"))).await?;
+    assert_eq!(page.status, 200);
+    let h = page.headers.clone();
     let csp = h["content-security-policy"].to_str()?;
     for part in [
         "default-src 'none'",
@@ -356,17 +280,12 @@ async fn the_page_and_the_api_carry_the_security_headers() -> Result {
     assert_eq!(h["x-frame-options"], "DENY");
     assert!(h["content-type"].to_str()?.starts_with("text/html"));
     let etag = h["etag"].to_str()?.to_owned();
-    let body = page.text().await?;
+    let body = page.text;
     assert!(body.contains("<script type=\"module\" src=\"/ui/app.js\"></script>"));
 
     // Revalidation answers 304; modules are JavaScript.
-    let again = s
-        .client
-        .get(s.url("/"))
-        .header("If-None-Match", &etag)
-        .send()
-        .await?;
-    assert_eq!(again.status(), 304);
+    let again = common::answer(s.client.get(s.url("/")).header("If-None-Match", &etag)).await?;
+    assert_eq!(again.status, 304);
     for file in [
         "app.js",
         "api.js",
@@ -378,24 +297,22 @@ async fn the_page_and_the_api_carry_the_security_headers() -> Result {
         "desk.js",
         "history.js",
     ] {
-        let r = s.client.get(s.url(&format!("/ui/{file}"))).send().await?;
-        assert_eq!(r.status(), 200, "{file}");
-        assert!(r.headers()["content-type"]
-            .to_str()?
-            .starts_with("text/javascript"));
-        assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+        let r = common::answer(s.client.get(s.url(&format!("/ui/{file}")))).await?;
+        assert_eq!(r.status, 200, "{file}");
+        assert_eq!(r.media_type(), "text/javascript");
+        assert_eq!(r.headers["x-content-type-options"], "nosniff");
     }
     expect_error(s.client.get(s.url("/ui/secret.js")), 404, "not_found").await?;
 
     // API answers: nothing may load from them, and they are never sniffed.
-    let api = s.client.get(s.url("/v1/sessions")).send().await?;
-    assert_eq!(api.status(), 401);
+    let api = common::answer(s.client.get(s.url("/v1/sessions"))).await?;
+    assert_eq!(api.status, 401);
     assert_eq!(
-        api.headers()["content-security-policy"],
+        api.headers["content-security-policy"],
         "default-src 'none'; frame-ancestors 'none'"
     );
-    assert_eq!(api.headers()["x-content-type-options"], "nosniff");
-    assert_eq!(api.headers()["referrer-policy"], "no-referrer");
+    assert_eq!(api.headers["x-content-type-options"], "nosniff");
+    assert_eq!(api.headers["referrer-policy"], "no-referrer");
     s.stop().await
 }
 
@@ -720,8 +637,8 @@ async fn the_decision_history_lists_every_kind_of_decision_paged_filtered_and_pe
 async fn cards_say_why_the_call_is_asked_bounded_and_me_says_what_a_token_may_do() -> Result {
     let s = Server::start().await?;
     let alice = token("acme", "alice", ALL);
-    let mut feed = RawSse::open(&s, &alice, None).await?;
-    assert_eq!(feed.next().await?.event, "reset");
+    let mut feed = Sse::open_tenant(&s, &alice, None).await?;
+    assert_eq!(feed.next_event().await?.event, "reset");
 
     let (sid, cid) = s.create_pending(&alice).await?;
     let page = approvals(&s, &alice, "").await?;

@@ -383,7 +383,6 @@ async fn an_unreachable_identity_provider_is_a_503_not_a_401() -> Result {
 /// claim keys) in its file: the configuration reaches the verifier.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_configured_with_jwks_accepts_the_providers_tokens() -> Result {
-    use std::io::{BufRead, BufReader};
     let key = IdpKey::new("k1");
     let idp = Idp::start(&[&key]).await?;
     let dir = tempfile::tempdir()?;
@@ -406,64 +405,42 @@ async fn serve_configured_with_jwks_accepts_the_providers_tokens() -> Result {
             scenario = scenario.display().to_string(),
         ),
     )?;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_overseer"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr)
-            .lines()
-            .map_while(std::result::Result::ok)
-        {
-            if let Some(addr) = line.strip_prefix("listening on ") {
-                let _ = tx.send(addr.to_owned());
-            }
-        }
-    });
-    let addr = rx.recv_timeout(common::PATIENCE);
-    let result = async {
-        let addr = addr?;
-        let token = key.sign(&json!({
-            "sub": "alice", "org": "acme", "scope": "openid sessions:read",
-            "iss": "https://idp.example.com/", "aud": "overseer", "exp": now() + 600,
-        }));
-        let client = reqwest::Client::new();
-        let (status, body) = send(
-            client
-                .get(format!("http://{addr}/v1/me"))
-                .bearer_auth(&token),
-        )
-        .await?;
-        assert_eq!(status, 200, "{body}");
-        assert_eq!(body["tenant"], "acme");
-        assert_eq!(body["scopes"], json!(["sessions:read"]));
-        let wrong_aud = key.sign(&json!({
-            "sub": "alice", "org": "acme", "iss": "https://idp.example.com/",
-            "aud": "another", "exp": now() + 600,
-        }));
-        let (status, body) = send(
-            client
-                .get(format!("http://{addr}/v1/me"))
-                .bearer_auth(&wrong_aud),
-        )
-        .await?;
-        assert_eq!(status, 401, "{body}");
-        assert!(
-            body["error"]["message"]
-                .as_str()
-                .unwrap_or_default()
-                .contains("'aud'"),
-            "{body}"
-        );
-        anyhow::Ok(())
-    }
-    .await;
-    let _ = child.kill();
-    let _ = child.wait();
-    result
+    let mut cmd = common::served::command();
+    cmd.arg("--config").arg(&config);
+    let served = common::served::Served::start(cmd)?;
+    let addr = served.addr().to_owned();
+    let token = key.sign(&json!({
+        "sub": "alice", "org": "acme", "scope": "openid sessions:read",
+        "iss": "https://idp.example.com/", "aud": "overseer", "exp": now() + 600,
+    }));
+    let client = reqwest::Client::new();
+    let (status, body) = send(
+        client
+            .get(format!("http://{addr}/v1/me"))
+            .bearer_auth(&token),
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["tenant"], "acme");
+    assert_eq!(body["scopes"], json!(["sessions:read"]));
+    let wrong_aud = key.sign(&json!({
+        "sub": "alice", "org": "acme", "iss": "https://idp.example.com/",
+        "aud": "another", "exp": now() + 600,
+    }));
+    let (status, body) = send(
+        client
+            .get(format!("http://{addr}/v1/me"))
+            .bearer_auth(&wrong_aud),
+    )
+    .await?;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("'aud'"),
+        "{body}"
+    );
+    drop(served);
+    Ok(())
 }

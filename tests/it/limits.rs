@@ -137,9 +137,9 @@ async fn list_rows_carry_no_transcript_queue_or_metadata() -> Result {
         .await?;
         assert_eq!(status, 202);
     }
-    let resp = s.get("/v1/sessions?limit=50", &t).send().await?;
-    let body = resp.bytes().await?;
-    let list: Value = serde_json::from_slice(&body)?;
+    let resp = common::answer(s.get("/v1/sessions?limit=50", &t)).await?;
+    assert_eq!(resp.status, 200, "{}", resp.text);
+    let (list, body) = (resp.body, resp.text);
     let rows = list["sessions"].as_array().unwrap();
     assert_eq!(rows.len(), 5);
     for row in rows {

@@ -17,6 +17,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::common;
+use common::until_event as until;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -352,24 +353,6 @@ async fn create(
     .await
     .unwrap();
     (id, rx)
-}
-
-/// Waits for the next event matching `pred`.
-async fn until(
-    rx: &mut broadcast::Receiver<Notification>,
-    pred: impl Fn(&EventKind) -> bool,
-) -> EventKind {
-    tokio::time::timeout(PATIENCE, async {
-        loop {
-            match rx.recv().await {
-                Ok(Notification::Event(e)) if pred(&e.kind) => return e.kind,
-                Ok(_) => {}
-                Err(e) => panic!("event stream ended: {e}"),
-            }
-        }
-    })
-    .await
-    .expect("the awaited event never came")
 }
 
 /// Approves each call that asks, until the turn ends; returns the approved

@@ -12,6 +12,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::common::until_event as until;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -1662,23 +1663,6 @@ impl Tool for Launch {
     async fn call(&self, _ctx: ToolContext, arguments: Value) -> Result<Value, ToolError> {
         Ok(json!({"launched": true, "count": arguments["count"]}))
     }
-}
-
-async fn until(
-    rx: &mut tokio::sync::broadcast::Receiver<Notification>,
-    pred: impl Fn(&EventKind) -> bool,
-) -> EventKind {
-    tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            match rx.recv().await {
-                Ok(Notification::Event(e)) if pred(&e.kind) => return e.kind,
-                Ok(_) => {}
-                Err(e) => panic!("event stream ended: {e}"),
-            }
-        }
-    })
-    .await
-    .expect("the event did not come")
 }
 
 #[tokio::test]

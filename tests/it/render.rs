@@ -13,9 +13,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use crate::common::served::{self, Served};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -208,43 +210,14 @@ approval = "always"
 
 // ---- the API and `sessions` over a served process --------------------------------
 
-/// `overseer serve` as a process, killed when dropped.
-struct Served {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve(data: &Path, config: &Path) -> Served {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+    let mut cmd = served::command();
+    cmd.arg("--data")
         .arg(data)
         .arg("--config")
         .arg(config)
-        .env("OVERSEER_JWT_SECRET", SECRET)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("serve exited before listening")
-            .unwrap();
-        if let Some(addr) = line.strip_prefix("listening on ") {
-            break format!("http://{addr}");
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    Served { child, url }
+        .env("OVERSEER_JWT_SECRET", SECRET);
+    Served::start(cmd).unwrap()
 }
 
 fn token() -> String {
@@ -264,25 +237,13 @@ fn token() -> String {
 
 /// Reads the session's event stream until an event of type `ty`.
 async fn until_event(http: &reqwest::Client, url: &str, token: &str, id: &str, ty: &str) {
-    use futures::StreamExt;
-    let resp = http
-        .get(format!("{url}/v1/sessions/{id}/events"))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut body = resp.bytes_stream();
-    let mut seen = String::new();
-    let needle = format!("event: {ty}\n");
-    tokio::time::timeout(PATIENCE, async {
-        while !seen.contains(&needle) {
-            let chunk = body.next().await.expect("stream ended").unwrap();
-            seen.push_str(&String::from_utf8_lossy(&chunk));
-        }
-    })
+    let mut events = crate::common::Sse::from_request(
+        http.get(format!("{url}/v1/sessions/{id}/events"))
+            .bearer_auth(token),
+    )
     .await
-    .unwrap_or_else(|_| panic!("no {ty} event; saw: {seen}"));
+    .unwrap();
+    events.until_type(ty).await.unwrap();
 }
 
 /// `overseer sessions --url URL ARGS…`: (success, stdout, stderr).
@@ -311,29 +272,23 @@ async fn approvals_carry_warnings_the_cli_shows_escapes_and_the_tool_gets_the_ex
     let (url, token) = (served.url.clone(), token());
     let http = reqwest::Client::new();
 
-    let created: Value = http
-        .post(format!("{url}/v1/sessions"))
-        .bearer_auth(&token)
-        .json(&json!({"agent": "clerk", "title": TITLE, "prompt": "file the Q3 report"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created: Value = crate::common::send(
+        http.post(format!("{url}/v1/sessions"))
+            .bearer_auth(&token)
+            .json(&json!({"agent": "clerk", "title": TITLE, "prompt": "file the Q3 report"})),
+    )
+    .await
+    .unwrap()
+    .1;
     let id = created["id"].as_str().expect("created").to_owned();
     until_event(&http, &url, &token, &id, "approval_requested").await;
 
     // The inbox card: raw data, and the warnings beside it.
-    let inbox: Value = http
-        .get(format!("{url}/v1/approvals"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let inbox: Value =
+        crate::common::send(http.get(format!("{url}/v1/approvals")).bearer_auth(&token))
+            .await
+            .unwrap()
+            .1;
     let card = &inbox["approvals"][0];
     assert_eq!(card["arguments"], arguments(), "the API keeps raw data raw");
     assert_eq!(card["title"], TITLE);
@@ -347,15 +302,13 @@ async fn approvals_carry_warnings_the_cli_shows_escapes_and_the_tool_gets_the_ex
     assert_eq!(card["warnings"], Value::Array(want), "{card}");
 
     // The session's own list of pending calls.
-    let pending: Value = http
-        .get(format!("{url}/v1/sessions/{id}/approvals"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let pending: Value = crate::common::send(
+        http.get(format!("{url}/v1/sessions/{id}/approvals"))
+            .bearer_auth(&token),
+    )
+    .await
+    .unwrap()
+    .1;
     assert_eq!(pending["pending"][0]["arguments"], arguments());
     assert_eq!(pending["pending"][0]["warnings"], argument_warnings());
 

@@ -4,20 +4,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::common::served::{self, Served};
+
 const BIN: &str = env!("CARGO_BIN_EXE_overseer");
 const SECRET: &str = "serve-test-secret-serve-test-secret!";
-
-struct Served {
-    child: Child,
-    url: String,
-}
 
 /// Starts `overseer serve` on a free loopback port and waits for its
 /// "listening on" line.
@@ -27,32 +23,12 @@ fn serve(data: &Path) -> Served {
 
 /// [`serve`] with extra arguments (e.g. `--config FILE`).
 fn serve_with(data: &Path, extra: &[&std::ffi::OsStr]) -> Served {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+    let mut cmd = served::command();
+    cmd.arg("--data")
         .arg(data)
         .args(extra)
-        .env("OVERSEER_JWT_SECRET", SECRET)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let listening = watchdog(child.id(), PATIENCE);
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("serve exited (or was killed after PATIENCE) before listening")
-            .unwrap();
-        if let Some(addr) = line.strip_prefix("listening on ") {
-            break format!("http://{addr}");
-        }
-    };
-    listening.store(true, std::sync::atomic::Ordering::Relaxed);
-    // Keep draining stderr so the server never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Served { child, url }
+        .env("OVERSEER_JWT_SECRET", SECRET);
+    Served::start(cmd).unwrap()
 }
 
 fn token() -> String {
@@ -131,16 +107,14 @@ async fn quick_start_then_sigterm_and_restart_keep_the_approval_decidable() {
     let token = token();
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let http = reqwest::Client::new();
-    let created: Value = http
-        .post(format!("{}/v1/sessions", served.url))
-        .bearer_auth(&token)
-        .json(&json!({"agent": "assistant", "prompt": "What time is it?"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created: Value = crate::common::send(
+        http.post(format!("{}/v1/sessions", served.url))
+            .bearer_auth(&token)
+            .json(&json!({"agent": "assistant", "prompt": "What time is it?"})),
+    )
+    .await
+    .unwrap()
+    .1;
     let id = created["id"].as_str().unwrap().to_owned();
     until_status(&served.url, &token, &id, "awaiting_approval");
 
@@ -239,16 +213,15 @@ async fn sigterm_with_a_stalled_connection_open_still_exits_and_keeps_the_approv
     let served = serve_with(&data, &config_arg);
     let token = token();
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let created: Value = reqwest::Client::new()
-        .post(format!("{}/v1/sessions", served.url))
-        .bearer_auth(&token)
-        .json(&json!({"agent": "assistant", "prompt": "What time is it?"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created: Value = crate::common::send(
+        reqwest::Client::new()
+            .post(format!("{}/v1/sessions", served.url))
+            .bearer_auth(&token)
+            .json(&json!({"agent": "assistant", "prompt": "What time is it?"})),
+    )
+    .await
+    .unwrap()
+    .1;
     let id = created["id"].as_str().unwrap().to_owned();
     until_status(&served.url, &token, &id, "awaiting_approval");
 
@@ -280,29 +253,4 @@ async fn sigterm_with_a_stalled_connection_open_still_exits_and_keeps_the_approv
     assert!(ok, "{err}");
     assert!(out.starts_with("approved call_"), "{out}");
     sigterm(served);
-}
-
-/// Kills process `pid` if `done` is not set within `patience`: a child that
-/// neither prints what a test waits for nor exits would otherwise hang the
-/// blocking read of its output for ever. Killing it closes that output, and
-/// the read fails with a message.
-fn watchdog(
-    pid: u32,
-    patience: std::time::Duration,
-) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = done.clone();
-    std::thread::spawn(move || {
-        let deadline = std::time::Instant::now() + patience;
-        while std::time::Instant::now() < deadline {
-            if flag.load(std::sync::atomic::Ordering::Relaxed) {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        if !flag.load(std::sync::atomic::Ordering::Relaxed) {
-            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-        }
-    });
-    done
 }

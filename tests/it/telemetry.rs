@@ -6,9 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,7 +24,7 @@ use opentelemetry_proto::tonic::metrics::v1::metric::Data;
 use prost::Message;
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_overseer");
+use crate::common::served::{self, Served};
 
 /// A span as received.
 #[derive(Debug, Clone)]
@@ -189,72 +187,20 @@ async fn receiver() -> Receiver {
     Receiver { url, seen, task }
 }
 
-struct Served {
-    child: Child,
-    url: String,
-    logs: Arc<Mutex<Vec<String>>>,
-}
-
 /// `overseer serve` with `config`, extra environment for the process only.
 fn serve(data: &Path, config: &Path, env: &[(&str, &str)]) -> Served {
-    let mut cmd = Command::new(BIN);
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--data"])
+    let mut cmd = served::command();
+    cmd.arg("--data")
         .arg(data)
         .arg("--config")
         .arg(config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
         // Exports every 50 ms, so the spans of a process killed later have
         // left it (the receiver is polled, nothing is timed).
         .env("OTEL_BSP_SCHEDULE_DELAY", "50");
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("serve exited before listening")
-            .unwrap();
-        if let Some(addr) = line.strip_prefix("listening on ") {
-            break format!("http://{addr}");
-        }
-    };
-    let logs: Arc<Mutex<Vec<String>>> = Arc::default();
-    let sink = logs.clone();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            sink.lock().unwrap().push(line);
-        }
-    });
-    Served { child, url, logs }
-}
-
-impl Served {
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    fn sigterm(&mut self) {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success());
-        assert!(self.child.wait().unwrap().success());
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    Served::start(cmd).unwrap()
 }
 
 const SCENARIO: &str = r#"{
@@ -520,7 +466,7 @@ async fn a_delegation_with_an_approval_is_one_trace_under_the_callers_span() {
     assert_eq!(sent, [format!("00-{CALLER_TRACE}-{}-01", probe.id)]);
     // JSON logs: every line of the log layer parses; the turn's end carries
     // the trace id.
-    let logs = served.logs.lock().unwrap().clone();
+    let logs = served.log.lock().unwrap().clone();
     let json: Vec<Value> = logs
         .iter()
         .filter(|l| l.starts_with('{'))
@@ -634,14 +580,10 @@ async fn after_kill_9_the_resumed_turn_stays_in_its_trace_and_content_is_capture
 }
 
 async fn metric(http: &reqwest::Client, url: &str, name: &str) -> f64 {
-    let text = http
-        .get(format!("{url}/metrics"))
-        .send()
+    let text = crate::common::answer(http.get(format!("{url}/metrics")))
         .await
         .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text;
     text.lines()
         .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -826,7 +768,7 @@ async fn the_genai_histograms_are_exported_over_otlp_unless_metrics_are_off() {
                 "{} metric exports; points: {:#?}; server log: {:#?}",
                 seen.metric_exports,
                 seen.points,
-                served.logs.lock().unwrap()
+                served.log.lock().unwrap()
             );
         };
         let mut input = None;

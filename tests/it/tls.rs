@@ -9,20 +9,15 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use common::{send, Sse, PATIENCE, SECRET};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, SanType};
 use serde_json::{json, Value};
 
 type Result = anyhow::Result<()>;
-
-const BIN: &str = env!("CARGO_BIN_EXE_overseer");
 
 /// One approval, then an answer: a session that waits for a decision.
 const SCENARIO: &str = r#"{
@@ -84,58 +79,30 @@ fn replace(path: &Path, contents: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-/// One `overseer serve` process, its stderr lines as they come.
+/// One `overseer serve` process over TLS.
 struct Served {
-    child: Child,
+    served: common::served::Served,
     addr: String,
-    lines: mpsc::Receiver<String>,
 }
 
 impl Served {
     fn start(config: &Path, env: &[(&str, &str)]) -> anyhow::Result<Self> {
-        let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        let mut cmd = common::served::command();
+        cmd.arg("--config")
             .arg(config)
             .env("OVERSEER_JWT_SECRET", SECRET)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .env("RUST_LOG", "warn");
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn()?;
-        let stderr = child.stderr.take().context("stderr")?;
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut served = Self {
-            child,
-            addr: String::new(),
-            lines,
-        };
-        let line = served.until_line(|l| l.starts_with("listening on "))?;
-        served.addr = line["listening on ".len()..].to_owned();
-        Ok(served)
+        let served = common::served::Served::start_with(cmd, "https", PATIENCE)?;
+        let addr = served.addr().to_owned();
+        Ok(Self { served, addr })
     }
 
-    /// Waits for a stderr line matching `pred` (every line before it is
-    /// consumed); fails if the process ends or `PATIENCE` passes first.
+    /// Waits for a stderr line matching `pred`.
     fn until_line(&mut self, pred: impl Fn(&str) -> bool) -> anyhow::Result<String> {
-        let mut seen = Vec::new();
-        loop {
-            match self.lines.recv_timeout(PATIENCE) {
-                Ok(line) if pred(&line) => return Ok(line),
-                Ok(line) => seen.push(line),
-                Err(_) => bail!("no such line on stderr; got:\n{}", seen.join("\n")),
-            }
-        }
+        self.served.until_line(pred)
     }
 
     fn url(&self, path: &str) -> String {
@@ -143,16 +110,7 @@ impl Served {
     }
 
     fn signal(&self, sig: &str) {
-        let _ = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status();
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.served.signal(sig);
     }
 }
 
@@ -253,18 +211,18 @@ async fn https_with_a_private_ca_speaks_http2_and_http1() -> Result {
     let served = Served::start(&config, &[])?;
 
     // ALPN: a client offering h2 gets HTTP/2.
-    let resp = ca.client().get(served.url("/healthz")).send().await?;
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+    let resp = common::answer(ca.client().get(served.url("/healthz"))).await?;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.version, reqwest::Version::HTTP_2);
     // A client offering only HTTP/1.1 gets it.
     let h1 = reqwest::Client::builder()
         .tls_built_in_root_certs(false)
         .add_root_certificate(reqwest::Certificate::from_pem(ca.pem().as_bytes())?)
         .http1_only()
         .build()?;
-    let resp = h1.get(served.url("/healthz")).send().await?;
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.version(), reqwest::Version::HTTP_11);
+    let resp = common::answer(h1.get(served.url("/healthz"))).await?;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.version, reqwest::Version::HTTP_11);
     // The API itself over HTTP/2, auth included.
     let (status, v) = send(ca.client().get(served.url("/v1/me")).bearer_auth(token())).await?;
     assert_eq!(status, 200, "{v}");
@@ -306,8 +264,8 @@ async fn a_reloaded_certificate_keeps_the_open_event_stream() -> Result {
     served
         .until_line(|l| l.starts_with("reloaded the TLS certificate") && l.ends_with("(SIGHUP)"))?;
     // New handshakes get the new certificate…
-    let resp = second.client().get(served.url("/healthz")).send().await?;
-    assert_eq!(resp.status(), 200);
+    let resp = common::answer(second.client().get(served.url("/healthz"))).await?;
+    assert_eq!(resp.status, 200);
     assert!(
         first
             .client()
@@ -328,8 +286,8 @@ async fn a_reloaded_certificate_keeps_the_open_event_stream() -> Result {
     served.until_line(|l| {
         l.starts_with("reloaded the TLS certificate") && l.ends_with("(a file changed)")
     })?;
-    let resp = first.client().get(served.url("/healthz")).send().await?;
-    assert_eq!(resp.status(), 200);
+    let resp = common::answer(first.client().get(served.url("/healthz"))).await?;
+    assert_eq!(resp.status, 200);
 
     // A broken pair is not taken: the server keeps what it serves.
     replace(
@@ -337,8 +295,8 @@ async fn a_reloaded_certificate_keeps_the_open_event_stream() -> Result {
         &KeyPair::generate()?.serialize_pem(),
     );
     served.signal("-HUP");
-    let resp = first.client().get(served.url("/healthz")).send().await?;
-    assert_eq!(resp.status(), 200);
+    let resp = common::answer(first.client().get(served.url("/healthz"))).await?;
+    assert_eq!(resp.status, 200);
     Ok(())
 }
 
@@ -382,13 +340,9 @@ async fn nodes_forward_over_https_with_a_private_ca() -> Result {
     assert_eq!(status, 200, "{v}");
     let (status, v) = approve(&client, &other.url(""), &id, &call).await?;
     assert_eq!(status, 200, "forwarded decision: {v}");
-    let metrics = client
-        .get(other.url("/metrics"))
-        .bearer_auth(token())
-        .send()
+    let metrics = common::answer(client.get(other.url("/metrics")).bearer_auth(token()))
         .await?
-        .text()
-        .await?;
+        .text;
     let forwarded_ok = metrics
         .lines()
         .find(|l| {

@@ -237,17 +237,70 @@ pub const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Runs `fut`, failing the test if it has not finished within [`PATIENCE`]
 /// of wall-clock time. The deadline is kept by a thread, not by tokio, so
-/// paused tokio time neither trips it nor is held back by it.
+/// paused tokio time neither trips it nor is held back by it; one thread
+/// ([`wall_clock`]) keeps the deadlines of every wait of the process, and a
+/// wait that ends takes its deadline with it.
 pub async fn bounded<T>(what: impl std::fmt::Display, fut: impl Future<Output = T>) -> T {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        std::thread::sleep(PATIENCE);
-        let _ = tx.send(());
-    });
+    // A closed channel (the watchdog thread gone) must not fail the wait.
+    let expired = async {
+        let registered = wall_clock()
+            .send((std::time::Instant::now() + PATIENCE, tx))
+            .is_ok();
+        if !registered || rx.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
     tokio::select! {
         v = fut => v,
-        _ = rx => panic!("gave up after {PATIENCE:?} (wall clock) waiting for {what}"),
+        () = expired => panic!("gave up after {PATIENCE:?} (wall clock) waiting for {what}"),
     }
+}
+
+/// A deadline of [`bounded`]: when it passes, the sender is told (unless its
+/// wait has ended and dropped the receiver).
+type Deadline = (std::time::Instant, tokio::sync::oneshot::Sender<()>);
+
+/// The one thread keeping the deadlines of [`bounded`]: it sleeps until the
+/// earliest one, fires the passed ones and forgets those whose wait ended.
+fn wall_clock() -> &'static std::sync::mpsc::Sender<Deadline> {
+    static CLOCK: std::sync::OnceLock<std::sync::mpsc::Sender<Deadline>> =
+        std::sync::OnceLock::new();
+    CLOCK.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Deadline>();
+        std::thread::spawn(move || {
+            let mut deadlines: Vec<Deadline> = Vec::new();
+            loop {
+                let now = std::time::Instant::now();
+                let mut kept = Vec::with_capacity(deadlines.len());
+                for (at, tx) in deadlines.drain(..) {
+                    if tx.is_closed() {
+                        continue;
+                    }
+                    if at <= now {
+                        let _ = tx.send(());
+                    } else {
+                        kept.push((at, tx));
+                    }
+                }
+                deadlines = kept;
+                // Wake at the earliest deadline, and at least every second
+                // to forget the waits that ended.
+                let wait = deadlines
+                    .iter()
+                    .map(|(at, _)| at.saturating_duration_since(now))
+                    .min()
+                    .unwrap_or(Duration::from_secs(1))
+                    .min(Duration::from_secs(1));
+                match rx.recv_timeout(wait) {
+                    Ok(deadline) => deadlines.push(deadline),
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            }
+        });
+        tx
+    })
 }
 
 /// Polls `check` (every `every` of tokio time, paused or not) until it gives

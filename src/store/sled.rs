@@ -73,6 +73,7 @@ mod gate;
 mod group_commit;
 mod inspect;
 pub(super) mod layout;
+mod migrate;
 pub(super) mod open;
 mod purge;
 mod readers;
@@ -106,7 +107,7 @@ use trees::Trees;
 /// The layout version of the trees above (not the snapshot `schema_version`,
 /// which versions the JSON inside them). 3: `events` holds one row per
 /// checkpoint (earlier versions: one per event, still read).
-pub(super) const FORMAT_VERSION: u32 = 3;
+pub(super) const FORMAT_VERSION: u32 = 4;
 
 /// Most commands (checkpoints, flushes) queued for or being written by the
 /// writer at once; further callers wait for a slot. Well above what group
@@ -1855,7 +1856,10 @@ mod tests {
         {
             // The store just dropped may still hold the lock for a moment.
             let db = open::open_retrying(&sled::Config::new().path(dir.path())).unwrap();
-            let sessions = db.open_tree("sessions").unwrap();
+            let sessions = trees::View::new(
+                &db.open_tree(trees::DATA_TREE).unwrap(),
+                trees::Kind::Sessions,
+            );
             let mut header: serde_json::Value =
                 serde_json::from_slice(&sessions.get(sim.id().as_bytes()).unwrap().unwrap())
                     .unwrap();
@@ -2133,8 +2137,12 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// The invariant "a group is applied whole or not at all": a group cut
+    /// short right before its batch is applied (where a crash would cut
+    /// it) leaves no row at all, in memory or after a reopen, and the
+    /// session goes on from its last checkpoint.
     #[tokio::test]
-    async fn a_checkpoint_cut_short_before_its_header_stays_invisible() {
+    async fn a_group_cut_short_before_its_batch_leaves_no_row() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
         let mut sim = Sim::new("acme");
@@ -2166,20 +2174,20 @@ mod tests {
             let committed = &committed;
             let fresh = fresh.id();
             async move {
-                // The garbage is there...
+                // Nothing of the group is there...
                 let generation = store.current();
                 let trees = &generation.trees;
-                assert_eq!(trees.transcript.len(), 4);
-                assert!(trees
+                assert_eq!(trees.transcript.len(), 2);
+                assert!(!trees
                     .active
                     .contains_key(committed.id().as_bytes())
                     .unwrap());
-                assert!(trees.active.contains_key(fresh.as_bytes()).unwrap());
-                assert!(trees
+                assert!(!trees.active.contains_key(fresh.as_bytes()).unwrap());
+                assert!(!trees
                     .tenants
                     .contains_key(layout::tenant_key("acme", &fresh))
                     .unwrap());
-                // ...and no reader sees it.
+                // ...so no reader sees it.
                 assert_same(
                     &store.load(committed.id()).await.unwrap().unwrap(),
                     committed,
@@ -2210,7 +2218,7 @@ mod tests {
         drop(store);
         let store = check(open(dir.path())).await;
 
-        // The session goes on from its last checkpoint, over the garbage.
+        // The session goes on from its last checkpoint.
         let mut sim = committed.clone();
         sim.user("new 2");
         sim.emit(EventKind::TurnStarted { turn: 7 });
@@ -2237,11 +2245,11 @@ mod tests {
         );
     }
 
-    /// A decision whose checkpoint a crash cut short before its header
-    /// leaves a row in `decisions` that no reader answers; the decision
-    /// made again after the restart is the one listed, once.
+    /// A decision whose group a crash cut short before its batch leaves no
+    /// row in `decisions`; the decision made again after the restart is
+    /// the one listed, once.
     #[tokio::test]
-    async fn a_decision_row_written_ahead_of_a_lost_header_stays_invisible() {
+    async fn a_decision_of_a_group_cut_short_leaves_no_row() {
         use overseer_actors::model::{Decision, DecisionRecord};
         use overseer_actors::store::DecisionQuery;
         let dir = tempfile::tempdir().unwrap();
@@ -2277,7 +2285,7 @@ mod tests {
             .drop_headers
             .store(true, std::sync::atomic::Ordering::Relaxed);
         store.checkpoint(sim.checkpoint()).await.unwrap_err();
-        assert_eq!(trees.decisions.len(), 1, "the row was written ahead");
+        assert_eq!(trees.decisions.len(), 0, "nothing of the group is written");
         let all = DecisionQuery {
             limit: 10,
             ..DecisionQuery::default()

@@ -779,6 +779,12 @@ fn run_flusher(shared: &Shared, rx: &Receiver<Batch>, mut sidecar: Sidecar) {
                 // Before anyone hears of it (see the module docs).
                 Err(cause) => shared.gate.close(&run.generation, cause),
             }
+            #[cfg(feature = "fault-injection")]
+            if outcome.is_ok() {
+                overseer_actors::fault::hit_outside_sessions(
+                    overseer_actors::fault::FaultPoint::StoreBeforeConfirm,
+                );
+            }
             let outcome =
                 outcome.map_err(|e| StoreError::Unavailable(format!("flushing the store: {e}")));
             for reply in run.replies {
@@ -1091,9 +1097,9 @@ fn empty() -> sled::IVec {
     sled::IVec::from(&[][..])
 }
 
-/// Applies the writes of a group in commit order (see [`apply`]), then its
-/// number. A group where everything was refused has no writes at all, so it
-/// leaves the files untouched.
+/// Applies the writes of a group, and its number, as one `sled::Batch` on
+/// the one tree (see [`apply`]). A group where everything was refused has
+/// no writes at all, so it leaves the files untouched.
 fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
     let Writes {
         outbox,
@@ -1111,76 +1117,67 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         active_removed,
         queue_removed,
     } = writes;
-    let order = [
-        (&trees.blobs, blobs, "blobs"),
-        (&trees.blob_refs, blob_refs, "blob_refs"),
-        (&trees.transcript, transcript, "transcript"),
-        (&trees.events, events, "events"),
-        (&trees.queue, queue, "queue"),
-        (&trees.metadata, metadata, "metadata"),
-        (&trees.decisions, decisions, "decisions"),
-        (&trees.tenants, tenants_added, "tenants"),
-        (&trees.active, active_added, "active"),
-        (&trees.sessions, sessions, "sessions"),
-        (&trees.tenants, tenants_removed, "tenants"),
-        (&trees.active, active_removed, "active"),
-        (&trees.queue, queue_removed, "queue"),
+    let kinds = [
+        (&trees.outbox, outbox),
+        (&trees.blobs, blobs),
+        (&trees.blob_refs, blob_refs),
+        (&trees.transcript, transcript),
+        (&trees.events, events),
+        (&trees.queue, queue),
+        (&trees.metadata, metadata),
+        (&trees.decisions, decisions),
+        (&trees.tenants, tenants_added),
+        (&trees.active, active_added),
+        (&trees.sessions, sessions),
+        (&trees.tenants, tenants_removed),
+        (&trees.active, active_removed),
+        (&trees.queue, queue_removed),
     ];
-    if !outbox.is_empty() {
-        let tree = trees
-            .db
-            .open_tree(super::webhooks::OUTBOX_TREE)
-            .map_err(|e| WriteError::Io(format!("opening the webhook outbox: {e}")))?;
-        for (key, value) in outbox {
-            if let Some(value) = value {
-                tree.insert(key, value)
-                    .map_err(|e| WriteError::Io(format!("writing the webhook outbox: {e}")))?;
-            }
-        }
-    }
-    for (n, (tree, writes, name)) in order.into_iter().enumerate() {
-        if writes.is_empty() {
-            continue;
-        }
-        #[cfg(feature = "fault-injection")]
-        if n == SESSIONS_WRITES {
-            overseer_actors::fault::hit_outside_sessions(
-                overseer_actors::fault::FaultPoint::StoreBeforeHeaders,
-            );
-        }
-        if crashed_before(trees, n) {
-            return Err(WriteError::Hook(
-                "test hook: the header writes were dropped".into(),
-            ));
-        }
+    // sled's `Batch` keeps the last write of each key, so a key written
+    // twice in a group (a session's header, checkpointed twice) ends as
+    // its later write; index changes are net over the group (see `apply`),
+    // so no key is both added and removed.
+    let mut batch = sled::Batch::default();
+    for (view, writes) in kinds {
         for (key, value) in writes {
             match value {
-                Some(value) => tree.insert(key, value),
-                None => tree.remove(key),
+                Some(value) => view.batch_insert(&mut batch, key, value),
+                None => view.batch_remove(&mut batch, key),
             }
-            .map_err(|e| WriteError::Io(format!("writing {name}: {e}")))?;
         }
     }
     trees
         .meta
-        .insert(COMMIT_KEY, &seq.to_be_bytes()[..])
-        .map_err(|e| WriteError::Io(format!("writing the group number: {e}")))?;
+        .batch_insert(&mut batch, COMMIT_KEY, &seq.to_be_bytes()[..]);
+    #[cfg(feature = "fault-injection")]
+    overseer_actors::fault::hit_outside_sessions(
+        overseer_actors::fault::FaultPoint::StoreBeforeHeaders,
+    );
+    if crashed_before_apply(trees) {
+        return Err(WriteError::Hook(
+            "test hook: the group's batch was dropped".into(),
+        ));
+    }
+    trees
+        .data
+        .apply_batch(batch)
+        .map_err(|e| WriteError::Io(format!("writing the group's batch: {e}")))?;
+    #[cfg(feature = "fault-injection")]
+    overseer_actors::fault::hit_outside_sessions(
+        overseer_actors::fault::FaultPoint::StoreAfterApply,
+    );
     Ok(())
 }
 
-/// Test hook: whether to stop before phase `n` of [`write`], as a crash right
-/// before the commit record (the `sessions` writes, phase 5) would.
+/// Test hook: whether to stop right before the group's batch is applied,
+/// as a crash there would.
 #[cfg(test)]
-fn crashed_before(trees: &Trees, n: usize) -> bool {
-    n >= SESSIONS_WRITES && trees.drop_headers.load(Ordering::Relaxed)
+fn crashed_before_apply(trees: &Trees) -> bool {
+    trees.drop_headers.load(Ordering::Relaxed)
 }
 
-/// Where the `sessions` writes (the commit records) are in [`write`]'s order.
-#[cfg(any(test, feature = "fault-injection"))]
-const SESSIONS_WRITES: usize = 9;
-
 #[cfg(not(test))]
-fn crashed_before(_: &Trees, _: usize) -> bool {
+fn crashed_before_apply(_: &Trees) -> bool {
     false
 }
 
@@ -1251,23 +1248,7 @@ mod tests {
 
     fn trees(dir: &Path) -> Trees {
         let db = sled::Config::new().path(dir).open().unwrap();
-        let open = |name: &str| db.open_tree(name).unwrap();
-        Trees {
-            sessions: open("sessions"),
-            transcript: open("transcript"),
-            events: open("events"),
-            queue: open("queue"),
-            metadata: open("metadata"),
-            tenants: open("tenants"),
-            active: open("active"),
-            blobs: open("blobs"),
-            blob_refs: open("blob_refs"),
-            decisions: open("decisions"),
-            meta: open("meta"),
-            drop_headers: Arc::default(),
-            stop_purges: Arc::default(),
-            db,
-        }
+        Trees::over(&db, false).unwrap()
     }
 
     fn prepared(id: SessionId, tenant: &str, active: bool, n: u8) -> Box<Prepared> {

@@ -3,11 +3,10 @@
 //!
 //! Async tasks hand an encoded checkpoint to the *writer* thread and await a
 //! oneshot reply; they never touch sled's write path nor wait on a disk. The
-//! writer takes whatever is queued (up to [`MAX_GROUP`]), writes it with
-//! plain sled inserts, the `sessions` headers after everything they cover, as
-//! the commit record (see [`apply`] for why that keeps every checkpoint atomic
-//! without a sled transaction), numbers the group in `meta` (`commit_seq`,
-//! the last write), and then either replies at once (`os`) or passes the
+//! writer takes whatever is queued (up to [`MAX_GROUP`]) and writes it,
+//! numbered (`commit_seq`), as one atomic `sled::Batch` on the store's one
+//! tree (see [`apply`] and the parent module), and then either replies at
+//! once (`os`) or passes the
 //! replies to the *flusher* thread (`fsync`). The flusher takes every reply
 //! passed to it so far, flushes once, records the group number it covered
 //! beside the database (`sidecar`), and releases them all: each of them
@@ -862,12 +861,10 @@ impl Cache {
 /// One write of a group: a key and its new value, `None` to remove it.
 type Write = (sled::IVec, Option<sled::IVec>);
 
-/// The writes of one group, per tree and phase, in commit order (see
-/// [`apply`]).
+/// The writes of one group, per kind (see [`apply`]).
 #[derive(Default)]
 struct Writes {
-    /// Webhook outbox rows (`super::webhooks`): before everything, so the
-    /// header that commits their events comes after them.
+    /// Webhook outbox rows (`super::webhooks`).
     outbox: Vec<Write>,
     blobs: Vec<Write>,
     blob_refs: Vec<Write>,
@@ -888,34 +885,22 @@ struct Writes {
 /// a header of a newer schema is refused on its own and writes nothing; the
 /// others are written together.
 ///
-/// No sled transaction: profiling showed its multi-tree machinery (node
-/// clones, splits, allocation) was most of the writer's time. Not even
-/// `apply_batch` (each logs a batch manifest and takes sled's global write
-/// lock), since nothing needs atomicity within one tree: plain inserts, in an
-/// order that makes the `sessions` header the commit record of a checkpoint:
-///
-/// 1. `blobs`, `blob_refs`, `transcript`, `events`, `decisions`, and the index entries a session gains;
-/// 2. `sessions`: the headers;
-/// 3. the index entries a session loses.
-///
-/// Readers only trust what a header covers: transcript entries below its
-/// `transcript_len`, events up to its `last_event_seq`, index entries whose
-/// header agrees. sled recovers a prefix of its single log, so after a crash
-/// either a header is there with everything written before it, or it is not
-/// and what step 1 wrote lies beyond the previous header's counters, invisible,
-/// and is overwritten (same keys) by the session's next checkpoint. Indexes
-/// only ever hold a superset of the truth: gained entries precede the header,
-/// lost ones follow it, so a crash leaves at worst a stale entry, which
-/// readers filter out by the header (never a missing one, which boot recovery
-/// could not see). Concurrent readers see the same thing as a crash would.
+/// Everything is one `sled::Batch` on the one tree, applied with one
+/// `apply_batch` (see [`write`]), which sled recovers atomically: after a
+/// crash the group is there whole, with its number, or not at all, and a
+/// reader never sees part of it. No ordering between rows matters (layouts
+/// before 4 made the header the commit record, written last). No sled
+/// transaction: profiling showed its multi-tree machinery (node clones,
+/// splits, allocation) was most of the writer's time, and a batch on one
+/// tree needs none of it.
 ///
 /// Index changes are computed per session over the whole group (first
 /// previous state → last new state), so that a session leaving and re-entering
 /// an index in one group is neither removed after being added nor the reverse.
 ///
-/// The group is numbered `seq` in `meta` (`commit_seq`), written last, so
-/// that the number sled recovers after a crash is that of the last group it
-/// holds whole (see `sidecar`).
+/// The group is numbered `seq` (`commit_seq`) in the same batch, so that
+/// the number sled recovers after a crash is that of the last group it
+/// holds (see `sidecar`).
 ///
 /// All reads happen before the writes, which is safe because this thread is
 /// the only writer.
@@ -984,13 +969,12 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                         .metadata
                         .push((p.id.as_bytes()[..].into(), Some(m.clone())));
                 }
-                // Before the header, like every row it commits; readers
-                // trust a row only once the session's log holds its event.
+                // Readers trust a row only once the session's log holds
+                // its event.
                 for (k, v) in &p.decisions {
                     writes.decisions.push((k[..].into(), Some(v.clone())));
                 }
-                // Rows a header no longer covers go after it: until then the
-                // previous header still counts them.
+                // Rows the header no longer covers.
                 for k in &p.dequeued {
                     writes.queue_removed.push((k[..].into(), None));
                 }

@@ -8,6 +8,8 @@
 
 use std::sync::Arc;
 
+pub(crate) mod descendants;
+
 use overseer_actors::provider::Provider;
 use overseer_actors::store::StoreError;
 use overseer_actors::tasks::TaskCatalog;

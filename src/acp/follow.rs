@@ -23,8 +23,9 @@ use overseer_actors::model::{
 };
 
 use super::permission::{self, Ask};
-use super::sessions::{Feed, Sessions};
+use super::sessions::{Feed, Pending, Sessions};
 use super::updates;
+use crate::service::descendants;
 
 /// How often the follower reads the session's stored events besides the
 /// live stream: an actor restarted after a checkpoint never publishes that
@@ -316,59 +317,34 @@ impl Follower {
     }
 }
 
-/// Hands the approver every pending approval of a descendant of `root` (its
-/// own calls are announced by its events), each once while it is pending. Looks whenever the
-/// root starts waiting, which it does while a propagating child waits.
+/// Hands the approver every pending approval of a descendant of `root`
+/// (its own calls are announced by its events), each once while it is
+/// pending.
 async fn watch_children(
     sessions: Sessions,
     root: SessionId,
-    mut rx: Feed,
+    rx: Feed,
     ask: mpsc::UnboundedSender<Ask>,
 ) {
-    let mut seen = HashSet::new();
-    // A loaded session may already wait for a child: look once at start.
-    let mut first = true;
-    loop {
-        let look = if std::mem::take(&mut first) {
-            true
-        } else {
-            match rx.recv().await {
-                Ok(n) => n.starts_awaiting_approval(),
-                Err(broadcast::error::RecvError::Lagged(_)) => true,
-                Err(broadcast::error::RecvError::Closed) => return,
-            }
-        };
-        if !look {
-            continue;
-        }
-        // The child's request may land a moment after the root's status
-        // changed; a second look catches it without polling forever.
-        for _ in 0..2 {
-            let Ok(list) = sessions.pending_approvals(root).await else {
-                break;
-            };
-            // Only calls still pending are remembered: the set stays as
-            // small as the tree's open approvals.
-            seen.retain(|c| list.iter().any(|p| &p.call == c));
-            for p in list.into_iter().filter(|p| p.session != root) {
-                if seen.insert(p.call.clone()) {
-                    let path = p
-                        .path
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(" > ");
-                    let _ = ask.send(Ask::of(
-                        p.session,
-                        p.call,
-                        &p.name,
-                        &p.arguments,
-                        Some(path),
-                        None,
-                    ));
-                }
-            }
-            tokio::task::yield_now().await;
-        }
-    }
+    let list = move || {
+        let sessions = sessions.clone();
+        async move { sessions.pending_approvals(root).await }
+    };
+    descendants::watch(root, rx, list, |p: Pending| {
+        let path = p
+            .path
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" > ");
+        let _ = ask.send(Ask::of(
+            p.session,
+            p.call,
+            &p.name,
+            &p.arguments,
+            Some(path),
+            None,
+        ));
+    })
+    .await;
 }

@@ -30,6 +30,7 @@ use overseer_actors::store::StoredSession;
 use overseer_actors::{CreateSession, Overseer, SessionError};
 
 use crate::cli::client::{Client, ClientError};
+use crate::service::descendants;
 
 /// Live notifications buffered per remote feed before the reader waits.
 const FEED_BUFFER: usize = 1024;
@@ -87,6 +88,24 @@ pub(crate) struct Pending {
     pub call: ToolCallId,
     pub name: String,
     pub arguments: Value,
+}
+
+impl descendants::TreeCall for Pending {
+    fn session(&self) -> SessionId {
+        self.session
+    }
+    fn call(&self) -> &ToolCallId {
+        &self.call
+    }
+}
+
+impl descendants::Notifications for Feed {
+    fn next(
+        &mut self,
+    ) -> impl std::future::Future<Output = Result<Notification, broadcast::error::RecvError>> + Send
+    {
+        self.recv()
+    }
 }
 
 impl Sessions {

@@ -23,7 +23,11 @@ use overseer_actors::model::{
 };
 use overseer_actors::provider::Provider;
 use overseer_actors::tool::ToolRegistry;
-use overseer_actors::{CreateSession, Overseer, SessionError, SessionOverrides, TaskRun};
+use overseer_actors::{
+    CreateSession, Overseer, PendingApproval, SessionError, SessionOverrides, TaskRun,
+};
+
+use crate::service::descendants;
 
 use super::{status, terminal, ApproveMode, CliError, RunArgs, CLI_TENANT, DENY_MESSAGE};
 use crate::config::{Config, LoadOptions, Overrides};
@@ -975,52 +979,37 @@ impl Follower {
 }
 
 /// Sends the decider every pending approval of a descendant of `root` (its
-/// own calls are announced by its events), each once. Looks whenever the
-/// root starts waiting, which it does while a propagating child waits.
+/// own calls are announced by its events), each once while it is pending.
 async fn watch_children(
     overseer: Overseer,
     root: SessionId,
-    mut rx: tokio::sync::broadcast::Receiver<Notification>,
+    rx: tokio::sync::broadcast::Receiver<Notification>,
     pending: mpsc::UnboundedSender<PendingCall>,
 ) {
-    let mut seen = std::collections::HashSet::new();
-    loop {
-        let look = match rx.recv().await {
-            Ok(n) => n.starts_awaiting_approval(),
-            // Missed events: look anyway.
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-        };
-        if !look {
-            continue;
+    let list = {
+        let overseer = overseer.clone();
+        move || {
+            let overseer = overseer.clone();
+            async move { overseer.pending_approvals(root).await }
         }
-        // The child's request may land a moment after the root's status
-        // changed; a second look catches it without polling forever.
-        for _ in 0..2 {
-            let Ok(list) = overseer.pending_approvals(root).await else {
-                break;
-            };
-            for p in list.into_iter().filter(|p| p.session_id != root) {
-                if seen.insert(p.call.id.clone()) {
-                    status(format_args!(
-                        "approval requested by subagent session {}: {} {} ({})",
-                        p.session_id,
-                        p.call.name,
-                        excerpt(&p.call.arguments),
-                        p.call.id
-                    ));
-                    let _ = pending.send(PendingCall {
-                        session: p.session_id,
-                        id: p.call.id.clone(),
-                        name: p.call.name.clone(),
-                        arguments: p.call.arguments.clone(),
-                        outcome_unknown: p.call.outcome_unknown,
-                    });
-                }
-            }
-            tokio::task::yield_now().await;
-        }
-    }
+    };
+    descendants::watch(root, rx, list, |p: PendingApproval| {
+        status(format_args!(
+            "approval requested by subagent session {}: {} {} ({})",
+            p.session_id,
+            p.call.name,
+            excerpt(&p.call.arguments),
+            p.call.id
+        ));
+        let _ = pending.send(PendingCall {
+            session: p.session_id,
+            id: p.call.id.clone(),
+            name: p.call.name.clone(),
+            arguments: p.call.arguments.clone(),
+            outcome_unknown: p.call.outcome_unknown,
+        });
+    })
+    .await;
 }
 
 /// Settles approval requests one at a time, in the order they were asked.

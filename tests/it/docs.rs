@@ -362,3 +362,145 @@ fn every_test_file_is_on_the_tests_page() {
         "test files not on docs/src/development/tests.md: {missing:?}"
     );
 }
+
+/// The Rust sources a guard can live in: both crates' code and tests.
+fn rust_sources() -> Vec<(PathBuf, String)> {
+    fn walk(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if !path.ends_with("node_modules") && !path.ends_with("fixtures") {
+                    walk(&path, out);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                out.push((path, text));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for dir in ["src", "tests", "actors/src", "actors/tests", "benches"] {
+        walk(&root().join(dir), &mut out);
+    }
+    out
+}
+
+/// Whether `word` occurs in `text` as a whole identifier.
+fn has_word(text: &str, word: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(at, _)| {
+        !text[..at].chars().next_back().is_some_and(ident)
+            && !text[at + word.len()..].chars().next().is_some_and(ident)
+    })
+}
+
+/// The test names the `*Guard(s):*` parts of `text` cite, each with the
+/// file it names or that the name before it named (`::name`), or `None`
+/// for a unit test named by its module path.
+fn cited_guards(text: &str) -> Vec<(Option<String>, String)> {
+    let mut cited = Vec::new();
+    let mut file: Option<String> = None;
+    let mut in_guards = false;
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        let new_item = line.starts_with("- ")
+            || trimmed.split_once(". ").is_some_and(|(n, _)| {
+                !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()) && !line.starts_with(' ')
+            })
+            || trimmed.is_empty()
+            || trimmed.starts_with('#');
+        if new_item {
+            in_guards = false;
+            file = None;
+        }
+        let mut rest = line;
+        if let Some(at) = rest.find("*Guard") {
+            in_guards = true;
+            rest = &rest[at..];
+        }
+        if !in_guards {
+            continue;
+        }
+        for (i, span) in rest.split('`').enumerate() {
+            if i % 2 == 0 || !span.contains("::") && !span.ends_with(".rs") {
+                continue;
+            }
+            if !span
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_/.:-".contains(c))
+            {
+                continue;
+            }
+            let (path, name) = match span.split_once(".rs") {
+                Some((path, name)) => {
+                    file = Some(format!("{path}.rs"));
+                    (file.clone(), name.rsplit("::").next().unwrap_or(name))
+                }
+                None if span.starts_with("::") => {
+                    (file.clone(), span.rsplit("::").next().unwrap_or(span))
+                }
+                None => {
+                    file = None;
+                    (None, span.rsplit("::").next().unwrap_or(span))
+                }
+            };
+            if !name.is_empty() {
+                cited.push((path, name.to_owned()));
+            } else if let Some(path) = path {
+                cited.push((Some(path), String::new()));
+            }
+        }
+    }
+    cited
+}
+
+#[test]
+fn every_guard_named_in_the_docs_exists() {
+    let sources = rust_sources();
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    for doc in ["ARCHITECTURE.md", "docs/src/development/guarantees.md"] {
+        let text = std::fs::read_to_string(root().join(doc)).unwrap();
+        for (file, name) in cited_guards(&text) {
+            seen += 1;
+            let found = match &file {
+                // `file.rs::sub::name` may live in `file/sub.rs`.
+                Some(file) => {
+                    let dir = root().join(file.trim_end_matches(".rs"));
+                    std::fs::read_to_string(root().join(file))
+                        .is_ok_and(|text| name.is_empty() || has_word(&text, &name))
+                        || sources
+                            .iter()
+                            .any(|(path, text)| path.starts_with(&dir) && has_word(text, &name))
+                }
+                None => sources.iter().any(|(_, text)| has_word(text, &name)),
+            };
+            if !found {
+                missing.push(format!("{doc}: {}::{name}", file.unwrap_or_default()));
+            }
+        }
+    }
+    assert!(seen > 100, "only {seen} guards found: the scan is broken");
+    assert!(
+        missing.is_empty(),
+        "guards named but not found: {missing:#?}"
+    );
+}
+
+#[test]
+fn the_guard_scan_reads_files_continuations_and_module_paths() {
+    let text = "- **Rule.** Text `not::a_guard`. *Guards:*\n  `tests/it/x.rs::one`,\n  `::two` (`::three`), `m::tests::four`, `tests/it/y.rs`.\n- `after::the_item`\n";
+    assert_eq!(
+        cited_guards(text),
+        vec![
+            (Some("tests/it/x.rs".into()), "one".into()),
+            (Some("tests/it/x.rs".into()), "two".into()),
+            (Some("tests/it/x.rs".into()), "three".into()),
+            (None, "four".into()),
+            (Some("tests/it/y.rs".into()), String::new()),
+        ]
+    );
+}

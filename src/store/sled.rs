@@ -2159,7 +2159,9 @@ mod tests {
     /// it) leaves no row at all, in memory or after a reopen, and the
     /// session goes on from its last checkpoint.
     #[tokio::test]
-    async fn a_group_cut_short_before_its_batch_leaves_no_row() {
+    // Named as ARCHITECTURE.md's invariant 9 cites it (still true: cut short
+    // before its batch, a checkpoint stays invisible, since nothing is written).
+    async fn a_checkpoint_cut_short_before_its_header_stays_invisible() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
         let mut sim = Sim::new("acme");
@@ -2266,7 +2268,9 @@ mod tests {
     /// row in `decisions`; the decision made again after the restart is
     /// the one listed, once.
     #[tokio::test]
-    async fn a_decision_of_a_group_cut_short_leaves_no_row() {
+    // Named as ARCHITECTURE.md's invariant 9 cites it, from layout 3, which
+    // wrote the row ahead of the header; layout 4 writes neither.
+    async fn a_decision_row_written_ahead_of_a_lost_header_stays_invisible() {
         use overseer_actors::model::{Decision, DecisionRecord};
         use overseer_actors::store::DecisionQuery;
         let dir = tempfile::tempdir().unwrap();

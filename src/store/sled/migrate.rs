@@ -32,8 +32,13 @@ use super::FORMAT_KEY;
 /// are), then the last key of that kind copied (none: nothing of it yet).
 pub(super) const PROGRESS_KEY: &[u8] = b"migrate4";
 
-/// Most rows, and bytes, one chunk copies.
+/// Most rows, and bytes, one chunk copies. Built for fault injection, a
+/// few rows, so that a test's small store is copied in many chunks and a
+/// kill lands inside a kind, not only between two.
+#[cfg(not(feature = "fault-injection"))]
 const CHUNK_ROWS: usize = 1024;
+#[cfg(feature = "fault-injection")]
+const CHUNK_ROWS: usize = 4;
 const CHUNK_BYTES: usize = 1024 * 1024;
 
 /// How far a migration got: the kind being copied, and the last key of it

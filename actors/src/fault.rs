@@ -39,11 +39,19 @@ pub enum FaultPoint {
     /// store's flusher thread); with [`FaultAction::Hang`], a disk that
     /// never answers.
     StoreFlush,
-    /// In the sled store's writer, inside the write of a group: after the
-    /// rows of its checkpoints (transcript, events, blobs, indexes gained)
-    /// are inserted and before their headers are, so an abort there leaves
-    /// whatever sled wrote out of a half-applied group on disk.
+    /// In the sled store's writer, inside the write of a group: after its
+    /// batch (every row of its checkpoints and its number) is built and
+    /// before it is applied.
     StoreBeforeHeaders,
+    /// In the sled store's writer: after a group's batch is applied and
+    /// before it is flushed (or, without fsync, confirmed).
+    StoreAfterApply,
+    /// In the sled store's flusher: after a flush covering groups went
+    /// through and before their checkpoints are confirmed.
+    StoreBeforeConfirm,
+    /// In the sled store's migration to layout 4, after each chunk of rows
+    /// it copied and after each old tree it dropped.
+    StoreMigration,
 }
 
 impl FaultPoint {
@@ -58,6 +66,9 @@ impl FaultPoint {
             "ignore_own_lease" => Self::IgnoreOwnLease,
             "store_flush" => Self::StoreFlush,
             "store_before_headers" => Self::StoreBeforeHeaders,
+            "store_migration" => Self::StoreMigration,
+            "store_after_apply" => Self::StoreAfterApply,
+            "store_before_confirm" => Self::StoreBeforeConfirm,
             _ => return None,
         })
     }

@@ -2,24 +2,30 @@
 //! implementation of [`CheckpointStore`]. Its keys and rows are in `layout`,
 //! the values they hold in the shared `store::codec`.
 //!
-//! It owns the on-disk layout, one sled database with these trees:
+//! It owns the on-disk layout (version 4), one sled database in which every
+//! row a checkpoint writes is in ONE tree, `data`, its key prefixed by one
+//! byte naming its kind (`trees::Kind`, read through `trees::View`, which
+//! puts the byte on and takes it off):
 //!
-//! | tree         | key                              | value                         |
-//! |--------------|----------------------------------|-------------------------------|
-//! | `sessions`   | session id (16 bytes)            | header JSON                   |
-//! | `transcript` | id ‖ big-endian u64 index        | entry JSON (in an envelope)   |
-//! | `events`     | id ‖ big-endian u64 seq          | event JSON                    |
-//! | `tenants`    | tenant bytes ‖ 0x00 ‖ id         | empty                         |
-//! | `active`     | id                               | empty (`running`, `awaiting_approval`) |
-//! | `blobs`      | sha256 hex of a tool result      | the result JSON (> 64 KiB)    |
-//! | `blob_refs`  | sha256 hex ‖ id                  | empty: the session references the blob |
-//! | `queue`      | id ‖ big-endian u64 seq          | a queued message JSON         |
-//! | `metadata`   | id                               | the caller's metadata JSON    |
-//! | `meta`       | `format_version`, `commit_seq`, `health_check`, `purge:` ‖ id | big-endian u32, u64; a nonce; the tenant of a purge under way |
+//! | kind (byte)        | key after the byte               | value                         |
+//! |--------------------|----------------------------------|-------------------------------|
+//! | sessions (`S`)     | session id (16 bytes)            | header JSON                   |
+//! | transcript (`T`)   | id ‖ big-endian u64 index        | entry JSON (in an envelope)   |
+//! | events (`E`)       | id ‖ big-endian u64 seq          | the events of one checkpoint  |
+//! | tenants (`N`)      | tenant bytes ‖ 0x00 ‖ id         | empty                         |
+//! | active (`A`)       | id                               | empty (`running`, `awaiting_approval`) |
+//! | blobs (`B`)        | sha256 hex of a tool result      | the result JSON (> 64 KiB)    |
+//! | blob_refs (`R`)    | sha256 hex ‖ id                  | empty: the session references the blob |
+//! | queue (`Q`)        | id ‖ big-endian u64 seq          | a queued message JSON         |
+//! | metadata (`M`)     | id                               | the caller's metadata JSON    |
+//! | decisions (`D`)    | tenant ‖ 0x00 ‖ time ‖ id ‖ call | a decision index row          |
+//! | webhook outbox (`O`) | id ‖ seq ‖ endpoint            | a webhook seed (`webhooks`)   |
+//! | meta (`m`)         | `commit_seq`, `health_check`, `purge:` ‖ id, `migrate4` | big-endian u64; a nonce; the tenant of a purge under way; a migration's progress |
 //!
-//! and the webhook trees (`webhooks`, `webhook_outbox`, `webhook_deliveries`,
-//! `webhook_due`; see `webhooks`): a checkpoint's outbox rows are written in
-//! its group before its header, like every row the header commits.
+//! and the tree `meta`, holding only `format_version` (big-endian u32),
+//! where every binary, older ones included, looks for it first; and the
+//! webhook delivery trees (`webhooks`, `webhook_deliveries`, `webhook_due`,
+//! `webhook_sessions`; see `webhooks`), which are not session state.
 //!
 //! plus, beside the database, `overseer.commit`: the number of the last group
 //! of checkpoints a flush confirmed (`sidecar`), checked at every open so that
@@ -40,15 +46,24 @@
 //! directory with no server (`overseer sessions list|show --data`) in
 //! `inspect`.
 //!
-//! Atomicity without sled transactions: the session's header in `sessions` is
-//! the commit record of its checkpoint. Everything else a checkpoint writes
-//! goes in first, the header last, and readers trust only what a header
-//! covers: transcript entries below its `transcript_len`, events up to its
-//! `last_event_seq`, index entries (`tenants`, `active`) its header agrees
-//! with. An index entry a session gains is written before its header, one it
-//! loses after, so the indexes hold at worst stale entries (filtered out by
-//! the header), never miss one. A crash between the two leaves only such
-//! invisible rows, which the session's next checkpoint overwrites (same keys).
+//! Atomicity and durability: the writer applies each group of checkpoints
+//! (every row of each, the index entries gained and lost, and the group's
+//! number `commit_seq`) as ONE `sled::Batch` on the one tree, with one
+//! `Tree::apply_batch`. sled 0.34 documents a `Batch` as "a batch of updates
+//! that will be applied atomically to the Tree", and its `apply_batch`
+//! seals the batch in the log so that "all updates written to the log since
+//! its creation are recovered atomically" (sled 0.34.7, `src/batch.rs` and
+//! `Tree::apply_batch_inner` in `src/tree.rs`); it also holds sled's write
+//! lock, which every read takes shared, so a single read never sees part of
+//! a group. After a crash a group is therefore in the tree whole or not at
+//! all, and `commit_seq` says which groups are. A checkpoint is confirmed
+//! durable only after a flush (`sync`, with `durable`'s fsyncs) that
+//! follows its group's batch (`group_commit`). Readers read a session's
+//! header first and its rows within the header's counters (transcript
+//! entries below `transcript_len`, events up to `last_event_seq`): a
+//! multi-row read is not one snapshot, and rows below the counters are
+//! never rewritten, so that is a consistent view while the session keeps
+//! checkpointing.
 //!
 //! Memory: sled's page cache is bounded by [`StoreOptions::cache_mb`]
 //! (`[store] cache_mb`); the writer remembers the header state of sessions in
@@ -57,10 +72,11 @@
 //!
 //! Retention: [`CheckpointStore::purge`] deletes a terminal session whole,
 //! header first, with the blobs no other session references (`purge`); a
-//! `blob_refs` entry is written with every checkpoint row that references a
-//! blob, before the header that commits it. Layout version 2 added
-//! `blob_refs`; a version 1 directory is upgraded when first opened for
-//! serving (`open`), and refused by older binaries from then on.
+//! `blob_refs` entry is written in the batch of every checkpoint row that
+//! references a blob. Layout version 2 added `blob_refs`, 3 one events row
+//! per checkpoint, 4 the one tree; a directory of an older layout is
+//! upgraded when first opened for serving (`open`, `migrate`: resumable),
+//! and refused by older binaries from then on.
 //!
 //! It deliberately owns no session semantics: what goes into a checkpoint, and
 //! when, is decided by `overseer-actors`; this module stores it and reads it
@@ -73,6 +89,7 @@ mod gate;
 mod group_commit;
 mod inspect;
 pub(super) mod layout;
+mod migrate;
 pub(super) mod open;
 mod purge;
 mod readers;
@@ -105,8 +122,9 @@ use trees::Trees;
 
 /// The layout version of the trees above (not the snapshot `schema_version`,
 /// which versions the JSON inside them). 3: `events` holds one row per
-/// checkpoint (earlier versions: one per event, still read).
-pub(super) const FORMAT_VERSION: u32 = 3;
+/// checkpoint (earlier versions: one per event, still read). 4: every kind
+/// in the one tree `data`, a group one atomic batch.
+pub(super) const FORMAT_VERSION: u32 = 4;
 
 /// Most commands (checkpoints, flushes) queued for or being written by the
 /// writer at once; further callers wait for a slot. Well above what group
@@ -815,10 +833,10 @@ impl Trees {
     }
 
     /// A page of the decision index, newest first (see
-    /// [`CheckpointStore::decisions`]). Rows are written before the header
-    /// that commits them, so a row is answered only when its session's
-    /// committed log holds the event that recorded it (a crash between the
-    /// two leaves a row nobody sees). At most [`DECISION_SCAN`] rows are
+    /// [`CheckpointStore::decisions`]). A row is answered only when its
+    /// session's committed log holds the event that recorded it (a row a
+    /// layout-3 crash left ahead of its header, migrated as is, stays
+    /// unseen; layout 4 writes a row in the batch of its event). At most [`DECISION_SCAN`] rows are
     /// examined per page: a rare filter answers a short page with a `next`
     /// instead of walking a tenant's whole history in one request.
     fn decisions(&self, tenant: &str, query: &DecisionQuery) -> Result<DecisionPage, StoreError> {
@@ -1855,7 +1873,10 @@ mod tests {
         {
             // The store just dropped may still hold the lock for a moment.
             let db = open::open_retrying(&sled::Config::new().path(dir.path())).unwrap();
-            let sessions = db.open_tree("sessions").unwrap();
+            let sessions = trees::View::new(
+                &db.open_tree(trees::DATA_TREE).unwrap(),
+                trees::Kind::Sessions,
+            );
             let mut header: serde_json::Value =
                 serde_json::from_slice(&sessions.get(sim.id().as_bytes()).unwrap().unwrap())
                     .unwrap();
@@ -2133,7 +2154,13 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// The invariant "a group is applied whole or not at all": a group cut
+    /// short right before its batch is applied (where a crash would cut
+    /// it) leaves no row at all, in memory or after a reopen, and the
+    /// session goes on from its last checkpoint.
     #[tokio::test]
+    // Named as ARCHITECTURE.md's invariant 9 cites it (still true: cut short
+    // before its batch, a checkpoint stays invisible, since nothing is written).
     async fn a_checkpoint_cut_short_before_its_header_stays_invisible() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(dir.path());
@@ -2166,20 +2193,20 @@ mod tests {
             let committed = &committed;
             let fresh = fresh.id();
             async move {
-                // The garbage is there...
+                // Nothing of the group is there...
                 let generation = store.current();
                 let trees = &generation.trees;
-                assert_eq!(trees.transcript.len(), 4);
-                assert!(trees
+                assert_eq!(trees.transcript.len(), 2);
+                assert!(!trees
                     .active
                     .contains_key(committed.id().as_bytes())
                     .unwrap());
-                assert!(trees.active.contains_key(fresh.as_bytes()).unwrap());
-                assert!(trees
+                assert!(!trees.active.contains_key(fresh.as_bytes()).unwrap());
+                assert!(!trees
                     .tenants
                     .contains_key(layout::tenant_key("acme", &fresh))
                     .unwrap());
-                // ...and no reader sees it.
+                // ...so no reader sees it.
                 assert_same(
                     &store.load(committed.id()).await.unwrap().unwrap(),
                     committed,
@@ -2210,7 +2237,7 @@ mod tests {
         drop(store);
         let store = check(open(dir.path())).await;
 
-        // The session goes on from its last checkpoint, over the garbage.
+        // The session goes on from its last checkpoint.
         let mut sim = committed.clone();
         sim.user("new 2");
         sim.emit(EventKind::TurnStarted { turn: 7 });
@@ -2237,10 +2264,12 @@ mod tests {
         );
     }
 
-    /// A decision whose checkpoint a crash cut short before its header
-    /// leaves a row in `decisions` that no reader answers; the decision
-    /// made again after the restart is the one listed, once.
+    /// A decision whose group a crash cut short before its batch leaves no
+    /// row in `decisions`; the decision made again after the restart is
+    /// the one listed, once.
     #[tokio::test]
+    // Named as ARCHITECTURE.md's invariant 9 cites it, from layout 3, which
+    // wrote the row ahead of the header; layout 4 writes neither.
     async fn a_decision_row_written_ahead_of_a_lost_header_stays_invisible() {
         use overseer_actors::model::{Decision, DecisionRecord};
         use overseer_actors::store::DecisionQuery;
@@ -2277,7 +2306,7 @@ mod tests {
             .drop_headers
             .store(true, std::sync::atomic::Ordering::Relaxed);
         store.checkpoint(sim.checkpoint()).await.unwrap_err();
-        assert_eq!(trees.decisions.len(), 1, "the row was written ahead");
+        assert_eq!(trees.decisions.len(), 0, "nothing of the group is written");
         let all = DecisionQuery {
             limit: 10,
             ..DecisionQuery::default()

@@ -5,7 +5,8 @@
 //! Every process runs `--approve auto` with `OVERSEER_FAULT` set to a
 //! pseudo-random `point:nth:abort` (or nothing), at a point of the actors or
 //! inside the sled store's write path (`STORE_POINTS`: before a group's
-//! headers, before its flush). Several sessions are in
+//! batch is applied, after it, before its flush, after the flush before the
+//! confirmation). Several sessions are in
 //! flight at once, so a process that follows one session also recovers the
 //! others (`recover()` activates every mid-turn session) and an abort in one
 //! interrupts the others at arbitrary points, not only at fault points. After
@@ -70,13 +71,23 @@ const POINTS: &[(&str, u64)] = &[
     ("after_decision_ack", 3),
 ];
 
-/// Fault points inside the sled store's write path, aborted at only (a
-/// panic there is not a session's): right before a group's headers are
-/// written, after its other rows, and right before a group is flushed.
-/// With `fsync` durability nothing of such a group was acknowledged, and
-/// whatever part of it sled had written out must be invisible or whole after
-/// the restart. The largest `nth`: about one group per checkpoint.
-const STORE_POINTS: &[(&str, u64)] = &[("store_before_headers", 16), ("store_flush", 16)];
+/// Fault points inside the sled store's write path (layout 4: one batch per
+/// group), aborted at only (a panic there is not a session's): after a
+/// group's batch is built and before it is applied
+/// (`store_before_headers`), after it is applied and before it is flushed
+/// (`store_after_apply`), right before the flush (`store_flush`), and after
+/// the flush and before the checkpoints are confirmed to their sessions
+/// (`store_before_confirm`). With `fsync` durability nothing of such a group
+/// was acknowledged, and whatever of it sled had written out must be whole
+/// or absent after the restart; a group flushed and not yet confirmed is
+/// whole, and its sessions go on from it. The largest `nth`: about one
+/// group per checkpoint.
+const STORE_POINTS: &[(&str, u64)] = &[
+    ("store_before_headers", 16),
+    ("store_after_apply", 16),
+    ("store_flush", 16),
+    ("store_before_confirm", 16),
+];
 
 /// The scripted agent: three ledger entries across three steps, the clock
 /// read twice (an idempotent tool that needs no approval), then an answer.

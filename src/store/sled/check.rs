@@ -145,7 +145,7 @@ macro_rules! or_stop {
 
 fn verify(trees: &Trees, report: &mut CheckReport) {
     let mut layout = 0;
-    match trees.meta.get(FORMAT_KEY) {
+    match trees.format.get(FORMAT_KEY) {
         Ok(Some(raw)) => match <[u8; 4]>::try_from(raw.as_ref()) {
             Ok(bytes) => {
                 let version = u32::from_be_bytes(bytes);

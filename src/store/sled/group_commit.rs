@@ -3,11 +3,10 @@
 //!
 //! Async tasks hand an encoded checkpoint to the *writer* thread and await a
 //! oneshot reply; they never touch sled's write path nor wait on a disk. The
-//! writer takes whatever is queued (up to [`MAX_GROUP`]), writes it with
-//! plain sled inserts, the `sessions` headers after everything they cover, as
-//! the commit record (see [`apply`] for why that keeps every checkpoint atomic
-//! without a sled transaction), numbers the group in `meta` (`commit_seq`,
-//! the last write), and then either replies at once (`os`) or passes the
+//! writer takes whatever is queued (up to [`MAX_GROUP`]) and writes it,
+//! numbered (`commit_seq`), as one atomic `sled::Batch` on the store's one
+//! tree (see [`apply`] and the parent module), and then either replies at
+//! once (`os`) or passes the
 //! replies to the *flusher* thread (`fsync`). The flusher takes every reply
 //! passed to it so far, flushes once, records the group number it covered
 //! beside the database (`sidecar`), and releases them all: each of them
@@ -779,6 +778,12 @@ fn run_flusher(shared: &Shared, rx: &Receiver<Batch>, mut sidecar: Sidecar) {
                 // Before anyone hears of it (see the module docs).
                 Err(cause) => shared.gate.close(&run.generation, cause),
             }
+            #[cfg(feature = "fault-injection")]
+            if outcome.is_ok() {
+                overseer_actors::fault::hit_outside_sessions(
+                    overseer_actors::fault::FaultPoint::StoreBeforeConfirm,
+                );
+            }
             let outcome =
                 outcome.map_err(|e| StoreError::Unavailable(format!("flushing the store: {e}")));
             for reply in run.replies {
@@ -856,12 +861,10 @@ impl Cache {
 /// One write of a group: a key and its new value, `None` to remove it.
 type Write = (sled::IVec, Option<sled::IVec>);
 
-/// The writes of one group, per tree and phase, in commit order (see
-/// [`apply`]).
+/// The writes of one group, per kind (see [`apply`]).
 #[derive(Default)]
 struct Writes {
-    /// Webhook outbox rows (`super::webhooks`): before everything, so the
-    /// header that commits their events comes after them.
+    /// Webhook outbox rows (`super::webhooks`).
     outbox: Vec<Write>,
     blobs: Vec<Write>,
     blob_refs: Vec<Write>,
@@ -882,34 +885,22 @@ struct Writes {
 /// a header of a newer schema is refused on its own and writes nothing; the
 /// others are written together.
 ///
-/// No sled transaction: profiling showed its multi-tree machinery (node
-/// clones, splits, allocation) was most of the writer's time. Not even
-/// `apply_batch` (each logs a batch manifest and takes sled's global write
-/// lock), since nothing needs atomicity within one tree: plain inserts, in an
-/// order that makes the `sessions` header the commit record of a checkpoint:
-///
-/// 1. `blobs`, `blob_refs`, `transcript`, `events`, `decisions`, and the index entries a session gains;
-/// 2. `sessions`: the headers;
-/// 3. the index entries a session loses.
-///
-/// Readers only trust what a header covers: transcript entries below its
-/// `transcript_len`, events up to its `last_event_seq`, index entries whose
-/// header agrees. sled recovers a prefix of its single log, so after a crash
-/// either a header is there with everything written before it, or it is not
-/// and what step 1 wrote lies beyond the previous header's counters, invisible,
-/// and is overwritten (same keys) by the session's next checkpoint. Indexes
-/// only ever hold a superset of the truth: gained entries precede the header,
-/// lost ones follow it, so a crash leaves at worst a stale entry, which
-/// readers filter out by the header (never a missing one, which boot recovery
-/// could not see). Concurrent readers see the same thing as a crash would.
+/// Everything is one `sled::Batch` on the one tree, applied with one
+/// `apply_batch` (see [`write`]), which sled recovers atomically: after a
+/// crash the group is there whole, with its number, or not at all, and a
+/// reader never sees part of it. No ordering between rows matters (layouts
+/// before 4 made the header the commit record, written last). No sled
+/// transaction: profiling showed its multi-tree machinery (node clones,
+/// splits, allocation) was most of the writer's time, and a batch on one
+/// tree needs none of it.
 ///
 /// Index changes are computed per session over the whole group (first
 /// previous state → last new state), so that a session leaving and re-entering
 /// an index in one group is neither removed after being added nor the reverse.
 ///
-/// The group is numbered `seq` in `meta` (`commit_seq`), written last, so
-/// that the number sled recovers after a crash is that of the last group it
-/// holds whole (see `sidecar`).
+/// The group is numbered `seq` (`commit_seq`) in the same batch, so that
+/// the number sled recovers after a crash is that of the last group it
+/// holds (see `sidecar`).
 ///
 /// All reads happen before the writes, which is safe because this thread is
 /// the only writer.
@@ -978,13 +969,12 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                         .metadata
                         .push((p.id.as_bytes()[..].into(), Some(m.clone())));
                 }
-                // Before the header, like every row it commits; readers
-                // trust a row only once the session's log holds its event.
+                // Readers trust a row only once the session's log holds
+                // its event.
                 for (k, v) in &p.decisions {
                     writes.decisions.push((k[..].into(), Some(v.clone())));
                 }
-                // Rows a header no longer covers go after it: until then the
-                // previous header still counts them.
+                // Rows the header no longer covers.
                 for k in &p.dequeued {
                     writes.queue_removed.push((k[..].into(), None));
                 }
@@ -1091,9 +1081,9 @@ fn empty() -> sled::IVec {
     sled::IVec::from(&[][..])
 }
 
-/// Applies the writes of a group in commit order (see [`apply`]), then its
-/// number. A group where everything was refused has no writes at all, so it
-/// leaves the files untouched.
+/// Applies the writes of a group, and its number, as one `sled::Batch` on
+/// the one tree (see [`apply`]). A group where everything was refused has
+/// no writes at all, so it leaves the files untouched.
 fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
     let Writes {
         outbox,
@@ -1111,76 +1101,67 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         active_removed,
         queue_removed,
     } = writes;
-    let order = [
-        (&trees.blobs, blobs, "blobs"),
-        (&trees.blob_refs, blob_refs, "blob_refs"),
-        (&trees.transcript, transcript, "transcript"),
-        (&trees.events, events, "events"),
-        (&trees.queue, queue, "queue"),
-        (&trees.metadata, metadata, "metadata"),
-        (&trees.decisions, decisions, "decisions"),
-        (&trees.tenants, tenants_added, "tenants"),
-        (&trees.active, active_added, "active"),
-        (&trees.sessions, sessions, "sessions"),
-        (&trees.tenants, tenants_removed, "tenants"),
-        (&trees.active, active_removed, "active"),
-        (&trees.queue, queue_removed, "queue"),
+    let kinds = [
+        (&trees.outbox, outbox),
+        (&trees.blobs, blobs),
+        (&trees.blob_refs, blob_refs),
+        (&trees.transcript, transcript),
+        (&trees.events, events),
+        (&trees.queue, queue),
+        (&trees.metadata, metadata),
+        (&trees.decisions, decisions),
+        (&trees.tenants, tenants_added),
+        (&trees.active, active_added),
+        (&trees.sessions, sessions),
+        (&trees.tenants, tenants_removed),
+        (&trees.active, active_removed),
+        (&trees.queue, queue_removed),
     ];
-    if !outbox.is_empty() {
-        let tree = trees
-            .db
-            .open_tree(super::webhooks::OUTBOX_TREE)
-            .map_err(|e| WriteError::Io(format!("opening the webhook outbox: {e}")))?;
-        for (key, value) in outbox {
-            if let Some(value) = value {
-                tree.insert(key, value)
-                    .map_err(|e| WriteError::Io(format!("writing the webhook outbox: {e}")))?;
-            }
-        }
-    }
-    for (n, (tree, writes, name)) in order.into_iter().enumerate() {
-        if writes.is_empty() {
-            continue;
-        }
-        #[cfg(feature = "fault-injection")]
-        if n == SESSIONS_WRITES {
-            overseer_actors::fault::hit_outside_sessions(
-                overseer_actors::fault::FaultPoint::StoreBeforeHeaders,
-            );
-        }
-        if crashed_before(trees, n) {
-            return Err(WriteError::Hook(
-                "test hook: the header writes were dropped".into(),
-            ));
-        }
+    // sled's `Batch` keeps the last write of each key, so a key written
+    // twice in a group (a session's header, checkpointed twice) ends as
+    // its later write; index changes are net over the group (see `apply`),
+    // so no key is both added and removed.
+    let mut batch = sled::Batch::default();
+    for (view, writes) in kinds {
         for (key, value) in writes {
             match value {
-                Some(value) => tree.insert(key, value),
-                None => tree.remove(key),
+                Some(value) => view.batch_insert(&mut batch, key, value),
+                None => view.batch_remove(&mut batch, key),
             }
-            .map_err(|e| WriteError::Io(format!("writing {name}: {e}")))?;
         }
     }
     trees
         .meta
-        .insert(COMMIT_KEY, &seq.to_be_bytes()[..])
-        .map_err(|e| WriteError::Io(format!("writing the group number: {e}")))?;
+        .batch_insert(&mut batch, COMMIT_KEY, &seq.to_be_bytes()[..]);
+    #[cfg(feature = "fault-injection")]
+    overseer_actors::fault::hit_outside_sessions(
+        overseer_actors::fault::FaultPoint::StoreBeforeHeaders,
+    );
+    if crashed_before_apply(trees) {
+        return Err(WriteError::Hook(
+            "test hook: the group's batch was dropped".into(),
+        ));
+    }
+    trees
+        .data
+        .apply_batch(batch)
+        .map_err(|e| WriteError::Io(format!("writing the group's batch: {e}")))?;
+    #[cfg(feature = "fault-injection")]
+    overseer_actors::fault::hit_outside_sessions(
+        overseer_actors::fault::FaultPoint::StoreAfterApply,
+    );
     Ok(())
 }
 
-/// Test hook: whether to stop before phase `n` of [`write`], as a crash right
-/// before the commit record (the `sessions` writes, phase 5) would.
+/// Test hook: whether to stop right before the group's batch is applied,
+/// as a crash there would.
 #[cfg(test)]
-fn crashed_before(trees: &Trees, n: usize) -> bool {
-    n >= SESSIONS_WRITES && trees.drop_headers.load(Ordering::Relaxed)
+fn crashed_before_apply(trees: &Trees) -> bool {
+    trees.drop_headers.load(Ordering::Relaxed)
 }
 
-/// Where the `sessions` writes (the commit records) are in [`write`]'s order.
-#[cfg(any(test, feature = "fault-injection"))]
-const SESSIONS_WRITES: usize = 9;
-
 #[cfg(not(test))]
-fn crashed_before(_: &Trees, _: usize) -> bool {
+fn crashed_before_apply(_: &Trees) -> bool {
     false
 }
 
@@ -1251,23 +1232,7 @@ mod tests {
 
     fn trees(dir: &Path) -> Trees {
         let db = sled::Config::new().path(dir).open().unwrap();
-        let open = |name: &str| db.open_tree(name).unwrap();
-        Trees {
-            sessions: open("sessions"),
-            transcript: open("transcript"),
-            events: open("events"),
-            queue: open("queue"),
-            metadata: open("metadata"),
-            tenants: open("tenants"),
-            active: open("active"),
-            blobs: open("blobs"),
-            blob_refs: open("blob_refs"),
-            decisions: open("decisions"),
-            meta: open("meta"),
-            drop_headers: Arc::default(),
-            stop_purges: Arc::default(),
-            db,
-        }
+        Trees::over(&db, false).unwrap()
     }
 
     fn prepared(id: SessionId, tenant: &str, active: bool, n: u8) -> Box<Prepared> {

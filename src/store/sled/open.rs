@@ -34,11 +34,11 @@ use sled::Tree;
 use super::durable::Durable;
 use super::layout;
 use super::sidecar;
-use super::trees::{Generation, Trees};
+use super::trees::{Generation, Kind, Trees, View, DATA_TREE};
 use super::{Compression, StoreOptions, FORMAT_KEY, FORMAT_VERSION};
 use crate::store::codec::{self, corrupt};
 
-/// The key of `meta` holding the number of the last group written.
+/// The key of [`Kind::Meta`] holding the number of the last group written.
 pub(in crate::store) const COMMIT_KEY: &[u8] = b"commit_seq";
 
 /// The database and its trees, cloned (cheaply) wherever they are used.
@@ -187,12 +187,18 @@ pub(in crate::store) fn open(
             db.open_tree(name)
                 .map_err(|e| other(format!("opening tree {name}: {e}")))
         };
-        let meta = tree("meta")?;
-        let version = check_format(&meta, dir)?;
-        let commit_seq = match meta
-            .get(COMMIT_KEY)
-            .map_err(|e| other(format!("reading the commit number: {e}")))?
-        {
+        let format = tree("meta")?;
+        let version = check_format(&format, dir)?;
+        let legacy = version.is_some_and(|v| v < FORMAT_VERSION);
+        // Layout 3 numbered its groups in `meta`; layout 4 in the one tree,
+        // with the checkpoints of the group.
+        let commit_seq = if legacy {
+            format.get(COMMIT_KEY)
+        } else {
+            View::new(&tree(DATA_TREE)?, Kind::Meta).get(COMMIT_KEY)
+        }
+        .map_err(|e| other(format!("reading the commit number: {e}")))?;
+        let commit_seq = match commit_seq {
             None => 0,
             Some(raw) => u64::from_be_bytes(raw.as_ref().try_into().map_err(|_| {
                 damaged(format!(
@@ -215,25 +221,10 @@ pub(in crate::store) fn open(
                 });
             }
         }
-        let trees = Trees {
-            sessions: tree("sessions")?,
-            transcript: tree("transcript")?,
-            events: tree("events")?,
-            queue: tree("queue")?,
-            metadata: tree("metadata")?,
-            tenants: tree("tenants")?,
-            active: tree("active")?,
-            blobs: tree("blobs")?,
-            blob_refs: tree("blob_refs")?,
-            decisions: tree("decisions")?,
-            meta,
-            db: db.clone(),
-            #[cfg(test)]
-            drop_headers: Default::default(),
-            #[cfg(test)]
-            stop_purges: Default::default(),
+        let open_trees = |legacy: bool| {
+            Trees::over(&db, legacy).map_err(|e| other(format!("opening its trees: {e}")))
         };
-        if purpose == Purpose::Serve {
+        let trees = if purpose == Purpose::Serve {
             if version.is_none_or(|v| v < FORMAT_VERSION) {
                 if let Some(found) = version {
                     crate::store::upgrade::before_upgrade(
@@ -244,11 +235,19 @@ pub(in crate::store) fn open(
                         options.upgrade,
                     )?;
                 }
-                upgrade(&trees, version, dir)?;
+                upgrade(&db, version, dir)?;
             }
+            let trees = open_trees(false)?;
             super::purge::finish_pending(&trees)
                 .map_err(|e| other(format!("finishing a purge an earlier process began: {e}")))?;
-        }
+            trees
+        } else {
+            // Read a layout-3 directory where it is, unless a migration
+            // already copied it whole into the one tree.
+            let copied = super::migrate::copied(&tree(DATA_TREE)?)
+                .map_err(|e| other(format!("reading the migration's progress: {e}")))?;
+            open_trees(legacy && !copied)?
+        };
         let durable = Durable::new(db.clone(), dir)
             .map_err(|e| other(format!("opening its log for syncing: {e}")))?;
         Ok(Opened {
@@ -362,13 +361,13 @@ fn check_format(meta: &Tree, dir: &Path) -> Result<Option<u32>, StoreError> {
 /// Brings a directory of an older layout (or a new one) to
 /// [`FORMAT_VERSION`], then stamps it. Version 1 had no `blob_refs`: every
 /// blob a transcript row names gets its reference, so that a purge never
-/// deletes a blob a session written before the upgrade still uses. Stamped
-/// only once complete and flushed, so an upgrade cut short is redone (its
-/// writes are idempotent). Version 2 has nothing to convert: its one-event
-/// rows stay readable beside the batches version 3 writes, and the stamp
-/// keeps an older binary (which would take a batch for a corrupt event)
-/// from opening the directory. A new directory has nothing to convert.
-fn upgrade(trees: &Trees, found: Option<u32>, dir: &Path) -> Result<(), StoreError> {
+/// deletes a blob a session written before the upgrade still uses. Versions
+/// 1 and 2 may hold event rows no header commits, which are removed. These
+/// two steps work on the old trees and are idempotent. Then every layout
+/// before 4 is moved into the one tree (`migrate`, resumable). Stamped only
+/// once complete and flushed, so an upgrade cut short is redone or resumed.
+/// A new directory has nothing to convert.
+fn upgrade(db: &sled::Db, found: Option<u32>, dir: &Path) -> Result<(), StoreError> {
     let write = |what: &str, e: sled::Error| {
         StoreError::io(
             format!(
@@ -378,10 +377,38 @@ fn upgrade(trees: &Trees, found: Option<u32>, dir: &Path) -> Result<(), StoreErr
             e,
         )
     };
-    if found == Some(1) {
+    if let Some(found) = found {
+        let copied = super::migrate::copied(
+            &db.open_tree(DATA_TREE)
+                .map_err(|e| write("opening the data tree", e))?,
+        )
+        .map_err(|e| write("reading the migration's progress", e))?;
+        // Once copied, the old trees may be partly dropped already: only
+        // the rest of the migration is left.
+        if !copied {
+            let trees = Trees::over(db, true).map_err(|e| write("opening the old trees", e))?;
+            legacy_upgrades(&trees, found, dir)
+                .map_err(|e| write("converting the old trees", e))?;
+        }
+        super::migrate::run(db, dir).map_err(|e| write("moving into one tree", e))?;
+    }
+    db.flush().map_err(|e| write("flushing", e))?;
+    db.open_tree("meta")
+        .and_then(|meta| meta.insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes()[..]))
+        .map_err(|e| write("writing the format version", e))?;
+    db.flush().map_err(|e| write("flushing", e))?;
+    if found.is_some() {
+        super::migrate::tidy(db).map_err(|e| write("tidying the old meta tree", e))?;
+    }
+    Ok(())
+}
+
+/// The conversions of layouts 1 and 2, on their own trees.
+fn legacy_upgrades(trees: &Trees, found: u32, dir: &Path) -> Result<(), sled::Error> {
+    if found == 1 {
         let mut refs = 0u64;
         for item in trees.transcript.iter() {
-            let (key, row) = item.map_err(|e| write("reading the transcript", e))?;
+            let (key, row) = item?;
             let (Some(hash), Some(id)) = (
                 codec::blob_of(&row),
                 key.get(..16).and_then(layout::id_from),
@@ -390,31 +417,23 @@ fn upgrade(trees: &Trees, found: Option<u32>, dir: &Path) -> Result<(), StoreErr
             };
             trees
                 .blob_refs
-                .insert(layout::blob_ref_key(&hash, &id), &[][..])
-                .map_err(|e| write("writing a blob reference", e))?;
+                .insert(layout::blob_ref_key(&hash, &id), &[][..])?;
             refs += 1;
         }
         tracing::info!(
             dir = %dir.display(),
             blob_refs = refs,
-            "upgraded the store to format version {FORMAT_VERSION}"
+            "upgrading the store from format version 1: added blob references"
         );
     }
-    if found.is_some_and(|v| v < 3) {
-        let removed = drop_uncommitted_events(trees)
-            .map_err(|e| write("removing events no header commits", e))?;
+    if found < 3 {
+        let removed = drop_uncommitted_events(trees)?;
         tracing::info!(
             dir = %dir.display(),
             rows = removed,
-            "upgraded the store to format version {FORMAT_VERSION}: removed event rows no header commits"
+            "upgrading the store from format version {found}: removed event rows no header commits"
         );
     }
-    trees.db.flush().map_err(|e| write("flushing", e))?;
-    trees
-        .meta
-        .insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes()[..])
-        .map_err(|e| write("writing the format version", e))?;
-    trees.db.flush().map_err(|e| write("flushing", e))?;
     Ok(())
 }
 

@@ -21,11 +21,10 @@ use std::collections::BTreeSet;
 
 use overseer_actors::model::{EventKind, SessionId};
 use overseer_actors::store::{DecisionPosition, StoreError};
-use sled::Tree;
 
 use super::codec;
 use super::layout;
-use super::trees::Trees;
+use super::trees::{Trees, View};
 
 /// Why a purge did not complete.
 pub(super) enum PurgeError {
@@ -156,7 +155,7 @@ fn remove_rows(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeE
         remove_prefix(tree, prefix)
             .map_err(|e| io(format_args!("purging session {id}: removing its {name}"), e))?;
     }
-    let single: [(&Tree, Vec<u8>, &str); 3] = [
+    let single: [(&View, Vec<u8>, &str); 3] = [
         (&trees.metadata, prefix.to_vec(), "metadata"),
         (&trees.active, prefix.to_vec(), "active index entry"),
         (
@@ -211,7 +210,7 @@ fn remove_decisions(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), P
 
 /// Removes every key of `tree` that starts with `prefix`, in batches (the
 /// keys of a batch are read before any is removed).
-fn remove_prefix(tree: &Tree, prefix: &[u8]) -> Result<(), sled::Error> {
+fn remove_prefix(tree: &View, prefix: &[u8]) -> Result<(), sled::Error> {
     const BATCH: usize = 1024;
     loop {
         let keys = tree

@@ -6,41 +6,314 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use sled::Tree;
+use std::ops::{Bound, RangeBounds};
+
+use sled::{IVec, Tree};
 
 use super::durable::Durable;
+
+/// The one sled tree of layout 4 that holds every row a checkpoint writes
+/// (see `super` for why one tree).
+pub(in crate::store) const DATA_TREE: &str = "data";
+
+/// What a row of [`DATA_TREE`] is: its key's first byte. Every kind used to
+/// be a tree of its own (layouts 1 to 3, named by [`Kind::legacy_tree`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::store) enum Kind {
+    Sessions,
+    Transcript,
+    Events,
+    Queue,
+    Metadata,
+    Tenants,
+    Active,
+    Blobs,
+    BlobRefs,
+    Decisions,
+    /// `commit_seq`, `health_check`, purge markers (not `format_version`,
+    /// which stays in the `meta` tree, where every binary looks for it).
+    Meta,
+    /// The webhook outbox rows checkpoints write (`webhooks`).
+    Outbox,
+}
+
+impl Kind {
+    /// Every kind, in the order a migration copies them.
+    pub(in crate::store) const ALL: [Kind; 12] = [
+        Kind::Sessions,
+        Kind::Transcript,
+        Kind::Events,
+        Kind::Queue,
+        Kind::Metadata,
+        Kind::Tenants,
+        Kind::Active,
+        Kind::Blobs,
+        Kind::BlobRefs,
+        Kind::Decisions,
+        Kind::Meta,
+        Kind::Outbox,
+    ];
+
+    /// The first byte of the keys of this kind in [`DATA_TREE`]. Letters,
+    /// so that a hex dump reads; all below 0xff, so a kind's range ends at
+    /// the next byte.
+    pub(in crate::store) const fn prefix(self) -> u8 {
+        match self {
+            Kind::Sessions => b'S',
+            Kind::Transcript => b'T',
+            Kind::Events => b'E',
+            Kind::Queue => b'Q',
+            Kind::Metadata => b'M',
+            Kind::Tenants => b'N',
+            Kind::Active => b'A',
+            Kind::Blobs => b'B',
+            Kind::BlobRefs => b'R',
+            Kind::Decisions => b'D',
+            Kind::Meta => b'm',
+            Kind::Outbox => b'O',
+        }
+    }
+
+    /// The tree this kind had to itself in layouts 1 to 3.
+    pub(in crate::store) const fn legacy_tree(self) -> &'static str {
+        match self {
+            Kind::Sessions => "sessions",
+            Kind::Transcript => "transcript",
+            Kind::Events => "events",
+            Kind::Queue => "queue",
+            Kind::Metadata => "metadata",
+            Kind::Tenants => "tenants",
+            Kind::Active => "active",
+            Kind::Blobs => "blobs",
+            Kind::BlobRefs => "blob_refs",
+            Kind::Decisions => "decisions",
+            Kind::Meta => "meta",
+            Kind::Outbox => "webhook_outbox",
+        }
+    }
+}
+
+/// The rows of one [`Kind`]: the subset of `sled::Tree`'s API the store
+/// uses, over the kind's keys in [`DATA_TREE`] with its prefix byte put in
+/// front of every key given and taken off every key returned. Over a
+/// directory of layout 3 opened only to read it (`store check`, `store
+/// copy`), a view is the kind's own old tree, keys as they are.
+#[derive(Clone)]
+pub(in crate::store) struct View {
+    tree: Tree,
+    /// `None`: the whole tree is this kind's (a layout-3 tree).
+    prefix: Option<u8>,
+}
+
+/// An iterator over a [`View`]'s rows, keys without the prefix.
+pub(in crate::store) struct ViewIter {
+    inner: sled::Iter,
+    strip: usize,
+}
+
+impl ViewIter {
+    fn strip(&self, item: sled::Result<(IVec, IVec)>) -> sled::Result<(IVec, IVec)> {
+        item.map(|(k, v)| (k.subslice(self.strip, k.len() - self.strip), v))
+    }
+
+    /// The keys only.
+    pub(in crate::store) fn keys(self) -> impl DoubleEndedIterator<Item = sled::Result<IVec>> {
+        self.map(|item| item.map(|(k, _)| k))
+    }
+}
+
+impl Iterator for ViewIter {
+    type Item = sled::Result<(IVec, IVec)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let item = self.inner.next()?;
+        Some(self.strip(item))
+    }
+}
+
+impl DoubleEndedIterator for ViewIter {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        let item = self.inner.next_back()?;
+        Some(self.strip(item))
+    }
+}
+
+impl View {
+    /// The rows of `kind` in `data` (layout 4).
+    pub(in crate::store) fn new(data: &Tree, kind: Kind) -> Self {
+        Self {
+            tree: data.clone(),
+            prefix: Some(kind.prefix()),
+        }
+    }
+
+    /// A layout-3 tree as it is.
+    pub(in crate::store) fn legacy(tree: Tree) -> Self {
+        Self { tree, prefix: None }
+    }
+
+    /// `key` as stored: the prefix, then `key`.
+    pub(in crate::store) fn key(&self, key: &[u8]) -> Vec<u8> {
+        let mut full = Vec::with_capacity(key.len() + 1);
+        full.extend(self.prefix);
+        full.extend_from_slice(key);
+        full
+    }
+
+    fn bound(&self, bound: Bound<&[u8]>, end: bool) -> Bound<Vec<u8>> {
+        match (bound, self.prefix) {
+            (Bound::Included(k), _) => Bound::Included(self.key(k)),
+            (Bound::Excluded(k), _) => Bound::Excluded(self.key(k)),
+            (Bound::Unbounded, None) => Bound::Unbounded,
+            (Bound::Unbounded, Some(p)) if end => Bound::Excluded(vec![p + 1]),
+            (Bound::Unbounded, Some(p)) => Bound::Included(vec![p]),
+        }
+    }
+
+    fn iter_of(&self, inner: sled::Iter) -> ViewIter {
+        ViewIter {
+            inner,
+            strip: usize::from(self.prefix.is_some()),
+        }
+    }
+
+    pub(in crate::store) fn get(&self, key: impl AsRef<[u8]>) -> sled::Result<Option<IVec>> {
+        self.tree.get(self.key(key.as_ref()))
+    }
+
+    pub(in crate::store) fn contains_key(&self, key: impl AsRef<[u8]>) -> sled::Result<bool> {
+        self.tree.contains_key(self.key(key.as_ref()))
+    }
+
+    /// Writes one row on its own: for what is not a checkpoint (purges,
+    /// migrations, the health check, webhook intake). Checkpoints go
+    /// through [`View::batch_insert`].
+    pub(in crate::store) fn insert(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl Into<IVec>,
+    ) -> sled::Result<Option<IVec>> {
+        self.tree.insert(self.key(key.as_ref()), value)
+    }
+
+    pub(in crate::store) fn remove(&self, key: impl AsRef<[u8]>) -> sled::Result<Option<IVec>> {
+        self.tree.remove(self.key(key.as_ref()))
+    }
+
+    /// Adds the write of a row to `batch` (which must be applied to this
+    /// view's tree).
+    pub(in crate::store) fn batch_insert(
+        &self,
+        batch: &mut sled::Batch,
+        key: impl AsRef<[u8]>,
+        value: impl Into<IVec>,
+    ) {
+        batch.insert(self.key(key.as_ref()), value);
+    }
+
+    /// Adds the removal of a row to `batch`.
+    pub(in crate::store) fn batch_remove(&self, batch: &mut sled::Batch, key: impl AsRef<[u8]>) {
+        batch.remove(self.key(key.as_ref()));
+    }
+
+    pub(in crate::store) fn iter(&self) -> ViewIter {
+        match self.prefix {
+            Some(p) => self.iter_of(self.tree.scan_prefix([p])),
+            None => self.iter_of(self.tree.iter()),
+        }
+    }
+
+    pub(in crate::store) fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> ViewIter {
+        self.iter_of(self.tree.scan_prefix(self.key(prefix.as_ref())))
+    }
+
+    pub(in crate::store) fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> ViewIter {
+        let start = self.bound(range.start_bound().map(AsRef::as_ref), false);
+        let end = self.bound(range.end_bound().map(AsRef::as_ref), true);
+        self.iter_of(self.tree.range::<Vec<u8>, _>((start, end)))
+    }
+
+    /// Counts the rows (a walk over all of them).
+    #[cfg(test)]
+    pub(in crate::store) fn len(&self) -> usize {
+        self.iter().count()
+    }
+}
 
 #[derive(Clone)]
 pub(in crate::store) struct Trees {
     pub(in crate::store) db: sled::Db,
-    pub(in crate::store) sessions: Tree,
-    pub(in crate::store) transcript: Tree,
+    /// [`DATA_TREE`]: every view below but in a layout-3 directory opened
+    /// to be read only.
+    pub(in crate::store) data: Tree,
+    /// `meta`: `format_version` only (layout 4; before, everything of
+    /// [`Kind::Meta`] too).
+    pub(in crate::store) format: Tree,
+    pub(in crate::store) sessions: View,
+    pub(in crate::store) transcript: View,
     /// `id ‖ seq` → the events of one checkpoint, numbered from `seq`
-    /// (layout 3; a single event in rows written by layouts 1 and 2).
-    pub(in crate::store) events: Tree,
+    /// (layouts 3 and 4; a single event in rows written by layouts 1 and 2).
+    pub(in crate::store) events: View,
     /// `id ‖ seq` → a queued message (schema 2).
-    pub(in crate::store) queue: Tree,
+    pub(in crate::store) queue: View,
     /// `id` → the session's metadata, written once (schema 2).
-    pub(in crate::store) metadata: Tree,
-    pub(in crate::store) tenants: Tree,
-    pub(in crate::store) active: Tree,
-    pub(in crate::store) blobs: Tree,
+    pub(in crate::store) metadata: View,
+    pub(in crate::store) tenants: View,
+    pub(in crate::store) active: View,
+    pub(in crate::store) blobs: View,
     /// `sha256 hex ‖ id` → empty: which sessions reference each blob
     /// (layout version 2), so a purge deletes only blobs nobody else uses.
-    pub(in crate::store) blob_refs: Tree,
+    pub(in crate::store) blob_refs: View,
     /// `tenant ‖ 0x00 ‖ time ‖ id ‖ call` → a row of the decision index
     /// (see `layout::decision_key`).
-    pub(in crate::store) decisions: Tree,
-    pub(in crate::store) meta: Tree,
-    /// Test hook: when set, the writer stops each group right before its
-    /// `sessions` writes (the commit record) and fails it, as a crash there
-    /// would leave the trees.
+    pub(in crate::store) decisions: View,
+    pub(in crate::store) meta: View,
+    /// The webhook outbox rows checkpoints write (`webhooks`).
+    pub(in crate::store) outbox: View,
+    /// Test hook: when set, the writer fails each group right before it
+    /// applies its batch, as a crash there would leave the tree.
     #[cfg(test)]
     pub(in crate::store) drop_headers: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Test hook: when set, each purge stops right after removing the
     /// session's header, as a crash there would leave the trees.
     #[cfg(test)]
     pub(in crate::store) stop_purges: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Trees {
+    /// The views of a database: over [`DATA_TREE`] (`legacy`: false) or
+    /// over the trees of layout 3 (`legacy`: true, only to read them).
+    pub(in crate::store) fn over(db: &sled::Db, legacy: bool) -> sled::Result<Self> {
+        let data = db.open_tree(DATA_TREE)?;
+        let view = |kind: Kind| -> sled::Result<View> {
+            if legacy {
+                Ok(View::legacy(db.open_tree(kind.legacy_tree())?))
+            } else {
+                Ok(View::new(&data, kind))
+            }
+        };
+        Ok(Self {
+            db: db.clone(),
+            format: db.open_tree("meta")?,
+            sessions: view(Kind::Sessions)?,
+            transcript: view(Kind::Transcript)?,
+            events: view(Kind::Events)?,
+            queue: view(Kind::Queue)?,
+            metadata: view(Kind::Metadata)?,
+            tenants: view(Kind::Tenants)?,
+            active: view(Kind::Active)?,
+            blobs: view(Kind::Blobs)?,
+            blob_refs: view(Kind::BlobRefs)?,
+            decisions: view(Kind::Decisions)?,
+            meta: view(Kind::Meta)?,
+            outbox: view(Kind::Outbox)?,
+            data,
+            #[cfg(test)]
+            drop_headers: Default::default(),
+            #[cfg(test)]
+            stop_purges: Default::default(),
+        })
+    }
 }
 
 /// One opening of the directory. After a write failure the writer closes it

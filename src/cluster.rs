@@ -304,9 +304,9 @@ async fn heartbeats(inner: std::sync::Weak<Inner>) {
         let retention = node.options.dead_node_retention;
         if last_prune.elapsed() > (retention / 2).clamp(every, Duration::from_secs(60)) {
             last_prune = tokio::time::Instant::now();
-            let live = &node.overseer.runtime().live;
+            let overseer = &node.overseer;
             node.store
-                .sweep_leases(Duration::from_secs(60), |root| live.contains_key(&root));
+                .sweep_leases(Duration::from_secs(60), |root| overseer.is_live(root));
             // On the pool, so not in this loop: a busy pool must not hold up
             // the next heartbeat.
             let store = node.store.clone();

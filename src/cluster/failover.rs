@@ -193,11 +193,11 @@ fn by_previous_owner(taken: &[Orphan]) -> BTreeMap<Option<Uuid>, (usize, Option<
 /// time, recording how long after its owner's last heartbeat each came back.
 async fn activate(node: &Arc<Inner>, roots: Vec<(SessionId, Option<f64>)>) {
     let started = Instant::now();
-    let runtime = node.overseer.runtime().clone();
+    let overseer = node.overseer.clone();
     let mut activations = futures::stream::iter(roots)
         .map(|(root, dead_for)| {
-            let runtime = runtime.clone();
-            async move { (root, dead_for, runtime.activate(root).await) }
+            let overseer = overseer.clone();
+            async move { (root, dead_for, overseer.activate(root).await) }
         })
         .buffer_unordered(node.options.failover_concurrency.max(1));
     while let Some((root, dead_for, result)) = activations.next().await {

@@ -80,7 +80,7 @@ impl Actor for ToolCallActor {
                 // A tool that never returns (its timeout ends it).
                 Some(FaultAction::Hang) => futures::future::pending::<()>().await,
                 // Not a check to skip: nothing to do here.
-                Some(FaultAction::Bypass) | None => {}
+                Some(FaultAction::Bypass | FaultAction::Fail) | None => {}
             }
         }
         let call_id: ToolCallId = args.ctx.call_id.clone();

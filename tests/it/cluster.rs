@@ -590,6 +590,55 @@ async fn a_database_restart_under_load_loses_nothing_acknowledged() {
     }
 }
 
+/// A node whose lease lapsed while PostgreSQL was down lets its sessions
+/// go (nothing it holds may be written), and once it heartbeats again it
+/// takes them back by itself: no request needs to touch them, and no other
+/// node would (the lease rows name a node that is alive). The first
+/// take-back fails here (fault `take_back:1:fail`: the database not yet
+/// answering it), as it could after a restart on a loaded machine; the
+/// node keeps trying in the next rounds instead of leaving the session
+/// `running` with nobody to resume it (the flake of the restart test above).
+/// Driven by what the node reports, never by the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_takes_back_its_sessions_after_the_database_was_down_past_its_lease() {
+    let _turn = SERIAL.lock().await;
+    // Its own server: this test stops it.
+    let server = PgServer::start().unwrap();
+    let world = World::new(server.database().await.unwrap(), &Settings::default()).unwrap();
+    let node = world
+        .node_with(&NodeOptions {
+            fault: Some("take_back:1:fail".into()),
+            ..NodeOptions::default()
+        })
+        .unwrap();
+    let id = create(&world, &node, 0).await.unwrap();
+    let calls = pending(&world, &node, &id).await.unwrap();
+    server.pg_stop().unwrap();
+    let logged = |line: &'static str| {
+        let node = &node;
+        eventually(line, Duration::from_millis(100), move || async move {
+            if node.log().contains(line) {
+                Ok(())
+            } else {
+                Err(node.log())
+            }
+        })
+    };
+    // Its lease ran out by its own clock: it drops every session.
+    logged("dropping every session").await;
+    server.pg_start().unwrap();
+    logged("injected fault (take_back)").await;
+    // The next round takes it back, before any request about it.
+    logged("took back 1 session(s) of this node").await;
+    let (status, v) = approve(&world, &node, &id, &calls).await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    let s = wait_status(&world, &node, &id, "awaiting_input")
+        .await
+        .unwrap();
+    assert!(s["transcript"].to_string().contains("Recorded"), "{s}");
+    assert_eq!(world.ledger().len(), 1, "{}", node.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn store_copy_moves_every_session_and_the_parked_ones_finish_on_the_cluster() {
     let _turn = SERIAL.lock().await;

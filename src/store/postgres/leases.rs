@@ -8,6 +8,7 @@
 //! It owns no membership (`membership`: heartbeats decide who is alive) and
 //! no failover policy (`crate::cluster::failover`).
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use overseer_actors::model::SessionId;
@@ -294,6 +295,7 @@ impl PgStore {
         if self.lease_lapsed() {
             metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL, "by" => "node")
                 .increment(1);
+            self.let_go_while_lapsed(root);
             return Err(StoreError::NotOwner {
                 session,
                 reason: "this node's lease has run out (no recent heartbeat)".into(),
@@ -312,6 +314,27 @@ impl PgStore {
         }
     }
 
+    /// A write or claim of `root`'s tree was refused because this node's own
+    /// lease lapsed: the tree is let go (its actor fails as not owned and
+    /// is not restarted), though its lease row may still name this node
+    /// and no other node may ever take it (this node is alive again once
+    /// it heartbeats). Forgetting the lease here makes it one of
+    /// [`PgStore::own_unheld_roots`], and the flag tells the failover to
+    /// take those back, even when the lapse was too short for the
+    /// heartbeat loop to notice and drop everything.
+    fn let_go_while_lapsed(&self, root: SessionId) {
+        if self.inner.leases.remove(&root).is_some() {
+            self.publish_owned();
+        }
+        self.inner.let_go.store(true, Ordering::Release);
+    }
+
+    /// Whether a tree was let go because this node's lease lapsed since the
+    /// last call (see `let_go_while_lapsed`); clears it.
+    pub fn take_let_go(&self) -> bool {
+        self.inner.let_go.swap(false, Ordering::AcqRel)
+    }
+
     /// A checkpoint found another epoch: the tree is another node's now.
     pub(super) fn lost(&self, root: SessionId, epoch: i64) {
         self.inner.leases.remove_if(&root, |_, l| l.epoch == epoch);
@@ -323,6 +346,7 @@ impl PgStore {
     /// Takes the lease of `root`'s tree for this node (the port's `claim`).
     pub(super) async fn claim_root(&self, root: SessionId) -> Result<bool, StoreError> {
         if !self.inner.clock.valid() {
+            self.let_go_while_lapsed(root);
             return Err(StoreError::NotOwner {
                 session: root,
                 reason: "this node's lease has run out (no recent heartbeat)".into(),

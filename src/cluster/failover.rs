@@ -202,7 +202,12 @@ async fn take_back(node: &Arc<Inner>) -> bool {
         tracing::warn!("cannot list this node's sessions: injected fault (take_back)");
         return false;
     }
-    let own = match node.store.own_unheld_roots(usize::MAX).await {
+    let overseer = &node.overseer;
+    let own = match node
+        .store
+        .own_unheld_roots(usize::MAX, |root| !overseer.is_live(root))
+        .await
+    {
         Ok(own) => own,
         Err(e) => {
             tracing::warn!(error = %e, "cannot list this node's sessions; trying again next round");

@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use overseer::store::{Durability, SledStore};
-use overseer_actors::machine::ForkAt;
 use overseer_actors::model::{
     AgentConfig, Event, EventKind, FinishReason, SessionHeader, SessionId, SessionStatus,
     StopReason, TranscriptEntry, Usage,
@@ -36,6 +35,7 @@ use overseer_actors::skills::{activation_text, Skill, SkillCatalog};
 use overseer_actors::store::{Checkpoint, CheckpointStore, MemStore};
 use overseer_actors::tasks::TaskCatalog;
 use overseer_actors::tool::ToolRegistry;
+use overseer_actors::ForkAt;
 use overseer_actors::{CreateSession, Library, Overseer, RuntimeConfig};
 
 /// Answers every request at once and keeps the first.

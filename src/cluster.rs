@@ -127,9 +127,17 @@ struct Inner {
     store: PgStore,
     overseer: Overseer,
     options: ClusterOptions,
-    /// Set while the node has dropped its leases and not yet taken back its
-    /// own sessions.
+    /// Set while the node has dropped its leases and not yet resumed.
     suspended: AtomicBool,
+    /// Set while the node owes its own sessions a take-back: from its
+    /// resumption after a lapse (or after the store let a tree go because
+    /// the lease had lapsed, `PgStore::take_let_go`) until one round took
+    /// every one of them back. A take-back that fails part-way (the
+    /// database still coming up, an activation refused) is retried in the
+    /// next round instead of leaving those sessions with nobody to resume
+    /// them: their lease names this node, which is alive, so no other node
+    /// takes them over.
+    take_back: AtomicBool,
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
     routing: Routing,
     /// Failover rounds each claimable root was left to the node it hashes
@@ -189,6 +197,7 @@ impl Cluster {
                 overseer,
                 options,
                 suspended: AtomicBool::new(false),
+                take_back: AtomicBool::new(false),
                 tasks: std::sync::Mutex::new(Vec::new()),
                 routing,
                 patience: std::sync::Mutex::default(),
@@ -304,9 +313,9 @@ async fn heartbeats(inner: std::sync::Weak<Inner>) {
         let retention = node.options.dead_node_retention;
         if last_prune.elapsed() > (retention / 2).clamp(every, Duration::from_secs(60)) {
             last_prune = tokio::time::Instant::now();
-            let live = &node.overseer.runtime().live;
+            let overseer = &node.overseer;
             node.store
-                .sweep_leases(Duration::from_secs(60), |root| live.contains_key(&root));
+                .sweep_leases(Duration::from_secs(60), |root| overseer.is_live(root));
             // On the pool, so not in this loop: a busy pool must not hold up
             // the next heartbeat.
             let store = node.store.clone();

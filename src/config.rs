@@ -435,7 +435,7 @@ impl Config {
             },
             limits: self.limits.to_limits(),
             compaction_threshold_pct: self.runtime.compaction_threshold_pct,
-            janitor: Some(overseer_actors::janitor::JanitorConfig {
+            janitor: Some(overseer_actors::JanitorConfig {
                 retention: self
                     .store
                     .retention_days

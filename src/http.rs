@@ -552,7 +552,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
         )
         .into_response();
     }
-    let store = state.overseer().runtime().store.clone();
+    let store = state.overseer().store().clone();
     let (reason, why) = match tokio::time::timeout(STORE_CHECK_TIMEOUT, store.health_check()).await
     {
         Ok(Ok(())) => return Json(json!({"status": "ready"})).into_response(),

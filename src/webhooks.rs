@@ -50,7 +50,7 @@ use overseer_actors::model::{
     DecisionRecord, SessionId, SessionStatus, StopReason, ToolCallRecord,
 };
 use overseer_actors::store::StoreError;
-use overseer_actors::Runtime;
+use overseer_actors::Overseer;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use uuid::Uuid;
@@ -682,9 +682,9 @@ impl Webhooks {
     /// between two deliveries.
     pub fn start(
         self: &Arc<Self>,
-        runtime: &Arc<Runtime>,
+        runtime: &Overseer,
         shutdown: watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
-        dispatch::start(self.clone(), Arc::downgrade(runtime), shutdown)
+        dispatch::start(self.clone(), runtime.downgrade(), shutdown)
     }
 }

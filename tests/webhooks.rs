@@ -637,7 +637,7 @@ async fn in_process(
 ) {
     let (server, hooks) = in_process_idle(options, clock).await;
     let (stop, stopped) = watch::channel(false);
-    let delivery = hooks.start(server.overseer.runtime(), stopped);
+    let delivery = hooks.start(&server.overseer, stopped);
     (server, stop, delivery)
 }
 
@@ -1197,14 +1197,13 @@ async fn a_session_purged_before_delivery_is_dropped_and_counted() {
     let before = dropped();
     server
         .overseer
-        .runtime()
-        .store
+        .store()
         .purge(purged.parse().unwrap())
         .await
         .unwrap();
 
     let (stop, stopped) = watch::channel(false);
-    let delivery = hooks.start(server.overseer.runtime(), stopped);
+    let delivery = hooks.start(&server.overseer, stopped);
     let (witness, _) = server.create_pending(&tok).await.unwrap();
     let got = rx.delivered("approval.requested").await;
     assert_verified(&got);

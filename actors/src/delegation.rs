@@ -11,18 +11,18 @@ use serde_json::{json, Value};
 use crate::model::{SessionId, StopReason, Usage};
 use crate::tool::{Tool, ToolContext, ToolError, ToolSpec};
 
-pub use crate::model::DELEGATE_TASK;
+pub(crate) use crate::model::DELEGATE_TASK;
 
 /// Whether a call of the tool `name` runs as a child session rather than in
 /// a tool-call actor: `delegate_task`, and `run_task` (a stored task,
 /// run under the same rules).
-pub fn spawns_child(name: &str) -> bool {
+pub(crate) fn spawns_child(name: &str) -> bool {
     name == DELEGATE_TASK || name == crate::tasks::RUN_TASK
 }
 
 /// Arguments of `delegate_task` (validated against [`schema`] first).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct DelegateArgs {
+pub(crate) struct DelegateArgs {
     /// Subagent to run.
     pub agent: String,
     /// The child's first message.
@@ -37,7 +37,7 @@ pub struct DelegateArgs {
 
 impl DelegateArgs {
     /// The child's first user message: the goal, then the context.
-    pub fn first_message(&self) -> String {
+    pub(crate) fn first_message(&self) -> String {
         match &self.context {
             Some(c) if !c.trim().is_empty() => format!("{}\n\nContext:\n{c}", self.goal),
             _ => self.goal.clone(),
@@ -46,7 +46,7 @@ impl DelegateArgs {
 }
 
 /// The argument schema of `delegate_task`.
-pub fn schema() -> Value {
+pub(crate) fn schema() -> Value {
     json!({
         "type": "object",
         "properties": {
@@ -61,7 +61,7 @@ pub fn schema() -> Value {
 }
 
 /// The declaration registered in every runtime. Its `call` is never used.
-pub struct DelegateTask {
+pub(crate) struct DelegateTask {
     spec: ToolSpec,
 }
 
@@ -95,7 +95,7 @@ impl Tool for DelegateTask {
 /// final text, its structured output (when its agent has an output schema),
 /// usage (of its whole subtree), session id and stop reason. A child that did
 /// not end its turn normally is an error result.
-pub fn child_result(
+pub(crate) fn child_result(
     child: SessionId,
     agent: &str,
     final_text: &str,

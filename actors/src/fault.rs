@@ -52,6 +52,10 @@ pub enum FaultPoint {
     /// In the sled store's migration to layout 4, after each chunk of rows
     /// it copied and after each old tree it dropped.
     StoreMigration,
+    /// In cluster mode, where a node takes back its own sessions after its
+    /// lease lapsed (`overseer`'s failover); with [`FaultAction::Fail`],
+    /// that round fails as if the database had not answered.
+    TakeBack,
 }
 
 impl FaultPoint {
@@ -69,6 +73,7 @@ impl FaultPoint {
             "store_migration" => Self::StoreMigration,
             "store_after_apply" => Self::StoreAfterApply,
             "store_before_confirm" => Self::StoreBeforeConfirm,
+            "take_back" => Self::TakeBack,
             _ => return None,
         })
     }
@@ -86,6 +91,9 @@ pub enum FaultAction {
     /// Block the thread that hit the point for as long as the process
     /// lives (a call that never returns, e.g. a wedged disk).
     Hang,
+    /// Fail the operation at the point as if the store had not answered,
+    /// on the Nth hit only (points that can fail read it with [`check`]).
+    Fail,
 }
 
 /// One planned fault.
@@ -116,7 +124,7 @@ pub fn arm(plan: FaultPlan) {
         .push((plan, 0));
 }
 
-/// Arms the plan in env `OVERSEER_FAULT` = `point:nth:panic|abort|bypass|hang`,
+/// Arms the plan in env `OVERSEER_FAULT` = `point:nth:panic|abort|bypass|hang|fail`,
 /// if set (`bypass` holds from the Nth hit on).
 /// Returns a description of what was armed, or an error naming the bad part.
 pub fn arm_from_env() -> Result<Option<String>, String> {
@@ -126,7 +134,7 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
     let parts: Vec<&str> = spec.split(':').collect();
     let [point, nth, action] = parts.as_slice() else {
         return Err(format!(
-            "OVERSEER_FAULT={spec}: expected point:nth:panic|abort|bypass|hang"
+            "OVERSEER_FAULT={spec}: expected point:nth:panic|abort|bypass|hang|fail"
         ));
     };
     let point =
@@ -139,6 +147,7 @@ pub fn arm_from_env() -> Result<Option<String>, String> {
         "abort" => FaultAction::Abort,
         "bypass" => FaultAction::Bypass,
         "hang" => FaultAction::Hang,
+        "fail" => FaultAction::Fail,
         other => return Err(format!("OVERSEER_FAULT: unknown action '{other}'")),
     };
     arm(FaultPlan {
@@ -158,7 +167,7 @@ pub fn hit(point: FaultPoint, session: SessionId, agent: &str) {
         Some(FaultAction::Panic) => panic!("injected fault at {point:?}"),
         Some(FaultAction::Abort) => abort(point),
         Some(FaultAction::Hang) => hang(point),
-        Some(FaultAction::Bypass) | None => {}
+        Some(FaultAction::Bypass | FaultAction::Fail) | None => {}
     }
 }
 
@@ -195,6 +204,11 @@ pub fn abort(point: FaultPoint) -> ! {
 /// node-wide point: plans filtered by session or agent never match).
 pub fn bypassed(point: FaultPoint) -> bool {
     check(point, SessionId(uuid::Uuid::nil()), "") == Some(FaultAction::Bypass)
+}
+
+/// Whether a planned `fail` fails the node-wide operation at `point` now.
+pub fn failed(point: FaultPoint) -> bool {
+    check(point, SessionId(uuid::Uuid::nil()), "") == Some(FaultAction::Fail)
 }
 
 /// Counts a hit and returns the action of a plan that fires, without firing it.

@@ -20,11 +20,11 @@ use crate::messages::SessionMsg;
 use crate::model::{SessionId, SessionStatus};
 use crate::runtime::Runtime;
 
-pub use crate::runtime::JanitorConfig;
+pub(crate) use crate::runtime::JanitorConfig;
 
 /// What one batch did (for tests and logs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Swept {
+pub(crate) struct Swept {
     /// Headers read.
     pub read: usize,
     /// Sessions told their input wait expired.

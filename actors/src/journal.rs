@@ -18,7 +18,7 @@ use crate::model::{CallState, SessionId, SessionIdHasher, ToolCallId, ToolCallRe
 
 /// Dispatched calls by session, then by call: (attempt, what is known).
 #[derive(Debug, Default)]
-pub struct Journal {
+pub(crate) struct Journal {
     by_session: DashMap<SessionId, HashMap<ToolCallId, (u32, Dispatched)>, SessionIdHasher>,
 }
 
@@ -89,12 +89,7 @@ impl Journal {
     }
 
     /// Entries held, over all sessions (for leak checks).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_session.iter().map(|e| e.len()).sum()
-    }
-
-    /// Whether nothing is held.
-    pub fn is_empty(&self) -> bool {
-        self.by_session.is_empty()
     }
 }

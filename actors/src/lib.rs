@@ -17,7 +17,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-pub mod delegation;
+// The public surface: the handle, the ports and the types they speak.
 pub mod error;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
@@ -25,29 +25,36 @@ pub mod fault;
 mod fault_off;
 pub mod genai;
 pub mod hub;
-pub mod janitor;
-pub mod journal;
 pub mod library;
 pub mod limits;
-pub mod machine;
-pub mod messages;
 pub mod metrics;
 pub mod model;
-pub mod orchestrator;
-pub mod overseer;
-pub mod ownership;
 pub mod provider;
-pub mod runtime;
 pub mod schema;
 pub mod scripted;
-pub mod session;
 pub mod skills;
 pub mod store;
 pub mod supervision;
 pub mod tasks;
-pub mod timers;
 pub mod tool;
-pub mod tool_call;
+
+// The actor tree and its bookkeeping: reached only through [`Overseer`].
+pub(crate) mod delegation;
+
+pub(crate) mod janitor;
+pub(crate) mod journal;
+pub(crate) mod machine;
+pub(crate) mod messages;
+pub(crate) mod orchestrator;
+mod overseer;
+pub(crate) mod ownership;
+pub(crate) mod runtime;
+pub(crate) mod session;
+pub(crate) mod timers;
+pub(crate) mod tool_call;
+
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use error::SessionError;
 #[cfg(feature = "fault-injection")]
@@ -56,6 +63,10 @@ pub(crate) use fault::fault_point;
 pub(crate) use fault_off::fault_point;
 pub use library::Library;
 pub use limits::{IdlePressure, Limits};
+pub use machine::{ForkAt, ForkPoint, ForkPointKind, DEFAULT_COMPACTION_THRESHOLD_PCT};
 pub use model::SessionOverrides;
-pub use overseer::{CreateSession, HistoryPoint, Overseer, PendingApproval, TaskRun, TreeNode};
-pub use runtime::{Bookkeeping, Runtime, RuntimeConfig};
+pub use overseer::{
+    CreateSession, HistoryPoint, Overseer, PendingApproval, TaskRun, TreeNode, WeakOverseer,
+};
+pub use runtime::{Bookkeeping, JanitorConfig, Metrics, RuntimeConfig};
+pub use tool_call::run as run_tool;

@@ -17,8 +17,9 @@ mod output;
 mod proptests;
 mod skills;
 
-pub use context::{COMPACTION_INSTRUCTIONS, DEFAULT_COMPACTION_THRESHOLD_PCT};
-pub use fork::{fork_points, ForkAt, ForkPoint, ForkPointKind, ForkSpec};
+pub use context::DEFAULT_COMPACTION_THRESHOLD_PCT;
+pub(crate) use fork::{fork_points, ForkSpec};
+pub use fork::{ForkAt, ForkPoint, ForkPointKind};
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -44,10 +45,10 @@ use crate::tool::{not_available, ToolRegistry};
 
 /// How many message ids a session remembers for idempotent retries. A retry
 /// older than this many later messages is accepted again.
-pub const RECENT_MESSAGE_IDS: usize = 256;
+pub(crate) const RECENT_MESSAGE_IDS: usize = 256;
 
 /// The longest accepted `message_id`.
-pub const MAX_MESSAGE_ID_BYTES: usize = 256;
+pub(crate) const MAX_MESSAGE_ID_BYTES: usize = 256;
 
 /// FNV-1a: a stable 64-bit hash (std's hasher may change between releases,
 /// and these values are persisted).
@@ -58,10 +59,10 @@ fn fnv1a(s: &str) -> u64 {
 }
 
 /// Reason recorded when an approval times out.
-pub const APPROVAL_TIMEOUT_REASON: &str = "No approval decision received";
+pub(crate) const APPROVAL_TIMEOUT_REASON: &str = "No approval decision received";
 
 /// The result the model sees for a call whose approval timed out.
-pub fn timed_out_result(timeout_secs: u64) -> Value {
+pub(crate) fn timed_out_result(timeout_secs: u64) -> Value {
     Value::String(format!(
         "Tool not run: the approval request timed out ({APPROVAL_TIMEOUT_REASON} within {timeout_secs} s)"
     ))
@@ -69,13 +70,15 @@ pub fn timed_out_result(timeout_secs: u64) -> Value {
 
 /// Result of a call that was dispatched when the process stopped and whose
 /// outcome is unknown, under `on_interrupt = "fail"`.
-pub fn interrupted_error() -> Value {
+pub(crate) fn interrupted_error() -> Value {
     json!({"error": "interrupted: the process stopped while this tool was running; its outcome is unknown"})
 }
 
 /// Something that happens to a session.
+// `ExpireInput` expires a queued input (the session's, not an `Input`).
+#[allow(clippy::enum_variant_names)]
 #[derive(Debug, Clone)]
-pub enum Input {
+pub(crate) enum Input {
     /// A user message.
     Message {
         /// Its text.
@@ -180,7 +183,7 @@ pub enum Input {
 
 /// Work the actor carries out after the transition is checkpointed.
 #[derive(Debug, Clone)]
-pub enum Effect {
+pub(crate) enum Effect {
     /// Start (or re-issue) the step's provider stream.
     StartStream(ProviderRequest),
     /// Abort the provider stream in flight.
@@ -267,7 +270,7 @@ fn approval_timer(call: &ToolCallRecord, timeout_secs: u64, now_ms: i64) -> Effe
 /// timers, and the first decision (or a timeout) activates the session.
 /// `machine::tests::a_parked_session_resumes_to_its_timers_alone` checks
 /// that it agrees with [`Input::Resume`].
-pub fn resume_of_parked(header: &SessionHeader, now_ms: i64) -> Option<Vec<Effect>> {
+pub(crate) fn resume_of_parked(header: &SessionHeader, now_ms: i64) -> Option<Vec<Effect>> {
     let calls = &header.open_calls;
     let parked = header.status == SessionStatus::AwaitingApproval
         && calls.iter().any(|c| c.state == CallState::AwaitingApproval)
@@ -284,7 +287,7 @@ pub fn resume_of_parked(header: &SessionHeader, now_ms: i64) -> Option<Vec<Effec
 /// What the process knows of a dispatched call whose result the session has
 /// not recorded (the in-memory half of the effect journal).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Dispatched {
+pub(crate) enum Dispatched {
     /// The tool body never started: dispatching again runs it once.
     NotStarted,
     /// The tool started and never reported: its outcome is unknown.
@@ -295,7 +298,7 @@ pub enum Dispatched {
 
 /// What the machine needs from outside: the tools, the time and entropy.
 #[derive(Debug, Clone, Copy)]
-pub struct Ctx<'a> {
+pub(crate) struct Ctx<'a> {
     /// All tools of the runtime.
     pub tools: &'a ToolRegistry,
     /// Wall-clock now, ms since the epoch.
@@ -363,7 +366,7 @@ impl Partial {
 /// A session in memory: header, transcript, metadata, queued messages, and
 /// what is not yet checkpointed.
 #[derive(Debug, Clone)]
-pub struct Session {
+pub(crate) struct Session {
     /// The header (status, config, open calls, usage, where the queue is).
     pub header: SessionHeader,
     /// The transcript.
@@ -386,7 +389,7 @@ pub struct Session {
 
 impl Session {
     /// A brand-new session; its creation event is pending.
-    pub fn new(header: SessionHeader) -> Self {
+    pub(crate) fn new(header: SessionHeader) -> Self {
         let agent = header.agent.clone();
         let mut s = Self {
             header,
@@ -406,14 +409,14 @@ impl Session {
 
     /// A brand-new session with the caller's metadata (written once, by its
     /// first checkpoint).
-    pub fn with_metadata(mut self, metadata: Value) -> Self {
+    pub(crate) fn with_metadata(mut self, metadata: Value) -> Self {
         self.metadata = metadata;
         self
     }
 
     /// A session read back from the store; nothing pending (unless it was
     /// read from an older layout, which its next checkpoint rewrites).
-    pub fn from_stored(mut stored: StoredSession) -> Self {
+    pub(crate) fn from_stored(mut stored: StoredSession) -> Self {
         let queue = stored.header.queue;
         let rewrite = stored.needs_rewrite;
         // Older versions are read as they are (the changes since are
@@ -439,7 +442,7 @@ impl Session {
     }
 
     /// The session as a store would read it back (for the state API).
-    pub fn to_stored(&self) -> StoredSession {
+    pub(crate) fn to_stored(&self) -> StoredSession {
         StoredSession {
             header: self.header.clone(),
             transcript: self.transcript.clone(),
@@ -450,13 +453,13 @@ impl Session {
     }
 
     /// Whether a checkpoint is needed.
-    pub fn is_dirty(&self) -> bool {
+    pub(crate) fn is_dirty(&self) -> bool {
         self.dirty
     }
 
     /// The checkpoint of everything changed since the last one. Call
     /// [`Session::mark_persisted`] once it is durable.
-    pub fn checkpoint(&self) -> Checkpoint {
+    pub(crate) fn checkpoint(&self) -> Checkpoint {
         let q = self.header.queue;
         let (head, next) = self.persisted_queue;
         // Rows queued since the last checkpoint and still queued (a message
@@ -484,7 +487,7 @@ impl Session {
     }
 
     /// Marks the last checkpoint durable and hands back its events for publishing.
-    pub fn mark_persisted(&mut self) -> Vec<Event> {
+    pub(crate) fn mark_persisted(&mut self) -> Vec<Event> {
         self.persisted_entries = self.transcript.len();
         self.persisted_queue = (self.header.queue.head, self.header.queue.next);
         self.metadata_persisted = true;
@@ -492,14 +495,15 @@ impl Session {
         Arc::unwrap_or_clone(std::mem::take(&mut self.pending_events))
     }
 
+    #[cfg(test)]
     /// Undoes nothing, but forgets pending events after a failed checkpoint
     /// (the actor then fails and restarts from the last durable state).
-    pub fn pending_events(&self) -> &[Event] {
+    pub(crate) fn pending_events(&self) -> &[Event] {
         &self.pending_events
     }
 
     /// Calls waiting for a decision.
-    pub fn pending_approvals(&self) -> Vec<&ToolCallRecord> {
+    pub(crate) fn pending_approvals(&self) -> Vec<&ToolCallRecord> {
         self.header
             .open_calls
             .iter()
@@ -508,7 +512,7 @@ impl Session {
     }
 
     /// Every call record: those in the transcript, then the open step's.
-    pub fn all_calls(&self) -> Vec<&ToolCallRecord> {
+    pub(crate) fn all_calls(&self) -> Vec<&ToolCallRecord> {
         let mut calls: Vec<&ToolCallRecord> = self
             .transcript
             .iter()
@@ -524,7 +528,7 @@ impl Session {
     /// The provider request for the current step: the transcript as
     /// the model sees it (after any compaction), the tools in scope, the
     /// output schema.
-    pub fn provider_request(&self, tools: &ToolRegistry) -> ProviderRequest {
+    pub(crate) fn provider_request(&self, tools: &ToolRegistry) -> ProviderRequest {
         ProviderRequest {
             session_id: self.header.id,
             agent: self.header.agent.clone(),
@@ -591,7 +595,7 @@ impl Session {
     /// waits for a human (or a message), and any call still running is a
     /// delegation whose child waits for a human too. Such a session may
     /// hibernate, and a child in this state is left on disk by its parent.
-    pub fn is_settled(&self) -> bool {
+    pub(crate) fn is_settled(&self) -> bool {
         use SessionStatus::{AwaitingApproval, AwaitingInput, Pending};
         matches!(
             self.header.status,
@@ -605,7 +609,11 @@ impl Session {
 
     /// Applies one input. On `Err` nothing changed, and an input that does
     /// not apply (stale, out of phase) changes nothing either.
-    pub fn apply(&mut self, input: Input, ctx: Ctx<'_>) -> Result<Vec<Effect>, SessionError> {
+    pub(crate) fn apply(
+        &mut self,
+        input: Input,
+        ctx: Ctx<'_>,
+    ) -> Result<Vec<Effect>, SessionError> {
         // Stamped only when this input changed something: a session with
         // an unwritten earlier transition is dirty already, and an input it
         // ignores must not move its `updated_at_ms` (input expiry reads it).
@@ -2047,7 +2055,7 @@ impl Session {
     // ---- delegation and budgets -----------------------------------------------
 
     /// What this session and its finished children spent.
-    pub fn spent(&self) -> Usage {
+    pub(crate) fn spent(&self) -> Usage {
         let mut u = self.header.usage;
         u.add(&self.header.children_usage);
         u

@@ -16,7 +16,7 @@ use crate::provider::{ProviderError, ProviderEvent};
 use crate::store::StoredSession;
 
 /// Messages of a session actor. RPC variants carry their reply port last.
-pub enum SessionMsg {
+pub(crate) enum SessionMsg {
     /// A user message (with an optional idempotency id); acknowledged once
     /// checkpointed.
     Send(
@@ -125,13 +125,13 @@ pub enum SessionMsg {
 }
 
 /// Messages of a tool-call actor.
-pub enum ToolCallMsg {
+pub(crate) enum ToolCallMsg {
     /// Run the tool now.
     Run,
 }
 
 /// Messages of the orchestrator.
-pub enum OrchestratorMsg {
+pub(crate) enum OrchestratorMsg {
     /// Start the actor of a checkpointed root session (or return the live
     /// one; the answer says whether it was spawned now). Child sessions are
     /// refused: only their parent spawns them.
@@ -168,6 +168,6 @@ pub enum OrchestratorMsg {
 }
 
 /// The result recorded for a tool whose actor crashed.
-pub fn crashed(reason: &str) -> Value {
+pub(crate) fn crashed(reason: &str) -> Value {
     json!({"error": format!("tool crashed: {reason}")})
 }

@@ -34,16 +34,16 @@ use crate::store::StoredSession;
 use crate::supervision::Restarts;
 
 /// The actor.
-pub struct OrchestratorActor;
+pub(crate) struct OrchestratorActor;
 
 /// Startup arguments.
-pub struct OrchestratorArgs {
+pub(crate) struct OrchestratorArgs {
     /// Shared services.
     pub runtime: Arc<Runtime>,
 }
 
 /// State.
-pub struct OrchestratorState {
+pub(crate) struct OrchestratorState {
     runtime: Arc<Runtime>,
     by_actor: HashMap<ActorId, SessionId>,
     restarts: Restarts,

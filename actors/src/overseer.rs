@@ -8,8 +8,11 @@
 //! are the edge's (`overseer::http`). Stored tasks, skills and forks
 //! have their parts of the API in `overseer/tasks.rs` and `overseer/fork.rs`.
 
+mod edge;
 mod fork;
 mod tasks;
+
+pub use edge::WeakOverseer;
 
 pub use fork::HistoryPoint;
 pub use tasks::TaskRun;
@@ -83,10 +86,13 @@ pub struct CreateSession {
 /// The in-process API of overseer. Cheap to clone.
 #[derive(Clone)]
 pub struct Overseer {
-    runtime: Arc<Runtime>,
+    pub(crate) runtime: Arc<Runtime>,
     orchestrator: ActorRef<OrchestratorMsg>,
-    join: Arc<tokio::sync::Mutex<Option<JoinHandle<()>>>>,
+    join: Arc<JoinSlot>,
 }
+
+/// The orchestrator's join handle, taken by the first shutdown.
+type JoinSlot = tokio::sync::Mutex<Option<JoinHandle<()>>>;
 
 impl Overseer {
     /// Starts the actor tree. Does not recover stored sessions: call
@@ -167,11 +173,6 @@ impl Overseer {
             orchestrator,
             join: Arc::new(tokio::sync::Mutex::new(Some(join))),
         })
-    }
-
-    /// The shared services (for the edges: metrics, store access).
-    pub fn runtime(&self) -> &Arc<Runtime> {
-        &self.runtime
     }
 
     /// How many root sessions the orchestrator keeps a restart history for

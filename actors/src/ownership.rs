@@ -42,7 +42,7 @@ impl Overseer {
     /// resumed from their checkpoints by whichever node claims them next,
     /// this one included. Returns how many sessions had a live actor.
     pub async fn drop_actors(&self) -> usize {
-        let rt = self.runtime();
+        let rt = &self.runtime;
         let Ok(orchestrator) = rt.orchestrator() else {
             return 0;
         };

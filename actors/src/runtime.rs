@@ -99,7 +99,7 @@ impl Default for JanitorConfig {
 /// from API callers are; the runtime's own work (recovery, timers, children
 /// of live parents) is not, or accepted work could be stranded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// Refuse past the limit.
     Check,
     /// Always admit.
@@ -135,7 +135,7 @@ pub struct Bookkeeping {
 }
 
 /// Services shared by every actor of the tree.
-pub struct Runtime {
+pub(crate) struct Runtime {
     /// Checkpoint store.
     pub store: Arc<dyn CheckpointStore>,
     /// LLM provider.
@@ -291,7 +291,7 @@ impl Runtime {
     }
 
     /// Now, in ms since the epoch, on the runtime's clock.
-    pub fn now_ms(&self) -> i64 {
+    pub(crate) fn now_ms(&self) -> i64 {
         self.clock.now_ms()
     }
 
@@ -401,7 +401,7 @@ impl Runtime {
     }
 
     /// What is held per session now (see [`Bookkeeping`]).
-    pub fn bookkeeping(&self) -> Bookkeeping {
+    pub(crate) fn bookkeeping(&self) -> Bookkeeping {
         Bookkeeping {
             live: self.live.len(),
             journal: self.journal.len(),
@@ -473,13 +473,16 @@ impl Runtime {
 
     /// The live actor of a session, activating it from its checkpoint if
     /// needed: a root under the orchestrator, a child under its parent.
-    pub async fn activate(&self, id: SessionId) -> Result<ActorRef<SessionMsg>, SessionError> {
+    pub(crate) async fn activate(
+        &self,
+        id: SessionId,
+    ) -> Result<ActorRef<SessionMsg>, SessionError> {
         self.activate_with(id, Admission::Bypass).await
     }
 
     /// [`Runtime::activate`], refusing a new activation past the live-session
     /// limit when `admission` says so.
-    pub async fn activate_with(
+    pub(crate) async fn activate_with(
         &self,
         id: SessionId,
         admission: Admission,
@@ -659,7 +662,7 @@ impl Runtime {
     }
 
     /// Sends a request to a session (activating it) and waits for its answer.
-    pub async fn route<F>(&self, id: SessionId, make: F) -> Result<(), SessionError>
+    pub(crate) async fn route<F>(&self, id: SessionId, make: F) -> Result<(), SessionError>
     where
         F: Fn(RpcReplyPort<Result<(), SessionError>>) -> SessionMsg,
     {
@@ -692,7 +695,7 @@ impl Runtime {
 
     /// Delivers a fire-and-forget message, activating the session if it
     /// lives only on disk (a timer firing while the session hibernates).
-    pub async fn deliver(
+    pub(crate) async fn deliver(
         &self,
         id: SessionId,
         make: impl Fn() -> SessionMsg,

@@ -34,11 +34,11 @@ use crate::tool::ToolContext;
 use crate::tool_call::{ToolCallActor, ToolCallArgs};
 
 /// The actor.
-pub struct SessionActor;
+pub(crate) struct SessionActor;
 
 /// Startup arguments: the session as last checkpointed, the runtime, and the
 /// parent's actor for a child session.
-pub struct SessionArgs {
+pub(crate) struct SessionArgs {
     /// The session.
     pub session: Session,
     /// Shared services.
@@ -54,7 +54,7 @@ struct Child {
 }
 
 /// The actor's state.
-pub struct SessionState {
+pub(crate) struct SessionState {
     session: Session,
     runtime: Arc<Runtime>,
     parent: Option<ActorRef<SessionMsg>>,
@@ -751,7 +751,7 @@ impl SessionState {
 /// Drives one provider stream to its end, handing each event to `emit`
 /// (which returns false when the receiver is gone). A stream that stops
 /// without a finish event is a provider error, never a silent success.
-pub async fn drive_stream(
+pub(crate) async fn drive_stream(
     provider: &dyn crate::provider::Provider,
     request: ProviderRequest,
     mut emit: impl FnMut(ProviderEvent) -> bool,

@@ -92,7 +92,7 @@ impl Shared {
 
 /// The armed approval timers of this process.
 #[derive(Default)]
-pub struct ApprovalTimers {
+pub(crate) struct ApprovalTimers {
     shared: Arc<Shared>,
     /// The driver task, started with the first timer; aborted on drop.
     driver: OnceLock<AbortHandle>,
@@ -189,12 +189,13 @@ impl ApprovalTimers {
     }
 
     /// Timers armed now, over all sessions.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.shared.lock().queue.len()
     }
 
+    #[cfg(test)]
     /// Whether no timer is armed.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
@@ -330,7 +331,7 @@ impl IdleShared {
 /// time, reading the idle time again after each (each one it takes is one
 /// live session fewer), and sleeps until the next is due or it is woken.
 #[derive(Default)]
-pub struct IdleTimers {
+pub(crate) struct IdleTimers {
     shared: Arc<IdleShared>,
     driver: OnceLock<AbortHandle>,
 }
@@ -398,12 +399,13 @@ impl IdleTimers {
     }
 
     /// Idle session actors with an armed timer.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.shared.lock().queue.len()
     }
 
+    #[cfg(test)]
     /// Whether no idle timer is armed.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

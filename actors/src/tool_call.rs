@@ -19,10 +19,10 @@ use crate::model::ToolCallId;
 use crate::tool::{Tool, ToolContext, MAX_RESULT_BYTES};
 
 /// The actor.
-pub struct ToolCallActor;
+pub(crate) struct ToolCallActor;
 
 /// What one dispatch needs.
-pub struct ToolCallArgs {
+pub(crate) struct ToolCallArgs {
     /// Shared services (for the in-memory effect journal).
     pub runtime: Arc<crate::runtime::Runtime>,
     /// The tool.
@@ -39,7 +39,7 @@ pub struct ToolCallArgs {
 }
 
 /// State: the args, consumed by `Run`.
-pub struct ToolCallState {
+pub(crate) struct ToolCallState {
     args: Option<ToolCallArgs>,
 }
 
@@ -80,7 +80,7 @@ impl Actor for ToolCallActor {
                 // A tool that never returns (its timeout ends it).
                 Some(FaultAction::Hang) => futures::future::pending::<()>().await,
                 // Not a check to skip: nothing to do here.
-                Some(FaultAction::Bypass) | None => {}
+                Some(FaultAction::Bypass | FaultAction::Fail) | None => {}
             }
         }
         let call_id: ToolCallId = args.ctx.call_id.clone();
@@ -128,7 +128,7 @@ pub async fn run(tool: &dyn Tool, ctx: ToolContext, arguments: Value) -> Result<
 }
 
 /// Replaces a result over [`MAX_RESULT_BYTES`] by the error object that says so.
-pub fn cap_result(value: Value) -> Result<Value, Value> {
+pub(crate) fn cap_result(value: Value) -> Result<Value, Value> {
     let size = match serde_json::to_vec(&value) {
         Ok(bytes) => bytes.len(),
         Err(e) => return Err(json!({"error": format!("tool result is not serializable: {e}")})),

@@ -122,7 +122,7 @@ pub async fn run(
         eprintln!(
             "  {done} finished: RSS {} MiB, live actors {}",
             rss >> 20,
-            ov.runtime().live.len()
+            ov.live_sessions()
         );
         after.push((done, rss));
         if out_of_memory(done, n)? {
@@ -130,7 +130,7 @@ pub async fn run(
         }
     }
     let elapsed = t.elapsed();
-    let live = ov.runtime().live.len();
+    let live = ov.live_sessions();
     let probe_left = probe.pending();
     ov.shutdown().await?;
 

@@ -189,7 +189,7 @@ async fn hibernated_rss(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<
         "  {n} hibernated sessions; RSS {} -> {} MiB, live actors {}",
         before >> 20,
         after >> 20,
-        ov.runtime().live.len()
+        ov.live_sessions()
     );
     ov.shutdown().await?;
     let (half, at_half) = middle.unwrap_or((0, before));
@@ -208,7 +208,7 @@ async fn hibernated_rss(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<
 async fn wait_hibernated(ov: &overseer::actors::Overseer, n: usize) -> Res<()> {
     use std::sync::atomic::Ordering;
     for _ in 0..600 {
-        let done = ov.runtime().metrics.hibernations.load(Ordering::Relaxed) as usize;
+        let done = ov.metrics().hibernations.load(Ordering::Relaxed) as usize;
         if done >= n {
             return Ok(());
         }

@@ -242,7 +242,7 @@ pub async fn run(
 
     let mut rows = Rows::new(NAME, Some(mode), CLIENTS);
     let started = Instant::now();
-    let hibernations = || ov.runtime().metrics.hibernations.load(Ordering::Relaxed);
+    let hibernations = || ov.metrics().hibernations.load(Ordering::Relaxed);
     let (mut last_cycles, mut last_errors, mut last_hib) = (0u64, BTreeMap::new(), 0u64);
     let mut rss_by_minute = Vec::new();
     eprintln!(
@@ -255,7 +255,7 @@ pub async fn run(
         let cycles = tally.cycles.load(Ordering::Relaxed);
         let errors = tally.errors();
         let rss = rss_bytes()?;
-        let live = ov.runtime().live.len();
+        let live = ov.live_sessions();
         let hib = hibernations();
         let disk = backend.size_on_disk()?;
         let mut new_errors: BTreeMap<String, u64> = BTreeMap::new();

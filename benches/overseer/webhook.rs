@@ -113,7 +113,7 @@ impl Hook {
             )
             .await?;
         let (stop, stopped) = watch::channel(false);
-        let task = Some(webhooks.start(ov.runtime(), stopped));
+        let task = Some(webhooks.start(ov, stopped));
         Ok(Self {
             seen,
             count,

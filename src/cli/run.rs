@@ -472,8 +472,7 @@ async fn drive(
             // that snapshot then arrives on `rx`, none before it.
             let rx = overseer.subscribe(id);
             let stored = overseer
-                .runtime()
-                .store
+                .store()
                 .load_header(id)
                 .await
                 .map_err(SessionError::from)?
@@ -562,7 +561,7 @@ async fn drive(
                 }
                 // `recover` activated it (it is mid-turn); make sure, since a
                 // running session that nothing activates would never go on.
-                overseer.runtime().activate(id).await?;
+                overseer.activate(id).await?;
             }
             // Followed from the stored snapshot: what came before it is not
             // this run's to report.

@@ -18,10 +18,10 @@
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use overseer_actors::Runtime;
+use overseer_actors::WeakOverseer;
 
 use crate::auth::{self, AuthConfig};
 use crate::cluster::{Cluster, ClusterOptions};
@@ -275,10 +275,10 @@ pub fn serve(args: ServeArgs) -> Result<(), CliError> {
         let (stop_hooks, hooks_stopped) = tokio::sync::watch::channel(false);
         let delivery = webhooks
             .as_ref()
-            .map(|hooks| hooks.start(overseer.runtime(), hooks_stopped));
+            .map(|hooks| hooks.start(&overseer, hooks_stopped));
         http_options.webhooks = webhooks;
         let grace = http_options.limits.shutdown_grace;
-        let runtime = Arc::downgrade(overseer.runtime());
+        let runtime = overseer.downgrade();
         let (stop_tls, tls_stopped) = tokio::sync::watch::channel(false);
         let tls_watch = tls.map(|tls| {
             let mut stopped = tls_stopped;
@@ -360,7 +360,7 @@ const EXIT_SLACK: Duration = Duration::from_millis(4_500);
 fn arm_exit_watchdog(
     after: Duration,
     store: Option<crate::store::StoreWatch>,
-    runtime: Weak<Runtime>,
+    runtime: WeakOverseer,
 ) {
     let deadline = Instant::now() + after;
     let spawned = std::thread::Builder::new()
@@ -392,7 +392,7 @@ const NAMED_SESSIONS: usize = 10;
 fn unconfirmed_at_exit(
     after: Duration,
     store: Option<&crate::store::StoreWatch>,
-    runtime: &Weak<Runtime>,
+    runtime: &WeakOverseer,
 ) -> String {
     let mut line = format!(
         "shutting down: not done {:.1} s after the signal; exiting without waiting further",
@@ -408,7 +408,7 @@ fn unconfirmed_at_exit(
         }
     }
     if let Some(rt) = runtime.upgrade() {
-        let ids: Vec<String> = rt.live.iter().map(|e| e.key().to_string()).collect();
+        let ids: Vec<String> = rt.live_ids().iter().map(ToString::to_string).collect();
         if !ids.is_empty() {
             let named = ids.iter().take(NAMED_SESSIONS).cloned().collect::<Vec<_>>();
             let more = ids.len().saturating_sub(NAMED_SESSIONS);

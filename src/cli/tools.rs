@@ -35,7 +35,7 @@ pub fn list(args: ToolsArgs) -> Result<(), CliError> {
     let tools = rt.block_on(service::build_tools(&mut config))?;
     let agents = config.agent_configs();
     let mut names: Vec<&str> = tools.registry.names().collect();
-    names.push(overseer_actors::delegation::DELEGATE_TASK);
+    names.push(overseer_actors::model::DELEGATE_TASK);
     for name in names {
         let users: Vec<&str> = agents
             .iter()

@@ -13,8 +13,11 @@
 //! `failover_concurrency` at a time, and one line is logged per node taken
 //! from: how many sessions, how long the activation took, how long after
 //! that node's last heartbeat. A node that has just resumed after dropping
-//! its leases first re-activates the active roots whose lease still names
-//! it. It owns no SQL (the store's) and no resume logic (the actors': an
+//! its leases (or whose store let a tree go because its lease had lapsed,
+//! however briefly) first re-activates the active roots whose lease still
+//! names it, and keeps doing so round after round until every one is back:
+//! no other node takes them (their owner is alive), so a take-back that
+//! failed part-way would leave them with nobody to resume them. It owns no SQL (the store's) and no resume logic (the actors': an
 //! activation is a restart from the checkpoint).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -24,6 +27,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use overseer_actors::model::SessionId;
+use overseer_actors::SessionError;
 use uuid::Uuid;
 
 use super::{rendezvous, Inner};
@@ -65,8 +69,14 @@ pub(super) async fn run(inner: Weak<Inner>) {
         let Some(node) = inner.upgrade() else { return };
         let every = node.options.heartbeat;
         if node.store.lease_valid() {
+            // Both read every round (no short circuit): each clears itself.
             let resumed = node.suspended.swap(false, Ordering::AcqRel);
-            take_over(&node, resumed).await;
+            let let_go = node.store.take_let_go();
+            if resumed || let_go {
+                node.take_back.store(true, Ordering::Release);
+            }
+            let owed = node.take_back.load(Ordering::Acquire);
+            take_over(&node, owed).await;
         }
         drop(node);
         tokio::time::sleep(every).await;
@@ -76,15 +86,8 @@ pub(super) async fn run(inner: Weak<Inner>) {
 /// One round: this node's share of everything claimable now; with
 /// `resumed`, this node's own active sessions first.
 pub(super) async fn take_over(node: &Arc<Inner>, resumed: bool) {
-    if resumed {
-        match node.store.own_unheld_roots(usize::MAX).await {
-            Ok(own) if !own.is_empty() => {
-                tracing::info!(sessions = own.len(), "taking back this node's sessions");
-                activate(node, own.into_iter().map(|r| (r, None)).collect()).await;
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "cannot list this node's sessions"),
-        }
+    if resumed && take_back(node).await {
+        node.take_back.store(false, Ordering::Release);
     }
     if !node.store.lease_valid() {
         return;
@@ -189,30 +192,78 @@ fn by_previous_owner(taken: &[Orphan]) -> BTreeMap<Option<Uuid>, (usize, Option<
     out
 }
 
+/// Activates this node's own active roots that it holds no lease for (it
+/// let them go when its lease lapsed). Whether every one of them is back
+/// (or will never need to be): `false` leaves the take-back owed, for the
+/// next round.
+async fn take_back(node: &Arc<Inner>) -> bool {
+    #[cfg(feature = "fault-injection")]
+    if overseer_actors::fault::failed(overseer_actors::fault::FaultPoint::TakeBack) {
+        tracing::warn!("cannot list this node's sessions: injected fault (take_back)");
+        return false;
+    }
+    let overseer = &node.overseer;
+    let own = match node
+        .store
+        .own_unheld_roots(usize::MAX, |root| !overseer.is_live(root))
+        .await
+    {
+        Ok(own) => own,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list this node's sessions; trying again next round");
+            return false;
+        }
+    };
+    if own.is_empty() {
+        return true;
+    }
+    tracing::info!(sessions = own.len(), "taking back this node's sessions");
+    let n = own.len();
+    let back = activate(node, own.into_iter().map(|r| (r, None)).collect()).await;
+    if back == n {
+        tracing::info!("took back {n} session(s) of this node");
+    }
+    back == n
+}
+
 /// Activates roots this node holds the lease of, a bounded number at a
 /// time, recording how long after its owner's last heartbeat each came back.
-async fn activate(node: &Arc<Inner>, roots: Vec<(SessionId, Option<f64>)>) {
+/// Returns how many are settled: activated, or refused for good (ended,
+/// gone, another node's); the others (the store down, this node's lease
+/// lapsed again, an activation timed out) may succeed later.
+async fn activate(node: &Arc<Inner>, roots: Vec<(SessionId, Option<f64>)>) -> usize {
     let started = Instant::now();
-    let runtime = node.overseer.runtime().clone();
+    let overseer = node.overseer.clone();
     let mut activations = futures::stream::iter(roots)
         .map(|(root, dead_for)| {
-            let runtime = runtime.clone();
-            async move { (root, dead_for, runtime.activate(root).await) }
+            let overseer = overseer.clone();
+            async move { (root, dead_for, overseer.activate(root).await) }
         })
         .buffer_unordered(node.options.failover_concurrency.max(1));
+    let mut settled = 0;
     while let Some((root, dead_for, result)) = activations.next().await {
         match result {
             Ok(_) => {
+                settled += 1;
                 if let Some(secs) = dead_for {
                     metrics::histogram!(overseer_actors::metrics::CLUSTER_FAILOVER_SECONDS)
                         .record(secs + started.elapsed().as_secs_f64());
                 }
+            }
+            // Nothing to resume: it ended or is gone.
+            Err(SessionError::Terminal { .. } | SessionError::NotFound(_)) => settled += 1,
+            // Another node's (or refused as this node's lease lapsed again,
+            // which the store reports: `PgStore::take_let_go`).
+            Err(SessionError::Store(e)) if e.is_not_owner() => {
+                tracing::info!(session_id = %root, error = %e, "not taking over a session");
+                settled += 1;
             }
             Err(e) => {
                 tracing::warn!(session_id = %root, error = %e, "could not take over a session")
             }
         }
     }
+    settled
 }
 
 #[cfg(test)]

@@ -122,7 +122,7 @@ async fn relay(overseer: &Overseer, listening: Listening, again: bool) {
     // Whatever was announced while this node was not listening: each
     // listened-to session from the store; the tenant-wide views cannot know
     // which sessions to read, so they start over from their snapshot.
-    let hub = &overseer.runtime().hub;
+    let hub = overseer.hub();
     for id in hub.watched() {
         catch_up(overseer, id, None).await;
     }
@@ -159,20 +159,19 @@ async fn relay(overseer: &Overseer, listening: Listening, again: bool) {
 /// anything listens to all sessions and its actor is not here (then it
 /// published them itself).
 async fn announce(overseer: &Overseer, id: SessionId, first: u64, last: u64) {
-    let runtime = overseer.runtime();
-    if !runtime.hub.all_watched() || runtime.live.contains_key(&id) || last < first {
+    if !overseer.hub().all_watched() || overseer.is_live(id) || last < first {
         return;
     }
     let count = usize::try_from(last - first + 1).unwrap_or(usize::MAX);
-    match runtime
-        .store
+    match overseer
+        .store()
         .events_after(id, first.saturating_sub(1), count)
         .await
     {
         Ok(events) => {
             for e in events {
                 // With no channel of its own, only the all-sessions one hears it.
-                runtime.hub.publish(id, Notification::Event(e));
+                overseer.hub().publish(id, Notification::Event(e));
             }
         }
         Err(e) => tracing::debug!(session_id = %id, error = %e, "cannot relay events"),
@@ -182,11 +181,10 @@ async fn announce(overseer: &Overseer, id: SessionId, first: u64, last: u64) {
 /// Publishes to local listeners the stored events of `id` they have not had
 /// (from `first`, or after the last one published here).
 async fn catch_up(overseer: &Overseer, id: SessionId, first: Option<u64>) {
-    let runtime = overseer.runtime();
-    if !runtime.hub.is_watched(id) || runtime.live.contains_key(&id) {
+    if !overseer.hub().is_watched(id) || overseer.is_live(id) {
         return;
     }
-    let published = runtime.hub.last_published(id);
+    let published = overseer.hub().last_published(id);
     // From what this node last published (the streams fill any hole from
     // the store), or, for a channel that has had nothing yet, from the
     // announced events.
@@ -196,10 +194,10 @@ async fn catch_up(overseer: &Overseer, id: SessionId, first: Option<u64>) {
         // Nothing published here yet: the stream replayed the store itself.
         (None, None) => return,
     };
-    match runtime.store.events_after(id, after, usize::MAX).await {
+    match overseer.store().events_after(id, after, usize::MAX).await {
         Ok(events) => {
             for e in events {
-                runtime.hub.publish(id, Notification::Event(e));
+                overseer.hub().publish(id, Notification::Event(e));
             }
         }
         Err(e) => tracing::debug!(session_id = %id, error = %e, "cannot relay events"),

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 
-use overseer_actors::delegation::DELEGATE_TASK;
+use overseer_actors::model::DELEGATE_TASK;
 use overseer_actors::tool::ToolRegistry;
 
 use super::{AgentSection, Config, Problem};

@@ -41,7 +41,7 @@ fn default_idle_hibernate_floor_secs() -> u64 {
     overseer_actors::IdlePressure::default().floor.as_secs()
 }
 fn default_compaction_threshold_pct() -> u8 {
-    overseer_actors::machine::DEFAULT_COMPACTION_THRESHOLD_PCT
+    overseer_actors::DEFAULT_COMPACTION_THRESHOLD_PCT
 }
 
 impl Default for RuntimeSection {

@@ -83,7 +83,7 @@ pub(super) async fn backup(
              restore)",
         ));
     }
-    let store = state.overseer().runtime().store.clone();
+    let store = state.overseer().store().clone();
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(BUFFERED_LINES);
     let started_at = backup::now();
     tracing::info!(sub = %principal.sub, tenant = %principal.tenant, "backup started");

@@ -134,8 +134,8 @@ pub(super) async fn list(
         tool: filter(q.tool),
         by: filter(q.by),
     };
-    let runtime = state.overseer().runtime();
-    let page = runtime.store.decisions(&principal.tenant, &query).await?;
+    let runtime = state.overseer();
+    let page = runtime.store().decisions(&principal.tenant, &query).await?;
     // A child's decisions carry its root's title (the one a person gave).
     let mut roots: HashMap<SessionId, Option<String>> = HashMap::new();
     let mut items = Vec::with_capacity(page.rows.len());
@@ -146,7 +146,7 @@ pub(super) async fn list(
                 match roots.get(&row.root_session_id) {
                     Some(t) => t.clone(),
                     None => {
-                        let header = runtime.store.load_header(row.root_session_id).await?;
+                        let header = runtime.store().load_header(row.root_session_id).await?;
                         let title = header
                             .filter(|h| h.tenant == principal.tenant)
                             .and_then(|h| h.title);

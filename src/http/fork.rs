@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use overseer_actors::machine::ForkAt;
+use overseer_actors::ForkAt;
 
 use super::extract::{Authorized, Read, SessionPath, Write};
 use super::sessions::{owned_header, session_json};

@@ -23,7 +23,6 @@
 //! proportional to the caller's own.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
@@ -31,7 +30,7 @@ use overseer_actors::model::{
     CallState, SessionHeader, SessionId, SessionStatus, ToolCallRecord, TranscriptEntry,
 };
 use overseer_actors::store::{each_page_by_status, StoreError};
-use overseer_actors::Runtime;
+use overseer_actors::Overseer;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -154,12 +153,12 @@ impl ApprovalItem {
     /// The item for `call` of `owner`, whose ancestors (root first) are
     /// `lineage` (ending with the owner itself).
     pub(crate) fn new(
-        runtime: &Runtime,
+        runtime: &Overseer,
         owner: &SessionHeader,
         call: &ToolCallRecord,
         lineage: &[SessionHeader],
     ) -> Self {
-        let spec = runtime.tools.spec(&call.name);
+        let spec = runtime.tools().spec(&call.name);
         let root = lineage.first().unwrap_or(owner);
         let timeout_ms = (owner.config.approval_timeout_secs as i64).saturating_mul(1000);
         let description = spec.map(|s| s.description.clone()).unwrap_or_default();
@@ -208,7 +207,7 @@ impl ApprovalItem {
     /// walk back from its end, a few entries at a time, to the assistant
     /// entry that proposed the call and on to the user message of its turn
     /// (at most [`CONTEXT_MAX_ENTRIES`] entries).
-    pub(crate) async fn load_context(&mut self, runtime: &Runtime) -> Result<(), StoreError> {
+    pub(crate) async fn load_context(&mut self, runtime: &Overseer) -> Result<(), StoreError> {
         let floor = self.transcript_len.saturating_sub(CONTEXT_MAX_ENTRIES);
         let mut end = self.transcript_len;
         let mut window = 4;
@@ -216,7 +215,7 @@ impl ApprovalItem {
         let mut found_call = false;
         while end > floor && context.user_message.is_none() {
             let start = end.saturating_sub(window).max(floor);
-            let entries = runtime.store.entries(self.session_id, start..end).await?;
+            let entries = runtime.store().entries(self.session_id, start..end).await?;
             for entry in entries.iter().rev() {
                 match entry.as_ref() {
                     TranscriptEntry::Assistant {
@@ -270,7 +269,7 @@ pub(crate) fn pending_calls(header: &SessionHeader) -> impl Iterator<Item = &Too
 /// The headers from the root of `owner`'s tree down to `owner`. Parents are
 /// looked up in `known` first, then in the store (and remembered there).
 pub(crate) async fn lineage(
-    runtime: &Runtime,
+    runtime: &Overseer,
     known: &mut HashMap<SessionId, SessionHeader>,
     owner: &SessionHeader,
 ) -> Result<Vec<SessionHeader>, StoreError> {
@@ -282,7 +281,7 @@ pub(crate) async fn lineage(
         }
         let header = match known.get(&id) {
             Some(h) => h.clone(),
-            None => match runtime.store.load_header(id).await? {
+            None => match runtime.store().load_header(id).await? {
                 Some(h) => {
                     known.insert(id, h.clone());
                     h
@@ -303,14 +302,14 @@ const INBOX_PAGE: usize = 1024;
 
 /// Every pending approval of `tenant`, in the inbox's order.
 pub(crate) async fn tenant_approvals(
-    runtime: &Arc<Runtime>,
+    runtime: &Overseer,
     tenant: &str,
 ) -> Result<Vec<ApprovalItem>, StoreError> {
     // Every tenant's waiting sessions go by, a page at a time; only this
     // tenant's stay.
     let mut known: HashMap<SessionId, SessionHeader> = HashMap::new();
     each_page_by_status(
-        runtime.store.as_ref(),
+        runtime.store().as_ref(),
         &[SessionStatus::AwaitingApproval],
         INBOX_PAGE,
         |page| {
@@ -400,7 +399,7 @@ pub(super) async fn list(
         ));
     }
     let after = q.cursor.as_deref().map(parse_cursor).transpose()?;
-    let all = tenant_approvals(state.overseer().runtime(), &principal.tenant).await?;
+    let all = tenant_approvals(state.overseer(), &principal.tenant).await?;
     let start = match &after {
         None => 0,
         Some((at, call)) => all
@@ -411,7 +410,7 @@ pub(super) async fn list(
     let mut page: Vec<ApprovalItem> = all[start..].iter().take(limit).cloned().collect();
     // Only the page's cards: the context is a read of each owner's
     // transcript.
-    let runtime = state.overseer().runtime();
+    let runtime = state.overseer();
     for item in &mut page {
         item.load_context(runtime).await?;
     }

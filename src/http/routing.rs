@@ -485,7 +485,7 @@ pub(super) async fn route(
         Err(_) => return ApiError::payload_too_large().into_response(),
     };
     let inner = &routing.inner;
-    let here = inner.overseer.runtime().live.contains_key(&id) && inner.store.lease_valid();
+    let here = inner.overseer.is_live(id) && inner.store.lease_valid();
     if !here {
         match inner.store.owner(id).await {
             Ok(Owner::Node { id: node, url }) => {

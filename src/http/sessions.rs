@@ -439,7 +439,7 @@ pub(super) async fn list(
             format!("limit: must be between 1 and {MAX_PAGE}"),
         ));
     }
-    let store = &state.overseer().runtime().store;
+    let store = state.overseer().store();
     let mut sessions = Vec::new();
     let mut after = q.cursor;
     let mut scanned = 0;
@@ -903,7 +903,7 @@ pub(super) async fn agents(
     Authorized(_, _): Authorized<Read>,
 ) -> Result<Json<Value>, ApiError> {
     let overseer = state.overseer();
-    let registry = &overseer.runtime().tools;
+    let registry = overseer.tools();
     // Each agent with the declarations of the tools in its scope (what the
     // model is told, and whether a call needs approval under `per_tool`:
     // the agent's own rule for the tool, else the tool's default).

@@ -38,7 +38,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -46,7 +46,7 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::Stream;
 use overseer_actors::model::{Event, EventKind, SessionHeader, SessionId};
-use overseer_actors::Runtime;
+use overseer_actors::{Overseer, WeakOverseer};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::broadcast::{self, error::RecvError};
@@ -202,16 +202,16 @@ struct Subscription {
 
 impl TenantFeeds {
     /// Starts the task filling the feeds, once.
-    fn start(self: &Arc<Self>, runtime: &Arc<Runtime>, shutdown: watch::Receiver<bool>) {
+    fn start(self: &Arc<Self>, runtime: &Overseer, shutdown: watch::Receiver<bool>) {
         if self.started.swap(true, Ordering::SeqCst) {
             return;
         }
         // Subscribed here, before the first listener is answered, so no
         // event published after that answer can be missed.
-        let events = runtime.hub.subscribe_all();
-        let missed = runtime.hub.all_missed();
+        let events = runtime.hub().subscribe_all();
+        let missed = runtime.hub().all_missed();
         let feeds = self.clone();
-        let runtime = Arc::downgrade(runtime);
+        let runtime = runtime.downgrade();
         tokio::spawn(async move { feeds.run(events, missed, runtime, shutdown).await });
     }
 
@@ -294,7 +294,7 @@ impl TenantFeeds {
         self: Arc<Self>,
         mut events: broadcast::Receiver<Event>,
         mut missed: watch::Receiver<u64>,
-        runtime: Weak<Runtime>,
+        runtime: WeakOverseer,
         mut shutdown: watch::Receiver<bool>,
     ) {
         let mut tenants: HashMap<SessionId, (Arc<str>, u64)> = HashMap::new();
@@ -339,7 +339,7 @@ impl TenantFeeds {
 
     async fn handle(
         &self,
-        runtime: &Arc<Runtime>,
+        runtime: &Overseer,
         tenants: &mut HashMap<SessionId, (Arc<str>, u64)>,
         event: Event,
     ) {
@@ -359,7 +359,7 @@ impl TenantFeeds {
                 tenant.clone()
             }
             None => {
-                let Ok(Some(h)) = runtime.store.load_header(id).await else {
+                let Ok(Some(h)) = runtime.store().load_header(id).await else {
                     return;
                 };
                 let tenant: Arc<str> = h.tenant.as_str().into();
@@ -398,7 +398,7 @@ impl TenantFeeds {
 /// The inbox card of a call that was just asked about, or `None` if it is no
 /// longer pending (decided meanwhile: its decision event follows).
 async fn card(
-    runtime: &Arc<Runtime>,
+    runtime: &Overseer,
     header: Option<SessionHeader>,
     id: SessionId,
     call_id: &str,
@@ -407,7 +407,7 @@ async fn card(
     // published after its checkpoint. Read afresh otherwise.
     let owner = match header {
         Some(h) => h,
-        None => runtime.store.load_header(id).await.ok()??,
+        None => runtime.store().load_header(id).await.ok()??,
     };
     let call = pending_calls(&owner).find(|c| c.id.as_str() == call_id)?;
     let chain = lineage(runtime, &mut HashMap::new(), &owner).await.ok()?;
@@ -490,7 +490,7 @@ pub(super) async fn stream(
     };
     let after = raw.map(parse_position).transpose()?;
     let feeds = state.tenant_feeds();
-    feeds.start(state.overseer().runtime(), state.shutdown_signal());
+    feeds.start(state.overseer(), state.shutdown_signal());
     let sub = feeds.subscribe(&principal.tenant, after).ok_or_else(|| {
         ApiError::new(
             axum::http::StatusCode::INTERNAL_SERVER_ERROR,

@@ -189,6 +189,11 @@ struct Inner {
     node: Uuid,
     options: PgOptions,
     leases: DashMap<SessionId, Lease, SessionIdHasher>,
+    /// Set when a write or claim was refused because this node's own lease
+    /// had lapsed (the tree it was for is let go, whether or not the
+    /// heartbeat loop noticed the lapse): the node takes back its own
+    /// sessions once it heartbeats again (`crate::cluster`'s failover).
+    let_go: std::sync::atomic::AtomicBool,
     clock: NodeClock,
     writer: Writer,
     /// The heartbeat's own connection, outside the pool (see
@@ -304,6 +309,7 @@ impl PgStore {
                 node: Uuid::new_v4(),
                 options,
                 leases: DashMap::default(),
+                let_go: std::sync::atomic::AtomicBool::new(false),
                 clock: NodeClock::new(),
                 writer,
                 heartbeat_conn: std::sync::Mutex::new(None),

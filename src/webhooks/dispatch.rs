@@ -37,11 +37,11 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use overseer_actors::store::StoreError;
-use overseer_actors::Runtime;
+use overseer_actors::WeakOverseer;
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::StatusCode;
 use tokio::sync::{watch, OnceCell};
@@ -163,7 +163,7 @@ impl Clock for ManualClock {
 /// resolves once the thread has stopped.
 pub(super) fn start(
     hooks: Arc<Webhooks>,
-    runtime: Weak<Runtime>,
+    runtime: WeakOverseer,
     shutdown: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let (done, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -267,7 +267,7 @@ type Bodies = Arc<Mutex<HashMap<String, Arc<OnceCell<String>>>>>;
 
 async fn run(
     hooks: Arc<Webhooks>,
-    runtime: Weak<Runtime>,
+    runtime: WeakOverseer,
     client: reqwest::Client,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -444,7 +444,7 @@ struct Failure {
 /// others of its batch (`None`: nothing to record, it stays due).
 async fn attempt(
     hooks: Arc<Webhooks>,
-    runtime: Weak<Runtime>,
+    runtime: WeakOverseer,
     client: reqwest::Client,
     bodies: Bodies,
     claim: Claim,

@@ -21,13 +21,12 @@
 //! from: the delivery is dropped ([`Unbuildable::Gone`], counted by reason).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use overseer_actors::model::{
     DecisionRecord, Event, EventKind, SessionHeader, ToolCallId, ToolCallRecord, TranscriptEntry,
 };
 use overseer_actors::store::StoreError;
-use overseer_actors::Runtime;
+use overseer_actors::Overseer;
 use serde_json::{json, Map, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -60,11 +59,11 @@ impl From<StoreError> for Unbuildable {
 
 /// The body of `seed`'s webhook.
 pub(super) async fn build(
-    runtime: &Arc<Runtime>,
+    runtime: &Overseer,
     public_url: &str,
     seed: &Seed,
 ) -> Result<String, Unbuildable> {
-    let Some(owner) = runtime.store.load_header(seed.session_id).await? else {
+    let Some(owner) = runtime.store().load_header(seed.session_id).await? else {
         return Err(Unbuildable::Gone("purged"));
     };
     let mut data = Map::new();
@@ -125,9 +124,9 @@ pub(super) async fn build(
 
 /// The stored event the seed refers to; gone if the session no longer has
 /// it as the seed describes it.
-async fn event_of(runtime: &Arc<Runtime>, seed: &Seed) -> Result<Event, Unbuildable> {
+async fn event_of(runtime: &Overseer, seed: &Seed) -> Result<Event, Unbuildable> {
     let events = runtime
-        .store
+        .store()
         .events_after(seed.session_id, seed.seq.saturating_sub(1), 1)
         .await?;
     match events.into_iter().next() {
@@ -139,7 +138,7 @@ async fn event_of(runtime: &Arc<Runtime>, seed: &Seed) -> Result<Event, Unbuilda
 /// The call of an approval event as it was at the event, and the decision
 /// the event recorded (`approval.decided`).
 async fn call_of(
-    runtime: &Arc<Runtime>,
+    runtime: &Overseer,
     owner: &SessionHeader,
     seed: &Seed,
     event: &Event,
@@ -185,7 +184,7 @@ async fn call_of(
     // Decided, and its result no longer among the last entries: the call as
     // the event that asked for it proposed it, the decision beside it.
     let events = runtime
-        .store
+        .store()
         .events_after(
             seed.session_id,
             seed.seq.saturating_sub(EVENT_LOOKBACK + 1),
@@ -215,13 +214,13 @@ async fn call_of(
 /// The call `id` as the tool result that closed it records it, among the
 /// owner's last [`CALL_LOOKBACK`] transcript entries.
 async fn closed_call(
-    runtime: &Arc<Runtime>,
+    runtime: &Overseer,
     owner: &SessionHeader,
     id: &ToolCallId,
 ) -> Result<Option<ToolCallRecord>, StoreError> {
     let end = owner.transcript_len;
     let start = end.saturating_sub(CALL_LOOKBACK);
-    let entries = runtime.store.entries(owner.id, start..end).await?;
+    let entries = runtime.store().entries(owner.id, start..end).await?;
     Ok(entries.iter().rev().find_map(|e| match e.as_ref() {
         TranscriptEntry::ToolResult { call } if call.id == *id => Some(call.clone()),
         _ => None,
@@ -230,7 +229,7 @@ async fn closed_call(
 
 /// The inbox card of the call, with the owner's and its ancestors' headers
 /// (which say who and where; they do not change).
-async fn card(runtime: &Arc<Runtime>, owner: &SessionHeader, call: &ToolCallRecord) -> Value {
+async fn card(runtime: &Overseer, owner: &SessionHeader, call: &ToolCallRecord) -> Value {
     let chain = match lineage(runtime, &mut HashMap::new(), owner).await {
         Ok(chain) => chain,
         Err(_) => vec![owner.clone()],

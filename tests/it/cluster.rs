@@ -561,18 +561,66 @@ async fn a_database_restart_under_load_loses_nothing_acknowledged() {
                 "{v}"
             );
         }
+        // Creates acknowledged before the database came back: fewer than
+        // all of them, or the load did not overlap the restart.
+        let mut acked = N / 3;
+        while acked_rx.try_recv().is_ok() {
+            acked += 1;
+        }
         server.pg_start().unwrap();
+        acked
     };
-    let (ids, ()) = tokio::time::timeout(Duration::from_secs(240), async {
+    let (ids, acked_before_start) = tokio::time::timeout(Duration::from_secs(240), async {
         tokio::join!(load.collect::<Vec<_>>(), restart)
     })
     .await
     .expect("the load and the restart finished");
+    assert!(
+        acked_before_start < N,
+        "every create was acknowledged before the database came back: the restart overlapped no load"
+    );
     let ids: Vec<String> = ids.into_iter().map(|r| r.unwrap()).collect();
     for id in &ids {
-        let s = wait_status(&world, &nodes[0], id, "awaiting_input")
-            .await
-            .unwrap();
+        // A call the restart interrupted while its tool may have been
+        // running comes back `awaiting_approval`, marked `outcome_unknown`
+        // (the tool is not idempotent: the session asks again rather than
+        // run it twice). The person decides from the ledger, as an operator
+        // would: denied if it ran, approved if it did not.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let s = loop {
+            let s = get(&world, &nodes[0], &format!("/v1/sessions/{id}"))
+                .await
+                .unwrap();
+            if s["status"] == "awaiting_input" {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "never settled: {s}");
+            let unknown = s["open_calls"].as_array().and_then(|calls| {
+                calls
+                    .iter()
+                    .find(|c| c["state"] == "awaiting_approval" && c["outcome_unknown"] == true)
+            });
+            if let Some(call) = unknown {
+                let entry = call["arguments"]["entry"].as_str().unwrap_or_default();
+                let decision = if world.ledger().contains_key(entry) {
+                    "deny"
+                } else {
+                    "approve"
+                };
+                let call_id = call["id"].as_str().unwrap_or_default();
+                let (status, v) = common::send(
+                    world
+                        .client
+                        .post(format!("{}/v1/sessions/{id}/approvals", nodes[0].url))
+                        .bearer_auth(world.token())
+                        .json(&serde_json::json!({"decisions": {call_id: {"decision": decision}}})),
+                )
+                .await
+                .unwrap();
+                assert!(status == 200 || status == 503, "{decision}: {status} {v}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         assert!(s["transcript"].to_string().contains("Recorded"), "{s}");
     }
     let ledger = world.ledger();
@@ -588,6 +636,55 @@ async fn a_database_restart_under_load_loses_nothing_acknowledged() {
             .status();
         assert_eq!(ready, 200, "{}", n.log());
     }
+}
+
+/// A node whose lease lapsed while PostgreSQL was down lets its sessions
+/// go (nothing it holds may be written), and once it heartbeats again it
+/// takes them back by itself: no request needs to touch them, and no other
+/// node would (the lease rows name a node that is alive). The first
+/// take-back fails here (fault `take_back:1:fail`: the database not yet
+/// answering it), as it could after a restart on a loaded machine; the
+/// node keeps trying in the next rounds instead of leaving the session
+/// `running` with nobody to resume it (the flake of the restart test above).
+/// Driven by what the node reports, never by the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_takes_back_its_sessions_after_the_database_was_down_past_its_lease() {
+    let _turn = SERIAL.lock().await;
+    // Its own server: this test stops it.
+    let server = PgServer::start().unwrap();
+    let world = World::new(server.database().await.unwrap(), &Settings::default()).unwrap();
+    let node = world
+        .node_with(&NodeOptions {
+            fault: Some("take_back:1:fail".into()),
+            ..NodeOptions::default()
+        })
+        .unwrap();
+    let id = create(&world, &node, 0).await.unwrap();
+    let calls = pending(&world, &node, &id).await.unwrap();
+    server.pg_stop().unwrap();
+    let logged = |line: &'static str| {
+        let node = &node;
+        eventually(line, Duration::from_millis(100), move || async move {
+            if node.log().contains(line) {
+                Ok(())
+            } else {
+                Err(node.log())
+            }
+        })
+    };
+    // Its lease ran out by its own clock: it drops every session.
+    logged("dropping every session").await;
+    server.pg_start().unwrap();
+    logged("injected fault (take_back)").await;
+    // The next round takes it back, before any request about it.
+    logged("took back 1 session(s) of this node").await;
+    let (status, v) = approve(&world, &node, &id, &calls).await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    let s = wait_status(&world, &node, &id, "awaiting_input")
+        .await
+        .unwrap();
+    assert!(s["transcript"].to_string().contains("Recorded"), "{s}");
+    assert_eq!(world.ledger().len(), 1, "{}", node.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -188,7 +188,7 @@ fn error_text(e: &Value) -> &str {
 
 /// A tool's result through the runtime's §8 contract (timeout, result cap).
 async fn run(tool: &dyn Tool, ctx: ToolContext, args: Value) -> Result<Value, Value> {
-    overseer_actors::tool_call::run(tool, ctx, args).await
+    overseer_actors::run_tool(tool, ctx, args).await
 }
 
 // ---- http tools -------------------------------------------------------------

@@ -449,3 +449,218 @@ fn the_scan_sees_a_cycle_through_a_child_module_and_a_use_tree() {
         "{edges:?}"
     );
 }
+
+// ---- the API boundary of overseer-actors ------------------------------------
+//
+// `overseer-actors` exports the `Overseer` handle, the ports and the types
+// they speak; the runtime, the actors and the machine are `pub(crate)`. The
+// compiler holds that for the normal build, but not for a test build, where
+// the dev-dependency enables `overseer_actors::testing` (a session's actor
+// cell, the machine): edge code that used it would build and pass every
+// test, and break `cargo build`. This scan closes that gap, and keeps edges
+// off the runtime's internals by name.
+
+/// The names of `lib.rs`'s modules that are not `pub` (`mod x;`,
+/// `pub(crate) mod x;`): the internals of the crate at `src`.
+fn private_modules(src: &Path) -> BTreeSet<String> {
+    let text = strip(&std::fs::read_to_string(src.join("lib.rs")).unwrap());
+    let mut out = BTreeSet::new();
+    for line in text.lines().map(str::trim) {
+        let rest = line
+            .strip_prefix("pub(crate) mod ")
+            .or_else(|| line.strip_prefix("mod "));
+        if let Some(name) = rest.and_then(|r| r.strip_suffix(';')) {
+            out.insert(name.trim().to_owned());
+        }
+    }
+    out
+}
+
+/// `text` (stripped) with every item under a `#[cfg(...test...)]` (but not
+/// `not(test)`) blanked, with the names of test-only child modules declared
+/// `mod x;` (their files are test code too).
+fn without_test_code(text: &str) -> (String, BTreeSet<String>) {
+    let mut out = text.to_owned();
+    let mut test_children = BTreeSet::new();
+    let mut from = 0;
+    while let Some(at) = out[from..].find("#[cfg(") {
+        let start = from + at;
+        let attr_end = start + out[start..].find(']').unwrap_or(out.len() - start);
+        let attr = &out[start..attr_end];
+        from = attr_end;
+        if !attr.contains("test") || attr.contains("not(test") {
+            continue;
+        }
+        // The item: up to its `;` or its balanced `{ ... }`, whichever
+        // comes first.
+        let body = &out[attr_end..];
+        let semi = body.find(';').unwrap_or(body.len());
+        let open = body.find('{').unwrap_or(body.len());
+        let end = if semi < open {
+            let item = body[..semi].trim();
+            if let Some(name) = item.rsplit("mod ").next().filter(|_| item.contains("mod ")) {
+                test_children.insert(name.trim().to_owned());
+            }
+            attr_end + semi
+        } else {
+            let mut depth = 0;
+            let mut end = out.len();
+            for (i, c) in body.char_indices().skip(open) {
+                match c {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            end = attr_end + i + 1;
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            end
+        };
+        let blank: String = out[start..end]
+            .chars()
+            .map(|c| if c == '\n' { '\n' } else { ' ' })
+            .collect();
+        out.replace_range(start..end, &blank);
+        from = end;
+    }
+    (out, test_children)
+}
+
+/// What an edge file (stripped, test code blanked) reaches of
+/// `overseer-actors` that is not its API.
+fn internals_used(text: &str, private: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut paths = paths_from(text, "overseer_actors");
+    for (i, _) in text.match_indices("use ") {
+        if text[..i].chars().next_back().is_some_and(is_ident) {
+            continue;
+        }
+        if let Some(end) = text[i..].find(';') {
+            paths.extend(expand(&text[i + 4..i + end]));
+        }
+    }
+    let mut out = BTreeSet::new();
+    for path in paths {
+        let segs: Vec<&str> = path.split("::").map(str::trim).collect();
+        if segs.first() != Some(&"overseer_actors") {
+            continue;
+        }
+        let second = segs.get(1).copied().unwrap_or("");
+        if private.contains(second) || second == "Runtime" || second == "testing" {
+            out.insert(path.clone());
+        }
+    }
+    // The accessor that handed the runtime's fields to the edges.
+    if text.contains(".runtime()") {
+        out.insert(".runtime()".to_owned());
+    }
+    out
+}
+
+#[test]
+fn edges_reach_overseer_actors_only_through_its_api() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let private = private_modules(&root.join("actors/src"));
+    for internal in ["runtime", "machine", "messages", "session", "orchestrator"] {
+        assert!(
+            private.contains(internal),
+            "actors/src/lib.rs: `{internal}` is expected private, found {private:?}"
+        );
+    }
+    let mut files = Vec::new();
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    walk(&root.join("src"), &mut files);
+    files.sort();
+    assert!(
+        files.len() > 50,
+        "the scan found too few edge files to trust"
+    );
+    let mut test_only: BTreeSet<PathBuf> = BTreeSet::new();
+    let mut found = String::new();
+    for file in &files {
+        let (text, children) = without_test_code(&strip(&std::fs::read_to_string(file).unwrap()));
+        let dir = file.with_extension("");
+        let parent = file.parent().unwrap();
+        for child in children {
+            // `x.rs` declares children in `x/`; `lib.rs`/`main.rs` beside it.
+            let base = if matches!(
+                file.file_stem().and_then(|s| s.to_str()),
+                Some("lib" | "main")
+            ) {
+                parent.to_path_buf()
+            } else {
+                dir.clone()
+            };
+            test_only.insert(base.join(format!("{child}.rs")));
+        }
+        if test_only.contains(file) {
+            continue;
+        }
+        for used in internals_used(&text, &private) {
+            found.push_str(&format!(
+                "{}: {used}\n",
+                file.strip_prefix(root).unwrap().display()
+            ));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "edge code reaches into overseer-actors' internals (use a method of \
+         `Overseer`; `testing` is for test code only):\n{found}"
+    );
+
+    // The normal dependency (and no feature of this crate) enables `testing`.
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let mut section = "";
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line;
+            continue;
+        }
+        let enables_testing =
+            line.contains("\"testing\"") || line.contains("overseer-actors/testing");
+        let normal = section == "[dependencies]" && line.starts_with("overseer-actors");
+        assert!(
+            !(enables_testing && (normal || section == "[features]")),
+            "Cargo.toml {section}: `{line}` gives the edge overseer-actors' `testing` internals"
+        );
+    }
+}
+
+#[test]
+fn the_boundary_scan_sees_internals_outside_test_code_only() {
+    let private: BTreeSet<String> = ["runtime", "machine"].map(String::from).into();
+    let src = "use overseer_actors::{model::SessionId, machine::{ForkAt as F}};\n\
+               fn f(o: &Overseer) { o.runtime().live.len(); }\n\
+               fn g() { overseer_actors::testing::session_cell(); }\n\
+               #[cfg(test)]\nmod tests { use overseer_actors::testing::x; fn h() { overseer_actors::runtime::Y; } }\n\
+               #[cfg(not(test))]\nfn k() { overseer_actors::Runtime::new(); }\n\
+               #[cfg(test)]\nmod more;\n";
+    let (text, children) = without_test_code(&strip(src));
+    assert_eq!(children, BTreeSet::from(["more".to_owned()]));
+    let used = internals_used(&text, &private);
+    assert_eq!(
+        used,
+        [
+            ".runtime()",
+            "overseer_actors::Runtime::new",
+            "overseer_actors::machine::ForkAt",
+            "overseer_actors::testing::session_cell",
+        ]
+        .map(String::from)
+        .into(),
+        "{text}"
+    );
+}

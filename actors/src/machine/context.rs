@@ -36,7 +36,8 @@ pub(crate) const CRITICAL_PCT: u64 = 95;
 const KEEP_PCT: u64 = 50;
 
 /// What the model is asked for when it summarises.
-pub const COMPACTION_INSTRUCTIONS: &str = "You are compacting a long conversation so it can go on \
+pub(crate) const COMPACTION_INSTRUCTIONS: &str =
+    "You are compacting a long conversation so it can go on \
 within your context window. Write a faithful, self-contained summary of the conversation below: \
 the user's goals and instructions, decisions made, facts learned, results of tool calls that \
 still matter, and open questions. Do not address the user; write only the summary.";

@@ -43,7 +43,7 @@ pub enum ForkAt {
 
 /// What the caller decides about a fork besides its point.
 #[derive(Debug, Clone)]
-pub struct ForkSpec {
+pub(crate) struct ForkSpec {
     /// The fork's id.
     pub id: SessionId,
     /// Who forked it.
@@ -112,7 +112,7 @@ fn turn_starts(transcript: &[Arc<TranscriptEntry>]) -> Vec<usize> {
 
 /// Every point of `stored`'s history a fork can start from, in order: each
 /// ended turn and each tool result, with their event sequence numbers.
-pub fn fork_points(stored: &StoredSession, events: &[Event]) -> Vec<ForkPoint> {
+pub(crate) fn fork_points(stored: &StoredSession, events: &[Event]) -> Vec<ForkPoint> {
     let transcript = &stored.transcript;
     let starts = turn_starts(transcript);
     let results: HashMap<&ToolCallId, usize> = transcript
@@ -203,7 +203,7 @@ impl Session {
     /// the source's events up to at least the point (unused for
     /// [`ForkAt::Latest`]). An index or sequence number past the source's
     /// end is its latest checkpoint.
-    pub fn fork_of(
+    pub(crate) fn fork_of(
         stored: &StoredSession,
         events: &[Event],
         spec: ForkSpec,

@@ -24,8 +24,9 @@ use crate::model::{EventKind, ToolCallId, ToolCallRecord, TranscriptEntry};
 use crate::skills::{ACTIVATED, ACTIVATE_SKILL, ALREADY_ACTIVE, READ_SKILL_RESOURCE};
 
 impl Session {
+    #[cfg(test)]
     /// The names of the skills active in this session, in activation order.
-    pub fn active_skills(&self) -> Vec<&str> {
+    pub(crate) fn active_skills(&self) -> Vec<&str> {
         let mut names: Vec<&str> = Vec::new();
         for e in &self.transcript {
             if let TranscriptEntry::SkillActivated { name, .. } = e.as_ref() {

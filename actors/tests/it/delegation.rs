@@ -505,7 +505,7 @@ mod faults {
         assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
         let text = final_text(&h.transcript(id).await);
         assert!(text.contains("child finished its work"), "{text}");
-        assert!(h.ov.runtime().metrics.restarts.load(Ordering::Relaxed) >= 1);
+        assert!(h.ov.metrics().restarts.load(Ordering::Relaxed) >= 1);
         let tree = h.ov.tree(id).await.unwrap();
         assert_eq!(tree.children[0].status, SessionStatus::Completed);
     }

@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use common::*;
 use futures::StreamExt;
-use overseer_actors::machine::{ForkAt, ForkPointKind};
 use overseer_actors::model::{
     CallState, Decision, SessionId, SessionStatus, StopReason, Submission, TranscriptEntry,
 };
@@ -22,6 +21,7 @@ use overseer_actors::provider::{
 };
 use overseer_actors::scripted::{Scenario, ScriptedProvider};
 use overseer_actors::RuntimeConfig;
+use overseer_actors::{ForkAt, ForkPointKind};
 use serde_json::{json, Value};
 
 fn echo(text: &str) -> Value {

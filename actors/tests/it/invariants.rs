@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use overseer_actors::messages::SessionMsg;
 use overseer_actors::model::{
     AgentConfig, ChildApproval, Decision, EventKind, SessionId, SessionStatus, StopReason,
     Submission, TranscriptEntry,
@@ -106,9 +105,9 @@ async fn until_nothing_held(ov: &Overseer) {
         "the runtime to hold nothing for ended sessions",
         Duration::from_millis(5),
         || async {
-            let b = ov.runtime().bookkeeping();
+            let b = ov.bookkeeping();
             let mut live_ended = 0;
-            let ids: Vec<SessionId> = ov.runtime().live.iter().map(|e| *e.key()).collect();
+            let ids: Vec<SessionId> = ov.live_ids();
             for id in ids {
                 if ov.state(id).await.unwrap().header.status.is_terminal() {
                     live_ended += 1;
@@ -360,7 +359,7 @@ async fn a_dropped_create_releases_its_id() {
     })
     .await;
     // The create future is dropped here, mid-checkpoint.
-    assert_eq!(ov.runtime().bookkeeping().creating, 0);
+    assert_eq!(ov.bookkeeping().creating, 0);
     store.release(id);
     let created = bounded("the second create", ov.create_session(req)).await;
     assert_eq!(created.unwrap(), id);
@@ -392,8 +391,7 @@ async fn a_hibernated_child_is_activated_under_its_parent() {
     .await;
     let child = pending.session_id;
     poll("the tree to hibernate", Duration::from_secs(1), || async {
-        let live = &ov.runtime().live;
-        (!live.contains_key(&id) && !live.contains_key(&child)).then_some(())
+        (!ov.is_live(id) && !ov.is_live(child)).then_some(())
     })
     .await;
     ov.submit(child, Submission::one(pending.call.id, Decision::approve()))
@@ -446,7 +444,7 @@ mod faults {
         .await;
         let child = pending.session_id;
         poll("the child to hibernate", Duration::from_secs(1), || async {
-            (!ov.runtime().live.contains_key(&child)).then_some(())
+            (!ov.is_live(child)).then_some(())
         })
         .await;
         // From now on the child dies whenever it dispatches its tool.
@@ -552,11 +550,7 @@ mod faults {
             )
         })
         .await;
-        assert_eq!(
-            ov.runtime().bookkeeping().timers,
-            1,
-            "one timer: the new one"
-        );
+        assert_eq!(ov.bookkeeping().timers, 1, "one timer: the new one");
         // Past the first ask's deadline (t = 100 s): still waiting.
         tokio::time::sleep(Duration::from_secs(70)).await;
         let s = ov.state(id).await.unwrap();
@@ -736,7 +730,7 @@ async fn ended_sessions_leave_no_bookkeeping() {
     .await;
     let (id, mut rx) = stuck.start("go").await;
     until(&mut rx, |k| matches!(k, EventKind::ToolCallStarted { .. })).await;
-    assert_eq!(stuck.ov.runtime().bookkeeping().journal, 1);
+    assert_eq!(stuck.ov.bookkeeping().journal, 1);
     stuck.ov.cancel(id).await.unwrap();
     until_nothing_held(&h.ov).await;
     until_nothing_held(&stuck.ov).await;
@@ -827,7 +821,7 @@ async fn deciding_a_decided_call_again_is_a_conflict() {
     poll(
         "the session to hibernate",
         Duration::from_secs(1),
-        || async { (!h.ov.runtime().live.contains_key(&id)).then_some(()) },
+        || async { (!h.ov.is_live(id)).then_some(()) },
     )
     .await;
     let err =
@@ -847,7 +841,7 @@ fn supervised_sessions(supervisor: &ractor::ActorCell) -> usize {
         .get_children()
         .into_iter()
         .filter(|c| c.get_status() == ractor::ActorStatus::Running)
-        .filter(|c| c.is_message_type_of::<SessionMsg>() == Some(true))
+        .filter(overseer_actors::testing::is_session_cell)
         .count()
 }
 
@@ -864,19 +858,19 @@ async fn concurrent_requests_to_a_hibernated_session_activate_one_actor() {
     .await;
     let (id, mut rx) = h.start("go").await;
     until_status(&mut rx, SessionStatus::AwaitingApproval).await;
-    let orchestrator = h.ov.runtime().live.get(&id).unwrap().get_cell();
+    let orchestrator = overseer_actors::testing::session_cell(&h.ov, id).unwrap();
     let orchestrator = orchestrator.try_get_supervisor().unwrap();
     poll(
         "the session to hibernate",
         Duration::from_secs(1),
-        || async { (!h.ov.runtime().live.contains_key(&id)).then_some(()) },
+        || async { (!h.ov.is_live(id)).then_some(()) },
     )
     .await;
     poll("its actor to stop", Duration::from_millis(1), || async {
         (supervised_sessions(&orchestrator) == 0).then_some(())
     })
     .await;
-    let before = h.ov.runtime().metrics.activations.load(Ordering::Relaxed);
+    let before = h.ov.metrics().activations.load(Ordering::Relaxed);
     let reads = (0..32).map(|i| {
         let ov = h.ov.clone();
         async move {
@@ -887,7 +881,7 @@ async fn concurrent_requests_to_a_hibernated_session_activate_one_actor() {
     for r in futures::future::join_all(reads).await {
         r.unwrap();
     }
-    let after = h.ov.runtime().metrics.activations.load(Ordering::Relaxed);
+    let after = h.ov.metrics().activations.load(Ordering::Relaxed);
     assert_eq!(after - before, 1, "one activation for 32 racing requests");
     assert_eq!(
         supervised_sessions(&orchestrator),
@@ -918,8 +912,7 @@ async fn concurrent_requests_to_a_hibernated_child_activate_one_actor_under_its_
     .await;
     let child = pending.session_id;
     poll("the tree to hibernate", Duration::from_secs(1), || async {
-        let live = &ov.runtime().live;
-        (!live.contains_key(&id) && !live.contains_key(&child)).then_some(())
+        (!ov.is_live(id) && !ov.is_live(child)).then_some(())
     })
     .await;
     let reads = (0..32).map(|i| {
@@ -930,8 +923,8 @@ async fn concurrent_requests_to_a_hibernated_child_activate_one_actor_under_its_
         // A child waiting for a decision queues them behind its turn.
         r.unwrap();
     }
-    let parent = ov.runtime().live.get(&id).unwrap().get_cell();
-    let child_actor = ov.runtime().live.get(&child).unwrap().get_cell();
+    let parent = overseer_actors::testing::session_cell(&ov, id).unwrap();
+    let child_actor = overseer_actors::testing::session_cell(&ov, child).unwrap();
     assert_eq!(
         child_actor.try_get_supervisor().map(|s| s.get_id()),
         Some(parent.get_id()),
@@ -1093,15 +1086,12 @@ async fn a_restart_waiting_on_the_store_holds_up_no_other_root() {
         },
     )
     .await;
-    assert!(
-        !ov.runtime().live.contains_key(&slow),
-        "the restart is still reading"
-    );
+    assert!(!ov.is_live(slow), "the restart is still reading");
 
     // The read returns: the session is back, waiting for the same decision.
     store.release(slow);
     poll("the restart", Duration::from_millis(10), || async {
-        ov.runtime().live.contains_key(&slow).then_some(())
+        ov.is_live(slow).then_some(())
     })
     .await;
     ov.submit(slow, approve()).await.unwrap();

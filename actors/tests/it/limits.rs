@@ -84,7 +84,7 @@ async fn past_the_live_session_limit_work_is_refused_then_admitted_once_idle_ses
     let (_b, mut rx_b) = h.start("hi").await;
     assert_eq!(turn_end(&mut rx_a).await, StopReason::EndTurn);
     assert_eq!(turn_end(&mut rx_b).await, StopReason::EndTurn);
-    assert_eq!(h.ov.runtime().live.len(), 2);
+    assert_eq!(h.ov.live_sessions(), 2);
     let c = overseer_actors::model::SessionId::generate();
     let mut rx_c = h.ov.subscribe(c);
     let req = CreateSession {
@@ -285,12 +285,11 @@ async fn idle_sessions(h: &Harness, n: usize) -> Vec<overseer_actors::model::Ses
 }
 
 fn live(h: &Harness) -> usize {
-    h.ov.runtime().live.len()
+    h.ov.live_sessions()
 }
 
 fn hibernations(h: &Harness) -> u64 {
-    h.ov.runtime()
-        .metrics
+    h.ov.metrics()
         .hibernations
         .load(std::sync::atomic::Ordering::Relaxed)
 }
@@ -318,7 +317,7 @@ async fn without_pressure_idle_sessions_stay_for_the_configured_idle_time() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     until_live(&h, 0).await;
     assert_eq!(hibernations(&h), 5);
-    assert_eq!(h.ov.runtime().bookkeeping().idle, 0);
+    assert_eq!(h.ov.bookkeeping().idle, 0);
 }
 
 /// Past the pressure share, idle sessions hibernate sooner, oldest first,
@@ -329,7 +328,7 @@ async fn without_pressure_idle_sessions_stay_for_the_configured_idle_time() {
 async fn under_pressure_idle_sessions_hibernate_sooner_and_still_answer() {
     let h = harness_cfg(agent(&[]), scripted(chat()), pressured()).await;
     let ids = idle_sessions(&h, 8).await;
-    assert_eq!(h.ov.runtime().bookkeeping().idle, 8);
+    assert_eq!(h.ov.bookkeeping().idle, 8);
     // 8 of 10 live: the idle time is 300 s × (10/300)^0.6 ≈ 39 s, then
     // ≈ 77 s at 7 and ≈ 152 s at 6, each counted from when a session
     // became idle: by 200 s three have gone, the first by 40 s.
@@ -343,14 +342,13 @@ async fn under_pressure_idle_sessions_hibernate_sooner_and_still_answer() {
     assert_eq!(live(&h), 5);
     // The oldest hibernated first, and answers as if it never had.
     let first = ids[0];
-    assert!(!h.ov.runtime().live.contains_key(&first));
+    assert!(!h.ov.is_live(first));
     let mut rx = h.ov.subscribe(first);
     h.ov.send_message(first, "again").await.unwrap();
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
     assert_eq!(final_text(&h.transcript(first).await), "two");
     assert!(
-        h.ov.runtime()
-            .metrics
+        h.ov.metrics()
             .activations
             .load(std::sync::atomic::Ordering::Relaxed)
             >= 1

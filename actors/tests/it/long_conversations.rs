@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use common::*;
 use futures::StreamExt;
-use overseer_actors::janitor::JanitorConfig;
 use overseer_actors::model::{
     AgentConfig, CallState, EventKind, Notification, SessionId, SessionStatus, StopReason,
     TranscriptEntry,
@@ -23,6 +22,7 @@ use overseer_actors::provider::{
 };
 use overseer_actors::scripted::{Scenario, ScriptedProvider};
 use overseer_actors::store::CheckpointStore;
+use overseer_actors::JanitorConfig;
 use overseer_actors::{CreateSession, RuntimeConfig, SessionOverrides};
 use serde_json::{json, Value};
 

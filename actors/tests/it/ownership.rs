@@ -147,14 +147,14 @@ async fn a_session_another_node_owns_is_neither_written_nor_restarted() {
     // The actor went and was not restarted: nothing live, nothing written,
     // the decision not recorded, the tool never ran.
     poll("the actor to stop", Duration::from_millis(10), || async {
-        (ov.runtime().bookkeeping().live == 0).then_some(())
+        (ov.bookkeeping().live == 0).then_some(())
     })
     .await;
     // Past every restart backoff (100 ms × 2ⁿ, at most 5 s), on paused time.
     tokio::time::sleep(Duration::from_secs(30)).await;
-    assert_eq!(ov.runtime().bookkeeping().live, 0, "not restarted");
+    assert_eq!(ov.bookkeeping().live, 0, "not restarted");
     assert_eq!(
-        ov.runtime().metrics.restarts.load(Ordering::SeqCst),
+        ov.metrics().restarts.load(Ordering::SeqCst),
         0,
         "no restart was even scheduled"
     );
@@ -173,7 +173,7 @@ async fn a_session_another_node_owns_is_neither_written_nor_restarted() {
         matches!(&err, SessionError::Store(e) if e.is_not_owner()),
         "{err:?}"
     );
-    assert_eq!(ov.runtime().bookkeeping().live, 0);
+    assert_eq!(ov.bookkeeping().live, 0);
     assert_eq!(store.inner.checkpoints(), before);
 }
 
@@ -184,11 +184,11 @@ async fn drop_actors_stops_every_session_and_writes_nothing() {
     for _ in 0..3 {
         parked(&ov).await;
     }
-    assert_eq!(ov.runtime().bookkeeping().live, 3);
-    assert_eq!(ov.runtime().bookkeeping().timers, 3);
+    assert_eq!(ov.bookkeeping().live, 3);
+    assert_eq!(ov.bookkeeping().timers, 3);
     let before = store.inner.checkpoints();
     assert_eq!(bounded("drop_actors", ov.drop_actors()).await, 3);
-    let held = ov.runtime().bookkeeping();
+    let held = ov.bookkeeping();
     assert_eq!(
         (held.live, held.journal, held.timers),
         (0, 0, 0),

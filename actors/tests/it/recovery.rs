@@ -25,7 +25,7 @@ async fn until_hibernated(h: &Harness, id: overseer_actors::model::SessionId) {
     poll(
         "the session to hibernate",
         Duration::from_secs(1),
-        || async { (!h.ov.runtime().live.contains_key(&id)).then_some(()) },
+        || async { (!h.ov.is_live(id)).then_some(()) },
     )
     .await
 }
@@ -37,14 +37,11 @@ async fn a_hibernated_session_is_activated_by_a_message() {
     let (id, mut rx) = h.start("first").await;
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
     until_hibernated(&h, id).await;
-    assert_eq!(
-        h.ov.runtime().metrics.hibernations.load(Ordering::Relaxed),
-        1
-    );
+    assert_eq!(h.ov.metrics().hibernations.load(Ordering::Relaxed), 1);
     h.ov.send_message(id, "second").await.unwrap();
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
     assert_eq!(final_text(&h.transcript(id).await), "two: second");
-    assert!(h.ov.runtime().metrics.activations.load(Ordering::Relaxed) >= 1);
+    assert!(h.ov.metrics().activations.load(Ordering::Relaxed) >= 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -122,25 +119,17 @@ async fn a_session_parked_at_a_restart_stays_on_disk_until_its_decision() {
     let runs = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let ov = restart(&h, agent(&["echo"]), echo_then_answer(), runs.clone()).await;
     assert!(
-        !ov.runtime().live.contains_key(&id),
+        !ov.is_live(id),
         "recovery spawned an actor for a session that waits for a decision"
     );
-    assert_eq!(
-        ov.runtime().bookkeeping().timers,
-        1,
-        "its approval timer is armed"
-    );
+    assert_eq!(ov.bookkeeping().timers, 1, "its approval timer is armed");
     assert_eq!(approve_the_pending_call(&ov, id).await, StopReason::EndTurn);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(
         final_text(&transcript_of(&ov, id).await),
         r#"Result: {"echo":{"text":"hi"}}"#
     );
-    assert_eq!(
-        ov.runtime().bookkeeping().timers,
-        0,
-        "the decision disarmed it"
-    );
+    assert_eq!(ov.bookkeeping().timers, 0, "the decision disarmed it");
 }
 
 /// Its timer, armed by recovery from the recorded deadline, activates it.
@@ -152,7 +141,7 @@ async fn a_session_parked_at_a_restart_times_out_at_its_recorded_deadline() {
     let (id, mut rx) = h.start("go").await;
     until_status(&mut rx, SessionStatus::AwaitingApproval).await;
     let ov = crash_and_recover(&h, a, echo_then_answer()).await;
-    assert!(!ov.runtime().live.contains_key(&id));
+    assert!(!ov.is_live(id));
     let mut rx = ov.subscribe(id);
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
     assert_eq!(
@@ -334,7 +323,7 @@ mod faults {
                 .count();
         assert_eq!(asked, 1, "the decided approval is not asked again");
         assert!(
-            h.ov.runtime().metrics.restarts.load(Ordering::Relaxed) >= 1,
+            h.ov.metrics().restarts.load(Ordering::Relaxed) >= 1,
             "a restart happened"
         );
         assert!(t.iter().all(|e| match e {
@@ -417,7 +406,7 @@ mod faults {
         let err = s.header.error.unwrap();
         assert!(err.starts_with("restart limit exceeded: "), "{err}");
         assert!(err.contains("injected fault"), "{err}");
-        assert_eq!(h.ov.runtime().metrics.restarts.load(Ordering::Relaxed), 3);
+        assert_eq!(h.ov.metrics().restarts.load(Ordering::Relaxed), 3);
         assert_eq!(
             h.ov.state(other).await.unwrap().header.status,
             SessionStatus::AwaitingInput

@@ -576,12 +576,12 @@ async fn a_terminal_session_refuses_messages() {
     h.ov.done(id).await.unwrap();
     // A terminal session's actor is released; it lives on disk only.
     for _ in 0..1000 {
-        if !h.ov.runtime().live.contains_key(&id) {
+        if !h.ov.is_live(id) {
             break;
         }
         tokio::task::yield_now().await;
     }
-    assert!(!h.ov.runtime().live.contains_key(&id), "actor released");
+    assert!(!h.ov.is_live(id), "actor released");
     let err = h.ov.send_message(id, "more").await.unwrap_err();
     assert_eq!(
         err,

@@ -8,6 +8,7 @@
 //! It owns no membership (`membership`: heartbeats decide who is alive) and
 //! no failover policy (`crate::cluster::failover`).
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use overseer_actors::model::SessionId;
@@ -220,9 +221,15 @@ impl PgStore {
             .collect())
     }
 
-    /// Active roots whose lease names this node but that it holds no lease
-    /// for in memory (after it dropped its leases): it takes them again.
-    pub async fn own_unheld_roots(&self, limit: usize) -> Result<Vec<SessionId>, StoreError> {
+    /// Active roots whose lease names this node and that `unheld` says it
+    /// does not hold now (no actor of theirs is live here: after it dropped
+    /// its leases, or let a tree go as its lease lapsed): it takes them
+    /// again.
+    pub async fn own_unheld_roots(
+        &self,
+        limit: usize,
+        unheld: impl Fn(SessionId) -> bool,
+    ) -> Result<Vec<SessionId>, StoreError> {
         let client = self.client().await?;
         let rows = client
             .query(
@@ -235,7 +242,7 @@ impl PgStore {
         Ok(rows
             .iter()
             .map(|r| session_id(r.get(0)))
-            .filter(|id| !self.inner.leases.contains_key(id))
+            .filter(|id| unheld(*id))
             .take(limit)
             .collect())
     }
@@ -294,6 +301,7 @@ impl PgStore {
         if self.lease_lapsed() {
             metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL, "by" => "node")
                 .increment(1);
+            self.let_go_while_lapsed();
             return Err(StoreError::NotOwner {
                 session,
                 reason: "this node's lease has run out (no recent heartbeat)".into(),
@@ -312,6 +320,25 @@ impl PgStore {
         }
     }
 
+    /// A write or claim of a tree was refused because this node's own lease
+    /// lapsed: the tree is let go (its actor fails as not owned and is not
+    /// restarted), though its lease row may still name this node and no
+    /// other node may ever take it (this node is alive again once it
+    /// heartbeats). The flag tells the failover to take this node's own
+    /// sessions back ([`PgStore::own_unheld_roots`]), even when the lapse
+    /// was too short for the heartbeat loop to notice and drop everything.
+    /// The lease itself is kept: once the node heartbeats again, nobody
+    /// having taken it, the tree's writes land again.
+    fn let_go_while_lapsed(&self) {
+        self.inner.let_go.store(true, Ordering::Release);
+    }
+
+    /// Whether a tree was let go because this node's lease lapsed since the
+    /// last call (see `let_go_while_lapsed`); clears it.
+    pub fn take_let_go(&self) -> bool {
+        self.inner.let_go.swap(false, Ordering::AcqRel)
+    }
+
     /// A checkpoint found another epoch: the tree is another node's now.
     pub(super) fn lost(&self, root: SessionId, epoch: i64) {
         self.inner.leases.remove_if(&root, |_, l| l.epoch == epoch);
@@ -323,6 +350,7 @@ impl PgStore {
     /// Takes the lease of `root`'s tree for this node (the port's `claim`).
     pub(super) async fn claim_root(&self, root: SessionId) -> Result<bool, StoreError> {
         if !self.inner.clock.valid() {
+            self.let_go_while_lapsed();
             return Err(StoreError::NotOwner {
                 session: root,
                 reason: "this node's lease has run out (no recent heartbeat)".into(),

@@ -14,7 +14,9 @@
 //! - [`Subscriptions`] (`outbox`): the cheap, shared view of which tenants
 //!   have endpoints that the store's write path consults to derive the
 //!   outbox rows of a checkpoint *in the checkpoint's own write*;
-//! - the delivery task (`dispatch`): it takes the outbox's rows, builds each
+//! - the delivery task (`dispatch`): it sends the outbox's rows straight
+//!   from the outbox (a delivery enters the log at its first outcome, and
+//!   the retry schedule only if that attempt failed), builds each
 //!   body once (`payload`: the approval card of `GET /v1/approvals` and
 //!   links to the inbox), signs (`signing`) and sends it, and retries with
 //!   exponential backoff and jitter under the same `webhook-id` until it is
@@ -227,7 +229,9 @@ pub struct Seed {
     pub detail: Option<String>,
 }
 
-/// Where a delivery stands.
+/// Where a delivery stands. A delivery not attempted yet is not in the log
+/// on a store that sends it straight from the outbox (sled): it appears
+/// with its first attempt's outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryStatus {
@@ -337,6 +341,9 @@ pub struct Claim {
     pub delivery: Delivery,
     /// Its endpoint.
     pub endpoint: Option<Endpoint>,
+    /// Taken straight from the outbox ([`WebhookStore::intake`]): nothing
+    /// but its outbox row records it until its first outcome is saved.
+    pub fresh: bool,
 }
 
 /// An attempt's outcome to record: the delivery's new state and the
@@ -347,6 +354,10 @@ pub struct Outcome {
     pub delivery: Delivery,
     /// When it was due at its claim.
     pub was_due_at: i64,
+    /// Its claim was fresh ([`Claim::fresh`]): saving it retires the outbox
+    /// row, and writes the delivery into the log (and, still pending, into
+    /// the retry schedule).
+    pub fresh: bool,
 }
 
 /// A delivery's identity: the endpoint and the `webhook-id`.
@@ -374,12 +385,22 @@ pub trait WebhookStore: Send + Sync + 'static {
     /// Deletes an endpoint with its deliveries, durably; `false` if none.
     async fn delete_endpoint(&self, id: Uuid) -> Result<bool, StoreError>;
 
-    /// Moves outbox rows whose events the store has committed into
-    /// deliveries (and drops rows whose events no commit covers). A store
-    /// that writes deliveries directly in the checkpoint keeps the default.
-    async fn intake(&self, now_ms: i64) -> Result<usize, StoreError> {
-        let _ = now_ms;
-        Ok(0)
+    /// Up to `limit` fresh deliveries straight from the outbox, none of
+    /// `busy`, each with its endpoint: rows whose events the store has
+    /// committed durably, as deliveries due at `now_ms` ([`Claim::fresh`]).
+    /// Nothing is written for them here: the outbox row stays the
+    /// delivery's record until its outcome is saved, so a crash before that
+    /// sends it again (the same `webhook-id`). Rows no commit covers, and
+    /// rows whose endpoint no longer wants them, are dropped. A store that
+    /// writes deliveries directly in the checkpoint keeps the default.
+    async fn intake(
+        &self,
+        now_ms: i64,
+        limit: usize,
+        busy: &HashSet<DeliveryKey>,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let _ = (now_ms, limit, busy);
+        Ok(Vec::new())
     }
 
     /// Up to `limit` pending deliveries due at `now_ms`, none of `busy`,
@@ -399,7 +420,8 @@ pub trait WebhookStore: Send + Sync + 'static {
     async fn next_due(&self, after_ms: i64) -> Result<Option<i64>, StoreError>;
 
     /// Records the new state of deliveries (after attempts, or given up),
-    /// all in one write.
+    /// in as few writes as the store can: a fresh one that was delivered
+    /// costs its outbox row's removal and a log entry, nothing more.
     async fn save_deliveries(&self, outcomes: &[Outcome]) -> Result<(), StoreError>;
 
     /// How many deliveries are pending (all endpoints), for the metrics.

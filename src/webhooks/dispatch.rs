@@ -1,11 +1,15 @@
 //! The delivery task: one per node, beside the actor tree, never on a
 //! session's path.
 //!
-//! It loops: take the outbox's committed rows into deliveries
-//! ([`WebhookStore::intake`]), claim the deliveries that are due (as many as
-//! there are free slots of `concurrency`; in a cluster, with a lease so that
-//! two nodes do not send the same one at once, and a dead node's claim runs
-//! out), and send each on a task of its own. An attempt builds the body if
+//! It loops: take a batch of the outbox's committed rows as fresh
+//! deliveries ([`WebhookStore::intake`]: nothing is written for them until
+//! their first outcome, so a delivery that succeeds at once costs the store
+//! its row's removal and a log entry, saved with the others of its round),
+//! claim the retries that are due (in a cluster, with a lease so that two
+//! nodes do not send the same one at once, and a dead node's claim runs
+//! out), fill the free slots of `concurrency` with the retries first and
+//! the fresh ones after, and send each on a task of its own. Rows waiting
+//! for a slot or in flight are not taken again. An attempt builds the body if
 //! it has none yet (`payload`; stored with the attempt's outcome, so every
 //! retry sends the same bytes), signs it (Standard Webhooks headers, the
 //! `webhook-id` of its seed) and POSTs it. A 2xx is delivered. Anything else
@@ -24,17 +28,18 @@
 //! its own, at the lowest CPU priority (nice 19; its store calls' blocking
 //! threads inherit it), so the scheduler gives the cores to turns first.
 //! And while checkpoints are writing outbox rows (their sessions are busy:
-//! [`Subscriptions::busy`]), it paces itself ([`PACE`]): rows are taken in
-//! (a store flush) at most once a second, and attempts start at most
-//! `batch` per `tick`, a trickle that keeps the oldest moving; once the
-//! burst is over, the backlog drains at full concurrency. A burst's
-//! deliveries are therefore late by up to the burst's length plus the
-//! drain, never lost (they wait in the store).
+//! [`Subscriptions::busy`]), it paces itself ([`PACE`]): a few rows are
+//! taken in (a store flush) at most once a second, attempts start at most
+//! `batch` per `tick`, a trickle that keeps the oldest moving, and the
+//! gauges (which scan the store) wait; once the burst is over, the backlog
+//! drains at full concurrency in batches of [`INTAKE_BATCH`] rows. A
+//! burst's deliveries are therefore late by up to the burst's length plus
+//! the drain, never lost (they wait in the outbox).
 //!
 //! Memory is bounded: `concurrency` attempts in flight and their bodies;
 //! everything else waits in the store.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -70,8 +75,10 @@ struct Pace {
     /// that keeps the oldest moving, not the backlog).
     batch: usize,
     /// While busy, rows are taken in (which flushes the store) at most this
-    /// often.
+    /// often…
     intake_every: Duration,
+    /// …at most this many at a time.
+    intake_batch: usize,
 }
 
 const PACE: Pace = Pace {
@@ -79,7 +86,12 @@ const PACE: Pace = Pace {
     tick: Duration::from_millis(250),
     batch: 8,
     intake_every: Duration::from_secs(1),
+    intake_batch: 32,
 };
+/// Outbox rows taken in at once when sessions are not busy: enough that
+/// the flush each intake costs is shared by many deliveries, few enough
+/// that the claims waiting in memory stay small.
+const INTAKE_BATCH: usize = 1024;
 /// How long it waits after the store failed before trying again.
 const STORE_RETRY: Duration = Duration::from_secs(1);
 
@@ -279,6 +291,9 @@ async fn run(
     let mut busy: HashSet<DeliveryKey> = HashSet::new();
     let mut running: HashMap<tokio::task::Id, DeliveryKey> = HashMap::new();
     let bodies: Bodies = Arc::default();
+    // Fresh deliveries taken from the outbox, waiting for a free slot (their
+    // keys are in `busy`, so an intake does not take them again).
+    let mut ready: VecDeque<Claim> = VecDeque::new();
     // Whether the outbox may hold rows to take in: at start (what a previous
     // process left), after a checkpoint wrote some, and at every sweep; not
     // merely because an attempt finished.
@@ -295,13 +310,26 @@ async fn run(
         let now = clock.now_ms();
         let paced = hooks.subscriptions.busy(PACE.quiet);
         let mut trouble = false;
-        if intake && (!paced || intake_at.is_none_or(|at| at.elapsed() >= PACE.intake_every)) {
-            match store.intake(now).await {
-                // Rows taken in: more may wait behind them (a batch is
-                // bounded), so look again; none: until told.
-                Ok(moved) => {
-                    intake = moved > 0;
+        // Rows are taken in once the previous intake's are all started.
+        if intake
+            && ready.is_empty()
+            && (!paced || intake_at.is_none_or(|at| at.elapsed() >= PACE.intake_every))
+        {
+            let limit = if paced {
+                PACE.intake_batch
+            } else {
+                INTAKE_BATCH
+            };
+            match store.intake(now, limit, &busy).await {
+                // A full batch: more may wait behind it; fewer: none until
+                // told.
+                Ok(claims) => {
+                    intake = claims.len() >= limit;
                     intake_at = Some(Instant::now());
+                    for claim in claims {
+                        busy.insert(claim.delivery.key());
+                        ready.push_back(claim);
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "webhooks: cannot take outbox rows; retrying");
@@ -309,7 +337,8 @@ async fn run(
                 }
             }
         }
-        if gauges_at.is_none_or(|at| at.elapsed() >= SWEEP) {
+        // The gauges scan the store: not while sessions are busy.
+        if !paced && gauges_at.is_none_or(|at| at.elapsed() >= SWEEP) {
             gauges_at = Some(Instant::now());
             refresh_gauges(&hooks).await;
         }
@@ -321,30 +350,42 @@ async fn run(
             free = if held { 0 } else { free.min(PACE.batch) };
         }
         let mut more_due = false;
+        let mut started: Vec<Claim> = Vec::new();
         if free > 0 && !trouble {
+            // Retries that are due first (few, and the oldest), then fresh
+            // ones.
             let lease_until = now.saturating_add(ms(lease(&options)));
             match store.claim_due(now, lease_until, free, &busy).await {
                 Ok(due) => {
-                    round_at = Some(Instant::now());
                     more_due = due.len() == free;
-                    for claim in due {
-                        let key = claim.delivery.key();
-                        busy.insert(key.clone());
-                        let task = tasks.spawn(attempt(
-                            hooks.clone(),
-                            runtime.clone(),
-                            client.clone(),
-                            bodies.clone(),
-                            claim,
-                        ));
-                        running.insert(task.id(), key);
-                    }
+                    started.extend(due);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "webhooks: cannot read due deliveries; retrying");
                     trouble = true;
                 }
             }
+            while started.len() < free {
+                let Some(claim) = ready.pop_front() else {
+                    break;
+                };
+                started.push(claim);
+            }
+        }
+        if !started.is_empty() {
+            round_at = Some(Instant::now());
+        }
+        for claim in started {
+            let key = claim.delivery.key();
+            busy.insert(key.clone());
+            let task = tasks.spawn(attempt(
+                hooks.clone(),
+                runtime.clone(),
+                client.clone(),
+                bodies.clone(),
+                claim,
+            ));
+            running.insert(task.id(), key);
         }
         // When to look again for due deliveries: at once if a full claim
         // may have left some, else when the next one is due (not before a
@@ -356,7 +397,7 @@ async fn run(
         } else if paced {
             wake_at = i64::MAX;
         } else if tasks.len() < concurrency {
-            if more_due {
+            if more_due || !ready.is_empty() || intake {
                 wake_at = now;
             } else if let Ok(Some(next)) = store.next_due(now).await {
                 wake_at = wake_at.min(next.max(now));
@@ -452,6 +493,7 @@ async fn attempt(
     let Claim {
         mut delivery,
         endpoint,
+        fresh,
     } = claim;
     let was_due_at = delivery.next_attempt_at_ms;
     let options = &hooks.options;
@@ -469,6 +511,7 @@ async fn attempt(
             return Some(Outcome {
                 delivery,
                 was_due_at,
+                fresh,
             });
         }
     };
@@ -506,6 +549,7 @@ async fn attempt(
                 return Some(Outcome {
                     delivery,
                     was_due_at,
+                    fresh,
                 });
             }
         }
@@ -562,6 +606,7 @@ async fn attempt(
     Some(Outcome {
         delivery,
         was_due_at,
+        fresh,
     })
 }
 

@@ -230,6 +230,8 @@ impl WebhookStore for PgStore {
                             .map(|text| serde_json::from_str(&text))
                             .transpose()
                             .map_err(|e| corrupt("webhook endpoint", e))?,
+                        // The checkpoint wrote the delivery itself.
+                        fresh: false,
                     })
                 })
                 .collect()

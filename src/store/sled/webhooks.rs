@@ -24,21 +24,33 @@
 //! for every committed event; but a row may also exist whose checkpoint was
 //! cut short before its header, naming an event that never happened (and
 //! whose sequence number a later checkpoint reuses). Such a row is never
-//! delivered: [`WebhookStore::intake`] moves a row into the delivery log
-//! only if the session's header covers its event *and* the event committed
-//! at that number is the one the row describes (`outbox::describes`), and
-//! it looks only at rows it saw before a flush of the store (so their
-//! checkpoints have been applied and made durable); every other row is
-//! dropped (the checkpoint that commits an event writes that event's own
-//! rows).
+//! delivered: [`WebhookStore::intake`] hands out a row only if the
+//! session's header covers its event *and* the event committed at that
+//! number is the one the row describes (`outbox::describes`), and it looks
+//! only at rows it saw before a flush of the store (so their checkpoints
+//! have been applied and made durable); every other row is dropped (the
+//! checkpoint that commits an event writes that event's own rows).
 //!
-//! The delivery log and its due index are written by the delivery task
-//! directly (not through the checkpoint writer: they are not session state),
-//! in an order that a crash leaves harmless: a new due entry before the
-//! delivery it schedules, the old one after, so a due entry may be stale
-//! (skipped and removed when met) but a pending delivery never lacks one.
-//! Endpoints are flushed before a registration is answered. A write failure
-//! closes the store's gate, as a failed checkpoint would.
+//! **A delivery is sent straight from its outbox row.** Intake writes
+//! nothing for the rows it hands out: until its first attempt's outcome is
+//! saved, the row is the delivery's only record (a crash before that sends
+//! it again, under the same `webhook-id`, which the row holds). Saving the
+//! outcomes of a round of fresh attempts is one batch per tree: a log entry
+//! and its session index entry each (and a due entry if it is to be
+//! retried), then the rows' removal. So a delivery that succeeds at once
+//! costs its row, its removal and its log entry, not a life in the
+//! schedule; only one whose first attempt failed enters the due index.
+//! The order leaves a crash harmless: a row whose delivery is in the log
+//! already is dropped at intake, not sent again.
+//!
+//! Retries live in the delivery log and its due index, written by the
+//! delivery task directly (not through the checkpoint writer: they are not
+//! session state), in an order that a crash leaves harmless: a new due
+//! entry before the delivery it schedules, the old one after, so a due
+//! entry may be stale (skipped and removed when met) but a pending delivery
+//! never lacks one. Endpoints are flushed before a registration is
+//! answered. A write failure closes the store's gate, as a failed
+//! checkpoint would.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,8 +70,6 @@ use crate::webhooks::{
     Subscriptions, WebhookStore, LOG_KEEP,
 };
 
-/// Outbox rows looked at per intake.
-const INTAKE_BATCH: usize = 4096;
 /// Finished deliveries between two prunings of an endpoint's log.
 const PRUNE_EVERY: u64 = 256;
 
@@ -333,35 +343,51 @@ impl WebhookStore for SledStore {
         Ok(existed)
     }
 
-    async fn intake(&self, now_ms: i64) -> Result<usize, StoreError> {
-        let keys: Vec<IVec> = self
-            .hooks(|t, _| {
-                t.outbox
-                    .iter()
-                    .keys()
-                    .take(INTAKE_BATCH)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(read_err("reading the outbox"))
+    async fn intake(
+        &self,
+        now_ms: i64,
+        limit: usize,
+        busy: &HashSet<DeliveryKey>,
+    ) -> Result<Vec<Claim>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let busy = busy.clone();
+        let rows: Vec<(IVec, Option<Seed>)> = self
+            .hooks(move |t, _| {
+                let mut rows = Vec::new();
+                for item in t.outbox.iter() {
+                    if rows.len() >= limit {
+                        break;
+                    }
+                    let (key, value) = item.map_err(read_err("reading the outbox"))?;
+                    let seed = serde_json::from_slice::<Seed>(&value).ok();
+                    // Waiting for its attempt or in flight already.
+                    if let (Some(endpoint), Some(seed)) = (uuid_at(&key, 24), &seed) {
+                        if busy.contains(&(endpoint, seed.id.clone())) {
+                            continue;
+                        }
+                    }
+                    rows.push((key, seed));
+                }
+                Ok(rows)
             })
             .await?;
-        if keys.is_empty() {
-            return Ok(0);
+        if rows.is_empty() {
+            return Ok(Vec::new());
         }
         // Every row seen was written by a checkpoint group the writer had
         // begun; the flush is queued behind that group, so once it returns
         // the group is applied whole (its headers too) and durable.
         self.flush().await?;
         self.hooks(move |t, generation| {
-            let mut moved = 0;
-            // A batch names few endpoints and sessions: each is read once.
+            let mut out = Vec::new();
+            let mut dropped = sled::Batch::default();
+            let mut drops = 0usize;
+            // A batch names few endpoints: each is read once.
             let mut endpoints: HashMap<Uuid, Option<Endpoint>> = HashMap::new();
-            for key in keys {
-                let Some(row) = t.outbox.get(&key).map_err(read_err("reading the outbox"))? else {
-                    continue;
-                };
-                let endpoint_id = uuid_at(&key, 24);
-                let seed: Option<Seed> = serde_json::from_slice(&row).ok();
-                let keep = match (endpoint_id, seed) {
+            for (key, seed) in rows {
+                let keep = match (uuid_at(&key, 24), seed) {
                     (Some(endpoint_id), Some(seed)) => {
                         let endpoint = match endpoints.get(&endpoint_id) {
                             Some(e) => e.clone(),
@@ -371,13 +397,22 @@ impl WebhookStore for SledStore {
                                 e
                             }
                         };
-                        match endpoint {
-                            Some(e) if e.tenant == seed.tenant && e.wants(seed.event) => {
-                                if committed(generation, &seed)? {
-                                    Some((endpoint_id, seed))
+                        match (endpoint, delivery_key(&endpoint_id, &seed.id)) {
+                            (Some(e), Some(dkey)) if e.tenant == seed.tenant && e.wants(seed.event) => {
+                                if t
+                                    .deliveries
+                                    .contains_key(dkey)
+                                    .map_err(read_err("reading a delivery"))?
+                                {
+                                    // Its outcome was logged before a crash
+                                    // cut the row's removal short: it is
+                                    // done, or retried from the log.
+                                    None
+                                } else if committed(generation, &seed)? {
+                                    Some((e, seed))
                                 } else {
                                     // A checkpoint cut short, or a session
-                                    // purged before its rows were taken in.
+                                    // purged before its rows were taken.
                                     crate::webhooks::metrics::dropped("not_committed");
                                     None
                                 }
@@ -387,37 +422,25 @@ impl WebhookStore for SledStore {
                     }
                     _ => None,
                 };
-                if let Some((endpoint_id, seed)) = keep {
-                    let delivery = Delivery::new(endpoint_id, seed, now_ms);
-                    if let (Some(dkey), Some(due)) = (
-                        delivery_key(&endpoint_id, &delivery.seed.id),
-                        due_key(now_ms, &endpoint_id, &delivery.seed.id),
-                    ) {
-                        let exists = t
-                            .deliveries
-                            .contains_key(dkey)
-                            .map_err(read_err("reading a delivery"))?;
-                        if !exists {
-                            t.due
-                                .insert(due, &[][..])
-                                .map_err(write_err("scheduling a delivery"))?;
-                            t.sessions
-                                .insert(session_key(&delivery.seed.session_id, &dkey), &[][..])
-                                .map_err(write_err("indexing a delivery"))?;
-                            t.deliveries
-                                .insert(dkey, encode("delivery", &delivery)?)
-                                .map_err(write_err("writing a delivery"))?;
-                            moved += 1;
-                        }
+                match keep {
+                    Some((endpoint, seed)) => out.push(Claim {
+                        delivery: Delivery::new(endpoint.id, seed, now_ms),
+                        endpoint: Some(endpoint),
+                        fresh: true,
+                    }),
+                    None => {
+                        tracing::debug!(row = ?key, "webhooks: dropping an outbox row (no committed event backs it, its endpoint no longer wants it, or it is logged already)");
+                        dropped.remove(key);
+                        drops += 1;
                     }
-                } else {
-                    tracing::debug!(row = ?key, "webhooks: dropping an outbox row (no committed event backs it, or its endpoint no longer wants it)");
                 }
-                t.outbox
-                    .remove(&key)
-                    .map_err(write_err("taking an outbox row"))?;
             }
-            Ok(moved)
+            if drops > 0 {
+                t.outbox
+                    .apply_batch(dropped)
+                    .map_err(write_err("dropping outbox rows"))?;
+            }
+            Ok(out)
         })
         .await
     }
@@ -469,6 +492,7 @@ impl WebhookStore for SledStore {
                             out.push(Claim {
                                 delivery: d,
                                 endpoint,
+                                fresh: false,
                             });
                         }
                     }
@@ -508,16 +532,35 @@ impl WebhookStore for SledStore {
         let outcomes = outcomes.to_vec();
         self.hooks(move |t, _| {
             let mut finished: HashMap<Uuid, u64> = HashMap::new();
+            let mut fresh = FreshWrites::default();
+            let mut endpoints: HashMap<Uuid, bool> = HashMap::new();
             for Outcome {
                 delivery,
                 was_due_at,
+                fresh: is_fresh,
             } in &outcomes
             {
-                save_one(t, delivery, *was_due_at)?;
+                if *is_fresh {
+                    let exists = match endpoints.get(&delivery.endpoint) {
+                        Some(exists) => *exists,
+                        None => {
+                            let exists = t
+                                .endpoints
+                                .contains_key(delivery.endpoint.as_bytes())
+                                .map_err(read_err("reading an endpoint"))?;
+                            endpoints.insert(delivery.endpoint, exists);
+                            exists
+                        }
+                    };
+                    fresh.add(delivery, exists)?;
+                } else {
+                    save_one(t, delivery, *was_due_at)?;
+                }
                 if delivery.status != DeliveryStatus::Pending {
                     *finished.entry(delivery.endpoint).or_default() += 1;
                 }
             }
+            fresh.apply(t)?;
             for (endpoint, n) in finished {
                 let before = FINISHED.fetch_add(n, Ordering::Relaxed);
                 if before / PRUNE_EVERY != (before + n) / PRUNE_EVERY {
@@ -530,10 +573,11 @@ impl WebhookStore for SledStore {
     }
 
     async fn pending_count(&self) -> Result<u64, StoreError> {
-        // The due index holds an entry per pending delivery (and, briefly,
-        // stale ones a claim drops): close enough for a gauge, and a scan
-        // of keys only.
-        self.hooks(|t, _| Ok(t.due.len() as u64)).await
+        // A delivery not yet attempted is its outbox row; one being retried
+        // has an entry in the due index (and, briefly, stale ones a claim
+        // drops): close enough for a gauge, and scans of keys only.
+        self.hooks(|t, _| Ok((t.outbox.len() + t.due.len()) as u64))
+            .await
     }
 
     async fn deliveries(
@@ -616,16 +660,93 @@ fn save_one(t: &HookTrees, delivery: &Delivery, was_due: i64) -> Result<(), OpEr
     Ok(())
 }
 
+/// The writes that record fresh deliveries' outcomes ([`Claim::fresh`]),
+/// one batch per tree, applied in an order a crash leaves harmless: the
+/// schedule and the session index before the log entries they point to,
+/// the outbox rows last. A crash before the last leaves a row whose
+/// delivery is logged already, which the next intake drops (it is done, or
+/// retried from the log); never a delivery without a record.
+#[derive(Default)]
+struct FreshWrites {
+    due: sled::Batch,
+    index: sled::Batch,
+    log: sled::Batch,
+    taken: sled::Batch,
+    any: bool,
+}
+
+impl FreshWrites {
+    /// One fresh outcome; nothing but the row's removal if its endpoint is
+    /// gone (deleted while it was in flight).
+    fn add(&mut self, delivery: &Delivery, endpoint_exists: bool) -> Result<(), OpError> {
+        let Some(dkey) = delivery_key(&delivery.endpoint, &delivery.seed.id) else {
+            return Err(OpError::Read(corrupt(
+                "webhooks",
+                format!("malformed webhook-id {}", delivery.seed.id),
+            )));
+        };
+        self.any = true;
+        self.taken.remove(
+            &outbox_key(
+                &delivery.seed.session_id,
+                delivery.seed.seq,
+                &delivery.endpoint,
+            )[..],
+        );
+        if !endpoint_exists {
+            return Ok(());
+        }
+        if delivery.status == DeliveryStatus::Pending {
+            if let Some(due) = due_key(
+                delivery.next_attempt_at_ms,
+                &delivery.endpoint,
+                &delivery.seed.id,
+            ) {
+                self.due.insert(&due[..], &[][..]);
+            }
+        }
+        self.index
+            .insert(&session_key(&delivery.seed.session_id, &dkey)[..], &[][..]);
+        self.log.insert(&dkey[..], encode("delivery", delivery)?);
+        Ok(())
+    }
+
+    fn apply(self, t: &HookTrees) -> Result<(), OpError> {
+        if !self.any {
+            return Ok(());
+        }
+        t.due
+            .apply_batch(self.due)
+            .map_err(write_err("scheduling deliveries"))?;
+        t.sessions
+            .apply_batch(self.index)
+            .map_err(write_err("indexing deliveries"))?;
+        t.deliveries
+            .apply_batch(self.log)
+            .map_err(write_err("writing deliveries"))?;
+        t.outbox
+            .apply_batch(self.taken)
+            .map_err(write_err("taking outbox rows"))?;
+        Ok(())
+    }
+}
+
 /// Keeps an endpoint's log to its [`LOG_KEEP`] newest deliveries, plus the
-/// older ones still pending (however many). Only entries past the newest
-/// are decoded.
+/// older ones still pending (however many). Keys are counted first and
+/// only the entries past the newest are decoded; both passes go forward
+/// (sled walks a tree backwards at many times the cost).
 fn prune(t: &HookTrees, endpoint: &Uuid) -> Result<(), OpError> {
-    for item in t
-        .deliveries
-        .scan_prefix(endpoint.as_bytes())
-        .rev()
-        .skip(LOG_KEEP)
-    {
+    let mut total = 0usize;
+    for key in t.deliveries.scan_prefix(endpoint.as_bytes()).keys() {
+        key.map_err(read_err("reading deliveries"))?;
+        total += 1;
+    }
+    let excess = total.saturating_sub(LOG_KEEP);
+    if excess == 0 {
+        return Ok(());
+    }
+    let (mut log, mut index) = (sled::Batch::default(), sled::Batch::default());
+    for item in t.deliveries.scan_prefix(endpoint.as_bytes()).take(excess) {
         let (key, bytes) = item.map_err(read_err("reading deliveries"))?;
         let Ok(d) = serde_json::from_slice::<Delivery>(&bytes) else {
             continue;
@@ -634,14 +755,19 @@ fn prune(t: &HookTrees, endpoint: &Uuid) -> Result<(), OpError> {
             continue;
         }
         if let Ok(dkey) = <[u8; 32]>::try_from(key.as_ref()) {
-            t.sessions
-                .remove(session_key(&d.seed.session_id, &dkey))
-                .map_err(write_err("pruning the delivery log"))?;
+            index.remove(&session_key(&d.seed.session_id, &dkey)[..]);
         }
-        t.deliveries
-            .remove(key)
-            .map_err(write_err("pruning the delivery log"))?;
+        log.remove(key);
     }
+    // The entries before their index entries: an index entry without its
+    // entry is harmless (a purge skips it), the reverse would outlive a
+    // purge.
+    t.deliveries
+        .apply_batch(log)
+        .map_err(write_err("pruning the delivery log"))?;
+    t.sessions
+        .apply_batch(index)
+        .map_err(write_err("pruning the delivery log"))?;
     Ok(())
 }
 
@@ -777,15 +903,105 @@ mod tests {
             .await
             .unwrap();
 
-        assert_eq!(store.intake(100).await.unwrap(), 1);
-        assert_eq!(rows(&store), 0, "every row taken in or dropped");
-        let due = store.claim_due(100, 0, 10, &HashSet::new()).await.unwrap();
-        assert_eq!(due.len(), 1, "{due:?}");
-        assert_eq!(due[0].delivery.seed.event, EventType::ApprovalRequested);
-        assert_eq!(due[0].delivery.seed.seq, 1);
-        assert_eq!(due[0].endpoint.as_ref().map(|e| e.id), Some(hook.id));
+        let fresh = store.intake(100, 10, &HashSet::new()).await.unwrap();
+        assert_eq!(fresh.len(), 1, "{fresh:?}");
+        assert_eq!(
+            rows(&store),
+            1,
+            "the orphan dropped, the committed row kept"
+        );
+        assert!(fresh[0].fresh);
+        assert_eq!(fresh[0].delivery.seed.event, EventType::ApprovalRequested);
+        assert_eq!(fresh[0].delivery.seed.seq, 1);
+        assert_eq!(fresh[0].endpoint.as_ref().map(|e| e.id), Some(hook.id));
+        let mut d = fresh[0].delivery.clone();
+        d.status = DeliveryStatus::Delivered;
+        d.attempts = 1;
+        store
+            .save_deliveries(&[Outcome {
+                delivery: d,
+                was_due_at: 100,
+                fresh: true,
+            }])
+            .await
+            .unwrap();
+        assert_eq!(rows(&store), 0);
         let log = store.deliveries(hook.id, None, 10).await.unwrap();
         assert_eq!(log.len(), 1, "the orphan never became a delivery");
+    }
+
+    /// The invariant "a fresh delivery costs no write before its outcome,
+    /// and is never lost": taking it from the outbox writes nothing (no log
+    /// entry, no due entry; the row stays); a store dropped before its
+    /// outcome was saved (a crash after the send, say) gives the same
+    /// `webhook-id` again when reopened; once delivered, its row is gone,
+    /// the log holds one entry and the due index none; and a row put back
+    /// as a crash between the log write and the row's removal leaves it is
+    /// dropped at the next intake, not sent again.
+    #[tokio::test]
+    async fn a_fresh_delivery_writes_nothing_until_its_outcome_and_survives_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let hook = endpoint();
+        let mut session = Session::new();
+        let first = {
+            let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+            let view = Arc::new(Subscriptions::new());
+            store.set_webhooks(view.clone());
+            store.put_endpoint(&hook).await.unwrap();
+            view.put(&hook);
+            store
+                .checkpoint(session.checkpoint(vec![requested()], 10))
+                .await
+                .unwrap();
+            let claims = store.intake(100, 10, &HashSet::new()).await.unwrap();
+            assert_eq!(claims.len(), 1);
+            let busy: HashSet<DeliveryKey> = [claims[0].delivery.key()].into();
+            assert!(
+                store.intake(100, 10, &busy).await.unwrap().is_empty(),
+                "a busy row is not taken twice"
+            );
+            let db = store.current().trees.db.clone();
+            for tree in ["webhook_deliveries", "webhook_due", "webhook_sessions"] {
+                assert_eq!(db.open_tree(tree).unwrap().len(), 0, "{tree}");
+            }
+            assert_eq!(db.open_tree(OUTBOX_TREE).unwrap().len(), 1);
+            claims[0].delivery.seed.id.clone()
+            // Dropped here without its outcome: the crash.
+        };
+        let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+        let again = store.intake(200, 10, &HashSet::new()).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].delivery.seed.id, first, "the same webhook-id");
+        let db = store.current().trees.db.clone();
+        let outbox = db.open_tree(OUTBOX_TREE).unwrap();
+        let (row_key, row) = outbox.iter().next().unwrap().unwrap();
+        let mut d = again[0].delivery.clone();
+        d.status = DeliveryStatus::Delivered;
+        d.attempts = 1;
+        d.compact();
+        store
+            .save_deliveries(&[Outcome {
+                delivery: d,
+                was_due_at: 200,
+                fresh: true,
+            }])
+            .await
+            .unwrap();
+        assert_eq!(outbox.len(), 0);
+        assert_eq!(db.open_tree("webhook_due").unwrap().len(), 0);
+        assert_eq!(db.open_tree("webhook_sessions").unwrap().len(), 1);
+        let log = store.deliveries(hook.id, None, 10).await.unwrap();
+        assert_eq!(log.len(), 1);
+        assert_eq!(log[0].status, DeliveryStatus::Delivered);
+        assert_eq!(log[0].seed.id, first);
+
+        outbox.insert(row_key, row).unwrap();
+        assert!(store
+            .intake(300, 10, &HashSet::new())
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(outbox.len(), 0, "a logged row is dropped");
     }
 
     /// A delivery's due entry is written before the delivery it schedules
@@ -805,24 +1021,43 @@ mod tests {
             .checkpoint(session.checkpoint(vec![requested()], 10))
             .await
             .unwrap();
-        store.intake(100).await.unwrap();
         let mut d = store
-            .claim_due(100, 0, 10, &HashSet::new())
+            .intake(100, 10, &HashSet::new())
             .await
             .unwrap()
             .remove(0)
             .delivery;
-        let busy: HashSet<DeliveryKey> = [d.key()].into();
-        assert!(store.claim_due(100, 0, 10, &busy).await.unwrap().is_empty());
+        assert!(
+            store
+                .claim_due(100, 0, 10, &HashSet::new())
+                .await
+                .unwrap()
+                .is_empty(),
+            "a fresh delivery is not in the schedule"
+        );
+        // Its first attempt failed: into the log and the schedule, out of
+        // the outbox.
         d.attempts = 1;
         d.next_attempt_at_ms = 5_000;
         store
             .save_deliveries(&[Outcome {
                 delivery: d.clone(),
                 was_due_at: 100,
+                fresh: true,
             }])
             .await
             .unwrap();
+        assert!(store
+            .intake(100, 10, &HashSet::new())
+            .await
+            .unwrap()
+            .is_empty());
+        let busy: HashSet<DeliveryKey> = [d.key()].into();
+        assert!(store
+            .claim_due(5_000, 0, 10, &busy)
+            .await
+            .unwrap()
+            .is_empty());
         assert!(store
             .claim_due(4_999, 0, 10, &HashSet::new())
             .await
@@ -839,6 +1074,7 @@ mod tests {
             .save_deliveries(&[Outcome {
                 delivery: d.clone(),
                 was_due_at: 5_000,
+                fresh: false,
             }])
             .await
             .unwrap();
@@ -876,8 +1112,7 @@ mod tests {
             .checkpoint(other.checkpoint(vec![requested()], 10))
             .await
             .unwrap();
-        assert_eq!(store.intake(100).await.unwrap(), 2);
-        let claims = store.claim_due(100, 0, 10, &HashSet::new()).await.unwrap();
+        let claims = store.intake(100, 10, &HashSet::new()).await.unwrap();
         assert_eq!(claims.len(), 2);
         let outcomes: Vec<Outcome> = claims
             .into_iter()
@@ -894,6 +1129,7 @@ mod tests {
                 Outcome {
                     delivery: d,
                     was_due_at: 100,
+                    fresh: true,
                 }
             })
             .collect();

@@ -1299,7 +1299,7 @@ async fn a_backlog_in_the_outbox_is_delivered_once_each_and_logged_once_each() {
         "nothing sent yet"
     );
     let (stop, stopped) = watch::channel(false);
-    let delivery = hooks.start(server.overseer.runtime(), stopped);
+    let delivery = hooks.start(&server.overseer, stopped);
     for _ in 0..6 {
         sessions.push(server.create_pending(&tok).await.unwrap().0);
     }

@@ -211,6 +211,27 @@ impl View {
         batch.insert(self.key(key.as_ref()), value);
     }
 
+    /// How many rows the view holds (a scan of its keys under a prefix).
+    pub(in crate::store) fn len(&self) -> usize {
+        match self.prefix {
+            None => self.tree.len(),
+            Some(_) => self.iter().count(),
+        }
+    }
+
+    /// Removes `keys` (without the prefix) in one atomic batch: for what is
+    /// not a checkpoint (webhook intake's and outcomes' removals).
+    pub(in crate::store) fn remove_all(
+        &self,
+        keys: impl IntoIterator<Item = impl AsRef<[u8]>>,
+    ) -> sled::Result<()> {
+        let mut batch = sled::Batch::default();
+        for key in keys {
+            self.batch_remove(&mut batch, key);
+        }
+        self.tree.apply_batch(batch)
+    }
+
     /// Adds the removal of a row to `batch`.
     pub(in crate::store) fn batch_remove(&self, batch: &mut sled::Batch, key: impl AsRef<[u8]>) {
         batch.remove(self.key(key.as_ref()));
@@ -231,12 +252,6 @@ impl View {
         let start = self.bound(range.start_bound().map(AsRef::as_ref), false);
         let end = self.bound(range.end_bound().map(AsRef::as_ref), true);
         self.iter_of(self.tree.range::<Vec<u8>, _>((start, end)))
-    }
-
-    /// Counts the rows (a walk over all of them).
-    #[cfg(test)]
-    pub(in crate::store) fn len(&self) -> usize {
-        self.iter().count()
     }
 }
 

@@ -382,8 +382,7 @@ impl WebhookStore for SledStore {
         self.flush().await?;
         self.hooks(move |t, generation| {
             let mut out = Vec::new();
-            let mut dropped = sled::Batch::default();
-            let mut drops = 0usize;
+            let mut dropped = Vec::new();
             // A batch names few endpoints: each is read once.
             let mut endpoints: HashMap<Uuid, Option<Endpoint>> = HashMap::new();
             for (key, seed) in rows {
@@ -430,14 +429,13 @@ impl WebhookStore for SledStore {
                     }),
                     None => {
                         tracing::debug!(row = ?key, "webhooks: dropping an outbox row (no committed event backs it, its endpoint no longer wants it, or it is logged already)");
-                        dropped.remove(key);
-                        drops += 1;
+                        dropped.push(key);
                     }
                 }
             }
-            if drops > 0 {
+            if !dropped.is_empty() {
                 t.outbox
-                    .apply_batch(dropped)
+                    .remove_all(dropped)
                     .map_err(write_err("dropping outbox rows"))?;
             }
             Ok(out)
@@ -671,7 +669,8 @@ struct FreshWrites {
     due: sled::Batch,
     index: sled::Batch,
     log: sled::Batch,
-    taken: sled::Batch,
+    /// Outbox keys (without the kind's prefix) to remove.
+    taken: Vec<Vec<u8>>,
     any: bool,
 }
 
@@ -686,12 +685,13 @@ impl FreshWrites {
             )));
         };
         self.any = true;
-        self.taken.remove(
-            &outbox_key(
+        self.taken.push(
+            outbox_key(
                 &delivery.seed.session_id,
                 delivery.seed.seq,
                 &delivery.endpoint,
-            )[..],
+            )[..]
+                .to_vec(),
         );
         if !endpoint_exists {
             return Ok(());
@@ -725,7 +725,7 @@ impl FreshWrites {
             .apply_batch(self.log)
             .map_err(write_err("writing deliveries"))?;
         t.outbox
-            .apply_batch(self.taken)
+            .remove_all(self.taken)
             .map_err(write_err("taking outbox rows"))?;
         Ok(())
     }
@@ -964,7 +964,7 @@ mod tests {
             for tree in ["webhook_deliveries", "webhook_due", "webhook_sessions"] {
                 assert_eq!(db.open_tree(tree).unwrap().len(), 0, "{tree}");
             }
-            assert_eq!(db.open_tree(OUTBOX_TREE).unwrap().len(), 1);
+            assert_eq!(store.current().trees.outbox.len(), 1);
             claims[0].delivery.seed.id.clone()
             // Dropped here without its outcome: the crash.
         };
@@ -973,7 +973,7 @@ mod tests {
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].delivery.seed.id, first, "the same webhook-id");
         let db = store.current().trees.db.clone();
-        let outbox = db.open_tree(OUTBOX_TREE).unwrap();
+        let outbox = store.current().trees.outbox.clone();
         let (row_key, row) = outbox.iter().next().unwrap().unwrap();
         let mut d = again[0].delivery.clone();
         d.status = DeliveryStatus::Delivered;

@@ -396,19 +396,24 @@ pub fn live_bytes(dir: &Path) -> Res<u64> {
     let mut total = 0u64;
     for name in db.tree_names() {
         let tree = db.open_tree(&name)?;
-        let (mut bytes, mut rows) = (0u64, 0u64);
+        // Layout 4 keeps every kind of row in the tree `data`, the kind in
+        // the key's first byte: counted per kind.
+        let by_kind = name.as_ref() == b"data";
+        let mut counts: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
         for item in tree.iter() {
             let (k, v) = item?;
-            bytes += (k.len() + v.len()) as u64;
-            rows += 1;
+            let label = match k.first() {
+                Some(&kind) if by_kind => format!("data:{}", char::from(kind)),
+                _ => String::from_utf8_lossy(&name).into_owned(),
+            };
+            let (rows, bytes) = counts.entry(label).or_default();
+            *bytes += (k.len() + v.len()) as u64;
+            *rows += 1;
         }
-        if rows > 0 {
-            eprintln!(
-                "  live: {:<12} {rows:>8} rows {bytes:>12} bytes",
-                String::from_utf8_lossy(&name)
-            );
+        for (label, (rows, bytes)) in counts {
+            eprintln!("  live: {label:<12} {rows:>8} rows {bytes:>12} bytes");
+            total += bytes;
         }
-        total += bytes;
     }
     Ok(total)
 }

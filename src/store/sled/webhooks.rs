@@ -19,17 +19,16 @@
 //!
 //! **The outbox is written with the checkpoint.** The checkpoint's writer
 //! puts its outbox rows (derived from its events through
-//! [`Subscriptions::rows`]) in the same group, before the session's header,
-//! like every other row the header commits. So after a crash a row exists
-//! for every committed event; but a row may also exist whose checkpoint was
-//! cut short before its header, naming an event that never happened (and
-//! whose sequence number a later checkpoint reuses). Such a row is never
-//! delivered: [`WebhookStore::intake`] hands out a row only if the
+//! [`Subscriptions::rows`]) in the same atomic batch as the checkpoint's
+//! other rows and its header (layout 4), so after a crash a row exists for
+//! every committed event and for no other. A row naming an event its
+//! session's log does not hold can still be found in a directory migrated
+//! from layout 3 (whose writer wrote rows before their header): such a row
+//! is never delivered. [`WebhookStore::intake`] hands out a row only if the
 //! session's header covers its event *and* the event committed at that
 //! number is the one the row describes (`outbox::describes`), and it looks
 //! only at rows it saw before a flush of the store (so their checkpoints
-//! have been applied and made durable); every other row is dropped (the
-//! checkpoint that commits an event writes that event's own rows).
+//! are durable); every other row is dropped.
 //!
 //! **A delivery is sent straight from its outbox row.** Intake writes
 //! nothing for the rows it hands out: until its first attempt's outcome is

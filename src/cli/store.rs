@@ -125,14 +125,6 @@ pub enum StoreCliError {
     /// Reading or writing a session failed.
     #[error("the copy stopped: {0}; run it again to go on (sessions already copied are skipped)")]
     Copy(overseer_actors::store::StoreError),
-    /// The source directory could not be opened.
-    #[error("--from {}: {source}", dir.display())]
-    Source {
-        /// The directory.
-        dir: PathBuf,
-        /// Why.
-        source: overseer_actors::store::StoreError,
-    },
     /// Neither `--url` nor `--data` (clap requires one; kept for callers
     /// that build the arguments themselves).
     #[error("store backup: give --url URL (a running server) or --data DIR (a stopped store)")]
@@ -222,12 +214,8 @@ fn copy(from: &std::path::Path) -> Result<(), StoreCliError> {
         .ok()
         .filter(|u| !u.is_empty())
         .ok_or(StoreCliError::NoDatabaseUrl(DATABASE_URL_ENV))?;
-    let sled = store::SledStore::open(from, store::Durability::Fsync).map_err(|source| {
-        StoreCliError::Source {
-            dir: from.to_owned(),
-            source,
-        }
-    })?;
+    // Read where it is, whatever its layout: a copy never upgrades its source.
+    let sled = store::Inspector::open(from)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -7,12 +7,14 @@
 //! lease is taken: the active sessions among those copied are taken over by
 //! the first node of the cluster that looks (failover), which resumes them
 //! from their checkpoints. It owns the walk and the counts only; reading is
-//! the sled store's, writing the PostgreSQL store's.
+//! the sled [`Inspector`]'s (no write of ours to the source: a directory of
+//! an older layout is read where it is, not upgraded), writing the
+//! PostgreSQL store's.
 
-use overseer_actors::store::{CheckpointStore, StoreError};
+use overseer_actors::store::StoreError;
 
 use super::postgres::PgStore;
-use super::SledStore;
+use super::Inspector;
 
 /// What a copy did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -28,21 +30,24 @@ pub struct CopyReport {
 /// Headers read at once.
 const COPY_PAGE: usize = 1024;
 
-/// Copies every session of `from` into `to`.
-pub async fn copy(from: &SledStore, to: &PgStore) -> Result<CopyReport, StoreError> {
+/// Copies every session of `from` into `to`. Runs on a multi-threaded
+/// runtime: the source's reads are blocking sled reads, each made with
+/// `block_in_place`.
+pub async fn copy(from: &Inspector, to: &PgStore) -> Result<CopyReport, StoreError> {
+    use tokio::task::block_in_place;
     let mut report = CopyReport::default();
     let mut after = None;
     // Page by page, so a large store is never held decoded at once.
     loop {
-        let page = from.scan(after, COPY_PAGE).await?;
+        let page = block_in_place(|| from.scan(after, COPY_PAGE))?;
         let Some(last) = page.last() else { break };
         after = Some(last.id);
         for header in page {
             let id = header.id;
-            let Some(stored) = from.load(id).await? else {
+            let Some(stored) = block_in_place(|| from.load(id))? else {
                 continue;
             };
-            let events = from.events_after(id, 0, usize::MAX).await?;
+            let events = block_in_place(|| from.events_after(id, 0, usize::MAX))?;
             if to.import(&stored, &events).await? {
                 report.copied += 1;
                 report.events += events.len();

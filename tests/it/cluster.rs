@@ -687,6 +687,63 @@ async fn a_node_takes_back_its_sessions_after_the_database_was_down_past_its_lea
     assert_eq!(world.ledger().len(), 1, "{}", node.log());
 }
 
+/// `store copy` reads a directory of an older layout where it is: the
+/// committed layout-3 fixture is copied whole and is still layout 3 after
+/// (a copy never upgrades its source), and the parked session arrives
+/// waiting for its approval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_copy_reads_an_older_layout_where_it_is_and_leaves_it_untouched() {
+    let database = shared().database().await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let fixture =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store-format-3");
+    std::fs::create_dir_all(&data).unwrap();
+    for entry in std::fs::read_dir(&fixture).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), data.join(entry.file_name())).unwrap();
+        }
+    }
+    let run = |args: &[&str]| {
+        std::process::Command::new(common::served::BIN)
+            .args(args)
+            .arg(&data)
+            .args(if args[1] == "copy" {
+                &["--to", "postgres"][..]
+            } else {
+                &[][..]
+            })
+            .env("OVERSEER_DATABASE_URL", &database)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["store", "copy", "--from"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("copied 5 session(s)"), "{stdout}");
+    let check = run(&["store", "check"]);
+    let report = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{report}");
+    assert!(report.contains("layout version 3"), "{report}");
+
+    let pg = PgStore::open(&database, PgOptions::default())
+        .await
+        .unwrap();
+    let parked: overseer_actors::model::SessionId =
+        "01a23c69-284a-70f9-9a13-29e313219311".parse().unwrap();
+    let stored = pg.load(parked).await.unwrap().unwrap();
+    assert_eq!(
+        stored.header.status,
+        overseer_actors::model::SessionStatus::AwaitingApproval
+    );
+    assert_eq!(all_by_status(&pg, &[], 2).await.unwrap().len(), 5);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn store_copy_moves_every_session_and_the_parked_ones_finish_on_the_cluster() {
     let _turn = SERIAL.lock().await;

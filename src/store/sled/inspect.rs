@@ -1,5 +1,7 @@
 //! Reading a store directory with no server: [`Inspector`], behind
-//! `overseer sessions list|show --data DIR`.
+//! `overseer sessions list|show --data DIR` and `overseer store copy`
+//! (which reads a directory of an older layout where it is, never
+//! upgrading it).
 //!
 //! It opens the directory the way `overseer store check` does (no write of
 //! ours: no layout stamp, no upgrade, no purge finished, no commit record;
@@ -13,7 +15,7 @@
 
 use std::path::Path;
 
-use overseer_actors::model::SessionId;
+use overseer_actors::model::{Event, SessionId};
 use overseer_actors::store::{SessionSummary, StoreError, StoredSession};
 
 use super::open::{self, OpenError, Opened, Purpose};
@@ -42,6 +44,17 @@ impl Inspector {
     /// A session as a server would load it, or `None`.
     pub fn load(&self, id: SessionId) -> Result<Option<StoredSession>, StoreError> {
         self.opened.generation.trees.session(&id)
+    }
+
+    /// The session's events numbered above `after`, at most `limit`, as a
+    /// server would read them.
+    pub fn events_after(
+        &self,
+        id: SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.opened.generation.trees.events_after(&id, after, limit)
     }
 
     /// Headers of every session, ascending by id, after `after`, at most

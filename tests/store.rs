@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use overseer::store::{Durability, SledStore};
 use overseer_actors::model::{
-    AgentConfig, CallState, Event, EventKind, SessionHeader, SessionId, SessionStatus, ToolCallId,
-    ToolCallRecord, TranscriptEntry, Usage, SCHEMA_VERSION,
+    AgentConfig, CallState, Event, EventKind, SessionId, SessionStatus, ToolCallId, ToolCallRecord,
+    TranscriptEntry,
 };
-use overseer_actors::store::{Checkpoint, CheckpointStore, StoredSession};
+use overseer_actors::store::CheckpointStore;
+use overseer_actors::testing::sim::Sim;
 use serde_json::json;
 
 mod common;
@@ -30,131 +31,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_overseer");
 const PATIENCE: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------
-// Sessions as the runtime writes them
-
-/// A session as the runtime would drive it: each checkpoint carries only what
-/// is new since the previous one.
-#[derive(Clone)]
-struct Sim {
-    header: SessionHeader,
-    transcript: Vec<Arc<TranscriptEntry>>,
-    persisted: usize,
-    events: Vec<Event>,
-    pending: Vec<Event>,
-}
-
-impl Sim {
-    fn new(tenant: &str) -> Self {
-        let id = SessionId::generate();
-        // Only the fields a snapshot must carry, so that fields added later
-        // (which must default) do not break this test.
-        let header: SessionHeader = serde_json::from_value(json!({
-            "schema_version": SCHEMA_VERSION,
-            "id": id,
-            "tenant": tenant,
-            "agent": "a",
-            "root_id": id,
-            "status": "pending",
-            "created_at_ms": 1,
-            "updated_at_ms": 1,
-            "config": AgentConfig::new("a", &["current_time"]).effective(),
-            "usage": Usage::default(),
-            "turn": 0,
-            "step": 0,
-            "transcript_len": 0,
-            "last_event_seq": 0,
-        }))
-        .unwrap();
-        let mut sim = Self {
-            header,
-            transcript: Vec::new(),
-            persisted: 0,
-            events: Vec::new(),
-            pending: Vec::new(),
-        };
-        sim.emit(EventKind::SessionCreated { agent: "a".into() });
-        sim
-    }
-
-    fn id(&self) -> SessionId {
-        self.header.id
-    }
-
-    fn user(&mut self, text: &str) {
-        self.transcript.push(Arc::new(TranscriptEntry::User {
-            text: text.into(),
-            at_ms: 7,
-        }));
-        self.header.transcript_len = self.transcript.len() as u64;
-    }
-
-    fn emit(&mut self, kind: EventKind) {
-        self.header.last_event_seq += 1;
-        self.pending.push(Event {
-            session_id: self.header.id,
-            seq: self.header.last_event_seq,
-            at_ms: 9,
-            kind,
-        });
-    }
-
-    fn status(&mut self, status: SessionStatus) {
-        self.header.status = status;
-        self.emit(EventKind::StatusChanged { status });
-    }
-
-    /// A turn's worth of change: a message of `bytes` and a status change.
-    fn step(&mut self, n: usize, bytes: usize) {
-        self.user(&format!("{n} {}", "x".repeat(bytes)));
-        let status = if n.is_multiple_of(2) {
-            SessionStatus::Running
-        } else {
-            SessionStatus::AwaitingInput
-        };
-        self.status(status);
-    }
-
-    fn checkpoint(&mut self) -> Checkpoint {
-        let entries = self.transcript[self.persisted..]
-            .iter()
-            .enumerate()
-            .map(|(i, e)| ((self.persisted + i) as u64, e.clone()))
-            .collect();
-        self.persisted = self.transcript.len();
-        let events = std::mem::take(&mut self.pending);
-        self.events.extend(events.iter().cloned());
-        Checkpoint {
-            header: self.header.clone(),
-            entries,
-            events: events.into(),
-            metadata: None,
-            queued: Vec::new(),
-            dequeued: 0..0,
-        }
-    }
-
-    /// The state the store holds for this session, if `stored` is it.
-    fn is(&self, stored: &StoredSession) -> bool {
-        stored.header == self.header
-            && stored.transcript.len() == self.transcript.len()
-            && stored
-                .transcript
-                .iter()
-                .zip(&self.transcript)
-                .all(|(a, b)| **a == **b)
-    }
-
-    /// Continues from what the store holds, as a restarted actor would.
-    fn resumed(stored: &StoredSession) -> Self {
-        Self {
-            header: stored.header.clone(),
-            transcript: stored.transcript.clone(),
-            persisted: stored.transcript.len(),
-            events: Vec::new(),
-            pending: Vec::new(),
-        }
-    }
-}
+// Sessions as the runtime writes them (`Sim`, shared with the store's other
+// tests)
 
 /// Writes `sessions` sessions of `rounds` checkpoints each (every session
 /// checkpointed once per round, a few KiB each) and closes the store: a log

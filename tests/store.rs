@@ -14,12 +14,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use overseer::store::{Durability, SledStore};
-use overseer_actors::model::{
-    AgentConfig, CallState, Event, EventKind, SessionId, SessionStatus, ToolCallId, ToolCallRecord,
-    TranscriptEntry,
-};
+use overseer_actors::model::{AgentConfig, Event, EventKind, SessionId, SessionStatus};
 use overseer_actors::store::CheckpointStore;
-use overseer_actors::testing::sim::Sim;
+use overseer_actors::testing::sim::{tool_result, Sim};
 use serde_json::json;
 
 mod common;
@@ -418,18 +415,6 @@ async fn store_check_says_when_a_running_server_holds_the_store() {
 
 // ---------------------------------------------------------------------------
 // Retention: purging sessions
-
-/// A finished tool call whose result is `result`.
-fn tool_result(result: serde_json::Value) -> TranscriptEntry {
-    let mut call = ToolCallRecord::proposed(
-        ToolCallId::generate(),
-        "http_request".into(),
-        json!({"url": "https://example.com"}),
-        3,
-    );
-    call.finish(CallState::Completed, result, 4);
-    TranscriptEntry::ToolResult { call }
-}
 
 /// A tool result over the blob threshold (64 KiB), distinct per `tag`.
 fn big(tag: &str) -> serde_json::Value {

@@ -7,21 +7,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use overseer::store::{Durability, SledStore};
-use overseer_actors::model::{
-    AgentConfig, CallState, Event, EventKind, SessionHeader, SessionId, SessionStatus, ToolCallId,
-    ToolCallRecord, TranscriptEntry, Usage, SCHEMA_VERSION,
-};
-use overseer_actors::store::{Checkpoint, CheckpointStore, StoredSession};
+use overseer_actors::model::{AgentConfig, Event, EventKind, SessionId, SessionStatus};
+use overseer_actors::store::CheckpointStore;
+use overseer_actors::testing::sim::{tool_result, Sim};
 use serde_json::json;
 
 mod common;
+
+use common::served::{self, Served};
 
 const BIN: &str = env!("CARGO_BIN_EXE_overseer");
 
@@ -30,131 +30,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_overseer");
 const PATIENCE: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------
-// Sessions as the runtime writes them
-
-/// A session as the runtime would drive it: each checkpoint carries only what
-/// is new since the previous one.
-#[derive(Clone)]
-struct Sim {
-    header: SessionHeader,
-    transcript: Vec<Arc<TranscriptEntry>>,
-    persisted: usize,
-    events: Vec<Event>,
-    pending: Vec<Event>,
-}
-
-impl Sim {
-    fn new(tenant: &str) -> Self {
-        let id = SessionId::generate();
-        // Only the fields a snapshot must carry, so that fields added later
-        // (which must default) do not break this test.
-        let header: SessionHeader = serde_json::from_value(json!({
-            "schema_version": SCHEMA_VERSION,
-            "id": id,
-            "tenant": tenant,
-            "agent": "a",
-            "root_id": id,
-            "status": "pending",
-            "created_at_ms": 1,
-            "updated_at_ms": 1,
-            "config": AgentConfig::new("a", &["current_time"]).effective(),
-            "usage": Usage::default(),
-            "turn": 0,
-            "step": 0,
-            "transcript_len": 0,
-            "last_event_seq": 0,
-        }))
-        .unwrap();
-        let mut sim = Self {
-            header,
-            transcript: Vec::new(),
-            persisted: 0,
-            events: Vec::new(),
-            pending: Vec::new(),
-        };
-        sim.emit(EventKind::SessionCreated { agent: "a".into() });
-        sim
-    }
-
-    fn id(&self) -> SessionId {
-        self.header.id
-    }
-
-    fn user(&mut self, text: &str) {
-        self.transcript.push(Arc::new(TranscriptEntry::User {
-            text: text.into(),
-            at_ms: 7,
-        }));
-        self.header.transcript_len = self.transcript.len() as u64;
-    }
-
-    fn emit(&mut self, kind: EventKind) {
-        self.header.last_event_seq += 1;
-        self.pending.push(Event {
-            session_id: self.header.id,
-            seq: self.header.last_event_seq,
-            at_ms: 9,
-            kind,
-        });
-    }
-
-    fn status(&mut self, status: SessionStatus) {
-        self.header.status = status;
-        self.emit(EventKind::StatusChanged { status });
-    }
-
-    /// A turn's worth of change: a message of `bytes` and a status change.
-    fn step(&mut self, n: usize, bytes: usize) {
-        self.user(&format!("{n} {}", "x".repeat(bytes)));
-        let status = if n.is_multiple_of(2) {
-            SessionStatus::Running
-        } else {
-            SessionStatus::AwaitingInput
-        };
-        self.status(status);
-    }
-
-    fn checkpoint(&mut self) -> Checkpoint {
-        let entries = self.transcript[self.persisted..]
-            .iter()
-            .enumerate()
-            .map(|(i, e)| ((self.persisted + i) as u64, e.clone()))
-            .collect();
-        self.persisted = self.transcript.len();
-        let events = std::mem::take(&mut self.pending);
-        self.events.extend(events.iter().cloned());
-        Checkpoint {
-            header: self.header.clone(),
-            entries,
-            events: events.into(),
-            metadata: None,
-            queued: Vec::new(),
-            dequeued: 0..0,
-        }
-    }
-
-    /// The state the store holds for this session, if `stored` is it.
-    fn is(&self, stored: &StoredSession) -> bool {
-        stored.header == self.header
-            && stored.transcript.len() == self.transcript.len()
-            && stored
-                .transcript
-                .iter()
-                .zip(&self.transcript)
-                .all(|(a, b)| **a == **b)
-    }
-
-    /// Continues from what the store holds, as a restarted actor would.
-    fn resumed(stored: &StoredSession) -> Self {
-        Self {
-            header: stored.header.clone(),
-            transcript: stored.transcript.clone(),
-            persisted: stored.transcript.len(),
-            events: Vec::new(),
-            pending: Vec::new(),
-        }
-    }
-}
+// Sessions as the runtime writes them (`Sim`, shared with the store's other
+// tests)
 
 /// Writes `sessions` sessions of `rounds` checkpoints each (every session
 /// checkpointed once per round, a few KiB each) and closes the store: a log
@@ -538,18 +415,6 @@ async fn store_check_says_when_a_running_server_holds_the_store() {
 
 // ---------------------------------------------------------------------------
 // Retention: purging sessions
-
-/// A finished tool call whose result is `result`.
-fn tool_result(result: serde_json::Value) -> TranscriptEntry {
-    let mut call = ToolCallRecord::proposed(
-        ToolCallId::generate(),
-        "http_request".into(),
-        json!({"url": "https://example.com"}),
-        3,
-    );
-    call.finish(CallState::Completed, result, 4);
-    TranscriptEntry::ToolResult { call }
-}
 
 /// A tool result over the blob threshold (64 KiB), distinct per `tag`.
 fn big(tag: &str) -> serde_json::Value {
@@ -1277,55 +1142,6 @@ fn fill(dir: &Path, name: &str) -> PathBuf {
     path
 }
 
-struct Served {
-    child: Child,
-    base: String,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Served {
-    /// Sends SIGTERM and waits for the process to end (killing it after
-    /// [`PATIENCE`], which fails the test): its exit status and stderr.
-    fn terminate(&mut self) -> (std::process::ExitStatus, String) {
-        let term = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(term.success());
-        let deadline = std::time::Instant::now() + PATIENCE;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if std::time::Instant::now() >= deadline {
-                let _ = self.child.kill();
-                panic!(
-                    "the server did not exit after SIGTERM; its log:\n{}",
-                    self.stderr.lock().unwrap()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        // The reader thread sees the end of stderr once the process is gone.
-        let deadline = std::time::Instant::now() + PATIENCE;
-        while !self.stderr.lock().unwrap().contains(EXITED) && std::time::Instant::now() < deadline
-        {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        (status, self.stderr.lock().unwrap().clone())
-    }
-}
-
-/// What the stderr reader appends once the process's stderr is closed.
-const EXITED: &str = "<stderr closed>";
-
 /// `overseer serve` with no authentication on loopback, its stderr kept.
 fn serve_on(data: &Path, config: &Path) -> Served {
     serve_with_env(data, config, &[])
@@ -1333,45 +1149,14 @@ fn serve_on(data: &Path, config: &Path) -> Served {
 
 /// [`serve_on`] with more environment variables.
 fn serve_with_env(data: &Path, config: &Path, env: &[(&str, &str)]) -> Served {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+    let mut cmd = served::command();
+    cmd.arg("--config")
         .arg(config)
         .arg("--data")
         .arg(data)
         .env("RUST_LOG", "overseer::store=info,warn")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let listening = watchdog(child.id(), std::time::Duration::from_secs(60));
-    let base = loop {
-        let line = lines
-            .next()
-            .expect("serve exited (or was killed after 60 s) before listening")
-            .unwrap();
-        if let Some(addr) = line.strip_prefix("listening on ") {
-            break format!("http://{addr}");
-        }
-    };
-    listening.store(true, std::sync::atomic::Ordering::Relaxed);
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let kept = stderr.clone();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            let mut kept = kept.lock().unwrap();
-            kept.push_str(&line);
-            kept.push('\n');
-        }
-        kept.lock().unwrap().push_str(EXITED);
-    });
-    Served {
-        child,
-        base,
-        stderr,
-    }
+        .envs(env.iter().copied());
+    Served::start(cmd).unwrap()
 }
 
 /// What `POST /v1/sessions` answered.
@@ -1438,7 +1223,7 @@ async fn a_server_on_a_full_tmpfs_answers_503_heals_and_stops_on_sigterm() {
     let mut served = serve_on(&data, &config);
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let http = reqwest::Client::new();
-    let base = served.base.clone();
+    let base = served.url.clone();
     let readyz = || {
         let http = http.clone();
         let url = format!("{base}/readyz");
@@ -1549,7 +1334,7 @@ async fn a_server_on_a_full_tmpfs_answers_503_heals_and_stops_on_sigterm() {
         assert_eq!(status.as_u16(), 200, "confirmed session {id}");
     }
     {
-        let logs = served.stderr.lock().unwrap();
+        let logs = served.log();
         assert_eq!(logs.matches("stopped taking writes").count(), 1, "{logs}");
         assert_eq!(logs.matches("takes writes again").count(), 1, "{logs}");
         // Nothing opened sled on the full disk, where its snapshot write
@@ -1585,7 +1370,7 @@ async fn a_server_on_a_full_tmpfs_answers_503_heals_and_stops_on_sigterm() {
     let served = serve_on(&data, &config);
     for id in &confirmed {
         let status = http
-            .get(format!("{}/v1/sessions/{id}", served.base))
+            .get(format!("{}/v1/sessions/{id}", served.url))
             .send()
             .await
             .unwrap()
@@ -1622,13 +1407,13 @@ async fn sigterm_ends_a_server_whose_store_is_wedged_saying_what_was_not_confirm
     let http = reqwest::Client::new();
     let mut confirmed = Vec::new();
     for n in 0..10 {
-        let answer = create_on(&http, &served.base, n).await;
+        let answer = create_on(&http, &served.url, n).await;
         assert_eq!(answer.status, 201, "{answer:?}");
         confirmed.push(answer.id.unwrap());
     }
     // The 11th create waits for a flush that never comes.
     let wedged = {
-        let (http, base) = (http.clone(), served.base.clone());
+        let (http, base) = (http.clone(), served.url.clone());
         tokio::spawn(async move {
             let _ = http
                 .post(format!("{base}/v1/sessions"))
@@ -1637,9 +1422,8 @@ async fn sigterm_ends_a_server_whose_store_is_wedged_saying_what_was_not_confirm
                 .await;
         })
     };
-    let stderr = served.stderr.clone();
     common::eventually("the flush to hang", Duration::from_millis(20), || async {
-        match stderr.lock().unwrap().contains("hanging at StoreFlush") {
+        match served.log().contains("hanging at StoreFlush") {
             true => Ok(()),
             false => Err("not yet".to_owned()),
         }
@@ -1668,7 +1452,7 @@ async fn sigterm_ends_a_server_whose_store_is_wedged_saying_what_was_not_confirm
     let served = serve_on(&data, &config);
     for id in &confirmed {
         let status = http
-            .get(format!("{}/v1/sessions/{id}", served.base))
+            .get(format!("{}/v1/sessions/{id}", served.url))
             .send()
             .await
             .unwrap()
@@ -1679,31 +1463,6 @@ async fn sigterm_ends_a_server_whose_store_is_wedged_saying_what_was_not_confirm
             "confirmed session {id} after the restart"
         );
     }
-}
-
-/// Kills process `pid` if `done` is not set within `patience`: a child that
-/// neither prints what a test waits for nor exits would otherwise hang the
-/// blocking read of its output for ever. Killing it closes that output, and
-/// the read fails with a message.
-fn watchdog(
-    pid: u32,
-    patience: std::time::Duration,
-) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let flag = done.clone();
-    std::thread::spawn(move || {
-        let deadline = std::time::Instant::now() + patience;
-        while std::time::Instant::now() < deadline {
-            if flag.load(std::sync::atomic::Ordering::Relaxed) {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        if !flag.load(std::sync::atomic::Ordering::Relaxed) {
-            let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
-        }
-    });
-    done
 }
 
 // ---------------------------------------------------------------------------
@@ -1760,41 +1519,21 @@ fn serve_upgrade(data: &Path, fault: Option<&str>) -> (std::process::ExitStatus,
         "[http]\nauth = \"none\"\nshutdown_grace_secs = 1\n[[agents]]\nname = \"a\"\n",
     )
     .unwrap();
-    let mut cmd = Command::new(BIN);
-    cmd.args(["serve", "--upgrade", "--listen", "127.0.0.1:0", "--config"])
+    let mut cmd = served::command();
+    cmd.arg("--upgrade")
+        .arg("--config")
         .arg(&config)
         .arg("--data")
         .arg(data)
         .env("RUST_LOG", "overseer::store=info,warn")
-        .env_remove("OVERSEER_FAULT")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .env_remove("OVERSEER_FAULT");
     if let Some(fault) = fault {
         cmd.env("OVERSEER_FAULT", fault);
     }
-    let mut child = cmd.spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let watch = watchdog(child.id(), PATIENCE);
-    let mut stderr = String::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        stderr.push_str(&line);
-        stderr.push('\n');
-        if line.starts_with("listening on ") {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            break;
-        }
+    match Served::start_or_exit(cmd).unwrap() {
+        Ok(mut served) => served.terminate(),
+        Err(ended) => ended,
     }
-    for line in lines.map_while(Result::ok) {
-        stderr.push_str(&line);
-        stderr.push('\n');
-    }
-    let status = child.wait().unwrap();
-    watch.store(true, std::sync::atomic::Ordering::Relaxed);
-    (status, stderr)
 }
 
 /// Whether a server ended as SIGTERM ends it: cleanly, or by the signal

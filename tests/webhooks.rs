@@ -24,9 +24,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,9 +35,8 @@ use axum::http::{HeaderMap, StatusCode};
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+use common::served::{self, Served};
 use common::{send, token, PATIENCE, SECRET};
-
-const BIN: &str = env!("CARGO_BIN_EXE_overseer");
 
 /// Every scope a webhook test uses.
 const SCOPES: &[&str] = &[
@@ -172,63 +169,16 @@ impl Drop for Receiver {
 // ---------------------------------------------------------------------------
 // `overseer serve` as a process
 
-struct Proc {
-    child: Child,
-    url: String,
-}
-
-impl Proc {
-    fn start(config: &Path, env: &[(&str, &str)]) -> Self {
-        let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(config)
-            .env("OVERSEER_JWT_SECRET", SECRET)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd.spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut tx = Some(tx);
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(addr) = line.strip_prefix("listening on ") {
-                    if let Some(tx) = tx.take() {
-                        let _ = tx.send(format!("http://{addr}"));
-                    }
-                } else {
-                    eprintln!("serve: {line}");
-                }
-            }
-        });
-        let url = match rx.recv_timeout(PATIENCE) {
-            Ok(url) => url,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("overseer serve did not start listening");
-            }
-        };
-        Self { child, url }
-    }
-
-    fn kill9(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-KILL", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `overseer serve` on `config` with the test secret and `env` (see
+/// [`Served`]).
+fn serve(config: &Path, env: &[(&str, &str)]) -> Served {
+    let mut cmd = served::command();
+    cmd.arg("--config")
+        .arg(config)
+        .env("OVERSEER_JWT_SECRET", SECRET)
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied());
+    Served::start(cmd).unwrap()
 }
 
 /// A configuration for a single node on `data`, with short retries, the
@@ -342,7 +292,7 @@ async fn every_event_is_delivered_signed_with_the_inbox_card_and_links() {
     let dir = tempfile::tempdir().unwrap();
     let rx = Receiver::start().await;
     let only_asks = Receiver::start().await;
-    let server = Proc::start(&config(dir.path(), true, ""), &[]);
+    let server = serve(&config(dir.path(), true, ""), &[]);
     let base = server.url.as_str();
     let tok = token("acme", "alice", SCOPES);
 
@@ -508,7 +458,7 @@ async fn a_receiver_that_was_down_gets_the_same_webhook_id_later() {
     let dir = tempfile::tempdir().unwrap();
     let rx = Receiver::start().await;
     rx.answer(503);
-    let server = Proc::start(&config(dir.path(), true, ""), &[]);
+    let server = serve(&config(dir.path(), true, ""), &[]);
     let base = server.url.as_str();
     let tok = token("acme", "alice", SCOPES);
     let (endpoint, secret) = register(base, &tok, &rx.url, &["approval.requested"]).await;
@@ -565,7 +515,7 @@ async fn a_kill_9_between_the_event_and_its_delivery_delivers_after_restart() {
     let cfg = config(dir.path(), true, "");
     let rx = Receiver::start().await;
     rx.answer(503);
-    let mut server = Proc::start(&cfg, &[]);
+    let mut server = serve(&cfg, &[]);
     let tok = token("acme", "alice", SCOPES);
     let (_, secret) = register(&server.url, &tok, &rx.url, &[]).await;
     rx.set_secret(&secret);
@@ -576,7 +526,7 @@ async fn a_kill_9_between_the_event_and_its_delivery_delivers_after_restart() {
 
     server.kill9();
     rx.answer(200);
-    let server = Proc::start(&cfg, &[]);
+    let server = serve(&cfg, &[]);
     let got = rx.delivered("approval.requested").await;
     assert_eq!(got.id, id, "the same webhook-id after the restart");
     assert_verified(&got);
@@ -586,7 +536,7 @@ async fn a_kill_9_between_the_event_and_its_delivery_delivers_after_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_on_a_refused_address_is_refused_at_registration() {
     let dir = tempfile::tempdir().unwrap();
-    let strict = Proc::start(&config(dir.path(), false, ""), &[]);
+    let strict = serve(&config(dir.path(), false, ""), &[]);
     let tok = token("acme", "alice", SCOPES);
     for (url, says) in [
         ("http://169.254.169.254/latest/meta-data/", "link-local"),
@@ -615,7 +565,7 @@ async fn a_failed_session_is_delivered_as_session_failed() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), true, "\n[runtime]\nmax_restarts = 0\n");
     let rx = Receiver::start().await;
-    let server = Proc::start(&cfg, &[("OVERSEER_FAULT", "mid_stream:1:panic")]);
+    let server = serve(&cfg, &[("OVERSEER_FAULT", "mid_stream:1:panic")]);
     let tok = token("acme", "alice", SCOPES);
     let (_, secret) = register(&server.url, &tok, &rx.url, &["session.failed"]).await;
     rx.set_secret(&secret);

@@ -1,9 +1,12 @@
 //! Internals that tests reach for (feature `testing`, never enabled by the
 //! `overseer` crate's normal dependency; `tests/it/layout.rs` guards that):
 //! a session's actor cell, to watch where it is supervised and when it
-//! stops, and the pure machine's first checkpoint after a load.
+//! stops, and the pure machine's first checkpoint after a load; and [`sim`],
+//! the checkpoint simulator the store tests share.
 //!
 //! Nothing here is API: it may change with the internals it shows.
+
+pub mod sim;
 
 use ractor::ActorCell;
 

@@ -1081,175 +1081,24 @@ mod tests {
     use std::path::PathBuf;
 
     use overseer_actors::model::{
-        AgentConfig, CallState, EventKind, QueuedMessage, ToolCallId, ToolCallRecord,
-        TranscriptEntry, Usage, SCHEMA_VERSION,
+        CallState, EventKind, ToolCallId, ToolCallRecord, TranscriptEntry, SCHEMA_VERSION,
     };
     use serde_json::json;
     use sha2::{Digest, Sha256};
 
     use overseer_actors::store::all_by_status;
+    use overseer_actors::testing::sim::{self, big_result, tool_result, Sim};
 
     use super::*;
     use crate::store::{check, CheckReport};
-
-    /// A session as the runtime would drive it: entries and events accumulate,
-    /// and each checkpoint carries only what is new since the previous one.
-    #[derive(Clone)]
-    struct Sim {
-        header: SessionHeader,
-        transcript: Vec<Arc<TranscriptEntry>>,
-        persisted: usize,
-        events: Vec<Event>,
-        pending: Vec<Event>,
-        metadata: serde_json::Value,
-        metadata_written: bool,
-        inbox: Vec<QueuedMessage>,
-        queued: Vec<(u64, QueuedMessage)>,
-        dequeued: std::ops::Range<u64>,
-    }
-
-    impl Sim {
-        fn new(tenant: &str) -> Self {
-            let id = SessionId::generate();
-            // Built from JSON with only the fields a snapshot must carry, so
-            // that fields added later (which must default, for old snapshots
-            // to load) do not break these tests.
-            let mut header: SessionHeader = serde_json::from_value(json!({
-                "schema_version": SCHEMA_VERSION,
-                "id": id,
-                "tenant": tenant,
-                "agent": "a",
-                "root_id": id,
-                "status": "pending",
-                "created_at_ms": 1,
-                "updated_at_ms": 1,
-                "config": AgentConfig::new("a", &["current_time"]).effective(),
-                "usage": Usage::default(),
-                "turn": 0,
-                "step": 0,
-                "transcript_len": 0,
-                "last_event_seq": 0,
-            }))
-            .unwrap();
-            header.title = Some("t".into());
-            let mut sim = Self {
-                header,
-                transcript: Vec::new(),
-                persisted: 0,
-                events: Vec::new(),
-                pending: Vec::new(),
-                metadata: json!({"k": [1, 2]}),
-                metadata_written: false,
-                inbox: Vec::new(),
-                queued: Vec::new(),
-                dequeued: 0..0,
-            };
-            sim.emit(EventKind::SessionCreated { agent: "a".into() });
-            sim
-        }
-
-        fn id(&self) -> SessionId {
-            self.header.id
-        }
-
-        fn push(&mut self, entry: TranscriptEntry) {
-            self.transcript.push(Arc::new(entry));
-            self.header.transcript_len = self.transcript.len() as u64;
-        }
-
-        fn user(&mut self, text: &str) {
-            self.push(TranscriptEntry::User {
-                text: text.into(),
-                at_ms: 7,
-            });
-        }
-
-        fn emit(&mut self, kind: EventKind) {
-            self.header.last_event_seq += 1;
-            self.pending.push(Event {
-                session_id: self.header.id,
-                seq: self.header.last_event_seq,
-                at_ms: 9,
-                kind,
-            });
-        }
-
-        fn status(&mut self, status: SessionStatus) {
-            self.header.status = status;
-            self.emit(EventKind::StatusChanged { status });
-        }
-
-        fn enqueue(&mut self, text: &str) {
-            let m = QueuedMessage {
-                text: text.into(),
-                at_ms: 5,
-            };
-            let q = &mut self.header.queue;
-            self.queued.push((q.next, m.clone()));
-            q.next += 1;
-            q.bytes += text.len() as u64;
-            self.inbox.push(m);
-        }
-
-        fn dequeue(&mut self) {
-            let m = self.inbox.remove(0);
-            let q = &mut self.header.queue;
-            if self.dequeued.is_empty() {
-                self.dequeued = q.head..q.head;
-            }
-            self.dequeued.end = q.head + 1;
-            q.head += 1;
-            q.bytes -= m.text.len() as u64;
-        }
-
-        fn checkpoint(&mut self) -> Checkpoint {
-            let entries = self.transcript[self.persisted..]
-                .iter()
-                .enumerate()
-                .map(|(i, e)| ((self.persisted + i) as u64, e.clone()))
-                .collect();
-            self.persisted = self.transcript.len();
-            let events = std::mem::take(&mut self.pending);
-            self.events.extend(events.iter().cloned());
-            let metadata = (!self.metadata_written).then(|| self.metadata.clone());
-            self.metadata_written = true;
-            Checkpoint {
-                header: self.header.clone(),
-                entries,
-                events: events.into(),
-                metadata,
-                queued: std::mem::take(&mut self.queued),
-                dequeued: std::mem::replace(&mut self.dequeued, 0..0),
-            }
-        }
-    }
-
-    fn tool_result(result: serde_json::Value) -> TranscriptEntry {
-        let mut call = ToolCallRecord::proposed(
-            ToolCallId::generate(),
-            "http_request".into(),
-            json!({"url": "https://example.com"}),
-            3,
-        );
-        call.finish(CallState::Completed, result, 4);
-        TranscriptEntry::ToolResult { call }
-    }
-
-    fn big_result() -> serde_json::Value {
-        json!({"status": 200, "body": "x".repeat(100 * 1024), "n": [1.5, -2, null]})
-    }
 
     fn open(dir: &Path) -> SledStore {
         SledStore::open(dir, Durability::Fsync).unwrap()
     }
 
+    /// The shared check, and that sled read it from the current layout.
     fn assert_same(stored: &StoredSession, sim: &Sim) {
-        assert_eq!(stored.header, sim.header);
-        let got: Vec<&TranscriptEntry> = stored.transcript.iter().map(|e| &**e).collect();
-        let want: Vec<&TranscriptEntry> = sim.transcript.iter().map(|e| &**e).collect();
-        assert_eq!(got, want);
-        assert_eq!(stored.metadata, sim.metadata);
-        assert_eq!(stored.inbox, sim.inbox);
+        sim::assert_same(stored, sim);
         assert!(!stored.needs_rewrite);
     }
 

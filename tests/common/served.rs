@@ -10,7 +10,8 @@
 //! environment they need ([`command`] is the common start).
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -48,7 +49,32 @@ impl Served {
 
     /// [`Served::start`], its URL with `scheme`, giving it `patience` to
     /// listen (a migration at start-up may want more than [`PATIENCE`]).
-    pub fn start_with(mut cmd: Command, scheme: &str, patience: Duration) -> anyhow::Result<Self> {
+    pub fn start_with(cmd: Command, scheme: &str, patience: Duration) -> anyhow::Result<Self> {
+        match Self::launch(cmd, scheme, patience)? {
+            Ok(served) => Ok(served),
+            Err((why, _, log)) => bail!("overseer serve never listened ({why}):\n{log}"),
+        }
+    }
+
+    /// [`Served::start`] for a server that may end before it listens (a
+    /// fault at start-up): then its exit status and whole stderr. Not
+    /// listening within [`PATIENCE`] is still an error.
+    pub fn start_or_exit(cmd: Command) -> anyhow::Result<Result<Self, (ExitStatus, String)>> {
+        match Self::launch(cmd, "http", PATIENCE)? {
+            Ok(served) => Ok(Ok(served)),
+            Err((RecvTimeoutError::Disconnected, status, log)) => Ok(Err((status, log))),
+            Err((why, _, log)) => bail!("overseer serve never listened ({why}):\n{log}"),
+        }
+    }
+
+    /// Spawns `cmd` and waits for its `listening on` line; else (it ended,
+    /// or `patience` passed and it was killed) why, its status and stderr.
+    #[allow(clippy::type_complexity)]
+    fn launch(
+        mut cmd: Command,
+        scheme: &str,
+        patience: Duration,
+    ) -> anyhow::Result<Result<Self, (RecvTimeoutError, ExitStatus, String)>> {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -77,17 +103,20 @@ impl Served {
             }
         });
         match rx.recv_timeout(patience) {
-            Ok(url) => Ok(Self {
+            Ok(url) => Ok(Ok(Self {
                 child,
                 url,
                 log,
                 lines: Mutex::new(lines),
-            }),
-            Err(e) => {
+            })),
+            Err(why) => {
                 let _ = child.kill();
-                let _ = child.wait();
+                let status = child.wait().context("wait for overseer serve")?;
+                // The reader ends with the process's stderr: then the log is
+                // whole.
+                while lines.recv_timeout(PATIENCE).is_ok() {}
                 let log = log.lock().map(|l| l.join("\n")).unwrap_or_default();
-                bail!("overseer serve never listened ({e}):\n{log}")
+                Ok(Err((why, status, log)))
             }
         }
     }
@@ -129,21 +158,45 @@ impl Served {
     /// SIGTERM; panics unless it exits 0 (a graceful shutdown) within
     /// [`PATIENCE`].
     pub fn sigterm(&mut self) {
+        let status = self.sigterm_status();
+        assert!(status.success(), "graceful shutdown exits 0: {status:?}");
+    }
+
+    /// SIGTERM, and the process's end within [`PATIENCE`] (else it is killed
+    /// and the test fails): its exit status and its whole stderr (waiting
+    /// for the stderr to close, which a child it left running would hold).
+    pub fn terminate(&mut self) -> (ExitStatus, String) {
+        let status = self.sigterm_status();
+        // The reader thread drops its sender once stderr is closed, after
+        // keeping the last line: then the log is whole.
+        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        while lines.recv_timeout(PATIENCE).is_ok() {}
+        drop(lines);
+        (status, self.log())
+    }
+
+    /// SIGTERM, and its exit status within [`PATIENCE`].
+    fn sigterm_status(&mut self) -> ExitStatus {
         let pid = self.child.id().to_string();
         let sent = Command::new("kill").args(["-TERM", &pid]).status();
         assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
         let deadline = std::time::Instant::now() + PATIENCE;
-        let status = loop {
+        loop {
             match self.child.try_wait() {
-                Ok(Some(status)) => break status,
+                Ok(Some(status)) => return status,
                 Ok(None) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                Ok(None) => panic!("overseer serve did not exit within {PATIENCE:?} of SIGTERM"),
+                Ok(None) => {
+                    let _ = self.child.kill();
+                    panic!(
+                        "overseer serve did not exit within {PATIENCE:?} of SIGTERM:\n{}",
+                        self.log()
+                    );
+                }
                 Err(e) => panic!("waiting for overseer serve: {e}"),
             }
-        };
-        assert!(status.success(), "graceful shutdown exits 0: {status:?}");
+        }
     }
 
     /// Its stderr so far.

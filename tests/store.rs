@@ -22,6 +22,7 @@ use serde_json::json;
 mod common;
 
 use common::served::{self, Served};
+use common::SLED_KINDS as KINDS;
 
 const BIN: &str = env!("CARGO_BIN_EXE_overseer");
 
@@ -766,23 +767,6 @@ fn check_passes_at_layout(dir: &Path, version: u32) {
         "{stdout}"
     );
 }
-
-/// The kinds of rows of layout 4's one tree (`data`), by the first byte of
-/// their keys, named after the tree each had in layout 3.
-const KINDS: [(u8, &str); 12] = [
-    (b'S', "sessions"),
-    (b'T', "transcript"),
-    (b'E', "events"),
-    (b'Q', "queue"),
-    (b'M', "metadata"),
-    (b'N', "tenants"),
-    (b'A', "active"),
-    (b'B', "blobs"),
-    (b'R', "blob_refs"),
-    (b'D', "decisions"),
-    (b'm', "meta"),
-    (b'O', "webhook_outbox"),
-];
 
 fn kind_of(prefix: u8) -> &'static str {
     KINDS

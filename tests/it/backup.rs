@@ -553,20 +553,7 @@ async fn bad_backups_and_restores_are_refused_naming_what_is_wrong() {
 /// binary would have left it: every row of layout 4's one tree (`data`)
 /// moved back into the tree its kind had (named by the key's first byte).
 fn stamp_layout(dir: &Path, version: u32) {
-    const KINDS: [(u8, &str); 12] = [
-        (b'S', "sessions"),
-        (b'T', "transcript"),
-        (b'E', "events"),
-        (b'Q', "queue"),
-        (b'M', "metadata"),
-        (b'N', "tenants"),
-        (b'A', "active"),
-        (b'B', "blobs"),
-        (b'R', "blob_refs"),
-        (b'D', "decisions"),
-        (b'm', "meta"),
-        (b'O', "webhook_outbox"),
-    ];
+    use crate::common::SLED_KINDS as KINDS;
     let db = open_raw(dir);
     let data = db.open_tree("data").unwrap();
     for row in data.iter() {

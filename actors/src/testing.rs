@@ -1,7 +1,7 @@
 //! Internals that tests reach for (feature `testing`, never enabled by the
 //! `overseer` crate's normal dependency; `tests/it/layout.rs` guards that):
 //! a session's actor cell, to watch where it is supervised and when it
-//! stops, and the pure machine's first checkpoint after a load; and [`sim`],
+//! stops, a hibernation raced by a decision, and the pure machine's first checkpoint after a load; and [`sim`],
 //! the checkpoint simulator the store tests share.
 //!
 //! Nothing here is API: it may change with the internals it shows.
@@ -12,13 +12,32 @@ use ractor::ActorCell;
 
 use crate::machine::Session;
 use crate::messages::SessionMsg;
-use crate::model::SessionId;
+use crate::model::{SessionId, Submission};
 use crate::store::{Checkpoint, StoredSession};
-use crate::Overseer;
+use crate::{Overseer, SessionError};
 
 /// The cell of session `id`'s live actor, if it has one.
 pub fn session_cell(overseer: &Overseer, id: SessionId) -> Option<ActorCell> {
     overseer.runtime.live.get(&id).map(|r| r.get_cell())
+}
+
+/// Asks session `id`'s live actor to hibernate and hands it `submission`
+/// in the same breath: on a current-thread runtime nothing runs between
+/// the two sends, so the actor drains with the decision already queued,
+/// handles it, and stops with the work the decision started still open
+/// (what happens when a message races a hibernation). `None` when `id` has
+/// no live actor or the actor refused the messages; otherwise the
+/// decision's answer.
+pub async fn hibernate_then_decide(
+    overseer: &Overseer,
+    id: SessionId,
+    submission: Submission,
+) -> Option<Result<(), SessionError>> {
+    let actor = overseer.runtime.live.get(&id).map(|r| r.clone())?;
+    actor.cast(SessionMsg::HibernateIfIdle).ok()?;
+    let (tx, rx) = ractor::concurrency::oneshot();
+    actor.cast(SessionMsg::Decide(submission, tx.into())).ok()?;
+    rx.await.ok()
 }
 
 /// Whether `cell` is a session actor's.

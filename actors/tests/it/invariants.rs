@@ -404,6 +404,73 @@ async fn a_hibernated_child_is_activated_under_its_parent() {
     until_nothing_held(&ov).await;
 }
 
+/// A child whose actor drains to hibernate with a decision already in its
+/// mailbox handles the decision and stops with the work it started still
+/// open (no report to its parent: the child has not finished). Its parent,
+/// seeing the child stop, reads the child's checkpoint and brings it back,
+/// and the tree finishes. A parent that ignored a child's normal stop
+/// would wait forever here.
+#[tokio::test]
+async fn a_child_stopping_with_work_it_accepted_is_brought_back_by_its_parent() {
+    let agents = vec![
+        lead("drain_lead", "drain_child"),
+        named("drain_child", &["echo"]),
+    ];
+    let ov = start_with(
+        agents,
+        Arc::new(MemStore::new()),
+        provider(tree_steps("drain_lead", "drain_child")),
+        RuntimeConfig::default(),
+    )
+    .await;
+    let id = create(&ov, "drain_lead", "go").await;
+    let mut rx = ov.subscribe(id);
+    let pending = poll("the child's approval", Duration::from_millis(5), || async {
+        ov.pending_approvals(id).await.unwrap().into_iter().next()
+    })
+    .await;
+    let child = pending.session_id;
+    let first = overseer_actors::testing::session_cell(&ov, child).unwrap();
+    let answer = overseer_actors::testing::hibernate_then_decide(
+        &ov,
+        child,
+        Submission::one(pending.call.id.clone(), Decision::approve()),
+    )
+    .await;
+    assert!(matches!(answer, Some(Ok(()))), "{answer:?}");
+    // The child's first actor is gone, its call still open.
+    poll(
+        "the child's actor to stop",
+        Duration::from_millis(5),
+        || {
+            let first = first.clone();
+            async move { (first.get_status() == ractor::ActorStatus::Stopped).then_some(()) }
+        },
+    )
+    .await;
+    // Whatever the resumed child asks again (a tool whose outcome its first
+    // actor never recorded) is approved; the tree must finish.
+    let ended = bounded("the tree to finish", async {
+        loop {
+            tokio::select! {
+                stop = turn_end(&mut rx) => return stop,
+                () = tokio::time::sleep(Duration::from_millis(5)) => {
+                    for p in ov.pending_approvals(id).await.unwrap() {
+                        let _ = ov
+                            .submit(p.session_id, Submission::one(p.call.id, Decision::approve()))
+                            .await;
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    assert_eq!(ended, StopReason::EndTurn);
+    let text = final_text(&transcript(&ov, id).await);
+    assert!(text.contains("child: "), "{text}");
+    until_nothing_held(&ov).await;
+}
+
 #[cfg(feature = "fault-injection")]
 mod faults {
     use super::*;

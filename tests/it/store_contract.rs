@@ -846,6 +846,42 @@ async fn a_node_that_lost_its_lease_lands_no_write() {
     );
 }
 
+/// An actor can outlive its node's leases: a restart's read or an
+/// activation in flight while the leases were dropped spawns it after the
+/// drop, and the take-back that ran meanwhile skipped it as live. Its write
+/// is refused (this node holds no lease of its tree), and since its lease
+/// row still names this node no other node will ever take it: the refusal
+/// owes a take-back, which finds the tree and claims it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_refused_for_want_of_a_lease_owes_the_take_back_of_its_tree() {
+    let url = shared().database().await.unwrap();
+    let a = open_pg(&url, Duration::from_secs(30)).await;
+    a.heartbeat("http://a", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let mut sim = Sim::new("acme");
+    sim.status(SessionStatus::AwaitingApproval);
+    sim.write(&a).await;
+    assert!(!a.take_let_go(), "nothing was let go yet");
+    // The leases forgotten in memory, the node itself alive (its clock
+    // valid): what an actor spawned after the drop finds.
+    a.sweep_leases(Duration::ZERO, |_| false);
+    assert_eq!(a.leases_held(), 0);
+    sim.status(SessionStatus::Running);
+    let err = a.checkpoint(sim.checkpoint()).await.unwrap_err();
+    assert!(err.is_not_owner(), "{err:?}");
+    assert!(
+        a.take_let_go(),
+        "a write refused for want of a lease owes a take-back"
+    );
+    let own = a.own_unheld_roots(usize::MAX, |_| true).await.unwrap();
+    assert_eq!(own, vec![sim.id()], "the take-back finds the tree");
+    assert!(a.claim(sim.id()).await.unwrap(), "and claims it again");
+    a.checkpoint(sim.checkpoint()).await.unwrap();
+    let stored = a.load(sim.id()).await.unwrap().unwrap();
+    assert_eq!(stored.header, sim.header);
+}
+
 /// What a purge leaves in the tables: no blob another session does not
 /// name, no lease of a tree with no session left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -301,7 +301,7 @@ impl PgStore {
         if self.lease_lapsed() {
             metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL, "by" => "node")
                 .increment(1);
-            self.let_go_while_lapsed();
+            self.owe_take_back();
             return Err(StoreError::NotOwner {
                 session,
                 reason: "this node's lease has run out (no recent heartbeat)".into(),
@@ -312,6 +312,14 @@ impl PgStore {
             None => {
                 metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL, "by" => "node")
                     .increment(1);
+                // An actor running a tree this node holds no lease of: one
+                // that started while its leases were being dropped (a
+                // restart's read or an activation in flight when the lease
+                // lapsed). It fails as not owned, and the take-back that ran
+                // meanwhile skipped it as live; but its lease row may still
+                // name this node, and then no other node will ever take it.
+                // So a take-back is owed again, as for a lapse.
+                self.owe_take_back();
                 Err(StoreError::NotOwner {
                     session,
                     reason: "this node holds no lease on its tree".into(),
@@ -321,20 +329,21 @@ impl PgStore {
     }
 
     /// A write or claim of a tree was refused because this node's own lease
-    /// lapsed: the tree is let go (its actor fails as not owned and is not
-    /// restarted), though its lease row may still name this node and no
-    /// other node may ever take it (this node is alive again once it
+    /// lapsed, or because this node holds no lease of the tree in memory
+    /// (see `fence`): the tree is let go (its actor fails as not owned and
+    /// is not restarted), though its lease row may still name this node and
+    /// no other node may ever take it (this node is alive again once it
     /// heartbeats). The flag tells the failover to take this node's own
     /// sessions back ([`PgStore::own_unheld_roots`]), even when the lapse
     /// was too short for the heartbeat loop to notice and drop everything.
     /// The lease itself is kept: once the node heartbeats again, nobody
     /// having taken it, the tree's writes land again.
-    fn let_go_while_lapsed(&self) {
+    fn owe_take_back(&self) {
         self.inner.let_go.store(true, Ordering::Release);
     }
 
     /// Whether a tree was let go because this node's lease lapsed since the
-    /// last call (see `let_go_while_lapsed`); clears it.
+    /// last call (see `owe_take_back`); clears it.
     pub fn take_let_go(&self) -> bool {
         self.inner.let_go.swap(false, Ordering::AcqRel)
     }
@@ -350,7 +359,7 @@ impl PgStore {
     /// Takes the lease of `root`'s tree for this node (the port's `claim`).
     pub(super) async fn claim_root(&self, root: SessionId) -> Result<bool, StoreError> {
         if !self.inner.clock.valid() {
-            self.let_go_while_lapsed();
+            self.owe_take_back();
             return Err(StoreError::NotOwner {
                 session: root,
                 reason: "this node's lease has run out (no recent heartbeat)".into(),

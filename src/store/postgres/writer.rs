@@ -47,30 +47,49 @@ const NOTIFY_CHUNK: usize = 7_000;
 /// fence held, and the schema of the header it found (to tell a fenced
 /// write from a refused one). The webhook deliveries (`h`) join the
 /// tenant's enabled endpoints in the database: no node's view decides.
+///
+/// The configuration a header names (`g`, see `store::configs`) is
+/// inserted only by a checkpoint whose session did not name it before the
+/// statement (`old`: every part of one statement sees the database as it
+/// was before it): a first checkpoint, a change of configuration, a header
+/// from before migration 7. A purge deletes a configuration no session
+/// names (`purge`), so such a checkpoint must not lose its configuration to
+/// a purge running at the same time. It writes the row (`ON CONFLICT DO
+/// UPDATE`, not `DO NOTHING`), which locks it until the commit, as blobs
+/// are: a purge locks the configuration `FOR UPDATE` before it looks for
+/// sessions naming it, so either it waits for this commit and then sees the
+/// new session's row (read committed: its next statement's snapshot), or
+/// it deleted first and this insert, waiting on its lock, then inserts the
+/// row anew (PostgreSQL's upsert guarantees an insert or an update). Any
+/// other checkpoint's session already names the configuration in a
+/// committed row, which keeps it from every purge's `NOT EXISTS` but that
+/// session's own.
 const GROUP_SQL: &str = "
 WITH i AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::uuid[], $5::text[],
                          $6::text[], $7::integer[], $8::bigint[], $9::bigint[], $10::text[],
                          $11::text[], $12::bytea[], $13::bigint[], $14::bigint[], $15::text[],
-                         $16::bigint[], $17::bigint[], $18::bigint[], $19::text[])
+                         $16::bigint[], $17::bigint[], $18::bigint[], $19::text[], $38::text[],
+                         $39::text[])
         WITH ORDINALITY AS u(id, root, epoch, parent, tenant, status, sv, les, tl, header,
                              metadata, record, fev, fen, rblobs, dq_from, dq_to, now_ms, agent,
-                             ord)
+                             chash, config, ord)
 ), fence AS (
     SELECT l.root_id, l.epoch FROM leases l
     WHERE l.node_id = $20 AND (l.root_id, l.epoch) IN (SELECT root, epoch FROM i)
     FOR SHARE
 ), s AS (
     INSERT INTO sessions AS x (id, root_id, parent_id, tenant, status, schema_version,
-                               last_event_seq, transcript_len, header, metadata, updated_at)
-    SELECT i.id, i.root, i.parent, i.tenant, i.status, i.sv, i.les, i.tl, i.header, i.metadata,
-           now()
+                               last_event_seq, transcript_len, header, config_hash, metadata,
+                               updated_at)
+    SELECT i.id, i.root, i.parent, i.tenant, i.status, i.sv, i.les, i.tl, i.header, i.chash,
+           i.metadata, now()
     FROM i JOIN fence f ON f.root_id = i.root AND f.epoch = i.epoch
     ON CONFLICT (id) DO UPDATE SET
         status = EXCLUDED.status, schema_version = EXCLUDED.schema_version,
         last_event_seq = EXCLUDED.last_event_seq, transcript_len = EXCLUDED.transcript_len,
-        header = EXCLUDED.header, metadata = COALESCE(EXCLUDED.metadata, x.metadata),
-        updated_at = now()
+        header = EXCLUDED.header, config_hash = EXCLUDED.config_hash,
+        metadata = COALESCE(EXCLUDED.metadata, x.metadata), updated_at = now()
     WHERE x.schema_version <= $21
     RETURNING x.id
 ), w AS (
@@ -83,6 +102,13 @@ WITH i AS (
     ON CONFLICT (session_id, events_end, entries_end) DO UPDATE
         SET first_event = EXCLUDED.first_event, first_entry = EXCLUDED.first_entry,
             blobs = EXCLUDED.blobs, record = EXCLUDED.record
+), g AS (
+    INSERT INTO configs (hash, config)
+    SELECT DISTINCT ON (w.chash) w.chash, w.config
+    FROM w LEFT JOIN sessions old ON old.id = w.id
+    WHERE old.config_hash IS DISTINCT FROM w.chash
+    ORDER BY w.chash
+    ON CONFLICT (hash) DO UPDATE SET hash = EXCLUDED.hash
 ), b AS (
     INSERT INTO blobs (hash, data)
     SELECT DISTINCT ON (u.hash) u.hash, u.data
@@ -409,6 +435,9 @@ struct Group {
     decision_tools: Vec<String>,
     decision_by: Vec<Option<String>>,
     decision_rows: Vec<String>,
+    /// The configuration each header names, and its JSON (`$38`, `$39`).
+    config_hashes: Vec<String>,
+    configs: Vec<String>,
 }
 
 impl Group {
@@ -439,6 +468,8 @@ impl Group {
             g.dequeue_to.push(p.dequeue_to);
             g.hook_now_ms.push(p.hook_now_ms);
             g.agents.push(p.agent.clone());
+            g.config_hashes.push(p.config_hash.clone());
+            g.configs.push(p.config.clone());
             g.node = g.node.or(p.node);
             for (hash, data) in p.blob_hashes.iter().zip(&p.blob_data) {
                 g.blob_ord.push(ord);
@@ -507,6 +538,8 @@ impl Group {
             &self.decision_tools,
             &self.decision_by,
             &self.decision_rows,
+            &self.config_hashes,
+            &self.configs,
         ]
     }
 }

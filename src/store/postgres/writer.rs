@@ -63,7 +63,8 @@ const NOTIFY_CHUNK: usize = 7_000;
 /// row anew (PostgreSQL's upsert guarantees an insert or an update). Any
 /// other checkpoint's session already names the configuration in a
 /// committed row, which keeps it from every purge's `NOT EXISTS` but that
-/// session's own.
+/// session's own. The last column says which configuration a session left
+/// (its row before the statement): see [`DELETE_LEFT_CONFIGS`].
 const GROUP_SQL: &str = "
 WITH i AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::uuid[], $5::text[],
@@ -145,8 +146,22 @@ WITH i AS (
 )
 SELECT EXISTS (SELECT 1 FROM s WHERE s.id = i.id),
        EXISTS (SELECT 1 FROM fence f WHERE f.root_id = i.root AND f.epoch = i.epoch),
-       (SELECT x.schema_version FROM sessions x WHERE x.id = i.id)
+       (SELECT x.schema_version FROM sessions x WHERE x.id = i.id),
+       (SELECT x.config_hash FROM sessions x
+        WHERE x.id = i.id AND x.config_hash IS DISTINCT FROM i.chash)
 FROM i ORDER BY i.ord";
+
+/// After a group in which sessions left configurations (a change of
+/// configuration): each that no session names any more is deleted, as a
+/// purge does (`purge`): locked first, so a checkpoint of another
+/// transaction taking it up at the same time is either seen (it committed
+/// before the lock was granted; read committed gives the delete a snapshot
+/// taken after) or inserts it again (see [`GROUP_SQL`]). Rare: a
+/// configuration changes once or twice in a session's life, if ever.
+const LOCK_LEFT_CONFIGS: &str =
+    "SELECT 1 FROM configs WHERE hash = ANY($1) ORDER BY hash FOR UPDATE";
+const DELETE_LEFT_CONFIGS: &str = "DELETE FROM configs c WHERE c.hash = ANY($1)
+    AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.config_hash = c.hash)";
 
 /// The newest checkpoint schema this binary writes over (`$21`).
 static KNOWN_SCHEMA: i32 = overseer_actors::model::SCHEMA_VERSION as i32;
@@ -332,11 +347,16 @@ async fn transaction(
     }))
     .await;
     let mut landed = vec![Outcome::Fenced; jobs.len()];
+    // Configurations sessions of the group moved away from.
+    let mut left: Vec<String> = Vec::new();
     for (wave, rows) in waves.iter().zip(results) {
         let rows = rows.map_err(map_pg)?;
         for (&(at, _), row) in wave.iter().zip(&rows) {
             let (wrote, fence, found): (bool, bool, Option<i32>) =
                 (row.get(0), row.get(1), row.get(2));
+            if wrote {
+                left.extend(row.get::<_, Option<String>>(3));
+            }
             landed[at] = match (wrote, fence, found) {
                 (true, _, _) => Outcome::Landed,
                 (false, true, Some(v)) if v > KNOWN_SCHEMA => {
@@ -344,6 +364,15 @@ async fn transaction(
                 }
                 _ => Outcome::Fenced,
             };
+        }
+    }
+    let mut cleanup = 0;
+    if !left.is_empty() {
+        left.sort_unstable();
+        left.dedup();
+        for sql in [LOCK_LEFT_CONFIGS, DELETE_LEFT_CONFIGS] {
+            tx.execute(sql, &[&left]).await.map_err(map_pg)?;
+            cleanup += 1;
         }
     }
     let mut payload = String::new();
@@ -372,7 +401,7 @@ async fn transaction(
     // BEGIN, the pipelined statements, each announcement, COMMIT.
     counters
         .round_trips
-        .fetch_add(3 + notifies.len() as u64, Ordering::Relaxed);
+        .fetch_add(3 + cleanup + notifies.len() as u64, Ordering::Relaxed);
     Ok(landed)
 }
 

@@ -204,6 +204,15 @@ mod tests {
         assert_eq!(mine.hash(), changed);
         assert_ne!(mine.hash(), theirs.hash());
         assert_eq!(theirs.hash(), expected);
+        // Changed again while no one else shares it: the hash made in
+        // between must not survive.
+        mine.make_mut().max_steps = 3;
+        let mut again = config();
+        again.model = "other".into();
+        again.max_steps = 3;
+        let again: [u8; 32] =
+            Sha256::digest(serde_json::to_string(&again).unwrap().as_bytes()).into();
+        assert_eq!(mine.hash(), again);
     }
 
     #[test]

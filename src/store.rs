@@ -3,7 +3,8 @@
 //! store of cluster mode ([`postgres`]), with what they share: the stored
 //! form of a session (`codec`: header, transcript entry, events, blobs; no
 //! engine types; `record`: the per-checkpoint record of layout 4, issue
-//! 28), [`Durability`], copying every session from one store to
+//! 28; `configs`: agent configurations stored once each, by hash, and named
+//! by hash in the headers), [`Durability`], copying every session from one store to
 //! another ([`copy`]). The offline verification of a sled directory
 //! (`overseer store check`) is the sled store's (`sled::check`).
 //!
@@ -18,6 +19,7 @@
 
 pub mod backup;
 mod codec;
+mod configs;
 pub mod copy;
 pub mod postgres;
 // Read and written by the stores from layout 4 on; until they are wired to

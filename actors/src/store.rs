@@ -3,7 +3,9 @@
 //! This module owns the [`CheckpointStore`] trait, the unit of durability
 //! ([`Checkpoint`]: one session's header plus its new transcript entries and
 //! new events, written atomically) and an in-memory implementation for tests
-//! and embedding. It deliberately knows no disk format: the sled store lives
+//! and embedding. Every store keeps each distinct agent configuration once
+//! (interned by its hash, see [`CheckpointStore::stored_configs`]); a
+//! header read back carries its configuration whole all the same. It deliberately knows no disk format: the sled store lives
 //! in the `overseer` crate (`src/store/sled.rs`, beside PostgreSQL's). The decision index every store
 //! derives from checkpoints, and its contract, are in `decisions`.
 
@@ -347,9 +349,24 @@ pub trait CheckpointStore: Send + Sync + 'static {
         Ok(stored.transcript[start..end].to_vec())
     }
 
+    /// How many distinct agent configurations the store holds. A store
+    /// keeps each configuration once, under its content hash
+    /// ([`SharedConfig::hash`](crate::model::SharedConfig::hash)), shared
+    /// by every session that runs under it (a stored header names it by
+    /// hash), and deletes it with the last of those sessions (`purge`), or
+    /// when the last moves to another configuration. For tests of that
+    /// sharing; a store that keeps configurations in its headers keeps this
+    /// default, an error.
+    async fn stored_configs(&self) -> Result<usize, StoreError> {
+        Err(StoreError::Io(
+            "this store does not keep configurations apart".into(),
+        ))
+    }
+
     /// Deletes a terminal session whole: header, transcript, events, queue,
-    /// metadata, index entries (its decision rows too), and the blobs no
-    /// other session references.
+    /// metadata, index entries (its decision rows too), the blobs no other
+    /// session references, and its configuration if no other session runs
+    /// under it.
     /// The header goes first, so a purge cut short leaves invisible rows,
     /// never a session with holes. Purging a session that is not terminal is
     /// refused ([`StoreError::NotTerminal`]); purging one that does not exist

@@ -38,7 +38,13 @@
 //! - **Retention**: `scan` walks the sessions by id; `purge` deletes a
 //!   terminal session whole in one transaction (nothing half-purged to
 //!   finish later, unlike sled), with the blobs no other transcript row
-//!   names and the lease of a tree left empty. Only the owner of a live
+//!   names, its configuration if no other session names it, and the lease
+//!   of a tree left empty.
+//! - **Interned configurations** (migration 7): each distinct agent
+//!   configuration is one `configs` row, by content hash; a header names
+//!   its configuration by hash (`crate::store::configs`), inserted in the
+//!   checkpoint's statement when its session takes it up, and joined back
+//!   by every read. Only the owner of a live
 //!   tree purges it (it alone knows whether the session's actor still runs).
 //!
 //! The heartbeat renews this node's membership on a connection of its own,
@@ -449,6 +455,18 @@ impl CheckpointStore for PgStore {
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         self.read_scan(after, limit).await
+    }
+
+    async fn stored_configs(&self) -> Result<usize, StoreError> {
+        retrying(READ_RETRY, || async {
+            let client = self.client().await?;
+            let row = client
+                .query_one("SELECT count(*) FROM configs", &[])
+                .await
+                .map_err(map_pg)?;
+            Ok(usize::try_from(row.get::<_, i64>(0)).unwrap_or(usize::MAX))
+        })
+        .await
     }
 
     /// One transaction (see [`PgStore::purge_once`]), retried across

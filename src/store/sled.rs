@@ -9,7 +9,7 @@
 //!
 //! | kind (byte)        | key after the byte               | value                         |
 //! |--------------------|----------------------------------|-------------------------------|
-//! | sessions (`S`)     | session id (16 bytes)            | header JSON                   |
+//! | sessions (`S`)     | session id (16 bytes)            | header JSON, naming its configuration by hash |
 //! | transcript (`T`)   | id ‖ big-endian u64 index        | entry JSON (in an envelope)   |
 //! | events (`E`)       | id ‖ big-endian u64 seq          | the events of one checkpoint  |
 //! | tenants (`N`)      | tenant bytes ‖ 0x00 ‖ id         | empty                         |
@@ -20,6 +20,8 @@
 //! | metadata (`M`)     | id                               | the caller's metadata JSON    |
 //! | decisions (`D`)    | tenant ‖ 0x00 ‖ time ‖ id ‖ call | a decision index row          |
 //! | webhook outbox (`O`) | id ‖ seq ‖ endpoint            | a webhook seed (`webhooks`)   |
+//! | configs (`G`)      | sha256 hex of a configuration    | its JSON, once per distinct configuration (`configs`) |
+//! | config refs (`g`)  | sha256 hex ‖ id                  | empty: the session's header names the configuration |
 //! | meta (`m`)         | `commit_seq`, `health_check`, `purge:` ‖ id, `migrate4` | big-endian u64; a nonce; the tenant of a purge under way; a migration's progress |
 //!
 //! and the tree `meta`, holding only `format_version` (big-endian u32),
@@ -84,6 +86,7 @@
 //! retention policy.
 
 pub(super) mod check;
+mod configs;
 mod durable;
 mod gate;
 mod group_commit;
@@ -498,7 +501,7 @@ impl Trees {
             .get(id.as_bytes())
             .map_err(|e| io(format_args!("reading session {id}"), e))?
         {
-            Some(bytes) => codec::decode_header(id, &bytes).map(Some),
+            Some(bytes) => self.decode_header(id, &bytes).map(Some),
             None => Ok(None),
         }
     }
@@ -511,7 +514,7 @@ impl Trees {
         else {
             return Ok(None);
         };
-        let mut header = codec::decode_header(id, &bytes)?;
+        let mut header = self.decode_header(id, &bytes)?;
         let legacy = codec::legacy_parts(id, &header, &bytes)?;
         // Only the entries the header accounts for: entries are written before
         // the header that counts them (and never rewritten below it), so
@@ -749,7 +752,7 @@ impl Trees {
                     }
                 }
                 let page = decode_all(&rows, |(id, bytes)| {
-                    codec::decode_header(id, bytes).map(wanted)
+                    self.decode_header(id, bytes).map(wanted)
                 })?;
                 match last {
                     Some(id) if page.is_empty() => after = Some(id),
@@ -772,7 +775,7 @@ impl Trees {
                     continue;
                 }
             }
-            out.extend(wanted(codec::decode_header(&id, &bytes)?));
+            out.extend(wanted(self.decode_header(&id, &bytes)?));
             if out.len() >= limit {
                 break;
             }
@@ -794,7 +797,7 @@ impl Trees {
         {
             let (key, bytes) = item.map_err(|e| io("scanning sessions", e))?;
             let id = layout::id_from(&key).ok_or_else(|| corrupt("sessions", "malformed key"))?;
-            out.push(codec::decode_header(&id, &bytes)?);
+            out.push(self.decode_header(&id, &bytes)?);
         }
         Ok(out)
     }
@@ -1062,6 +1065,15 @@ impl CheckpointStore for SledStore {
     /// the store has recovered on its own.
     async fn health_check(&self) -> Result<(), StoreError> {
         self.send(Command::Health, || "a health check".into()).await
+    }
+
+    async fn stored_configs(&self) -> Result<usize, StoreError> {
+        self.read(|trees| {
+            configs::count(trees)
+                .map(|(configs, _)| configs)
+                .map_err(|e| io("counting the configurations", e))
+        })
+        .await
     }
 
     /// Done by the writer, like a checkpoint (and under `fsync` confirmed

@@ -767,7 +767,7 @@ pub async fn until_event(
 /// The kinds of rows of the sled layout 4's one tree (`data`), by the first
 /// byte of their keys, named after the tree each had in layout 3: what the
 /// tests that write an older layout by hand, or count rows per kind, read.
-pub const SLED_KINDS: [(u8, &str); 12] = [
+pub const SLED_KINDS: [(u8, &str); 14] = [
     (b'S', "sessions"),
     (b'T', "transcript"),
     (b'E', "events"),
@@ -780,4 +780,6 @@ pub const SLED_KINDS: [(u8, &str); 12] = [
     (b'D', "decisions"),
     (b'm', "meta"),
     (b'O', "webhook_outbox"),
+    (b'G', "configs"),
+    (b'g', "config_refs"),
 ];

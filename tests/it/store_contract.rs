@@ -13,7 +13,9 @@
 //! tenant listing and the recovery listing, the bounded walk over every
 //! session (`scan`), purging a terminal session whole (refused for one that
 //! is not), the decision index (newest first, paged, filtered, per tenant,
-//! purged with its session) and bounded transcript reads. PostgreSQL-only behaviour (fencing, purge and ownership, blobs
+//! purged with its session), bounded transcript reads, and agent
+//! configurations stored once per distinct configuration (shared, read back
+//! exactly, also after a restart, and purged with their last session). PostgreSQL-only behaviour (fencing, purge and ownership, blobs
 //! left behind, migrations, start-up errors, group commit, the heartbeat's own
 //! connection) follows.
 
@@ -775,6 +777,139 @@ async fn entries_read_a_bounded_range_of_the_committed_transcript(store: &dyn Ch
         .is_empty());
 }
 
+contract!(a_configuration_is_stored_once_and_goes_with_its_last_session);
+async fn a_configuration_is_stored_once_and_goes_with_its_last_session(
+    store: &dyn CheckpointStore,
+) {
+    // Two sessions of one agent under one configuration, checkpointed
+    // several times each (side by side, so a group may hold both): it is
+    // stored once.
+    let mut a = Sim::new("acme");
+    let mut b = Sim::new("acme");
+    assert_eq!(a.header.config, b.header.config);
+    for status in [SessionStatus::Running, SessionStatus::Completed] {
+        a.status(status);
+        b.status(status);
+        let (ca, cb) = (a.checkpoint(), b.checkpoint());
+        store.claim(a.header.root_id).await.unwrap();
+        store.claim(b.header.root_id).await.unwrap();
+        let (ra, rb) = futures::join!(store.checkpoint(ca), store.checkpoint(cb));
+        ra.unwrap();
+        rb.unwrap();
+        assert_eq!(store.stored_configs().await.unwrap(), 1);
+    }
+    // Read back whole, every way a header is read.
+    for sim in [&a, &b] {
+        assert_same(&store.load(sim.id()).await.unwrap().unwrap(), sim);
+        assert_eq!(
+            store.load_header(sim.id()).await.unwrap().as_ref(),
+            Some(&sim.header)
+        );
+    }
+    let listed = store.list_tenant("acme", None, 10).await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().all(|h| h.config == a.header.config));
+    assert_eq!(store.scan(None, 10).await.unwrap().len(), 2);
+
+    // A session that moves to a configuration of its own: one more, and the
+    // one it leaves stays for the others.
+    let mut c = Sim::new("acme");
+    c.write(store).await;
+    assert_eq!(store.stored_configs().await.unwrap(), 1);
+    c.header.config.make_mut().model = "other-model".into();
+    c.status(SessionStatus::Running);
+    c.write(store).await;
+    assert_eq!(store.stored_configs().await.unwrap(), 2);
+    assert_same(&store.load(c.id()).await.unwrap().unwrap(), &c);
+    // ... and moving again, it leaves nobody on the one it had: gone.
+    c.header.config.make_mut().max_steps = 3;
+    c.status(SessionStatus::Cancelled);
+    c.write(store).await;
+    assert_eq!(store.stored_configs().await.unwrap(), 2);
+    assert_same(&store.load(c.id()).await.unwrap().unwrap(), &c);
+
+    // Purging one of the sharers keeps it for the other; the last takes it.
+    store.purge(a.id()).await.unwrap();
+    assert_eq!(store.stored_configs().await.unwrap(), 2);
+    assert_same(&store.load(b.id()).await.unwrap().unwrap(), &b);
+    store.purge(c.id()).await.unwrap();
+    assert_eq!(store.stored_configs().await.unwrap(), 1);
+    store.purge(b.id()).await.unwrap();
+    assert_eq!(store.stored_configs().await.unwrap(), 0);
+
+    // A new session under it stores it again.
+    let mut again = Sim::new("acme");
+    again.write(store).await;
+    assert_eq!(store.stored_configs().await.unwrap(), 1);
+    assert_same(&store.load(again.id()).await.unwrap().unwrap(), &again);
+}
+
+/// Sessions written under configurations of their own and under a shared
+/// one, for [`read_after_restart`].
+async fn write_for_restart(before: &dyn CheckpointStore) -> Vec<Sim> {
+    let mut sims = Vec::new();
+    for n in 0..3 {
+        let mut sim = Sim::new("acme");
+        if n > 0 {
+            let config = sim.header.config.make_mut();
+            config.instructions = format!("Session {n}: \"quoted\", ünïcode ✓");
+            config.tool_approvals.insert("current_time".into(), n == 1);
+        }
+        sim.status(SessionStatus::AwaitingApproval);
+        sim.write(before).await;
+        sims.push(sim);
+    }
+    let mut shared = Sim::new("acme");
+    shared.status(SessionStatus::AwaitingApproval);
+    shared.write(before).await;
+    sims.push(shared);
+    assert_eq!(before.stored_configs().await.unwrap(), 3);
+    sims
+}
+
+/// Read by a store opened afresh on the same data (a restart): each header
+/// carries exactly its configuration, whose hash is the one it was written
+/// with.
+async fn read_after_restart(after: &dyn CheckpointStore, sims: &[Sim]) {
+    assert_eq!(after.stored_configs().await.unwrap(), 3);
+    for sim in sims {
+        let stored = after.load(sim.id()).await.unwrap().unwrap();
+        assert_same(&stored, sim);
+        assert_eq!(stored.header.config.hash(), sim.header.config.hash());
+        assert_eq!(
+            serde_json::to_string(&stored.header.config).unwrap(),
+            serde_json::to_string(&sim.header.config).unwrap()
+        );
+    }
+    // Boot recovery's listing too.
+    let active = all_by_status(after, &[SessionStatus::AwaitingApproval], 2)
+        .await
+        .unwrap();
+    let mut want: Vec<_> = sims.iter().map(|s| s.header.clone()).collect();
+    want.sort_by_key(|h| h.id);
+    assert_eq!(active, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sled_configurations_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    let sims = write_for_restart(&store).await;
+    drop(store);
+    let reopened = SledStore::open(dir.path(), Durability::Fsync).unwrap();
+    read_after_restart(&reopened, &sims).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_configurations_survive_a_restart() {
+    let url = shared().database().await.unwrap();
+    let store = open_pg(&url, Duration::from_secs(10)).await;
+    let sims = write_for_restart(&store).await;
+    drop(store);
+    let reopened = PgStore::open(&url, PgOptions::default()).await.unwrap();
+    read_after_restart(&reopened, &sims).await;
+}
+
 // ---------------------------------------------------------------------------
 // PostgreSQL only
 
@@ -994,6 +1129,69 @@ async fn a_purge_never_deletes_a_blob_a_concurrent_checkpoint_names() {
             let stored = store.load(sim.id()).await.unwrap();
             assert_same(&stored.expect("written"), sim);
         }
+    }
+}
+
+/// A purge of the last session under a configuration, and checkpoints of
+/// new sessions taking that configuration up, at the same time: every
+/// session written reads back whole (its configuration was not deleted
+/// under it), and the configuration is stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_never_deletes_a_configuration_a_concurrent_checkpoint_takes_up() {
+    let url = shared().database().await.unwrap();
+    let store = open_pg(&url, Duration::from_secs(10)).await;
+    for round in 0..60 {
+        let mut gone = Sim::new("acme");
+        gone.header.config.make_mut().instructions = format!("round {round}");
+        let config = gone.header.config.clone();
+        gone.status(SessionStatus::Completed);
+        gone.write(&store).await;
+        let mut takers: Vec<Sim> = (0..8)
+            .map(|_| {
+                let mut sim = Sim::new("acme");
+                sim.header.config = config.clone();
+                sim
+            })
+            .collect();
+        for sim in &takers {
+            store.claim(sim.id()).await.unwrap();
+        }
+        // The purge goes first, the checkpoints a few round trips later, a
+        // few more each round: over the rounds they meet the purge at each
+        // of its statements, the one asking who still names the
+        // configuration among them.
+        let purge = {
+            let store = store.clone();
+            tokio::spawn(async move { store.purge(gone.id()).await })
+        };
+        for _ in 0..round % 12 {
+            store.health_check().await.unwrap();
+        }
+        let writes = takers.iter_mut().map(|sim| {
+            let cp = sim.checkpoint();
+            let store = store.clone();
+            tokio::spawn(async move { store.checkpoint(cp).await })
+        });
+        for w in futures::future::join_all(writes).await {
+            w.unwrap().unwrap();
+        }
+        purge.await.unwrap().unwrap();
+        for sim in &takers {
+            let stored = store.load(sim.id()).await.unwrap();
+            assert_same(&stored.expect("written"), sim);
+        }
+        assert_eq!(
+            PgServer::scalar(
+                &url,
+                &format!(
+                    "SELECT count(*) FROM configs WHERE hash = '{}'",
+                    hex::encode(config.hash())
+                )
+            )
+            .await
+            .unwrap(),
+            1
+        );
     }
 }
 

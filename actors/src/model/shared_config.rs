@@ -11,7 +11,12 @@
 //! in memory (the runtime interns it, `Runtime::share_config`), and lets the
 //! JSON of the configuration be produced once per configuration instead of
 //! once per checkpoint: the stored bytes are exactly what serializing the
-//! configuration gives, so the checkpoint format does not change.
+//! configuration gives.
+//!
+//! Its content hash ([`SharedConfig::hash`]: SHA-256 of that JSON) is kept
+//! the same way, once per configuration: the stores keep each distinct
+//! configuration once, under its hash, and a stored header names its
+//! configuration by that hash instead of carrying it (issue 28).
 //!
 //! This module deliberately owns no policy on which configurations are
 //! shared: that is the runtime's.
@@ -21,6 +26,7 @@ use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
 
 use super::EffectiveConfig;
 
@@ -34,7 +40,14 @@ struct Inner {
     /// The configuration's JSON, made at its first serialization. Only ever
     /// set for this exact value: [`SharedConfig::make_mut`] drops it.
     json: OnceLock<Box<RawValue>>,
+    /// SHA-256 of `json`, made when first asked for; dropped with it.
+    hash: OnceLock<[u8; 32]>,
 }
+
+/// The hash of a value whose JSON cannot be made, which serde_json cannot
+/// fail at for this type (string keys, no failing serializer). Never
+/// stored: a store encodes the JSON itself, which fails first.
+const UNHASHABLE: [u8; 32] = [0; 32];
 
 impl SharedConfig {
     /// The configuration, to change: a copy of its own if another session
@@ -42,7 +55,29 @@ impl SharedConfig {
     pub fn make_mut(&mut self) -> &mut EffectiveConfig {
         let inner = Arc::make_mut(&mut self.0);
         inner.json = OnceLock::new();
+        inner.hash = OnceLock::new();
         &mut inner.config
+    }
+
+    /// The configuration's JSON, exactly as serializing it gives (and as a
+    /// header embeds it), made once per configuration.
+    pub fn json(&self) -> Option<&RawValue> {
+        if let Some(raw) = self.0.json.get() {
+            return Some(raw);
+        }
+        let raw = serde_json::value::to_raw_value(&self.0.config).ok()?;
+        Some(self.0.json.get_or_init(|| raw))
+    }
+
+    /// SHA-256 of [`SharedConfig::json`]: the content hash by which the
+    /// stores keep one copy of each distinct configuration. Computed once
+    /// per configuration value (not per checkpoint): every session sharing
+    /// this value, and every checkpoint of each, reuses it.
+    pub fn hash(&self) -> [u8; 32] {
+        *self.0.hash.get_or_init(|| match self.json() {
+            Some(raw) => Sha256::digest(raw.get().as_bytes()).into(),
+            None => UNHASHABLE,
+        })
     }
 
     /// Whether both are the same shared value (not merely equal).
@@ -56,6 +91,7 @@ impl Clone for Inner {
         Self {
             config: self.config.clone(),
             json: OnceLock::new(),
+            hash: OnceLock::new(),
         }
     }
 }
@@ -65,6 +101,7 @@ impl From<EffectiveConfig> for SharedConfig {
         Self(Arc::new(Inner {
             config,
             json: OnceLock::new(),
+            hash: OnceLock::new(),
         }))
     }
 }
@@ -101,14 +138,11 @@ impl std::fmt::Debug for SharedConfig {
 /// private raw-value struct instead.
 impl Serialize for SharedConfig {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        if let Some(raw) = self.0.json.get() {
-            return raw.serialize(serializer);
-        }
-        match serde_json::value::to_raw_value(&self.0.config) {
-            Ok(raw) => self.0.json.get_or_init(|| raw).serialize(serializer),
+        match self.json() {
+            Some(raw) => raw.serialize(serializer),
             // Cannot happen for this type (string keys, no failing
             // serializer); the plain path reports whatever it was.
-            Err(_) => self.0.config.serialize(serializer),
+            None => self.0.config.serialize(serializer),
         }
     }
 }
@@ -145,6 +179,40 @@ mod tests {
         );
         let back: SharedConfig = serde_json::from_str(&plain).unwrap();
         assert_eq!(back, config());
+    }
+
+    #[test]
+    fn the_hash_is_sha256_of_the_json_made_once_and_follows_a_change() {
+        let mut mine = SharedConfig::from(config());
+        let plain = serde_json::to_string(&config()).unwrap();
+        let expected: [u8; 32] = Sha256::digest(plain.as_bytes()).into();
+        assert_eq!(mine.hash(), expected);
+        assert!(mine.0.hash.get().is_some());
+        // Sharers reuse it; an equal configuration built apart hashes alike.
+        let theirs = mine.clone();
+        assert_eq!(theirs.hash(), expected);
+        assert_eq!(SharedConfig::from(config()).hash(), expected);
+        // Read back from its JSON, the same configuration has the same hash.
+        let back: SharedConfig = serde_json::from_str(&plain).unwrap();
+        assert_eq!(back.hash(), expected);
+
+        mine.make_mut().model = "other".into();
+        let mut changed = config();
+        changed.model = "other".into();
+        let changed: [u8; 32] =
+            Sha256::digest(serde_json::to_string(&changed).unwrap().as_bytes()).into();
+        assert_eq!(mine.hash(), changed);
+        assert_ne!(mine.hash(), theirs.hash());
+        assert_eq!(theirs.hash(), expected);
+        // Changed again while no one else shares it: the hash made in
+        // between must not survive.
+        mine.make_mut().max_steps = 3;
+        let mut again = config();
+        again.model = "other".into();
+        again.max_steps = 3;
+        let again: [u8; 32] =
+            Sha256::digest(serde_json::to_string(&again).unwrap().as_bytes()).into();
+        assert_eq!(mine.hash(), again);
     }
 
     #[test]

@@ -1,15 +1,20 @@
 //! An in-memory [`CheckpointStore`]: the same contract as the sled store,
 //! without durability. For unit tests and for embedding overseer where
 //! persistence is not wanted.
+//!
+//! Like the durable stores it keeps each distinct agent configuration once,
+//! by hash, counted by the sessions whose header names it: a session's
+//! header holds the store's copy, and the copy goes with its last user.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
 use crate::model::{
-    Event, QueuedMessage, SessionHeader, SessionId, SessionStatus, TranscriptEntry, SCHEMA_VERSION,
+    Event, QueuedMessage, SessionHeader, SessionId, SessionStatus, SharedConfig, TranscriptEntry,
+    SCHEMA_VERSION,
 };
 
 use super::{
@@ -26,6 +31,9 @@ struct Inner {
     queues: BTreeMap<SessionId, BTreeMap<u64, QueuedMessage>>,
     /// The decision index: (tenant, position) → row.
     decisions: BTreeMap<(String, DecisionPosition), DecisionRow>,
+    /// Interned configurations: hash → the one copy and how many sessions'
+    /// headers name it.
+    configs: HashMap<[u8; 32], (SharedConfig, usize)>,
     checkpoints: u64,
     /// Most headers a page of `list_by_status` holds, below what was asked.
     page_cap: Option<usize>,
@@ -101,7 +109,10 @@ impl CheckpointStore for MemStore {
         for seq in cp.dequeued {
             queue.remove(&seq);
         }
-        inner.headers.insert(id, cp.header);
+        let mut header = cp.header;
+        let previous = inner.headers.get(&id).map(|h| h.config.clone());
+        header.config = inner.intern(&header.config, previous);
+        inner.headers.insert(id, header);
         inner.checkpoints += 1;
         Ok(())
     }
@@ -257,6 +268,10 @@ impl CheckpointStore for MemStore {
             .collect()
     }
 
+    async fn stored_configs(&self) -> Result<usize, StoreError> {
+        Ok(self.lock().configs.len())
+    }
+
     async fn purge(&self, id: SessionId) -> Result<(), StoreError> {
         let mut inner = self.lock();
         let Some(header) = inner.headers.get(&id) else {
@@ -268,13 +283,51 @@ impl CheckpointStore for MemStore {
                 status: header.status,
             });
         }
-        inner.headers.remove(&id);
+        if let Some(header) = inner.headers.remove(&id) {
+            inner.release(&header.config);
+        }
         inner.transcripts.remove(&id);
         inner.events.remove(&id);
         inner.metadata.remove(&id);
         inner.queues.remove(&id);
         inner.decisions.retain(|(_, p), _| p.session_id != id);
         Ok(())
+    }
+}
+
+impl Inner {
+    /// The stored copy of `config` for a session whose stored header runs
+    /// under `previous`: counted once more when the session takes it up (its
+    /// first checkpoint, or a change of configuration), the configuration
+    /// it leaves counted once less.
+    fn intern(&mut self, config: &SharedConfig, previous: Option<SharedConfig>) -> SharedConfig {
+        let hash = config.hash();
+        if let Some(previous) = &previous {
+            if previous.hash() == hash {
+                return previous.clone();
+            }
+        }
+        let (stored, users) = self
+            .configs
+            .entry(hash)
+            .or_insert_with(|| (config.clone(), 0));
+        *users += 1;
+        let stored = stored.clone();
+        if let Some(previous) = previous {
+            self.release(&previous);
+        }
+        stored
+    }
+
+    /// One user fewer of `config`; the copy goes with its last.
+    fn release(&mut self, config: &SharedConfig) {
+        let hash = config.hash();
+        if let Some((_, users)) = self.configs.get_mut(&hash) {
+            *users = users.saturating_sub(1);
+            if *users == 0 {
+                self.configs.remove(&hash);
+            }
+        }
     }
 }
 

@@ -42,8 +42,9 @@ impl PgStore {
         let inserted = tx
             .execute(
                 "INSERT INTO sessions (id, root_id, parent_id, tenant, status, schema_version,
-                                       last_event_seq, transcript_len, header, metadata)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                       last_event_seq, transcript_len, header, metadata,
+                                       config_hash)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
                  ON CONFLICT (id) DO NOTHING",
                 &[
                     &prepared.id,
@@ -56,6 +57,7 @@ impl PgStore {
                     &prepared.transcript_len,
                     &prepared.header,
                     &prepared.metadata,
+                    &prepared.config_hash,
                 ],
             )
             .await
@@ -63,6 +65,15 @@ impl PgStore {
         if inserted == 0 {
             return Ok(false);
         }
+        // The configuration the header names, locked as a checkpoint's is
+        // (see `writer`), so a concurrent purge cannot delete it under us.
+        tx.execute(
+            "INSERT INTO configs (hash, config) VALUES ($1, $2)
+             ON CONFLICT (hash) DO UPDATE SET hash = EXCLUDED.hash",
+            &[&prepared.config_hash, &prepared.config],
+        )
+        .await
+        .map_err(map_pg)?;
         tx.execute(
             "INSERT INTO blobs (hash, data) SELECT * FROM unnest($1::text[], $2::text[])
              ON CONFLICT (hash) DO UPDATE SET hash = EXCLUDED.hash",

@@ -1,6 +1,7 @@
 //! A checkpoint encoded into the parameters of its statement
 //! ([`Prepared`]): pure (no I/O), so a large one is encoded off the async
-//! runtime. Only what is new is encoded: the new transcript entries and
+//! runtime. Only what is new is encoded (the header names its configuration
+//! by hash, `store::configs`): the new transcript entries and
 //! events as one record (`crate::store::record`; a large tool result moved
 //! out to a content-addressed blob), queued messages, the dequeued range,
 //! the metadata once, and the rows of the decision index the checkpoint's
@@ -27,7 +28,12 @@ pub(crate) struct Prepared {
     pub(super) schema_version: i32,
     pub(super) last_event_seq: i64,
     pub(super) transcript_len: i64,
+    /// The header, naming its configuration by hash (`store::configs`).
     pub(super) header: String,
+    /// That hash (sha256 hex) and the configuration's JSON: a `configs`
+    /// row, inserted when the session takes the configuration up.
+    pub(super) config_hash: String,
+    pub(super) config: String,
     pub(super) metadata: Option<String>,
     /// The checkpoint's new entries and events as one record (empty when
     /// it has neither: then no `checkpoints` row is written).
@@ -88,8 +94,8 @@ fn utf8(id: &SessionId, bytes: Vec<u8>) -> Result<String, StoreError> {
 pub(super) fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, StoreError> {
     let h = &cp.header;
     let id = h.id;
-    let header =
-        serde_json::to_string(h).map_err(|e| corrupt(id, format!("cannot encode header: {e}")))?;
+    let (header, config) = crate::store::configs::encode_header(h)?;
+    let header = utf8(&id, header)?;
     let (record, new_blobs) = if cp.entries.is_empty() && cp.events.is_empty() {
         (Vec::new(), Vec::new())
     } else {
@@ -146,6 +152,8 @@ pub(super) fn prepare(cp: &Checkpoint, epoch: Option<i64>) -> Result<Prepared, S
         last_event_seq: signed(h.last_event_seq),
         transcript_len: signed(h.transcript_len),
         header,
+        config_hash: config.hash,
+        config: utf8(&id, config.json)?,
         metadata,
         first_event: cp.events.first().map(|e| signed(e.seq)),
         first_entry: cp.entries.first().map(|(i, _)| signed(*i)),

@@ -1,7 +1,7 @@
 //! Retention on PostgreSQL: a terminal session deleted whole in one
 //! transaction (header, checkpoint records, queue, decisions, webhook
-//! deliveries, the blobs no other row names, and the lease of a tree left
-//! empty), refused for a session that is not terminal or whose tree another
+//! deliveries, the blobs no other row names, its configuration if no other
+//! session names it, and the lease of a tree left empty), refused for a session that is not terminal or whose tree another
 //! live node owns.
 //!
 //! It owns no policy: which sessions to purge and when is
@@ -11,8 +11,8 @@ use overseer_actors::model::SessionId;
 use overseer_actors::store::StoreError;
 use uuid::Uuid;
 
-use super::codec;
 use super::{map_pg, session_id, PgStore};
+use crate::store::configs;
 
 impl PgStore {
     /// Deletes a terminal session whole, in one transaction, so a purge cut
@@ -21,7 +21,8 @@ impl PgStore {
     /// Locks, in this order: the session's row (`FOR UPDATE`: a checkpoint
     /// of it waits, then finds nothing to update), its tree's lease row
     /// (`FOR SHARE`: a claim waits), the blobs it names (`FOR UPDATE`, in
-    /// hash order). A checkpoint that stores a blob locks its row too
+    /// hash order), then its configuration (`FOR UPDATE`; see `writer`). A
+    /// checkpoint that stores a blob locks its row too
     /// (`ON CONFLICT DO UPDATE`), so a blob another session is taking up
     /// just now is either seen referenced here (that checkpoint committed
     /// first) or inserted again by it (this purge committed first): never
@@ -36,7 +37,9 @@ impl PgStore {
         self.trip();
         let Some(row) = tx
             .query_opt(
-                "SELECT header, root_id FROM sessions WHERE id = $1 FOR UPDATE",
+                "SELECT s.header, s.root_id, c.config, s.config_hash
+                 FROM sessions s LEFT JOIN configs c ON c.hash = s.config_hash
+                 WHERE s.id = $1 FOR UPDATE OF s",
                 &[&id.0],
             )
             .await
@@ -46,7 +49,9 @@ impl PgStore {
         };
         let text: String = row.get(0);
         let root: Uuid = row.get(1);
-        let header = codec::decode_header(&id, text.as_bytes())?;
+        let config: Option<String> = row.get(2);
+        let config_hash: Option<String> = row.get(3);
+        let header = configs::decode_header(&id, text.as_bytes(), |_| Ok(config))?;
         if !header.status.is_terminal() {
             return Err(StoreError::NotTerminal {
                 session: id,
@@ -87,6 +92,14 @@ impl PgStore {
             .iter()
             .map(|r| r.get(0))
             .collect();
+        // Its configuration, locked before anyone is asked whether they
+        // still name it: see `writer` on a checkpoint taking it up at the
+        // same time.
+        if let Some(hash) = &config_hash {
+            tx.execute("SELECT 1 FROM configs WHERE hash = $1 FOR UPDATE", &[hash])
+                .await
+                .map_err(map_pg)?;
+        }
         for sql in [
             "DELETE FROM sessions WHERE id = $1",
             "DELETE FROM checkpoints WHERE session_id = $1",
@@ -105,6 +118,17 @@ impl PgStore {
                    AND NOT EXISTS (SELECT 1 FROM checkpoints c
                                    WHERE c.blobs @> ARRAY[b.hash] AND c.blobs IS NOT NULL)",
                 &[&hashes],
+            )
+            .await
+            .map_err(map_pg)?;
+        }
+        if let Some(hash) = &config_hash {
+            // A new snapshot (read committed) after the lock: every session
+            // naming it that committed before the lock was granted.
+            tx.execute(
+                "DELETE FROM configs c WHERE c.hash = $1
+                   AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.config_hash = c.hash)",
+                &[hash],
             )
             .await
             .map_err(map_pg)?;

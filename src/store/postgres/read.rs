@@ -16,9 +16,20 @@ use overseer_actors::store::{
     DecisionPage, DecisionQuery, DecisionRow, SessionSummary, StoreError, StoredSession,
 };
 
-use super::codec::{self, corrupt};
+use super::codec::corrupt;
 use super::{map_pg, retrying, session_id, signed, PgStore, READ_RETRY};
-use crate::store::record;
+use crate::store::{configs, record};
+
+/// A stored header joined with the configuration it names (`config`: the
+/// `configs` row of its `config_hash`, read in the same query); one that
+/// embeds its configuration (written before migration 7) as it is.
+fn decode_header(
+    id: &SessionId,
+    text: &str,
+    config: Option<String>,
+) -> Result<SessionHeader, StoreError> {
+    configs::decode_header(id, text.as_bytes(), |_| Ok(config))
+}
 
 impl PgStore {
     pub(super) async fn read_session(
@@ -40,7 +51,8 @@ impl PgStore {
                                 WHERE c.session_id = s.id AND c.blobs IS NOT NULL)
                               ORDER BY b.hash),
                         ARRAY(SELECT q.seq FROM queue q WHERE q.session_id = s.id ORDER BY q.seq),
-                        ARRAY(SELECT q.message FROM queue q WHERE q.session_id = s.id ORDER BY q.seq)
+                        ARRAY(SELECT q.message FROM queue q WHERE q.session_id = s.id ORDER BY q.seq),
+                        (SELECT c.config FROM configs c WHERE c.hash = s.config_hash)
                  FROM sessions s WHERE s.id = $1",
             )
             .await
@@ -54,7 +66,7 @@ impl PgStore {
             return Ok(None);
         };
         let header_text: String = row.get(0);
-        let header = codec::decode_header(&id, header_text.as_bytes())?;
+        let header = decode_header(&id, &header_text, row.get(7))?;
         let metadata: Option<String> = row.get(1);
         let metadata = match metadata {
             Some(m) => serde_json::from_str(&m)
@@ -134,12 +146,16 @@ impl PgStore {
         let client = self.client().await?;
         self.trip();
         let row = client
-            .query_opt("SELECT header FROM sessions WHERE id = $1", &[&id.0])
+            .query_opt(
+                "SELECT s.header, c.config FROM sessions s
+                 LEFT JOIN configs c ON c.hash = s.config_hash WHERE s.id = $1",
+                &[&id.0],
+            )
             .await
             .map_err(map_pg)?;
         row.map(|r| {
             let text: String = r.get(0);
-            codec::decode_header(&id, text.as_bytes())
+            decode_header(&id, &text, r.get(1))
         })
         .transpose()
     }
@@ -149,7 +165,7 @@ impl PgStore {
             .map(|r| {
                 let id = session_id(r.get(0));
                 let text: String = r.get(1);
-                codec::decode_header(&id, text.as_bytes())
+                decode_header(&id, &text, r.get(2))
             })
             .collect()
     }
@@ -215,7 +231,9 @@ impl PgStore {
             if names.is_empty() {
                 client
                     .query(
-                        "SELECT id, header FROM sessions
+                        "SELECT id, header,
+                                (SELECT c.config FROM configs c WHERE c.hash = sessions.config_hash)
+                         FROM sessions
                          WHERE ($1::uuid IS NULL OR id > $1)
                          ORDER BY id LIMIT $2",
                         &[&after, &limit],
@@ -224,7 +242,9 @@ impl PgStore {
             } else {
                 client
                     .query(
-                        "SELECT id, header FROM sessions
+                        "SELECT id, header,
+                                (SELECT c.config FROM configs c WHERE c.hash = sessions.config_hash)
+                         FROM sessions
                          WHERE status = ANY($1) AND ($2::uuid IS NULL OR id > $2)
                          ORDER BY id LIMIT $3",
                         &[&names, &after, &limit],
@@ -248,7 +268,9 @@ impl PgStore {
             let client = self.client().await?;
             client
                 .query(
-                    "SELECT id, header FROM sessions
+                    "SELECT id, header,
+                            (SELECT c.config FROM configs c WHERE c.hash = sessions.config_hash)
+                     FROM sessions
                      WHERE tenant = $1 AND ($2::uuid IS NULL OR id > $2)
                      ORDER BY id LIMIT $3",
                     &[&tenant, &after, &signed(limit as u64)],
@@ -274,7 +296,9 @@ impl PgStore {
             self.trip();
             client
                 .query(
-                    "SELECT id, header FROM sessions
+                    "SELECT id, header,
+                            (SELECT c.config FROM configs c WHERE c.hash = sessions.config_hash)
+                     FROM sessions
                      WHERE ($1::uuid IS NULL OR id > $1)
                      ORDER BY id LIMIT $2",
                     &[&after, &signed(limit as u64)],

@@ -10,7 +10,8 @@
 //!
 //! | table | row |
 //! |---|---|
-//! | `sessions` | one per session: the header (the commit record of its checkpoints), the columns queries need (`root_id`, `parent_id`, `tenant`, `status`, `schema_version`, `last_event_seq`, `transcript_len`), the metadata |
+//! | `sessions` | one per session: the header (the commit record of its checkpoints), the columns queries need (`root_id`, `parent_id`, `tenant`, `status`, `schema_version`, `last_event_seq`, `transcript_len`, `config_hash`: the configuration the header names, migration 7), the metadata |
+//! | `configs` | sha256 hex → an agent configuration's JSON, once per distinct configuration, deleted by the purge of the last session naming it (migration 7) |
 //! | `checkpoints` | `(session_id, events_end, entries_end)` → one checkpoint's new transcript entries and events as one record (`crate::store::record`, MessagePack); `first_event`/`first_entry` say which it holds, `blobs` the blobs its entries name (indexed: a purge deletes a blob no row names) (migration 6) |
 //! | `queue` | `(session_id, seq)` → a message queued behind a running turn |
 //! | `blobs` | sha256 hex → tool result over 64 KiB |
@@ -236,6 +237,24 @@ CREATE INDEX checkpoints_by_blob ON checkpoints USING gin (blobs)
     WHERE blobs IS NOT NULL;
 "#,
         then: Some(Step::RowsToRecords),
+    },
+    // Interned agent configurations (issue 28): each distinct configuration
+    // once, by content hash; a header names its configuration by hash
+    // (`store::configs`), in its text and in `sessions.config_hash`, which
+    // reads join and a purge asks about (indexed: whether any session still
+    // names a configuration is one probe). Headers written before keep
+    // their configuration inside and a NULL hash: read as they are.
+    Migration {
+        version: 7,
+        sql: r#"
+CREATE TABLE configs (
+    hash   text PRIMARY KEY,
+    config text NOT NULL
+);
+ALTER TABLE sessions ADD COLUMN config_hash text;
+CREATE INDEX sessions_by_config ON sessions (config_hash) WHERE config_hash IS NOT NULL;
+"#,
+        then: None,
     },
 ];
 

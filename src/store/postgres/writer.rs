@@ -47,30 +47,50 @@ const NOTIFY_CHUNK: usize = 7_000;
 /// fence held, and the schema of the header it found (to tell a fenced
 /// write from a refused one). The webhook deliveries (`h`) join the
 /// tenant's enabled endpoints in the database: no node's view decides.
+///
+/// The configuration a header names (`g`, see `store::configs`) is
+/// inserted only by a checkpoint whose session did not name it before the
+/// statement (`old`: every part of one statement sees the database as it
+/// was before it): a first checkpoint, a change of configuration, a header
+/// from before migration 7. A purge deletes a configuration no session
+/// names (`purge`), so such a checkpoint must not lose its configuration to
+/// a purge running at the same time. It writes the row (`ON CONFLICT DO
+/// UPDATE`, not `DO NOTHING`), which locks it until the commit, as blobs
+/// are: a purge locks the configuration `FOR UPDATE` before it looks for
+/// sessions naming it, so either it waits for this commit and then sees the
+/// new session's row (read committed: its next statement's snapshot), or
+/// it deleted first and this insert, waiting on its lock, then inserts the
+/// row anew (PostgreSQL's upsert guarantees an insert or an update). Any
+/// other checkpoint's session already names the configuration in a
+/// committed row, which keeps it from every purge's `NOT EXISTS` but that
+/// session's own. The last column says which configuration a session left
+/// (its row before the statement): see [`DELETE_LEFT_CONFIGS`].
 const GROUP_SQL: &str = "
 WITH i AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::uuid[], $5::text[],
                          $6::text[], $7::integer[], $8::bigint[], $9::bigint[], $10::text[],
                          $11::text[], $12::bytea[], $13::bigint[], $14::bigint[], $15::text[],
-                         $16::bigint[], $17::bigint[], $18::bigint[], $19::text[])
+                         $16::bigint[], $17::bigint[], $18::bigint[], $19::text[], $38::text[],
+                         $39::text[])
         WITH ORDINALITY AS u(id, root, epoch, parent, tenant, status, sv, les, tl, header,
                              metadata, record, fev, fen, rblobs, dq_from, dq_to, now_ms, agent,
-                             ord)
+                             chash, config, ord)
 ), fence AS (
     SELECT l.root_id, l.epoch FROM leases l
     WHERE l.node_id = $20 AND (l.root_id, l.epoch) IN (SELECT root, epoch FROM i)
     FOR SHARE
 ), s AS (
     INSERT INTO sessions AS x (id, root_id, parent_id, tenant, status, schema_version,
-                               last_event_seq, transcript_len, header, metadata, updated_at)
-    SELECT i.id, i.root, i.parent, i.tenant, i.status, i.sv, i.les, i.tl, i.header, i.metadata,
-           now()
+                               last_event_seq, transcript_len, header, config_hash, metadata,
+                               updated_at)
+    SELECT i.id, i.root, i.parent, i.tenant, i.status, i.sv, i.les, i.tl, i.header, i.chash,
+           i.metadata, now()
     FROM i JOIN fence f ON f.root_id = i.root AND f.epoch = i.epoch
     ON CONFLICT (id) DO UPDATE SET
         status = EXCLUDED.status, schema_version = EXCLUDED.schema_version,
         last_event_seq = EXCLUDED.last_event_seq, transcript_len = EXCLUDED.transcript_len,
-        header = EXCLUDED.header, metadata = COALESCE(EXCLUDED.metadata, x.metadata),
-        updated_at = now()
+        header = EXCLUDED.header, config_hash = EXCLUDED.config_hash,
+        metadata = COALESCE(EXCLUDED.metadata, x.metadata), updated_at = now()
     WHERE x.schema_version <= $21
     RETURNING x.id
 ), w AS (
@@ -83,6 +103,13 @@ WITH i AS (
     ON CONFLICT (session_id, events_end, entries_end) DO UPDATE
         SET first_event = EXCLUDED.first_event, first_entry = EXCLUDED.first_entry,
             blobs = EXCLUDED.blobs, record = EXCLUDED.record
+), g AS (
+    INSERT INTO configs (hash, config)
+    SELECT DISTINCT ON (w.chash) w.chash, w.config
+    FROM w LEFT JOIN sessions old ON old.id = w.id
+    WHERE old.config_hash IS DISTINCT FROM w.chash
+    ORDER BY w.chash
+    ON CONFLICT (hash) DO UPDATE SET hash = EXCLUDED.hash
 ), b AS (
     INSERT INTO blobs (hash, data)
     SELECT DISTINCT ON (u.hash) u.hash, u.data
@@ -119,8 +146,22 @@ WITH i AS (
 )
 SELECT EXISTS (SELECT 1 FROM s WHERE s.id = i.id),
        EXISTS (SELECT 1 FROM fence f WHERE f.root_id = i.root AND f.epoch = i.epoch),
-       (SELECT x.schema_version FROM sessions x WHERE x.id = i.id)
+       (SELECT x.schema_version FROM sessions x WHERE x.id = i.id),
+       (SELECT x.config_hash FROM sessions x
+        WHERE x.id = i.id AND x.config_hash IS DISTINCT FROM i.chash)
 FROM i ORDER BY i.ord";
+
+/// After a group in which sessions left configurations (a change of
+/// configuration): each that no session names any more is deleted, as a
+/// purge does (`purge`): locked first, so a checkpoint of another
+/// transaction taking it up at the same time is either seen (it committed
+/// before the lock was granted; read committed gives the delete a snapshot
+/// taken after) or inserts it again (see [`GROUP_SQL`]). Rare: a
+/// configuration changes once or twice in a session's life, if ever.
+const LOCK_LEFT_CONFIGS: &str =
+    "SELECT 1 FROM configs WHERE hash = ANY($1) ORDER BY hash FOR UPDATE";
+const DELETE_LEFT_CONFIGS: &str = "DELETE FROM configs c WHERE c.hash = ANY($1)
+    AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.config_hash = c.hash)";
 
 /// The newest checkpoint schema this binary writes over (`$21`).
 static KNOWN_SCHEMA: i32 = overseer_actors::model::SCHEMA_VERSION as i32;
@@ -306,11 +347,16 @@ async fn transaction(
     }))
     .await;
     let mut landed = vec![Outcome::Fenced; jobs.len()];
+    // Configurations sessions of the group moved away from.
+    let mut left: Vec<String> = Vec::new();
     for (wave, rows) in waves.iter().zip(results) {
         let rows = rows.map_err(map_pg)?;
         for (&(at, _), row) in wave.iter().zip(&rows) {
             let (wrote, fence, found): (bool, bool, Option<i32>) =
                 (row.get(0), row.get(1), row.get(2));
+            if wrote {
+                left.extend(row.get::<_, Option<String>>(3));
+            }
             landed[at] = match (wrote, fence, found) {
                 (true, _, _) => Outcome::Landed,
                 (false, true, Some(v)) if v > KNOWN_SCHEMA => {
@@ -318,6 +364,15 @@ async fn transaction(
                 }
                 _ => Outcome::Fenced,
             };
+        }
+    }
+    let mut cleanup = 0;
+    if !left.is_empty() {
+        left.sort_unstable();
+        left.dedup();
+        for sql in [LOCK_LEFT_CONFIGS, DELETE_LEFT_CONFIGS] {
+            tx.execute(sql, &[&left]).await.map_err(map_pg)?;
+            cleanup += 1;
         }
     }
     let mut payload = String::new();
@@ -346,7 +401,7 @@ async fn transaction(
     // BEGIN, the pipelined statements, each announcement, COMMIT.
     counters
         .round_trips
-        .fetch_add(3 + notifies.len() as u64, Ordering::Relaxed);
+        .fetch_add(3 + cleanup + notifies.len() as u64, Ordering::Relaxed);
     Ok(landed)
 }
 
@@ -409,6 +464,9 @@ struct Group {
     decision_tools: Vec<String>,
     decision_by: Vec<Option<String>>,
     decision_rows: Vec<String>,
+    /// The configuration each header names, and its JSON (`$38`, `$39`).
+    config_hashes: Vec<String>,
+    configs: Vec<String>,
 }
 
 impl Group {
@@ -439,6 +497,8 @@ impl Group {
             g.dequeue_to.push(p.dequeue_to);
             g.hook_now_ms.push(p.hook_now_ms);
             g.agents.push(p.agent.clone());
+            g.config_hashes.push(p.config_hash.clone());
+            g.configs.push(p.config.clone());
             g.node = g.node.or(p.node);
             for (hash, data) in p.blob_hashes.iter().zip(&p.blob_data) {
                 g.blob_ord.push(ord);
@@ -507,6 +567,8 @@ impl Group {
             &self.decision_tools,
             &self.decision_by,
             &self.decision_rows,
+            &self.config_hashes,
+            &self.configs,
         ]
     }
 }

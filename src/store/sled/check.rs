@@ -198,7 +198,7 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
         if peek.schema_version > SCHEMA_VERSION {
             continue;
         }
-        let header = match codec::decode_header(&id, &bytes) {
+        let header = match trees.decode_header(&id, &bytes) {
             Ok(header) => header,
             Err(e) => {
                 report.problem(format!("session {id}: {}", detail(&e)));
@@ -218,6 +218,9 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
             if let Err(e) = check_blob_refs(trees, &id, header.transcript_len) {
                 report.problem(format!("session {id}: {e}"));
             }
+        }
+        if let Err(e) = super::configs::check_reference(trees, &id, &bytes) {
+            report.problem(format!("session {id}: {e}"));
         }
         match check_events(trees, &id, header.last_event_seq) {
             Ok(()) => events += header.last_event_seq,
@@ -275,6 +278,12 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
             format!(" ({statuses})")
         }
     ));
+    match super::configs::count(trees) {
+        Ok((configs, refs)) => report.summary.push(format!(
+            "{configs} configuration(s), {refs} configuration reference(s)"
+        )),
+        Err(e) => report.problem(format!("reading the configurations: {e}")),
+    }
     if purges > 0 {
         // What a crash mid-purge leaves: invisible rows, removed when a
         // server next opens the store.

@@ -809,6 +809,8 @@ struct Known {
     /// `None`: the stored header is undecodable, so the index entries are
     /// rewritten unconditionally (readers cross-check them against headers).
     active: Option<bool>,
+    /// The configuration the header names (`None`: it embeds one).
+    config: Option<String>,
 }
 
 /// The header state of sessions the writer itself committed recently, so that
@@ -873,6 +875,8 @@ struct Writes {
     queue: Vec<Write>,
     metadata: Vec<Write>,
     decisions: Vec<Write>,
+    /// Interned configurations and references (`super::configs`).
+    configs: super::configs::Rows,
     tenants_added: Vec<Write>,
     active_added: Vec<Write>,
     sessions: Vec<Write>,
@@ -930,6 +934,7 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                         schema_version: p.schema_version,
                         tenant: Some(p.tenant.clone()),
                         active: Some(p.active),
+                        config: Some(p.config.0.clone()),
                     }),
                 );
                 if p.terminal {
@@ -997,10 +1002,25 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
         };
     }
 
+    let mut configs = super::configs::Changes::default();
+    // The configuration each session's last checkpoint names, with its JSON.
+    let named: ById<&(String, sled::IVec)> = group
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, outcome)| outcome.is_ok())
+        .map(|(p, _)| (p.id, &p.config))
+        .collect();
     for (id, first) in &before {
         let Some(Some(last)) = after.get(id) else {
             continue;
         };
+        if let Some(config) = named.get(id) {
+            configs.record(
+                *id,
+                first.as_ref().and_then(|k| k.config.as_deref()),
+                config,
+            );
+        }
         let key = &id.as_bytes()[..];
         let old_tenant = first.as_ref().and_then(|k| k.tenant.as_deref());
         if let Some(tenant) = last.tenant.as_deref() {
@@ -1028,7 +1048,13 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
         }
     }
 
-    let written = write(trees, writes, seq);
+    let written = match super::configs::rows(trees, configs) {
+        Ok(rows) => {
+            writes.configs = rows;
+            write(trees, writes, seq)
+        }
+        Err(e) => Err(WriteError::Io(e)),
+    };
     let wrote = written.is_ok();
     let failure = match written {
         Ok(()) => {
@@ -1094,6 +1120,7 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         queue,
         metadata,
         decisions,
+        configs,
         tenants_added,
         active_added,
         sessions,
@@ -1122,6 +1149,20 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
     // its later write; index changes are net over the group (see `apply`),
     // so no key is both added and removed.
     let mut batch = sled::Batch::default();
+    // A configuration a session takes up is written with its reference; one
+    // nobody names any more is removed (never both: see `configs::rows`).
+    for (key, value) in configs.configs {
+        trees.configs.batch_insert(&mut batch, key, value);
+    }
+    for (key, value) in configs.refs {
+        trees.config_refs.batch_insert(&mut batch, key, value);
+    }
+    for key in configs.refs_removed {
+        trees.config_refs.batch_remove(&mut batch, key);
+    }
+    for key in configs.configs_removed {
+        trees.configs.batch_remove(&mut batch, key);
+    }
     for (view, writes) in kinds {
         for (key, value) in writes {
             match value {
@@ -1214,11 +1255,13 @@ fn stored_previous(trees: &Trees, p: &Prepared) -> Result<Previous, StoreError> 
             schema_version: peek.schema_version,
             active: Some(peek.is_active()),
             tenant: peek.tenant,
+            config: crate::store::configs::hash_of(&bytes).map(str::to_owned),
         },
         Err(_) => Known {
             schema_version: 0,
             tenant: None,
             active: None,
+            config: crate::store::configs::hash_of(&bytes).map(str::to_owned),
         },
     };
     Ok(Some(known))
@@ -1251,6 +1294,7 @@ mod tests {
             metadata: None,
             outbox: Vec::new(),
             decisions: Vec::new(),
+            config: ("0".repeat(64), sled::IVec::from(&b"{}"[..])),
         })
     }
 
@@ -1295,6 +1339,71 @@ mod tests {
                 2u64.to_be_bytes()
             );
         }
+    }
+
+    /// Configurations are counted within a group: two sessions taking one
+    /// up store it once; one left by a session stays while another names
+    /// it (also one taking it up in the same group), and goes with the last.
+    #[test]
+    fn configurations_are_counted_within_a_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let trees = trees(dir.path());
+        let mut cache = Cache::default();
+        let under = |id, config: &str, n| {
+            let mut p = prepared(id, "t1", false, n);
+            let hash = config.repeat(64);
+            // What the writer reads back when its cache is cold.
+            p.header = format!(r#"{{"schema_version":{n},"config_hash":"{hash}"}}"#)
+                .into_bytes()
+                .into();
+            p.config = (hash, sled::IVec::from(config.as_bytes()));
+            p
+        };
+        let stored = |trees: &Trees| -> Vec<(String, usize)> {
+            trees
+                .configs
+                .iter()
+                .keys()
+                .map(|k| {
+                    let hash = String::from_utf8(k.unwrap().to_vec()).unwrap();
+                    let refs = trees.config_refs.scan_prefix(hash.as_bytes()).count();
+                    (hash[..1].to_owned(), refs)
+                })
+                .collect()
+        };
+        let (a, b, c) = (
+            SessionId::generate(),
+            SessionId::generate(),
+            SessionId::generate(),
+        );
+        let mut seq = 0;
+        let mut group = |cache: &mut Cache, group: &[Box<Prepared>]| {
+            seq += 1;
+            let applied = apply(&trees, cache, group, seq);
+            assert!(applied.outcomes.iter().all(Result::is_ok));
+            assert!(applied.wrote && applied.failure.is_none());
+        };
+        group(&mut cache, &[under(a, "e", 1), under(b, "e", 1)]);
+        assert_eq!(stored(&trees), [("e".to_owned(), 2)]);
+        // Checkpoints under the same configuration change nothing.
+        group(&mut cache, &[under(a, "e", 2), under(a, "e", 3)]);
+        assert_eq!(stored(&trees), [("e".to_owned(), 2)]);
+        // `a` moves on and back within one group: nothing either.
+        group(&mut cache, &[under(a, "f", 4), under(a, "e", 5)]);
+        assert_eq!(stored(&trees), [("e".to_owned(), 2)]);
+        // `a` leaves it, `b` still names it.
+        group(&mut cache, &[under(a, "f", 6)]);
+        assert_eq!(stored(&trees), [("e".to_owned(), 1), ("f".to_owned(), 1)]);
+        // `b` leaves it as `c` takes it up, in one group (from disk: the
+        // cache is cold): kept. Then `c` leaves it, the last: gone.
+        group(&mut Cache::default(), &[under(b, "f", 7), under(c, "e", 1)]);
+        assert_eq!(stored(&trees), [("e".to_owned(), 1), ("f".to_owned(), 2)]);
+        group(&mut cache, &[under(c, "f", 2)]);
+        assert_eq!(stored(&trees), [("f".to_owned(), 3)]);
+        assert_eq!(
+            trees.configs.get("f".repeat(64)).unwrap().unwrap(),
+            b"f".to_vec()
+        );
     }
 
     /// The writer's cache holds the sessions in use: a session whose latest

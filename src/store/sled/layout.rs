@@ -10,9 +10,7 @@ use overseer_actors::model::SessionId;
 use overseer_actors::store::{decision_rows, order_bits, Checkpoint, DecisionPosition, StoreError};
 use sled::IVec;
 
-use crate::store::codec::{
-    corrupt, encode_entry, encode_events, is_active, to_json, HEADER_GUESS, ROW_GUESS,
-};
+use crate::store::codec::{corrupt, encode_entry, encode_events, is_active, to_json, ROW_GUESS};
 
 /// `id ‖ big-endian n`: the key of transcript entry `n` or event `n`. Big-endian
 /// so that sled's byte order is numeric order and a session's rows are one
@@ -120,6 +118,10 @@ pub(in crate::store) struct Prepared {
     pub(in crate::store) outbox: Vec<([u8; 40], IVec)>,
     /// Rows of the decision index its decisions add (key, row JSON).
     pub(in crate::store) decisions: Vec<(Vec<u8>, IVec)>,
+    /// The configuration the header names (sha256 hex, JSON): written,
+    /// with the session's reference, only when the session takes it up
+    /// (`configs`).
+    pub(in crate::store) config: (String, IVec),
 }
 
 impl Prepared {
@@ -145,6 +147,7 @@ impl Prepared {
                 .iter()
                 .map(|(k, v)| k.len() + v.len())
                 .sum::<usize>()
+            + self.config.1.len()
     }
 }
 
@@ -152,8 +155,7 @@ impl Prepared {
 /// cost follows what changed, not the transcript's length.
 pub(in crate::store) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
     let id = cp.header.id;
-    let header = to_json(&cp.header, HEADER_GUESS)
-        .map_err(|e| corrupt(id, format!("cannot encode header: {e}")))?;
+    let (header, config) = crate::store::configs::encode_header(&cp.header)?;
     let mut blob_bytes = Vec::new();
     let mut entries = Vec::with_capacity(cp.entries.len());
     for (idx, entry) in &cp.entries {
@@ -208,5 +210,6 @@ pub(in crate::store) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError>
         metadata,
         outbox: Vec::new(),
         decisions,
+        config: (config.hash, IVec::from(config.json)),
     })
 }

@@ -11,7 +11,9 @@
 //! directory is next opened for serving (`finish_pending`). Blobs are
 //! released while the transcript rows that name them are still there, so a
 //! finished-again purge finds them too; a blob is deleted once no
-//! `blob_refs` entry names it any more.
+//! `blob_refs` entry names it any more. The header goes in one batch with
+//! the session's reference to its configuration, and the configuration
+//! with it when no other session names it (`configs`).
 //!
 //! Runs on the writer thread only (`group_commit`), like every other write,
 //! and at open, before the writer starts. It deliberately decides nothing
@@ -50,7 +52,9 @@ pub(super) fn purge(trees: &Trees, id: &SessionId) -> Result<bool, PurgeError> {
         .map_err(|e| io(format_args!("purging session {id}: reading its header"), e))?;
     let tenant = match stored {
         Some(bytes) => {
-            let header = codec::decode_header(id, &bytes).map_err(PurgeError::Refused)?;
+            let header = trees
+                .decode_header(id, &bytes)
+                .map_err(PurgeError::Refused)?;
             if !header.status.is_terminal() {
                 return Err(PurgeError::Refused(StoreError::NotTerminal {
                     session: *id,
@@ -61,9 +65,9 @@ pub(super) fn purge(trees: &Trees, id: &SessionId) -> Result<bool, PurgeError> {
                 .meta
                 .insert(&marker, header.tenant.as_bytes())
                 .map_err(|e| io(format_args!("purging session {id}: marking it"), e))?;
-            trees
-                .sessions
-                .remove(id.as_bytes())
+            // With its reference to its configuration, and the
+            // configuration if it was the last to name it (`configs`).
+            super::configs::remove_header(trees, id, &bytes)
                 .map_err(|e| io(format_args!("purging session {id}: removing its header"), e))?;
             header.tenant
         }

@@ -35,11 +35,18 @@ pub(in crate::store) enum Kind {
     Meta,
     /// The webhook outbox rows checkpoints write (`webhooks`).
     Outbox,
+    /// Interned agent configurations: sha256 hex → JSON (`configs`). No
+    /// layout-3 binary wrote any; a layout-3 directory made from a newer one
+    /// by hand (tests) may hold them in a tree named like the kind.
+    Configs,
+    /// sha256 hex ‖ id → empty: a session whose header names the
+    /// configuration (`configs`).
+    ConfigRefs,
 }
 
 impl Kind {
     /// Every kind, in the order a migration copies them.
-    pub(in crate::store) const ALL: [Kind; 12] = [
+    pub(in crate::store) const ALL: [Kind; 14] = [
         Kind::Sessions,
         Kind::Transcript,
         Kind::Events,
@@ -52,6 +59,8 @@ impl Kind {
         Kind::Decisions,
         Kind::Meta,
         Kind::Outbox,
+        Kind::Configs,
+        Kind::ConfigRefs,
     ];
 
     /// The first byte of the keys of this kind in [`DATA_TREE`]. Letters,
@@ -71,6 +80,8 @@ impl Kind {
             Kind::Decisions => b'D',
             Kind::Meta => b'm',
             Kind::Outbox => b'O',
+            Kind::Configs => b'G',
+            Kind::ConfigRefs => b'g',
         }
     }
 
@@ -89,6 +100,8 @@ impl Kind {
             Kind::Decisions => "decisions",
             Kind::Meta => "meta",
             Kind::Outbox => "webhook_outbox",
+            Kind::Configs => "configs",
+            Kind::ConfigRefs => "config_refs",
         }
     }
 }
@@ -285,6 +298,12 @@ pub(in crate::store) struct Trees {
     pub(in crate::store) meta: View,
     /// The webhook outbox rows checkpoints write (`webhooks`).
     pub(in crate::store) outbox: View,
+    /// sha256 hex → an agent configuration's JSON, once per distinct
+    /// configuration (`configs`).
+    pub(in crate::store) configs: View,
+    /// sha256 hex ‖ id → empty: which sessions' headers name each
+    /// configuration, so a purge deletes only one nobody else names.
+    pub(in crate::store) config_refs: View,
     /// Test hook: when set, the writer fails each group right before it
     /// applies its batch, as a crash there would leave the tree.
     #[cfg(test)]
@@ -307,6 +326,18 @@ impl Trees {
                 Ok(View::new(&data, kind))
             }
         };
+        // A real layout-3 directory has no interned configuration: its
+        // view is the (empty) kind in `data`, so that reading it makes no
+        // tree there.
+        let names = db.tree_names();
+        let interned = |kind: Kind| -> sled::Result<View> {
+            let name = kind.legacy_tree().as_bytes();
+            if legacy && names.iter().any(|n| n.as_ref() == name) {
+                Ok(View::legacy(db.open_tree(name)?))
+            } else {
+                Ok(View::new(&data, kind))
+            }
+        };
         Ok(Self {
             db: db.clone(),
             format: db.open_tree("meta")?,
@@ -322,6 +353,8 @@ impl Trees {
             decisions: view(Kind::Decisions)?,
             meta: view(Kind::Meta)?,
             outbox: view(Kind::Outbox)?,
+            configs: interned(Kind::Configs)?,
+            config_refs: interned(Kind::ConfigRefs)?,
             data,
             #[cfg(test)]
             drop_headers: Default::default(),

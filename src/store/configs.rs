@@ -1,0 +1,224 @@
+//! Interned agent configurations, as every engine stores them: a header
+//! names its configuration by content hash (`"config_hash":"<sha256 hex>"`
+//! in place of `"config":{…}`), and the configuration itself is stored once
+//! per distinct configuration, under that hash, beside the headers (issue
+//! 28: it was a third of the header's bytes, rewritten at every
+//! checkpoint). Reading joins the two again, so every reader sees the header
+//! exactly as before; a header that embeds its configuration (written before
+//! interning, or by layouts up to 4) reads as it always did.
+//!
+//! The hash is [`SharedConfig::hash`]: SHA-256 of the configuration's JSON,
+//! made once per configuration value, not per checkpoint. The header's JSON
+//! is made whole (its configuration from the JSON `SharedConfig` keeps) and
+//! the configuration's bytes are then swapped for the reference: the one
+//! `"config":` key at the top level, followed by exactly those bytes. No
+//! other field before it holds an object with free-form keys, and a JSON
+//! string cannot hold an unescaped quote, so the first match is the field.
+//!
+//! It owns no I/O and no engine: where the configurations live, and when one
+//! is deleted, is each engine's (`sled/configs`, `postgres`).
+
+use overseer_actors::model::{SessionHeader, SessionId};
+use overseer_actors::store::StoreError;
+
+use super::codec::{corrupt, decode_header as decode_whole, to_json, HEADER_GUESS};
+
+/// The key a stored header names its configuration under.
+const REF_KEY: &[u8] = b"\"config_hash\":\"";
+/// The key of an embedded configuration.
+const EMBEDDED_KEY: &[u8] = b"\"config\":";
+/// Hex digits of a hash.
+const HASH_HEX: usize = 64;
+
+/// A configuration to store once: its hash (hex) and its JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Interned {
+    /// SHA-256 of `json`, lowercase hex.
+    pub(super) hash: String,
+    /// The configuration's JSON, as a header embedding it would hold it.
+    pub(super) json: Vec<u8>,
+}
+
+/// A header encoded for storage: its JSON naming its configuration by
+/// hash, and the configuration to keep under that hash.
+pub(super) fn encode_header(header: &SessionHeader) -> Result<(Vec<u8>, Interned), StoreError> {
+    let id = header.id;
+    let whole = to_json(header, HEADER_GUESS)
+        .map_err(|e| corrupt(id, format!("cannot encode header: {e}")))?;
+    let raw = header
+        .config
+        .json()
+        .ok_or_else(|| corrupt(id, "cannot encode the configuration"))?
+        .get()
+        .as_bytes();
+    let mut field = Vec::with_capacity(EMBEDDED_KEY.len() + raw.len());
+    field.extend_from_slice(EMBEDDED_KEY);
+    field.extend_from_slice(raw);
+    let at = find(&whole, &field)
+        .ok_or_else(|| corrupt(id, "the encoded header does not hold its configuration"))?;
+    let hash = hex::encode(header.config.hash());
+    let mut out = Vec::with_capacity(whole.len() - field.len() + REF_KEY.len() + HASH_HEX + 1);
+    out.extend_from_slice(&whole[..at]);
+    out.extend_from_slice(REF_KEY);
+    out.extend_from_slice(hash.as_bytes());
+    out.push(b'"');
+    out.extend_from_slice(&whole[at + field.len()..]);
+    Ok((
+        out,
+        Interned {
+            hash,
+            json: raw.to_vec(),
+        },
+    ))
+}
+
+/// Where a stored header names its configuration: the byte range of the
+/// whole `"config_hash":"…"` member and the hash; `None` for a header that
+/// embeds its configuration.
+fn reference(bytes: &[u8]) -> Option<(std::ops::Range<usize>, &str)> {
+    let start = find(bytes, REF_KEY)?;
+    let from = start + REF_KEY.len();
+    let hash = bytes.get(from..from + HASH_HEX)?;
+    if bytes.get(from + HASH_HEX) != Some(&b'"') || !hash.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    let hash = std::str::from_utf8(hash).ok()?;
+    Some((start..from + HASH_HEX + 1, hash))
+}
+
+/// The hash of the configuration a stored header names, or `None` when it
+/// embeds its configuration.
+pub(super) fn hash_of(bytes: &[u8]) -> Option<&str> {
+    reference(bytes).map(|(_, hash)| hash)
+}
+
+/// The stored header with its configuration embedded again: the bytes a
+/// header stored before interning would hold. `bytes` as they are when they
+/// name no configuration.
+pub(super) fn join<'a, B: AsRef<[u8]>>(
+    id: &SessionId,
+    bytes: &'a [u8],
+    config: impl FnOnce(&str) -> Result<Option<B>, StoreError>,
+) -> Result<std::borrow::Cow<'a, [u8]>, StoreError> {
+    let Some((span, hash)) = reference(bytes) else {
+        return Ok(std::borrow::Cow::Borrowed(bytes));
+    };
+    let json = config(hash)?.ok_or_else(|| {
+        corrupt(
+            id,
+            format!("the header names configuration {hash}, which is not stored"),
+        )
+    })?;
+    let json = json.as_ref();
+    let mut out = Vec::with_capacity(bytes.len() - span.len() + EMBEDDED_KEY.len() + json.len());
+    out.extend_from_slice(&bytes[..span.start]);
+    out.extend_from_slice(EMBEDDED_KEY);
+    out.extend_from_slice(json);
+    out.extend_from_slice(&bytes[span.end..]);
+    Ok(std::borrow::Cow::Owned(out))
+}
+
+/// Decodes a stored header, joined with the configuration it names, read
+/// through `config` (hash hex → JSON); a header that embeds its
+/// configuration decodes as it is. A newer snapshot is refused as such.
+pub(super) fn decode_header<B: AsRef<[u8]>>(
+    id: &SessionId,
+    bytes: &[u8],
+    config: impl FnOnce(&str) -> Result<Option<B>, StoreError>,
+) -> Result<SessionHeader, StoreError> {
+    // A header of a newer schema is refused for that, before anything it
+    // names is looked for.
+    if reference(bytes).is_some() {
+        super::codec::peek(id, bytes)?;
+    }
+    decode_whole(id, &join(id, bytes, config)?)
+}
+
+/// The first position of `needle` in `haystack`. A header is about a
+/// kilobyte: a plain scan.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    let first = *needle.first()?;
+    (0..haystack.len().checked_sub(needle.len())? + 1)
+        .find(|&at| haystack[at] == first && haystack[at..].starts_with(needle))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use overseer_actors::model::{AgentConfig, SCHEMA_VERSION};
+    use serde_json::json;
+
+    fn header() -> SessionHeader {
+        let mut agent = AgentConfig::new("assistant", &["current_time", "http_request"]);
+        agent.instructions = "You help. \"config\":{} is not a field here.".into();
+        let mut header = SessionHeader::new(
+            SessionId::generate(),
+            "acme".into(),
+            "assistant".into(),
+            agent.effective(),
+            1,
+        );
+        // Fields before and after the configuration that look like it.
+        header.title = Some("\"config\":{\"x\":1}, \"config_hash\":\"ab\"".into());
+        header.output = Some(json!({"config": {"instructions": "no"}}));
+        header
+    }
+
+    #[test]
+    fn a_header_is_stored_without_its_configuration_and_joins_back_exactly() {
+        let header = header();
+        let whole = serde_json::to_vec(&header).unwrap();
+        let (stored, interned) = encode_header(&header).unwrap();
+        assert_eq!(interned.hash, hex::encode(header.config.hash()));
+        assert_eq!(interned.json, serde_json::to_vec(&*header.config).unwrap());
+        assert_eq!(hash_of(&stored), Some(interned.hash.as_str()));
+        assert_eq!(
+            stored.len() + interned.json.len() + EMBEDDED_KEY.len(),
+            whole.len() + REF_KEY.len() + HASH_HEX + 1
+        );
+        let value: serde_json::Value = serde_json::from_slice(&stored).unwrap();
+        assert!(value.get("config").is_none(), "{value}");
+        assert_eq!(value["config_hash"], json!(interned.hash));
+        // The title's look-alike stayed as it was.
+        assert_eq!(value["title"], json!(header.title));
+
+        let joined = join(&header.id, &stored, |h| {
+            assert_eq!(h, interned.hash);
+            Ok(Some(interned.json.clone()))
+        })
+        .unwrap();
+        assert_eq!(&*joined, &whole[..], "byte for byte what was stored before");
+        let back = decode_header(&header.id, &stored, |_| Ok(Some(&interned.json))).unwrap();
+        assert_eq!(back, header);
+    }
+
+    #[test]
+    fn an_embedded_configuration_reads_as_it_is_and_a_missing_one_is_corrupt() {
+        let header = header();
+        let whole = serde_json::to_vec(&header).unwrap();
+        assert_eq!(hash_of(&whole), None);
+        let back = decode_header(&header.id, &whole, |_| -> Result<Option<Vec<u8>>, _> {
+            panic!("nothing to look up")
+        })
+        .unwrap();
+        assert_eq!(back, header);
+
+        let (stored, _) = encode_header(&header).unwrap();
+        let err = decode_header(&header.id, &stored, |_| Ok(None::<Vec<u8>>)).unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Corrupt { detail, .. } if detail.contains("not stored")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_newer_header_naming_a_configuration_is_refused_as_newer() {
+        let mut header = header();
+        header.schema_version = SCHEMA_VERSION + 1;
+        let (stored, _) = encode_header(&header).unwrap();
+        let err = decode_header(&header.id, &stored, |_| Ok(None::<Vec<u8>>)).unwrap_err();
+        assert!(matches!(err, StoreError::SchemaTooNew { .. }), "{err}");
+    }
+}

@@ -209,9 +209,11 @@ impl Trees {
             Some(())
         };
         if self.per_checkpoint {
-            let records = self
-                .records
-                .range(layout::record_key(id, first, 0)..=layout::record_key(id, last, u64::MAX));
+            // The record holding `last` may end past it: the walk stops at
+            // the first event past `last`, not at a key.
+            let records = self.records.range(
+                layout::record_key(id, first, 0)..=layout::record_key(id, u64::MAX, u64::MAX),
+            );
             for item in records {
                 let (_, value) = item.map_err(read)?;
                 if hand(self.expand(id, &value)?.events).is_none() {

@@ -284,8 +284,9 @@ async fn store_check_passes_a_healthy_store_and_names_each_damage() {
     let out = overseer(&["store", "check"], dir.path());
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
-    assert!(stdout.contains("layout version 4"), "{stdout}");
+    assert!(stdout.contains("layout version 5"), "{stdout}");
     assert!(stdout.contains("6 session(s)"), "{stdout}");
+    assert!(stdout.contains("18 checkpoint record(s)"), "{stdout}");
     assert!(stdout.contains("18 transcript entries"), "{stdout}");
     assert!(stdout.trim_end().ends_with("healthy"), "{stdout}");
     // Checking changed nothing a server relies on.
@@ -298,29 +299,42 @@ async fn store_check_passes_a_healthy_store_and_names_each_damage() {
     copy_dir(dir.path(), overwritten.path());
     copy_dir(dir.path(), truncated.path());
 
-    // Logical damage, made with sled itself: a transcript entry and an event
-    // gone, and a running session missing from the index recovery reads.
+    // Logical damage, made with sled itself: a checkpoint's record gone
+    // (its transcript entries and its events), and a running session
+    // missing from the index recovery reads.
     let (gone_entry, gone_event, unindexed) = (sims[0].id(), sims[1].id(), sims[2].id());
-    // And a row of layout 4's one tree overwritten with bytes that are no
-    // row: the check names the session it belongs to.
+    // And a record overwritten with bytes that are no record: the check
+    // names the session it belongs to.
     let corrupted = sims[3].id();
     let running = sims
         .iter()
         .find(|s| s.header.status == SessionStatus::Running)
         .map(Sim::id);
+    // One record per checkpoint (three each): the second of each goes, so
+    // what follows the first's counters is missing.
+    let (missing_entry, missing_event);
     {
         let db = open_raw(dir.path());
-        rows(&db, "transcript")
-            .remove(seq_key(gone_entry, 1))
-            .unwrap()
-            .unwrap();
-        // Events 1 and 2 are the first checkpoint's row, event 3 the
-        // second's: one row per checkpoint.
-        rows(&db, "events")
-            .remove(seq_key(gone_event, 3))
-            .unwrap()
-            .unwrap();
-        rows(&db, "transcript").insert(seq_key(corrupted, 0), &b"\xffnot a row"[..]);
+        let records = rows(&db, "records");
+        let of = |id: SessionId| -> Vec<(Vec<u8>, u64, u64)> {
+            records
+                .keys()
+                .into_iter()
+                .filter(|k| k.starts_with(id.as_bytes()))
+                .map(|k| {
+                    let ends = record_ends(&k);
+                    (k, ends.0, ends.1)
+                })
+                .collect()
+        };
+        let entry_records = of(gone_entry);
+        assert_eq!(entry_records.len(), 3);
+        records.remove(&entry_records[1].0).unwrap().unwrap();
+        missing_entry = entry_records[0].2;
+        let event_records = of(gone_event);
+        records.remove(&event_records[1].0).unwrap().unwrap();
+        missing_event = event_records[0].1 + 1;
+        records.insert(&of(corrupted)[0].0, &b"\xffnot a record"[..]);
         let mut tenant_key = b"acme\0".to_vec();
         tenant_key.extend_from_slice(unindexed.as_bytes());
         rows(&db, "tenants").remove(tenant_key).unwrap().unwrap();
@@ -337,18 +351,20 @@ async fn store_check_passes_a_healthy_store_and_names_each_damage() {
     assert!(!out.status.success(), "{stdout}");
     assert!(
         stdout.contains(&format!(
-            "session {gone_entry}: transcript entry 1 is missing"
+            "session {gone_entry}: transcript entry {missing_entry} is missing"
         )),
         "{stdout}"
     );
     assert!(
-        stdout.contains(&format!("session {gone_event}: event 3 is missing")),
+        stdout.contains(&format!(
+            "session {gone_event}: event {missing_event} is missing"
+        )),
         "{stdout}"
     );
     assert!(
-        stdout
-            .lines()
-            .any(|l| l.contains(&format!("session {corrupted}: ")) && l.contains("entry 0")),
+        stdout.lines().any(|l| l.contains(&format!(
+            "session {corrupted}: unreadable checkpoint record"
+        ))),
         "{stdout}"
     );
     assert!(
@@ -608,11 +624,14 @@ async fn store_check_names_a_blob_without_its_reference() {
     let stdout = text(&out.stdout);
     assert!(!out.status.success(), "{stdout}");
     assert!(
-        stdout.contains(&format!(
-            "session {}: transcript entry 0 names blob {} without a reference",
+        stdout.lines().any(|l| l.contains(&format!(
+            "session {}: the record of its checkpoint at transcript length 1, event {}",
             sim.id(),
+            sim.header.last_event_seq,
+        )) && l.contains(&format!(
+            "names blob {} without a reference",
             blob_hash(&big("one"))
-        )),
+        ))),
         "{stdout}"
     );
 }
@@ -632,7 +651,7 @@ async fn a_version_1_store_gains_its_blob_references_when_first_served() {
     // What a version 1 binary left: no references, layout version 1.
     {
         let db = open_raw(dir.path());
-        to_layout_3(&db);
+        to_layout_3(&db, &[&a, &b]);
         db.open_tree("blob_refs").unwrap().clear().unwrap();
         db.drop_tree("blob_refs").unwrap();
         stamp_layout(&db, 1);
@@ -649,7 +668,7 @@ async fn a_version_1_store_gains_its_blob_references_when_first_served() {
     let out = overseer(&["store", "check"], dir.path());
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}");
-    assert!(stdout.contains("layout version 4"), "{stdout}");
+    assert!(stdout.contains("layout version 5"), "{stdout}");
     assert!(
         stdout.contains("1 blob(s), 1 blob reference(s)"),
         "{stdout}"
@@ -671,7 +690,7 @@ async fn a_version_2_store_keeps_its_one_event_rows_readable_beside_batches() {
     // (events 3 to 5, which no header commits).
     {
         let db = open_raw(dir.path());
-        to_layout_3(&db);
+        to_layout_3(&db, &[&sim]);
         let events = db.open_tree("events").unwrap();
         events.clear().unwrap();
         for event in &sim.events {
@@ -700,11 +719,12 @@ async fn a_version_2_store_keeps_its_one_event_rows_readable_beside_batches() {
         sim.events
     );
     // Two checkpoints in the new layout, the first shorter than the
-    // leftover it replaces: each is one row, and the log reads across the
-    // old rows and the new ones, from anywhere.
+    // leftover it replaces: each is one record, and the log reads across
+    // the migrated record and the new ones, from anywhere.
     sim.emit(EventKind::TurnStarted { turn: 1 });
     sim.status(SessionStatus::AwaitingInput);
     store.checkpoint(sim.checkpoint()).await.unwrap();
+    let first_end = sim.header.last_event_seq;
     for turn in 2..=4 {
         sim.emit(EventKind::TurnStarted { turn });
     }
@@ -726,17 +746,25 @@ async fn a_version_2_store_keeps_its_one_event_rows_readable_beside_batches() {
     drop(store);
     {
         let db = open_raw(dir.path());
-        let keys: Vec<u64> = rows(&db, "events")
+        assert!(
+            rows(&db, "events").keys().is_empty(),
+            "the old rows are gone"
+        );
+        let ends: Vec<(u64, u64)> = rows(&db, "records")
             .keys()
             .iter()
-            .map(|key| u64::from_be_bytes(key[16..24].try_into().unwrap()))
+            .map(|key| record_ends(key))
             .collect();
-        assert_eq!(keys, [1, 2, 3, 5], "two old rows and two batches");
+        assert_eq!(
+            ends,
+            [(2, 1), (first_end, 1), (7, 1)],
+            "the migrated session's record (no leftover), then one per checkpoint"
+        );
     }
     let out = overseer(&["store", "check"], dir.path());
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}");
-    assert!(stdout.contains("layout version 4"), "{stdout}");
+    assert!(stdout.contains("layout version 5"), "{stdout}");
     assert!(stdout.contains("and 7 events"), "{stdout}");
 }
 
@@ -745,6 +773,15 @@ fn seq_key(id: SessionId, n: u64) -> Vec<u8> {
     let mut key = id.as_bytes().to_vec();
     key.extend_from_slice(&n.to_be_bytes());
     key
+}
+
+/// `(events_end, entries_end)` of a layout-5 record's key (without its
+/// kind's byte): `id ‖ last_event_seq ‖ transcript_len`, big-endian.
+fn record_ends(key: &[u8]) -> (u64, u64) {
+    (
+        u64::from_be_bytes(key[16..24].try_into().unwrap()),
+        u64::from_be_bytes(key[24..32].try_into().unwrap()),
+    )
 }
 
 /// Stamps a closed store directory with an older layout version, as the
@@ -814,18 +851,58 @@ fn rows(db: &sled::Db, kind: &str) -> Rows {
     }
 }
 
-/// Moves every row of a closed layout-4 store back into the tree of its
-/// kind and stamps layout 3: what the layout-3 binary wrote.
-fn to_layout_3(db: &sled::Db) {
+/// Moves every row of a closed store back into the tree of its kind and
+/// stamps layout 3: what the layout-3 binary wrote. Layout 5's records
+/// (`sims`: every session the store holds, as written) become layout 3's
+/// rows: one transcript row per entry (a large result left in its blob),
+/// one row per event (as layouts 1 and 2 wrote them, which every later
+/// layout reads).
+fn to_layout_3(db: &sled::Db, sims: &[&Sim]) {
     let data = db.open_tree("data").unwrap();
     for row in data.iter() {
         let (key, value) = row.unwrap();
-        db.open_tree(kind_of(key[0]))
-            .unwrap()
-            .insert(&key[1..], value)
-            .unwrap();
+        if key[0] != b'C' {
+            db.open_tree(kind_of(key[0]))
+                .unwrap()
+                .insert(&key[1..], value)
+                .unwrap();
+        }
     }
     db.drop_tree("data").unwrap();
+    let (transcript, events) = (
+        db.open_tree("transcript").unwrap(),
+        db.open_tree("events").unwrap(),
+    );
+    for sim in sims {
+        for (n, entry) in sim.transcript.iter().enumerate() {
+            let mut row = json!({ "entry": entry });
+            if let overseer_actors::model::TranscriptEntry::ToolResult { call } = &**entry {
+                if let Some(result) = &call.result {
+                    if serde_json::to_vec(result).unwrap().len() > 64 * 1024 {
+                        row["entry"]["call"]
+                            .as_object_mut()
+                            .unwrap()
+                            .remove("result");
+                        row["result_blob"] = json!(blob_hash(result));
+                    }
+                }
+            }
+            transcript
+                .insert(
+                    seq_key(sim.id(), n as u64),
+                    serde_json::to_vec(&row).unwrap(),
+                )
+                .unwrap();
+        }
+        for event in &sim.events {
+            events
+                .insert(
+                    seq_key(sim.id(), event.seq),
+                    serde_json::to_vec(event).unwrap(),
+                )
+                .unwrap();
+        }
+    }
     stamp_layout(db, 3);
 }
 
@@ -1463,7 +1540,7 @@ fn format_3_fixture() -> PathBuf {
 const FIXTURE_PARKED: &str = "01a23c69-284a-70f9-9a13-29e313219311";
 
 /// What `sessions list|show --data` print of every session of `data`
-/// (layout 3 or 4, read without a server): id → its `show` JSON.
+/// (layout 3, 4 or 5, read without a server): id → its `show` JSON.
 fn every_session(data: &Path) -> BTreeMap<String, serde_json::Value> {
     let list = overseer(&["sessions", "list", "--data"], data);
     let listed = text(&list.stdout);
@@ -1480,9 +1557,18 @@ fn every_session(data: &Path) -> BTreeMap<String, serde_json::Value> {
         .collect()
 }
 
-/// The fixture's sessions as the layout-3 binary left them: four finished,
-/// the one parked on an approval.
-fn fixture_sessions(data: &Path) -> BTreeMap<String, serde_json::Value> {
+/// `tests/fixtures/store-format-4/`: a directory written by the binary of
+/// store layout 4, made the same way as the layout-3 one.
+fn format_4_fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store-format-4")
+}
+
+/// The layout-4 fixture's session parked on an approval of `current_time`.
+const FIXTURE_4_PARKED: &str = "01a23ef0-4332-710c-8c08-36724ce68229";
+
+/// A fixture's sessions as the binary of its layout left them: four
+/// finished, the one `parked` on an approval.
+fn fixture_sessions(data: &Path, parked: &str) -> BTreeMap<String, serde_json::Value> {
     let sessions = every_session(data);
     assert_eq!(sessions.len(), 5, "{sessions:?}");
     let completed = sessions
@@ -1490,7 +1576,13 @@ fn fixture_sessions(data: &Path) -> BTreeMap<String, serde_json::Value> {
         .filter(|s| s["status"] == "completed")
         .count();
     assert_eq!(completed, 4, "{sessions:?}");
-    assert_eq!(sessions[FIXTURE_PARKED]["status"], "awaiting_approval");
+    assert_eq!(sessions[parked]["status"], "awaiting_approval");
+    assert!(
+        sessions[parked]["transcript"]
+            .as_array()
+            .is_some_and(|t| !t.is_empty()),
+        "{sessions:?}"
+    );
     sessions
 }
 
@@ -1527,18 +1619,11 @@ fn ended_on_sigterm(status: std::process::ExitStatus) -> bool {
     status.success() || std::os::unix::process::ExitStatusExt::signal(&status) == Some(15)
 }
 
-/// Approves the parked session of the fixture with `run --resume` and
-/// checks that it completes.
-fn complete_the_parked_session(data: &Path) {
+/// Approves the `parked` session of a fixture with `run --resume` and
+/// checks that it completes, in a store of this binary's layout.
+fn complete_the_parked_session(data: &Path, parked: &str) {
     let resumed = Command::new(BIN)
-        .args([
-            "run",
-            "--approve",
-            "auto",
-            "--resume",
-            FIXTURE_PARKED,
-            "--data",
-        ])
+        .args(["run", "--approve", "auto", "--resume", parked, "--data"])
         .arg(data)
         .env_remove("RUST_LOG")
         .env_remove("OVERSEER_FAULT")
@@ -1553,22 +1638,22 @@ fn complete_the_parked_session(data: &Path) {
         "{}",
         text(&resumed.stdout)
     );
-    let show = overseer(&["sessions", "show", FIXTURE_PARKED, "--data"], data);
+    let show = overseer(&["sessions", "show", parked, "--data"], data);
     let shown: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
     assert_eq!(shown["status"], "completed", "{shown}");
-    check_passes_at_layout(data, 4);
+    check_passes_at_layout(data, overseer::store::sled_layout());
 }
 
 /// Layout 3 is read where it is (`store check`, `sessions --data`), moved
-/// into layout 4 by the first `serve --upgrade`, read back identical, and
-/// its parked session completes.
+/// into layout 4 and on to 5 by the first `serve --upgrade`, read back
+/// identical, and its parked session completes.
 #[test]
 fn the_layout_3_fixture_is_read_whole_and_its_parked_session_completes() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     copy_dir(&format_3_fixture(), &data);
     check_passes_at_layout(&data, 3);
-    let before = fixture_sessions(&data);
+    let before = fixture_sessions(&data, FIXTURE_PARKED);
 
     // Anything else refuses to migrate it, in one line.
     let refused = overseer(
@@ -1595,9 +1680,13 @@ fn the_layout_3_fixture_is_read_whole_and_its_parked_session_completes() {
         stderr.contains("moved the store's rows into one tree"),
         "{stderr}"
     );
-    check_passes_at_layout(&data, 4);
+    assert!(
+        stderr.contains("one record per checkpoint (layout 5)"),
+        "{stderr}"
+    );
+    check_passes_at_layout(&data, 5);
     assert_eq!(every_session(&data), before);
-    complete_the_parked_session(&data);
+    complete_the_parked_session(&data, FIXTURE_PARKED);
 }
 
 /// The migration 3 → 4 killed (abort, as `kill -9`) in the middle of its
@@ -1610,7 +1699,7 @@ fn a_migration_to_layout_4_killed_twice_resumes_and_ends_identical() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
     copy_dir(&format_3_fixture(), &data);
-    let before = fixture_sessions(&data);
+    let before = fixture_sessions(&data, FIXTURE_PARKED);
     // The point is hit after each chunk copied (four rows under fault
     // injection, so the second chunk is inside a kind's rows) and after each
     // old tree dropped (eleven): the second kill lands among the drops.
@@ -1618,6 +1707,8 @@ fn a_migration_to_layout_4_killed_twice_resumes_and_ends_identical() {
         let db = open_raw(&data);
         KINDS
             .iter()
+            // Layout 5's records never had a tree of their own.
+            .filter(|(prefix, _)| *prefix != b'C')
             .map(|(_, name)| {
                 let rows = db
                     .open_tree(name)
@@ -1656,7 +1747,146 @@ fn a_migration_to_layout_4_killed_twice_resumes_and_ends_identical() {
         stderr.contains("resumed: true") || stderr.contains("resumed=true"),
         "{stderr}"
     );
-    check_passes_at_layout(&data, 4);
+    check_passes_at_layout(&data, 5);
     assert_eq!(every_session(&data), before);
-    complete_the_parked_session(&data);
+    complete_the_parked_session(&data, FIXTURE_PARKED);
+}
+
+/// Rows of the layout-4 kinds a layout-5 store no longer has (per-entry
+/// transcript rows, per-checkpoint event rows), and its records, in a
+/// closed store.
+fn old_rows_and_records(data: &Path) -> (usize, usize) {
+    let db = open_raw(data);
+    let old = rows(&db, "transcript").keys().len() + rows(&db, "events").keys().len();
+    (old, rows(&db, "records").keys().len())
+}
+
+/// Layout 4 is read where it is, turned into one record per checkpoint by
+/// the first `serve --upgrade` (one per session for what it held, its rows
+/// gone), read back identical, and its parked session completes.
+#[test]
+fn the_layout_4_fixture_is_read_whole_and_its_parked_session_completes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    copy_dir(&format_4_fixture(), &data);
+    check_passes_at_layout(&data, 4);
+    let before = fixture_sessions(&data, FIXTURE_4_PARKED);
+    let (old, records) = old_rows_and_records(&data);
+    assert!(old > 0 && records == 0, "{old} {records}");
+
+    let refused = overseer(
+        &[
+            "run",
+            "--approve",
+            "auto",
+            "--resume",
+            FIXTURE_4_PARKED,
+            "--data",
+        ],
+        &data,
+    );
+    assert!(!refused.status.success());
+    assert!(
+        error_line(&refused).contains("start `overseer serve --upgrade`"),
+        "{}",
+        text(&refused.stderr)
+    );
+
+    let (status, stderr) = serve_upgrade(&data, None);
+    assert!(ended_on_sigterm(status), "{stderr}");
+    assert!(
+        stderr.contains("one record per checkpoint (layout 5)"),
+        "{stderr}"
+    );
+    assert_eq!(old_rows_and_records(&data), (0, 5));
+    check_passes_at_layout(&data, 5);
+    assert_eq!(every_session(&data), before);
+    complete_the_parked_session(&data, FIXTURE_4_PARKED);
+}
+
+/// The migration 4 → 5 killed (abort, as `kill -9`) in the middle of its
+/// conversion and again in the middle of removing the old rows, then let
+/// finish: every session reads back exactly as the fixture held it (in
+/// between too, without a server), and the parked one completes.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_migration_to_layout_5_killed_twice_resumes_and_ends_identical() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    copy_dir(&format_4_fixture(), &data);
+    let before = fixture_sessions(&data, FIXTURE_4_PARKED);
+    let (old, _) = old_rows_and_records(&data);
+    // The point is hit after each chunk converted (two sessions under fault
+    // injection: three chunks for five) and after each chunk of old rows
+    // removed (four rows): killed at the second hit, two chunks are
+    // converted; resumed, the third is hit 1 and the removals from 2 on,
+    // so the third hit is after two chunks of removals.
+    assert!(old > 12, "{old}");
+    for (fault, when) in [
+        ("store_migration:2:abort", "converting"),
+        ("store_migration:3:abort", "removing"),
+    ] {
+        let (status, stderr) = serve_upgrade(&data, Some(fault));
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(6),
+            "killed while {when}: {stderr}"
+        );
+        assert!(
+            stderr.contains("aborting the process at StoreMigration"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("listening on"), "{stderr}");
+        let (left, records) = old_rows_and_records(&data);
+        match when {
+            "converting" => assert_eq!((left, records), (old, 4), "killed while {when}"),
+            _ => assert_eq!((left, records), (old - 8, 5), "killed while {when}"),
+        }
+        // Read without a server in between, half migrated: the same.
+        assert_eq!(every_session(&data), before, "killed while {when}");
+    }
+    let (status, stderr) = serve_upgrade(&data, None);
+    assert!(ended_on_sigterm(status), "{stderr}");
+    assert!(
+        stderr.contains("resumed: true") || stderr.contains("resumed=true"),
+        "{stderr}"
+    );
+    assert_eq!(old_rows_and_records(&data), (0, 5));
+    check_passes_at_layout(&data, 5);
+    assert_eq!(every_session(&data), before);
+    complete_the_parked_session(&data, FIXTURE_4_PARKED);
+}
+
+/// A stopped layout-4 directory is backed up where it is (not upgraded)
+/// and the backup restores, in this binary's layout, to the same
+/// sessions.
+#[test]
+fn a_backup_of_a_layout_4_directory_restores_the_same_sessions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    copy_dir(&format_4_fixture(), &data);
+    let before = fixture_sessions(&data, FIXTURE_4_PARKED);
+    let (backup, restored) = (tmp.path().join("backup"), tmp.path().join("restored"));
+    let out = Command::new(BIN)
+        .args(["store", "backup", "--data"])
+        .arg(&data)
+        .arg("--to")
+        .arg(&backup)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    check_passes_at_layout(&data, 4);
+    let out = Command::new(BIN)
+        .args(["store", "restore", "--from"])
+        .arg(&backup)
+        .arg("--to")
+        .arg(&restored)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    check_passes_at_layout(&restored, 5);
+    assert_eq!(every_session(&restored), before);
+    complete_the_parked_session(&restored, FIXTURE_4_PARKED);
 }

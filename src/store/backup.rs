@@ -388,8 +388,9 @@ fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), BackupError> {
 
 /// Takes a backup of a stopped store directory `from` into `to`, through
 /// the same walk a server's backup takes. `from` must hold a store (nothing
-/// is created there) of this binary's layout (an older one is not upgraded
-/// by a backup).
+/// is created there) of any layout this binary reads: it is read where it
+/// is ([`Stopped`]), never upgraded by a backup, and the backup is of this
+/// binary's layout.
 pub async fn backup_dir(from: &Path, to: &Path) -> Result<Manifest, BackupError> {
     if !from.join("db").is_file() {
         return Err(BackupError::NotABackup {
@@ -399,19 +400,96 @@ pub async fn backup_dir(from: &Path, to: &Path) -> Result<Manifest, BackupError>
     }
     let (source_dir, target) = (from.to_owned(), to.to_owned());
     let (source, writer) = tokio::task::spawn_blocking(move || {
-        let options = super::StoreOptions {
-            upgrade: super::Upgrade::Refuse,
-            ..super::StoreOptions::default()
-        };
-        let source = super::SledStore::open_with(&source_dir, &options)
+        let source = super::Inspector::open(&source_dir)
             .map_err(|e| BackupError::Store(StoreError::io(source_dir.display().to_string(), e)))?;
         let writer = BackupWriter::create(&target, source_dir.display().to_string())?;
         Ok::<_, BackupError>((source, writer))
     })
     .await
     .map_err(|e| BackupError::Store(StoreError::Io(e.to_string())))??;
+    let source = Stopped(Arc::new(source));
     let (sessions, events) = walk(&source, |copy| writer.write(copy)).await?;
     writer.finish(sessions, events).await
+}
+
+/// A stopped store directory read where it is, through the reads the walk
+/// makes (each on a blocking thread): the port over the [`Inspector`],
+/// which writes nothing, so an older layout is read as it is.
+///
+/// [`Inspector`]: super::Inspector
+struct Stopped(Arc<super::Inspector>);
+
+impl Stopped {
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&super::Inspector) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inspector = self.0.clone();
+        tokio::task::spawn_blocking(move || f(&inspector))
+            .await
+            .map_err(|e| StoreError::Io(format!("reading the store: {e}")))?
+    }
+}
+
+fn read_only() -> StoreError {
+    StoreError::Io("a stopped store is read, never written, by a backup".into())
+}
+
+#[async_trait::async_trait]
+impl CheckpointStore for Stopped {
+    async fn checkpoint(&self, _: Checkpoint) -> Result<(), StoreError> {
+        Err(read_only())
+    }
+
+    async fn load(
+        &self,
+        id: SessionId,
+    ) -> Result<Option<overseer_actors::store::StoredSession>, StoreError> {
+        self.read(move |s| s.load(id)).await
+    }
+
+    async fn load_header(&self, id: SessionId) -> Result<Option<SessionHeader>, StoreError> {
+        Ok(self.load(id).await?.map(|s| s.header))
+    }
+
+    async fn events_after(
+        &self,
+        id: SessionId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.read(move |s| s.events_after(id, after, limit)).await
+    }
+
+    async fn list_by_status(
+        &self,
+        _: &[overseer_actors::model::SessionStatus],
+        _: Option<SessionId>,
+        _: usize,
+    ) -> Result<Vec<overseer_actors::store::SessionSummary>, StoreError> {
+        Err(StoreError::Io("a backup walks by scan only".into()))
+    }
+
+    async fn list_tenant(
+        &self,
+        _: &str,
+        _: Option<SessionId>,
+        _: usize,
+    ) -> Result<Vec<overseer_actors::store::SessionSummary>, StoreError> {
+        Err(StoreError::Io("a backup walks by scan only".into()))
+    }
+
+    async fn scan(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<overseer_actors::store::SessionSummary>, StoreError> {
+        self.read(move |s| s.scan(after, limit)).await
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// Checks that `dir` is a complete backup whose store passes `overseer

@@ -18,6 +18,7 @@ use overseer_actors::model::{
 };
 use overseer_actors::store::{Checkpoint, StoreError};
 use serde::{Deserialize, Serialize};
+#[cfg(test)]
 use sha2::{Digest, Sha256};
 
 /// Tool results whose JSON is larger than this go to `blobs`.
@@ -114,6 +115,10 @@ pub(super) fn decode_header(id: &SessionId, bytes: &[u8]) -> Result<SessionHeade
 /// How a transcript entry is stored. The envelope (rather than a marker value
 /// inside the tool result) keeps the round trip exact for every result a tool
 /// can return, including one that happens to look like a marker.
+// Layout 4's writers (this and `encode_entry`, `StoredEventOut`,
+// `encode_events`): layout 5 writes `record`s; tests still build
+// directories of the older layout with them.
+#[cfg(test)]
 #[derive(Serialize)]
 struct StoredEntryOut<'a> {
     entry: &'a TranscriptEntry,
@@ -193,6 +198,7 @@ pub(super) const ROW_GUESS: usize = 512;
 
 /// One stored event of a batch row: the session and the sequence number
 /// are the row key's, so only the time and what happened are stored.
+#[cfg(test)]
 type StoredEventOut<'a> = (i64, &'a EventKind);
 type StoredEventIn = (i64, EventKind);
 
@@ -202,6 +208,7 @@ type StoredEventIn = (i64, EventKind);
 /// row per checkpoint rather than per event cuts the store's inserts by
 /// half, and leaving out what the key already says (session id, seq) cuts
 /// each event by about 70 bytes (`benches/PROFILE.md`).
+#[cfg(test)]
 pub(super) fn encode_events(
     id: &SessionId,
     events: &[Event],
@@ -269,6 +276,7 @@ pub(super) fn legacy_parts(
         .map_err(|e| corrupt(id, format!("unreadable version 1 header: {e}")))
 }
 
+#[cfg(test)]
 pub(super) fn encode_entry(
     id: &SessionId,
     entry: &TranscriptEntry,

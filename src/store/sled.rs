@@ -2,7 +2,7 @@
 //! implementation of [`CheckpointStore`]. Its keys and rows are in `layout`,
 //! the values they hold in the shared `store::codec`.
 //!
-//! It owns the on-disk layout (version 4), one sled database in which every
+//! It owns the on-disk layout (version 5), one sled database in which every
 //! row a checkpoint writes is in ONE tree, `data`, its key prefixed by one
 //! byte naming its kind (`trees::Kind`, read through `trees::View`, which
 //! puts the byte on and takes it off):
@@ -10,8 +10,9 @@
 //! | kind (byte)        | key after the byte               | value                         |
 //! |--------------------|----------------------------------|-------------------------------|
 //! | sessions (`S`)     | session id (16 bytes)            | header JSON, naming its configuration by hash |
-//! | transcript (`T`)   | id ‖ big-endian u64 index        | entry JSON (in an envelope)   |
-//! | events (`E`)       | id ‖ big-endian u64 seq          | the events of one checkpoint  |
+//! | records (`C`)      | id ‖ events_end ‖ entries_end (u64 BE each: `last_event_seq`, `transcript_len` after the checkpoint) | ONE checkpoint's new transcript entries and events (`store::record`, MessagePack; read in `records`) |
+//! | transcript (`T`)   | id ‖ big-endian u64 index        | layouts up to 4 only: entry JSON (in an envelope) |
+//! | events (`E`)       | id ‖ big-endian u64 seq          | layouts up to 4 only: the events of one checkpoint |
 //! | tenants (`N`)      | tenant bytes ‖ 0x00 ‖ id         | empty                         |
 //! | active (`A`)       | id                               | empty (`running`, `awaiting_approval`) |
 //! | blobs (`B`)        | sha256 hex of a tool result      | the result JSON (> 64 KiB)    |
@@ -22,7 +23,7 @@
 //! | webhook outbox (`O`) | id ‖ seq ‖ endpoint            | a webhook seed (`webhooks`)   |
 //! | configs (`G`)      | sha256 hex of a configuration    | its JSON, once per distinct configuration (`configs`) |
 //! | config refs (`g`)  | sha256 hex ‖ id                  | empty: the session's header names the configuration |
-//! | meta (`m`)         | `commit_seq`, `health_check`, `purge:` ‖ id, `migrate4` | big-endian u64; a nonce; the tenant of a purge under way; a migration's progress |
+//! | meta (`m`)         | `commit_seq`, `health_check`, `purge:` ‖ id, `migrate4`, `migrate5` | big-endian u64; a nonce; the tenant of a purge under way; a migration's progress |
 //!
 //! and the tree `meta`, holding only `format_version` (big-endian u32),
 //! where every binary, older ones included, looks for it first; and the
@@ -49,8 +50,9 @@
 //! `inspect`.
 //!
 //! Atomicity and durability: the writer applies each group of checkpoints
-//! (every row of each, the index entries gained and lost, and the group's
-//! number `commit_seq`) as ONE `sled::Batch` on the one tree, with one
+//! (each one's header and its ONE record, its blobs, queue, metadata,
+//! decision and outbox rows, the index entries gained and lost, and the
+//! group's number `commit_seq`) as ONE `sled::Batch` on the one tree, with one
 //! `Tree::apply_batch`. sled 0.34 documents a `Batch` as "a batch of updates
 //! that will be applied atomically to the Tree", and its `apply_batch`
 //! seals the batch in the log so that "all updates written to the log since
@@ -61,11 +63,11 @@
 //! all, and `commit_seq` says which groups are. A checkpoint is confirmed
 //! durable only after a flush (`sync`, with `durable`'s fsyncs) that
 //! follows its group's batch (`group_commit`). Readers read a session's
-//! header first and its rows within the header's counters (transcript
-//! entries below `transcript_len`, events up to `last_event_seq`): a
-//! multi-row read is not one snapshot, and rows below the counters are
-//! never rewritten, so that is a consistent view while the session keeps
-//! checkpointing.
+//! header first and its records within the header's counters (those keyed
+//! at or below its `last_event_seq`, `transcript_len`): a multi-row read is
+//! not one snapshot, and a record's key is the counters after its
+//! checkpoint, so that is a consistent view while the session keeps
+//! checkpointing (`records`).
 //!
 //! Memory: sled's page cache is bounded by [`StoreOptions::cache_mb`]
 //! (`[store] cache_mb`); the writer remembers the header state of sessions in
@@ -76,9 +78,12 @@
 //! header first, with the blobs no other session references (`purge`); a
 //! `blob_refs` entry is written in the batch of every checkpoint row that
 //! references a blob. Layout version 2 added `blob_refs`, 3 one events row
-//! per checkpoint, 4 the one tree; a directory of an older layout is
-//! upgraded when first opened for serving (`open`, `migrate`: resumable),
-//! and refused by older binaries from then on.
+//! per checkpoint, 4 the one tree, 5 one record per checkpoint in place of
+//! the per-entry transcript rows and per-checkpoint event rows; a
+//! directory of an older layout is upgraded when first opened for serving
+//! (`open`, `migrate` and `migrate5`: resumable), and refused by older
+//! binaries from then on (in one line: its `format_version` is newer than
+//! theirs).
 //!
 //! It deliberately owns no session semantics: what goes into a checkpoint, and
 //! when, is decided by `overseer-actors`; this module stores it and reads it
@@ -93,9 +98,11 @@ mod group_commit;
 mod inspect;
 pub(super) mod layout;
 mod migrate;
+mod migrate5;
 pub(super) mod open;
 mod purge;
 mod readers;
+mod records;
 pub(super) mod sidecar;
 pub(super) mod trees;
 mod webhooks;
@@ -126,8 +133,9 @@ use trees::Trees;
 /// The layout version of the trees above (not the snapshot `schema_version`,
 /// which versions the JSON inside them). 3: `events` holds one row per
 /// checkpoint (earlier versions: one per event, still read). 4: every kind
-/// in the one tree `data`, a group one atomic batch.
-pub(super) const FORMAT_VERSION: u32 = 4;
+/// in the one tree `data`, a group one atomic batch. 5: one record per
+/// checkpoint (`records`), no transcript or event rows.
+pub(super) const FORMAT_VERSION: u32 = 5;
 
 /// Most commands (checkpoints, flushes) queued for or being written by the
 /// writer at once; further callers wait for a slot. Well above what group
@@ -516,43 +524,10 @@ impl Trees {
         };
         let mut header = self.decode_header(id, &bytes)?;
         let legacy = codec::legacy_parts(id, &header, &bytes)?;
-        // Only the entries the header accounts for: entries are written before
-        // the header that counts them (and never rewritten below it), so
-        // reading the header first gives a consistent snapshot even while the
-        // session keeps checkpointing; rows beyond it are uncommitted.
-        let len = header.transcript_len;
-        let mut transcript = Vec::with_capacity(usize::try_from(len.min(4096)).unwrap_or(0));
-        if len > 0 {
-            let range = layout::seq_key(id, 0)..=layout::seq_key(id, len - 1);
-            for item in self.transcript.range(range) {
-                let (key, value) = item
-                    .map_err(|e| io(format_args!("reading the transcript of session {id}"), e))?;
-                let expected = transcript.len() as u64;
-                let idx =
-                    layout::seq_of(&key).ok_or_else(|| corrupt(id, "malformed transcript key"))?;
-                if idx != expected {
-                    return Err(corrupt(
-                        id,
-                        format!("transcript entry {expected} is missing"),
-                    ));
-                }
-                let entry = codec::decode_entry(id, idx, &value, |hash| {
-                    self.blobs
-                        .get(hash.as_bytes())
-                        .map_err(|e| io(format_args!("reading blob {hash} of session {id}"), e))
-                })?;
-                transcript.push(entry);
-            }
-        }
-        if transcript.len() as u64 != len {
-            return Err(corrupt(
-                id,
-                format!(
-                    "the header counts {len} transcript entries but {} are stored",
-                    transcript.len()
-                ),
-            ));
-        }
+        // Only what the header commits (see `records`): reading the header
+        // first gives a consistent view even while the session keeps
+        // checkpointing.
+        let transcript = self.transcript(id, header.transcript_len, header.last_event_seq)?;
         if let Some(legacy) = legacy {
             // Schema 1: the queue and the metadata were in the header. They
             // move to their own rows with the session's next checkpoint.
@@ -655,58 +630,6 @@ impl Trees {
         Ok(out)
     }
 
-    /// Hands `visit` the stored events of `id` numbered `first..=last`, in
-    /// order, until it returns `false`. Rows are batches (layout 3: one per
-    /// checkpoint, keyed by its first event) or single events (layouts 1
-    /// and 2); the row holding `first` is the last one keyed at or below
-    /// it. An event numbered at or below one already handed over is a
-    /// leftover of a checkpoint a crash cut short before its header, since
-    /// overwritten by a batch that covers it: skipped. Gaps are the
-    /// caller's to notice (`seq` says where each event is).
-    pub(super) fn committed_events(
-        &self,
-        id: &SessionId,
-        first: u64,
-        last: u64,
-        mut visit: impl FnMut(Event) -> bool,
-    ) -> Result<(), StoreError> {
-        if first > last {
-            return Ok(());
-        }
-        let read = |e| io(format_args!("reading the events of session {id}"), e);
-        let start = match self
-            .events
-            .range(layout::seq_key(id, 0)..=layout::seq_key(id, first))
-            .next_back()
-            .transpose()
-            .map_err(read)?
-        {
-            Some((key, _)) => key,
-            None => layout::seq_key(id, first)[..].into(),
-        };
-        let mut handed = first.saturating_sub(1);
-        for item in self
-            .events
-            .range(start..=layout::seq_key(id, last)[..].into())
-        {
-            let (key, value) = item.map_err(read)?;
-            let seq = layout::seq_of(&key).ok_or_else(|| corrupt(id, "malformed event key"))?;
-            for event in codec::decode_events(id, seq, &value)? {
-                if event.seq <= handed {
-                    continue;
-                }
-                if event.seq > last {
-                    return Ok(());
-                }
-                handed = event.seq;
-                if !visit(event) {
-                    return Ok(());
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// A page of [`CheckpointStore::list_by_status`]: empty only when no
     /// session after `after` has one of `statuses`.
     fn by_status(
@@ -803,7 +726,7 @@ impl Trees {
     }
 
     /// Transcript entries of `id` in `range`, below the header's
-    /// `transcript_len` (rows beyond it are uncommitted).
+    /// `transcript_len` (what it commits).
     fn entries(
         &self,
         id: &SessionId,
@@ -812,27 +735,7 @@ impl Trees {
         let Some(header) = self.header(id)? else {
             return Ok(Vec::new());
         };
-        let end = range.end.min(header.transcript_len);
-        let mut out = Vec::new();
-        if range.start >= end {
-            return Ok(out);
-        }
-        for item in self
-            .transcript
-            .range(layout::seq_key(id, range.start)..layout::seq_key(id, end))
-        {
-            let (key, value) =
-                item.map_err(|e| io(format_args!("reading the transcript of session {id}"), e))?;
-            let idx =
-                layout::seq_of(&key).ok_or_else(|| corrupt(id, "malformed transcript key"))?;
-            let entry = codec::decode_entry(id, idx, &value, |hash| {
-                self.blobs
-                    .get(hash.as_bytes())
-                    .map_err(|e| io(format_args!("reading blob {hash} of session {id}"), e))
-            })?;
-            out.push(entry);
-        }
-        Ok(out)
+        self.transcript_range(id, range, header.transcript_len, header.last_event_seq)
     }
 
     /// A page of the decision index, newest first (see
@@ -1333,16 +1236,22 @@ mod tests {
             store.events_after(sim.id(), 0, 100).await.unwrap(),
             sim.events
         );
-        // The large result went to `blobs`; its transcript row only names it.
+        // The large result went to `blobs`; the checkpoint's record only
+        // names it.
         let generation = store.current();
         let trees = &generation.trees;
         assert_eq!(trees.blobs.len(), 1);
-        let row = trees
-            .transcript
-            .get(layout::seq_key(&sim.id(), 1))
-            .unwrap()
-            .unwrap();
-        assert!(row.len() < 4096, "row is {} bytes", row.len());
+        let records: Vec<_> = trees
+            .records
+            .scan_prefix(sim.id().as_bytes())
+            .map(|r| r.unwrap().1)
+            .collect();
+        assert_eq!(records.len(), 1);
+        assert!(
+            records[0].len() < 4096,
+            "record is {} bytes",
+            records[0].len()
+        );
         assert_eq!(
             all_by_status(&store, &[SessionStatus::AwaitingApproval], 2)
                 .await
@@ -1832,8 +1741,9 @@ mod tests {
         store.checkpoint(other.checkpoint()).await.unwrap();
         let generation = store.current();
         let trees = &generation.trees;
-        let (transcript, events) = (trees.transcript.len(), trees.events.len());
-        assert_eq!(transcript, 100);
+        let records = trees.records.len();
+        assert_eq!(records, 2, "one record per checkpoint");
+        assert_eq!(trees.transcript.len() + trees.events.len(), 0);
 
         sim.user("one more");
         sim.user("and another");
@@ -1843,18 +1753,21 @@ mod tests {
         let cp = sim.checkpoint();
         assert_eq!(cp.entries.len(), 2);
         store.checkpoint(cp).await.unwrap();
-        assert_eq!(trees.transcript.len(), transcript + 2);
         assert_eq!(
-            trees.events.len(),
-            events + 1,
-            "a checkpoint's events are one row"
+            trees.records.len(),
+            records + 1,
+            "a checkpoint's entries and events are one record"
         );
         assert_eq!(trees.sessions.len(), 2);
         assert_eq!(trees.tenants.len(), 2);
+        assert_eq!(
+            store.entries(sim.id(), 49..52).await.unwrap(),
+            sim.transcript[49..52].to_vec()
+        );
 
         // A checkpoint with nothing new rewrites only the header.
         store.checkpoint(sim.checkpoint()).await.unwrap();
-        assert_eq!(trees.transcript.len(), transcript + 2);
+        assert_eq!(trees.records.len(), records + 1);
         assert_same(&store.load(sim.id()).await.unwrap().unwrap(), &sim);
     }
 
@@ -1961,7 +1874,7 @@ mod tests {
                 vec![other.header.clone()]
             );
             // The rows are still there, invisible, and the marker says so.
-            assert!(trees.transcript.scan_prefix(sim.id().as_bytes()).count() > 0);
+            assert!(trees.records.scan_prefix(sim.id().as_bytes()).count() > 0);
             assert_eq!(trees.blobs.len(), 1);
             assert!(trees
                 .meta
@@ -1974,11 +1887,7 @@ mod tests {
         let store = open(dir.path());
         let generation = store.current();
         let trees = &generation.trees;
-        for (name, tree) in [
-            ("transcript", &trees.transcript),
-            ("events", &trees.events),
-            ("queue", &trees.queue),
-        ] {
+        for (name, tree) in [("records", &trees.records), ("queue", &trees.queue)] {
             assert_eq!(tree.scan_prefix(sim.id().as_bytes()).count(), 0, "{name}");
         }
         assert!(!trees.metadata.contains_key(sim.id().as_bytes()).unwrap());
@@ -2057,7 +1966,7 @@ mod tests {
                 // Nothing of the group is there...
                 let generation = store.current();
                 let trees = &generation.trees;
-                assert_eq!(trees.transcript.len(), 2);
+                assert_eq!(trees.records.len(), 1);
                 assert!(!trees
                     .active
                     .contains_key(committed.id().as_bytes())
@@ -2118,7 +2027,7 @@ mod tests {
             store.events_after(sim.id(), 0, 100).await.unwrap(),
             sim.events
         );
-        assert_eq!(store.current().trees.transcript.len(), 4);
+        assert_eq!(store.current().trees.records.len(), 3);
         assert_eq!(
             all_by_status(&store, &recovery, 2).await.unwrap(),
             vec![sim.header.clone()]

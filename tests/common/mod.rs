@@ -764,10 +764,14 @@ pub async fn until_event(
     .unwrap_or_else(|_| panic!("the awaited event never came within {PATIENCE:?}"))
 }
 
-/// The kinds of rows of the sled layout 4's one tree (`data`), by the first
-/// byte of their keys, named after the tree each had in layout 3: what the
-/// tests that write an older layout by hand, or count rows per kind, read.
-pub const SLED_KINDS: [(u8, &str); 14] = [
+/// The kinds of rows of the sled one tree (`data`, layouts 4 and 5), by the
+/// first byte of their keys, named after the tree each had in layout 3
+/// (`records`, layout 5's one record per checkpoint, and the interned
+/// configurations `configs`/`config_refs` never had one): what
+/// the tests that write an older layout by hand, or count rows per kind,
+/// read.
+pub const SLED_KINDS: [(u8, &str); 15] = [
+    (b'C', "records"),
     (b'S', "sessions"),
     (b'T', "transcript"),
     (b'E', "events"),

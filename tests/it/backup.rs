@@ -10,7 +10,7 @@
 //! there at a checkpoint at least as new, and a parked one is approved and
 //! finishes. Then the refusals: a non-empty target, a directory that is not
 //! a backup, a token without `admin`; and the upgrade gate on a store
-//! stamped with an older layout.
+//! written by the binary of an older layout (the layout-4 fixture).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -549,28 +549,19 @@ async fn bad_backups_and_restores_are_refused_naming_what_is_wrong() {
     served.stop();
 }
 
-/// Stamps a closed store directory with layout `version`, as an older
-/// binary would have left it: every row of layout 4's one tree (`data`)
-/// moved back into the tree its kind had (named by the key's first byte).
-fn stamp_layout(dir: &Path, version: u32) {
-    use crate::common::SLED_KINDS as KINDS;
-    let db = open_raw(dir);
-    let data = db.open_tree("data").unwrap();
-    for row in data.iter() {
-        let (key, value) = row.unwrap();
-        let (_, tree) = KINDS.iter().find(|(p, _)| *p == key[0]).unwrap();
-        db.open_tree(tree)
-            .unwrap()
-            .insert(&key[1..], value)
-            .unwrap();
+/// A copy at `to` of `tests/fixtures/store-format-4/`: a directory the
+/// binary of layout 4 wrote, with session [`FIXTURE_4_PARKED`] (tenant
+/// `acme`) parked on an approval (see `tests/fixtures/README.md`).
+fn layout_4_fixture(to: &Path) {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/store-format-4");
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
     }
-    db.drop_tree("data").unwrap();
-    db.open_tree("meta")
-        .unwrap()
-        .insert("format_version", &version.to_be_bytes()[..])
-        .unwrap();
-    db.flush().unwrap();
 }
+
+const FIXTURE_4_PARKED: &str = "01a23ef0-4332-710c-8c08-36724ce68229";
 
 fn layout_of(dir: &Path) -> u32 {
     let db = open_raw(dir);
@@ -602,14 +593,11 @@ fn open_raw(dir: &Path) -> sled::Db {
 async fn an_older_layout_is_upgraded_only_with_upgrade_and_a_copy_is_kept() {
     let root = tempfile::tempdir().unwrap();
     let data = root.path().join("data");
-    let copy = root.path().join("data.pre-upgrade-format-2");
+    let copy = root.path().join("data.pre-upgrade-format-4");
     let user = token("sessions:read,sessions:write,approvals:write");
     let client = http();
-    let served = serve(&data, &[]);
-    let id = create(&client, &served.url, &user).await;
-    until_status(&client, &served.url, &user, &id, "awaiting_approval").await;
-    served.stop();
-    stamp_layout(&data, 2);
+    layout_4_fixture(&data);
+    let id = FIXTURE_4_PARKED.to_owned();
 
     // Without --upgrade: refused in one line saying what would change and
     // where the copy would go; nothing written.
@@ -626,12 +614,12 @@ async fn an_older_layout_is_upgraded_only_with_upgrade_and_a_copy_is_kept() {
     let refusal: Vec<&str> = err.lines().filter(|l| l.contains("--upgrade")).collect();
     assert_eq!(refusal.len(), 1, "{err}");
     assert!(
-        refusal[0].contains("layout version 2")
+        refusal[0].contains("layout version 4")
             && refusal[0].contains(&format!("to layout {}", overseer::store::sled_layout()))
             && refusal[0].contains(&copy.display().to_string()),
         "{err}"
     );
-    assert_eq!(layout_of(&data), 2, "nothing was upgraded");
+    assert_eq!(layout_of(&data), 4, "nothing was upgraded");
     assert!(!copy.exists());
 
     // With it: the copy first (the log says where), then the upgrade.
@@ -648,8 +636,8 @@ async fn an_older_layout_is_upgraded_only_with_upgrade_and_a_copy_is_kept() {
     until_status(&client, &served.url, &user, &id, "awaiting_input").await;
     served.stop();
     assert_eq!(layout_of(&data), overseer::store::sled_layout());
-    // The copy is the store as it was: layout 2, the session parked.
-    assert_eq!(layout_of(&copy), 2);
+    // The copy is the store as it was: layout 4, the session parked.
+    assert_eq!(layout_of(&copy), 4);
     let out = Command::new(BIN)
         .args(["sessions", "show", &id, "--data"])
         .arg(&copy)

@@ -71,8 +71,8 @@ const POINTS: &[(&str, u64)] = &[
     ("after_decision_ack", 3),
 ];
 
-/// Fault points inside the sled store's write path (layout 4: one batch per
-/// group), aborted at only (a panic there is not a session's): after a
+/// Fault points inside the sled store's write path (layout 5: one batch per
+/// group, one record per checkpoint in it), aborted at only (a panic there is not a session's): after a
 /// group's batch is built and before it is applied
 /// (`store_before_headers`), after it is applied and before it is flushed
 /// (`store_after_apply`), right before the flush (`store_flush`), and after

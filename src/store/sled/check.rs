@@ -215,7 +215,7 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
         // From layout 2 on, a purge of another session deletes a blob that
         // has no reference from this one.
         if layout >= 2 {
-            if let Err(e) = check_blob_refs(trees, &id, header.transcript_len) {
+            if let Err(e) = check_blob_refs(trees, &id) {
                 report.problem(format!("session {id}: {e}"));
             }
         }
@@ -259,6 +259,13 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
         or_stop!(report, item, "reading the blob_refs tree");
         refs += 1;
     }
+    let mut records = 0u64;
+    if trees.per_checkpoint {
+        for item in trees.records.iter() {
+            or_stop!(report, item, "reading the checkpoint records");
+            records += 1;
+        }
+    }
     let mut purges = 0u64;
     for item in trees.meta.scan_prefix(layout::PURGE_PREFIX) {
         or_stop!(report, item, "reading the purge markers");
@@ -284,6 +291,11 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
         )),
         Err(e) => report.problem(format!("reading the configurations: {e}")),
     }
+    if trees.per_checkpoint {
+        report
+            .summary
+            .push(format!("{records} checkpoint record(s)"));
+    }
     if purges > 0 {
         // What a crash mid-purge leaves: invisible rows, removed when a
         // server next opens the store.
@@ -293,35 +305,24 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
     }
 }
 
-/// Every blob a committed transcript row of `id` names has `id`'s reference.
-fn check_blob_refs(trees: &Trees, id: &SessionId, len: u64) -> Result<(), String> {
-    if len == 0 {
-        return Ok(());
-    }
-    for item in trees
-        .transcript
-        .range(layout::seq_key(id, 0)..=layout::seq_key(id, len - 1))
-    {
-        let (key, row) = item.map_err(|e| format!("reading its transcript: {e}"))?;
-        let Some(hash) = codec::blob_of(&row) else {
-            continue;
-        };
+/// Every blob a stored entry of `id` names (in a record, or a transcript
+/// row of an older layout) has `id`'s reference.
+fn check_blob_refs(trees: &Trees, id: &SessionId) -> Result<(), String> {
+    for (hash, named_by) in trees.blobs_named(id).map_err(|e| detail(&e))? {
         let referenced = trees
             .blob_refs
             .contains_key(layout::blob_ref_key(&hash, id))
             .map_err(|e| format!("reading the blob references: {e}"))?;
         if !referenced {
             return Err(format!(
-                "transcript entry {} names blob {hash} without a reference to it: purging \
-                 another session could delete it",
-                layout::seq_of(&key).unwrap_or(0)
+                "{named_by} names blob {hash} without a reference to it: purging another \
+                 session could delete it"
             ));
         }
     }
     Ok(())
 }
 
-/// Every event from 1 to `last` is present, in sequence, and decodes.
 fn check_events(trees: &Trees, id: &SessionId, last: u64) -> Result<(), String> {
     if last == 0 {
         return Ok(());

@@ -225,7 +225,7 @@ mod tests {
 
     fn raw(dir: &Path) -> Trees {
         let db = open::open_retrying(&sled::Config::new().path(dir)).unwrap();
-        Trees::over(&db, false).unwrap()
+        Trees::over(&db, false, true).unwrap()
     }
 
     /// A header that embeds its configuration (written before interning)

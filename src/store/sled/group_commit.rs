@@ -870,8 +870,7 @@ struct Writes {
     outbox: Vec<Write>,
     blobs: Vec<Write>,
     blob_refs: Vec<Write>,
-    transcript: Vec<Write>,
-    events: Vec<Write>,
+    records: Vec<Write>,
     queue: Vec<Write>,
     metadata: Vec<Write>,
     decisions: Vec<Write>,
@@ -957,11 +956,8 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                         .blob_refs
                         .push((layout::blob_ref_key(hash, &p.id).into(), Some(empty())));
                 }
-                for (k, v) in &p.entries {
-                    writes.transcript.push((k[..].into(), Some(v.clone())));
-                }
-                if let Some((k, v)) = &p.events {
-                    writes.events.push((k[..].into(), Some(v.clone())));
+                if let Some((k, v)) = &p.record {
+                    writes.records.push((k[..].into(), Some(v.clone())));
                 }
                 for (k, v) in &p.queued {
                     writes.queue.push((k[..].into(), Some(v.clone())));
@@ -1115,8 +1111,7 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         outbox,
         blobs,
         blob_refs,
-        transcript,
-        events,
+        records,
         queue,
         metadata,
         decisions,
@@ -1132,8 +1127,7 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         (&trees.outbox, outbox),
         (&trees.blobs, blobs),
         (&trees.blob_refs, blob_refs),
-        (&trees.transcript, transcript),
-        (&trees.events, events),
+        (&trees.records, records),
         (&trees.queue, queue),
         (&trees.metadata, metadata),
         (&trees.decisions, decisions),
@@ -1275,7 +1269,7 @@ mod tests {
 
     fn trees(dir: &Path) -> Trees {
         let db = sled::Config::new().path(dir).open().unwrap();
-        Trees::over(&db, false).unwrap()
+        Trees::over(&db, false, true).unwrap()
     }
 
     fn prepared(id: SessionId, tenant: &str, active: bool, n: u8) -> Box<Prepared> {
@@ -1286,8 +1280,7 @@ mod tests {
             active,
             terminal: false,
             header: sled::IVec::from(vec![n]),
-            entries: Vec::new(),
-            events: None,
+            record: None,
             blobs: Vec::new(),
             queued: Vec::new(),
             dequeued: Vec::new(),

@@ -10,7 +10,8 @@ use overseer_actors::model::SessionId;
 use overseer_actors::store::{decision_rows, order_bits, Checkpoint, DecisionPosition, StoreError};
 use sled::IVec;
 
-use crate::store::codec::{corrupt, encode_entry, encode_events, is_active, to_json, ROW_GUESS};
+use crate::store::codec::{corrupt, is_active, to_json, ROW_GUESS};
+use crate::store::record;
 
 /// `id ‖ big-endian n`: the key of transcript entry `n` or event `n`. Big-endian
 /// so that sled's byte order is numeric order and a session's rows are one
@@ -26,6 +27,26 @@ pub(in crate::store) fn seq_key(id: &SessionId, n: u64) -> [u8; 24] {
 pub(in crate::store) fn seq_of(key: &[u8]) -> Option<u64> {
     let tail: [u8; 8] = key.get(16..24)?.try_into().ok()?;
     Some(u64::from_be_bytes(tail))
+}
+
+/// `id ‖ events_end ‖ entries_end` (both big-endian): the key of a
+/// checkpoint's record (layout 5), by the session's `last_event_seq` and
+/// `transcript_len` after the checkpoint. Both only grow, so a session's
+/// records are one range in checkpoint order, and the record holding event
+/// `n` is the first keyed at or after `id ‖ n ‖ 0`.
+pub(in crate::store) fn record_key(id: &SessionId, events_end: u64, entries_end: u64) -> [u8; 32] {
+    let mut key = [0u8; 32];
+    key[..16].copy_from_slice(id.as_bytes());
+    key[16..24].copy_from_slice(&events_end.to_be_bytes());
+    key[24..].copy_from_slice(&entries_end.to_be_bytes());
+    key
+}
+
+/// `(events_end, entries_end)` of a [`record_key`].
+pub(in crate::store) fn record_ends(key: &[u8]) -> Option<(u64, u64)> {
+    let events: [u8; 8] = key.get(16..24)?.try_into().ok()?;
+    let entries: [u8; 8] = key.get(24..32)?.try_into().ok()?;
+    Some((u64::from_be_bytes(events), u64::from_be_bytes(entries)))
 }
 
 /// `tenant ‖ 0x00`: every index key of one tenant starts with this.
@@ -101,10 +122,9 @@ pub(in crate::store) struct Prepared {
     /// Whether the header's status is terminal (the writer then forgets it).
     pub(in crate::store) terminal: bool,
     pub(in crate::store) header: IVec,
-    pub(in crate::store) entries: Vec<([u8; 24], IVec)>,
-    /// The checkpoint's events as one row (see [`encode_events`]), if it
-    /// has any.
-    pub(in crate::store) events: Option<([u8; 24], IVec)>,
+    /// The checkpoint's new entries and events as one record
+    /// ([`record_key`] → `record::encode`), if it has any.
+    pub(in crate::store) record: Option<([u8; 32], IVec)>,
     /// `(sha256 hex, result JSON)` of tool results over [`BLOB_THRESHOLD`].
     pub(in crate::store) blobs: Vec<(String, IVec)>,
     /// Newly queued messages.
@@ -128,12 +148,7 @@ impl Prepared {
     /// Bytes this checkpoint will insert, to bound the size of one group.
     pub(in crate::store) fn size(&self) -> usize {
         self.header.len()
-            + self
-                .entries
-                .iter()
-                .map(|(_, v)| v.len() + 24)
-                .sum::<usize>()
-            + self.events.as_ref().map_or(0, |(_, v)| v.len() + 24)
+            + self.record.as_ref().map_or(0, |(_, v)| v.len() + 32)
             + self
                 .blobs
                 .iter()
@@ -156,18 +171,7 @@ impl Prepared {
 pub(in crate::store) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError> {
     let id = cp.header.id;
     let (header, config) = crate::store::configs::encode_header(&cp.header)?;
-    let mut blob_bytes = Vec::new();
-    let mut entries = Vec::with_capacity(cp.entries.len());
-    for (idx, entry) in &cp.entries {
-        let value = encode_entry(&id, entry, &mut blob_bytes)?;
-        entries.push((seq_key(&id, *idx), IVec::from(value)));
-    }
-    let events = encode_events(&id, &cp.events)?
-        .map(|(first, value)| (seq_key(&id, first), IVec::from(value)));
-    let blobs = blob_bytes
-        .into_iter()
-        .map(|(hash, value)| (hash, IVec::from(value)))
-        .collect();
+    let (record, blobs) = prepare_record(cp)?;
     let mut queued = Vec::with_capacity(cp.queued.len());
     for (seq, message) in &cp.queued {
         let value = serde_json::to_vec(message)
@@ -202,8 +206,7 @@ pub(in crate::store) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError>
         active: is_active(cp.header.status),
         terminal: cp.header.status.is_terminal(),
         header: IVec::from(header),
-        entries,
-        events,
+        record,
         blobs,
         queued,
         dequeued: cp.dequeued.clone().map(|seq| seq_key(&id, seq)).collect(),
@@ -212,4 +215,24 @@ pub(in crate::store) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError>
         decisions,
         config: (config.hash, IVec::from(config.json)),
     })
+}
+
+/// The record of a checkpoint with new entries or events, and the large
+/// tool results it moved to blobs (each hash once).
+type PreparedRecord = (Option<([u8; 32], IVec)>, Vec<(String, IVec)>);
+
+fn prepare_record(cp: &Checkpoint) -> Result<PreparedRecord, StoreError> {
+    if cp.entries.is_empty() && cp.events.is_empty() {
+        return Ok((None, Vec::new()));
+    }
+    let id = cp.header.id;
+    let encoded = record::encode(&id, &cp.entries, &cp.events)?;
+    let key = record_key(&id, cp.header.last_event_seq, cp.header.transcript_len);
+    let mut blobs: Vec<(String, IVec)> = Vec::with_capacity(encoded.blobs.len());
+    for (hash, data) in encoded.blobs {
+        if !blobs.iter().any(|(h, _)| *h == hash) {
+            blobs.push((hash, IVec::from(data)));
+        }
+    }
+    Ok((Some((key, IVec::from(encoded.bytes))), blobs))
 }

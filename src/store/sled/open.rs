@@ -38,6 +38,11 @@ use super::trees::{Generation, Kind, Trees, View, DATA_TREE};
 use super::{Compression, StoreOptions, FORMAT_KEY, FORMAT_VERSION};
 use crate::store::codec::{self, corrupt};
 
+/// The first layout with every row in the one tree [`DATA_TREE`] (and the
+/// group number in it): before, each kind had its tree, `commit_seq` in
+/// `meta`.
+const ONE_TREE: u32 = 4;
+
 /// The key of [`Kind::Meta`] holding the number of the last group written.
 pub(in crate::store) const COMMIT_KEY: &[u8] = b"commit_seq";
 
@@ -189,7 +194,7 @@ pub(in crate::store) fn open(
         };
         let format = tree("meta")?;
         let version = check_format(&format, dir)?;
-        let legacy = version.is_some_and(|v| v < FORMAT_VERSION);
+        let legacy = version.is_some_and(|v| v < ONE_TREE);
         // Layout 3 numbered its groups in `meta`; layout 4 in the one tree,
         // with the checkpoints of the group.
         let commit_seq = if legacy {
@@ -221,8 +226,9 @@ pub(in crate::store) fn open(
                 });
             }
         }
-        let open_trees = |legacy: bool| {
-            Trees::over(&db, legacy).map_err(|e| other(format!("opening its trees: {e}")))
+        let open_trees = |legacy: bool, per_checkpoint: bool| {
+            Trees::over(&db, legacy, per_checkpoint)
+                .map_err(|e| other(format!("opening its trees: {e}")))
         };
         let trees = if purpose == Purpose::Serve {
             if version.is_none_or(|v| v < FORMAT_VERSION) {
@@ -237,16 +243,22 @@ pub(in crate::store) fn open(
                 }
                 upgrade(&db, version, dir)?;
             }
-            let trees = open_trees(false)?;
+            let trees = open_trees(false, true)?;
             super::purge::finish_pending(&trees)
                 .map_err(|e| other(format!("finishing a purge an earlier process began: {e}")))?;
             trees
         } else {
             // Read a layout-3 directory where it is, unless a migration
-            // already copied it whole into the one tree.
-            let copied = super::migrate::copied(&tree(DATA_TREE)?)
-                .map_err(|e| other(format!("reading the migration's progress: {e}")))?;
-            open_trees(legacy && !copied)?
+            // already copied it whole into the one tree; and the one tree
+            // of layout 4 by its per-entry rows, unless the migration to
+            // layout 5 converted every session already (it may have begun
+            // dropping those rows).
+            let data = tree(DATA_TREE)?;
+            let progress = |e| other(format!("reading the migration's progress: {e}"));
+            let copied = super::migrate::copied(&data).map_err(progress)?;
+            let converted = version.is_none_or(|v| v >= FORMAT_VERSION)
+                || super::migrate5::converted(&data).map_err(progress)?;
+            open_trees(legacy && !copied, converted)?
         };
         let durable = Durable::new(db.clone(), dir)
             .map_err(|e| other(format!("opening its log for syncing: {e}")))?;
@@ -364,7 +376,10 @@ fn check_format(meta: &Tree, dir: &Path) -> Result<Option<u32>, StoreError> {
 /// deletes a blob a session written before the upgrade still uses. Versions
 /// 1 and 2 may hold event rows no header commits, which are removed. These
 /// two steps work on the old trees and are idempotent. Then every layout
-/// before 4 is moved into the one tree (`migrate`, resumable). Stamped only
+/// before 4 is moved into the one tree (`migrate`, resumable), and every
+/// layout before 5 has its per-entry transcript rows and per-checkpoint
+/// event rows turned into one record per session (`migrate5`, resumable).
+/// Stamped only
 /// once complete and flushed, so an upgrade cut short is redone or resumed.
 /// A new directory has nothing to convert.
 fn upgrade(db: &sled::Db, found: Option<u32>, dir: &Path) -> Result<(), StoreError> {
@@ -383,21 +398,26 @@ fn upgrade(db: &sled::Db, found: Option<u32>, dir: &Path) -> Result<(), StoreErr
                 .map_err(|e| write("opening the data tree", e))?,
         )
         .map_err(|e| write("reading the migration's progress", e))?;
-        // Once copied, the old trees may be partly dropped already: only
-        // the rest of the migration is left.
-        if !copied {
-            let trees = Trees::over(db, true).map_err(|e| write("opening the old trees", e))?;
-            legacy_upgrades(&trees, found, dir)
-                .map_err(|e| write("converting the old trees", e))?;
+        if found < ONE_TREE {
+            // Once copied, the old trees may be partly dropped already:
+            // only the rest of the migration is left.
+            if !copied {
+                let trees =
+                    Trees::over(db, true, false).map_err(|e| write("opening the old trees", e))?;
+                legacy_upgrades(&trees, found, dir)
+                    .map_err(|e| write("converting the old trees", e))?;
+            }
+            super::migrate::run(db, dir).map_err(|e| write("moving into one tree", e))?;
         }
-        super::migrate::run(db, dir).map_err(|e| write("moving into one tree", e))?;
+        // Then one record per checkpoint (layout 5).
+        super::migrate5::run(db, dir)?;
     }
     db.flush().map_err(|e| write("flushing", e))?;
     db.open_tree("meta")
         .and_then(|meta| meta.insert(FORMAT_KEY, &FORMAT_VERSION.to_be_bytes()[..]))
         .map_err(|e| write("writing the format version", e))?;
     db.flush().map_err(|e| write("flushing", e))?;
-    if found.is_some() {
+    if found.is_some_and(|f| f < ONE_TREE) {
         super::migrate::tidy(db).map_err(|e| write("tidying the old meta tree", e))?;
     }
     Ok(())

@@ -9,7 +9,7 @@
 //! `meta` (`purge: ‖ id` → tenant) is written before the header is removed
 //! and removed after the last row: a purge cut short is finished when the
 //! directory is next opened for serving (`finish_pending`). Blobs are
-//! released while the transcript rows that name them are still there, so a
+//! released while the records that name them are still there, so a
 //! finished-again purge finds them too; a blob is deleted once no
 //! `blob_refs` entry names it any more. The header goes in one batch with
 //! the session's reference to its configuration, and the configuration
@@ -21,10 +21,9 @@
 
 use std::collections::BTreeSet;
 
-use overseer_actors::model::{EventKind, SessionId};
-use overseer_actors::store::{DecisionPosition, StoreError};
+use overseer_actors::model::SessionId;
+use overseer_actors::store::StoreError;
 
-use super::codec;
 use super::layout;
 use super::trees::{Trees, View};
 
@@ -101,21 +100,20 @@ pub(super) fn purge(trees: &Trees, id: &SessionId) -> Result<bool, PurgeError> {
 }
 
 /// Everything of `id` but its header: blob references (and the blobs left
-/// without one), transcript, events, queue, metadata, index entries.
+/// without one), decision index rows, records (and the transcript and
+/// event rows of older layouts, none after the migration), queue,
+/// metadata, index entries.
 fn remove_rows(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeError> {
     let prefix = id.as_bytes();
-    let mut hashes = BTreeSet::new();
-    for item in trees.transcript.scan_prefix(prefix) {
-        let (_, row) = item.map_err(|e| {
-            io(
-                format_args!("purging session {id}: reading its transcript"),
-                e,
-            )
-        })?;
-        if let Some(hash) = codec::blob_of(&row) {
-            hashes.insert(hash);
-        }
-    }
+    // The blobs and the decision rows are found through the records that
+    // name them, so they go while the records are still there (a purge
+    // finished again after a crash finds the rest).
+    let hashes: BTreeSet<String> = trees
+        .blobs_named(id)
+        .map_err(|e| PurgeError::Io(format!("purging session {id}: {e}")))?
+        .into_iter()
+        .map(|(hash, _)| hash)
+        .collect();
     for hash in hashes {
         trees
             .blob_refs
@@ -147,11 +145,9 @@ fn remove_rows(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeE
             })?;
         }
     }
-    // The decision index's rows are found through the events that recorded
-    // them, so they go while the events are still there (a purge finished
-    // again after a crash finds the rest).
     remove_decisions(trees, id, tenant)?;
     for (tree, name) in [
+        (&trees.records, "records"),
         (&trees.transcript, "transcript"),
         (&trees.events, "events"),
         (&trees.queue, "queue"),
@@ -176,38 +172,21 @@ fn remove_rows(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeE
 }
 
 /// Removes the decision index's rows of `id`: one per `decision_recorded`
-/// event in its log. (A row written ahead of a header that a crash then
-/// lost has no event; it stays, invisible, since readers check every row
-/// against its session's log.)
+/// event in its log.
 fn remove_decisions(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeError> {
-    for item in trees.events.scan_prefix(id.as_bytes()) {
-        let (key, value) =
-            item.map_err(|e| io(format_args!("purging session {id}: reading its events"), e))?;
-        let Some(seq) = layout::seq_of(&key) else {
-            continue;
-        };
-        // An unreadable row has no decision to find; the events go anyway.
-        let Ok(events) = codec::decode_events(id, seq, &value) else {
-            continue;
-        };
-        for event in events {
-            if let EventKind::DecisionRecorded { call_id, record } = event.kind {
-                let position = DecisionPosition {
-                    at_ms: record.at_ms,
-                    session_id: *id,
-                    call_id,
-                };
-                trees
-                    .decisions
-                    .remove(layout::decision_key(tenant, &position))
-                    .map_err(|e| {
-                        io(
-                            format_args!("purging session {id}: removing its decision rows"),
-                            e,
-                        )
-                    })?;
-            }
-        }
+    let positions = trees
+        .decisions_recorded(id)
+        .map_err(|e| io(format_args!("purging session {id}: reading its events"), e))?;
+    for position in positions {
+        trees
+            .decisions
+            .remove(layout::decision_key(tenant, &position))
+            .map_err(|e| {
+                io(
+                    format_args!("purging session {id}: removing its decision rows"),
+                    e,
+                )
+            })?;
     }
     Ok(())
 }

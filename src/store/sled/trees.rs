@@ -42,6 +42,11 @@ pub(in crate::store) enum Kind {
     /// sha256 hex ‖ id → empty: a session whose header names the
     /// configuration (`configs`).
     ConfigRefs,
+    /// Layout 5: one record per checkpoint (`records`), keyed by the
+    /// session's counters after it. Not in [`Kind::ALL`]: no layout before
+    /// 5 had it, so the move into one tree (`migrate`) has nothing of it to
+    /// copy; `migrate5` writes it.
+    Records,
 }
 
 impl Kind {
@@ -82,6 +87,7 @@ impl Kind {
             Kind::Outbox => b'O',
             Kind::Configs => b'G',
             Kind::ConfigRefs => b'g',
+            Kind::Records => b'C',
         }
     }
 
@@ -102,6 +108,8 @@ impl Kind {
             Kind::Outbox => "webhook_outbox",
             Kind::Configs => "configs",
             Kind::ConfigRefs => "config_refs",
+            // Never a tree of its own (see the variant).
+            Kind::Records => "records",
         }
     }
 }
@@ -278,10 +286,20 @@ pub(in crate::store) struct Trees {
     /// [`Kind::Meta`] too).
     pub(in crate::store) format: Tree,
     pub(in crate::store) sessions: View,
+    /// `id ‖ idx` → one transcript entry (layouts 1 to 4; read only, and
+    /// by the migration to layout 5).
     pub(in crate::store) transcript: View,
     /// `id ‖ seq` → the events of one checkpoint, numbered from `seq`
-    /// (layouts 3 and 4; a single event in rows written by layouts 1 and 2).
+    /// (layouts 3 and 4; a single event in rows written by layouts 1 and 2;
+    /// read only, and by the migration to layout 5).
     pub(in crate::store) events: View,
+    /// `id ‖ events_end ‖ entries_end` → one checkpoint's record (layout 5,
+    /// see `records`).
+    pub(in crate::store) records: View,
+    /// Whether a session's transcript and events are read from `records`
+    /// (layout 5) or from `transcript` and `events` (a directory of an
+    /// older layout opened to be read, and the migration's source).
+    pub(in crate::store) per_checkpoint: bool,
     /// `id ‖ seq` → a queued message (schema 2).
     pub(in crate::store) queue: View,
     /// `id` → the session's metadata, written once (schema 2).
@@ -316,8 +334,13 @@ pub(in crate::store) struct Trees {
 
 impl Trees {
     /// The views of a database: over [`DATA_TREE`] (`legacy`: false) or
-    /// over the trees of layout 3 (`legacy`: true, only to read them).
-    pub(in crate::store) fn over(db: &sled::Db, legacy: bool) -> sled::Result<Self> {
+    /// over the trees of layout 3 (`legacy`: true, only to read them);
+    /// sessions read from their records when `per_checkpoint` (layout 5).
+    pub(in crate::store) fn over(
+        db: &sled::Db,
+        legacy: bool,
+        per_checkpoint: bool,
+    ) -> sled::Result<Self> {
         let data = db.open_tree(DATA_TREE)?;
         let view = |kind: Kind| -> sled::Result<View> {
             if legacy {
@@ -344,6 +367,9 @@ impl Trees {
             sessions: view(Kind::Sessions)?,
             transcript: view(Kind::Transcript)?,
             events: view(Kind::Events)?,
+            // Layout 3 had none: an empty view of the one tree.
+            records: View::new(&data, Kind::Records),
+            per_checkpoint: per_checkpoint && !legacy,
             queue: view(Kind::Queue)?,
             metadata: view(Kind::Metadata)?,
             tenants: view(Kind::Tenants)?,

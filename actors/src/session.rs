@@ -9,6 +9,10 @@
 //! deliberately does not restart itself: its supervisor (the orchestrator
 //! for a root, the parent's actor for a child) reloads the last checkpoint
 //! and respawns it.
+//!
+//! At rest (idle, everything durable) it keeps only the header and queue:
+//! the transcript and metadata are released and read back from the store
+//! before the next input that needs them (`rest`).
 
 mod delegate;
 mod rest;

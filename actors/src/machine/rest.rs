@@ -30,8 +30,8 @@ pub(crate) enum RestoreError {
     /// The store no longer holds the session.
     #[error("session {0} is no longer in the store")]
     Missing(SessionId),
-    /// The store holds another version of it (another writer moved it on,
-    /// or it lost what was confirmed durable).
+    /// The store does not hold what was released (it lost entries that
+    /// were confirmed durable, or answered for another session).
     #[error("the stored copy of session {id} is not the one it released: {detail}")]
     Diverged {
         /// The session.
@@ -76,17 +76,22 @@ impl Session {
     }
 
     /// Takes back what [`Session::release`] let go of from `stored`, the
-    /// session as the store reads it now. Refused, changing nothing, unless
-    /// the store's copy is the one released: the same transcript length
-    /// and the same last event. Restoring a session that is not released
-    /// does nothing.
+    /// session as the store reads it now: the entries it released (the
+    /// first `transcript_len`, which the store keeps in place) and the
+    /// metadata. The header in memory stays this session's own, exactly as
+    /// if it had never released: whether the store has moved on since
+    /// (another node took the session over) is for the store's fence to
+    /// answer at the next checkpoint, not for this read. Refused, changing
+    /// nothing, when the store does not hold what was released (the
+    /// session is gone, or fewer entries are stored). Restoring a session
+    /// that is not released does nothing.
     pub(crate) fn restore(&mut self, stored: Option<StoredSession>) -> Result<(), RestoreError> {
         if !self.released {
             return Ok(());
         }
         let id = self.header.id;
-        let stored = stored.ok_or(RestoreError::Missing(id))?;
-        let len = stored.transcript.len() as u64;
+        let mut stored = stored.ok_or(RestoreError::Missing(id))?;
+        let len = stored.transcript.len();
         let diverged = |detail: String| Err(RestoreError::Diverged { id, detail });
         if stored.header.id != id {
             return diverged(format!(
@@ -94,18 +99,15 @@ impl Session {
                 stored.header.id
             ));
         }
-        if len != self.persisted_entries as u64 || len != self.header.transcript_len {
+        if len < self.persisted_entries
+            || self.persisted_entries as u64 != self.header.transcript_len
+        {
             return diverged(format!(
                 "{len} transcript entries stored, {} released",
                 self.header.transcript_len
             ));
         }
-        if stored.header.last_event_seq != self.header.last_event_seq {
-            return diverged(format!(
-                "last event {} stored, {} released",
-                stored.header.last_event_seq, self.header.last_event_seq
-            ));
-        }
+        stored.transcript.truncate(self.persisted_entries);
         self.transcript = stored.transcript;
         self.metadata = stored.metadata;
         self.released = false;
@@ -178,12 +180,25 @@ mod tests {
             s.restore(Some(stale)),
             Err(RestoreError::Diverged { .. })
         ));
-        let mut moved = stored.clone();
-        moved.header.last_event_seq += 1;
-        assert!(s.restore(Some(moved)).is_err());
         assert_eq!(s.restore(None), Err(RestoreError::Missing(s.header.id)));
         assert!(s.is_released(), "still released after every refusal");
         s.restore(Some(stored)).unwrap();
+    }
+
+    /// A store that moved on (another node took the session over and
+    /// wrote more) gives back the entries released, no more: the session
+    /// goes on as if it had never released, and its next checkpoint meets
+    /// the store's fence as it would have.
+    #[test]
+    fn a_store_that_moved_on_gives_back_what_was_released() {
+        let (mut s, stored) = parked();
+        let before = format!("{:?}", s.to_stored());
+        assert!(s.release());
+        let mut moved = stored.clone();
+        moved.header.last_event_seq += 5;
+        moved.transcript.push(moved.transcript[0].clone());
+        s.restore(Some(moved)).unwrap();
+        assert_eq!(format!("{:?}", s.to_stored()), before);
     }
 
     #[test]

@@ -15,6 +15,11 @@
 //! instead, and its supervisor brings it back from its checkpoint, which
 //! re-derives those inputs (timers re-armed, children's results re-read);
 //! a store that is down delays that restart without counting against it.
+//!
+//! The read is no ownership check: a store another node has written to
+//! since (it took the session over) gives back the entries released, and
+//! the session goes on as if it had kept them, so its next checkpoint
+//! meets the store's fence exactly as it would have.
 
 use ractor::ActorProcessingErr;
 
@@ -159,8 +164,9 @@ impl SessionState {
                     Err(Box::new(e))
                 }
             }
-            // This actor's copy is stale: its supervisor reloads the
-            // store's, and the caller asks again.
+            // The store lost what it confirmed (or answered for another
+            // session): its supervisor reloads what the store holds, and
+            // the caller asks again.
             Unrestored::Diverged(e) => {
                 let reason = e.to_string();
                 refuse(msg, SessionError::Unavailable { id, reason });

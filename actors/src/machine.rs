@@ -15,11 +15,13 @@ mod fork;
 mod output;
 #[cfg(test)]
 mod proptests;
+mod rest;
 mod skills;
 
 pub use context::DEFAULT_COMPACTION_THRESHOLD_PCT;
 pub(crate) use fork::{fork_points, ForkSpec};
 pub use fork::{ForkAt, ForkPoint, ForkPointKind};
+pub(crate) use rest::RestoreError;
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -385,6 +387,9 @@ pub(crate) struct Session {
     pending_events: Arc<Vec<Event>>,
     dirty: bool,
     partial: Partial,
+    /// The transcript and metadata were let go of at rest (see `rest`):
+    /// both are empty until restored from the store.
+    released: bool,
 }
 
 impl Session {
@@ -402,6 +407,7 @@ impl Session {
             pending_events: Arc::default(),
             dirty: true,
             partial: Partial::default(),
+            released: false,
         };
         s.emit(EventKind::SessionCreated { agent }, s.header.created_at_ms);
         s
@@ -438,6 +444,7 @@ impl Session {
             pending_events: Arc::default(),
             dirty: rewrite,
             partial: Partial::default(),
+            released: false,
         }
     }
 
@@ -473,7 +480,11 @@ impl Session {
             .collect();
         Checkpoint {
             header: self.header.clone(),
-            entries: self.transcript[self.persisted_entries..]
+            // Empty while released (nothing is dirty then, see `rest`).
+            entries: self
+                .transcript
+                .get(self.persisted_entries..)
+                .unwrap_or_default()
                 .iter()
                 .enumerate()
                 .map(|(i, e)| ((self.persisted_entries + i) as u64, e.clone()))
@@ -488,7 +499,10 @@ impl Session {
 
     /// Marks the last checkpoint durable and hands back its events for publishing.
     pub(crate) fn mark_persisted(&mut self) -> Vec<Event> {
-        self.persisted_entries = self.transcript.len();
+        // A released session has written everything already (`rest`).
+        if !self.released {
+            self.persisted_entries = self.transcript.len();
+        }
         self.persisted_queue = (self.header.queue.head, self.header.queue.next);
         self.metadata_persisted = true;
         self.dirty = false;
@@ -614,6 +628,14 @@ impl Session {
         input: Input,
         ctx: Ctx<'_>,
     ) -> Result<Vec<Effect>, SessionError> {
+        if self.released {
+            // The actor restores a released session before any input; one
+            // that reached here would transition on an empty transcript.
+            return Err(SessionError::Internal(format!(
+                "session {} was handed an input while its transcript was released",
+                self.header.id
+            )));
+        }
         // Stamped only when this input changed something: a session with
         // an unwritten earlier transition is dirty already, and an input it
         // ignores must not move its `updated_at_ms` (input expiry reads it).
@@ -2276,7 +2298,7 @@ mod tests {
         }
     }
 
-    fn registry() -> ToolRegistry {
+    pub(super) fn registry() -> ToolRegistry {
         ToolRegistry::new(vec![
             Arc::new(Noop(
                 ToolSpec::new(
@@ -2298,7 +2320,7 @@ mod tests {
     const NOW: i64 = 1_700_000_000_000;
     const TIMEOUT_SECS: u64 = 30;
 
-    fn session() -> Session {
+    pub(super) fn session() -> Session {
         let mut agent = AgentConfig::new("a", &["ask", "free"]);
         agent.approval_timeout_secs = TIMEOUT_SECS;
         let id = SessionId(uuid::Uuid::from_u128(7));
@@ -2309,14 +2331,14 @@ mod tests {
         s
     }
 
-    fn msg(text: &str) -> Input {
+    pub(super) fn msg(text: &str) -> Input {
         Input::Message {
             text: text.into(),
             message_id: None,
         }
     }
 
-    fn calls(names: &[&str]) -> Vec<Input> {
+    pub(super) fn calls(names: &[&str]) -> Vec<Input> {
         let mut v: Vec<Input> = names
             .iter()
             .map(|n| {
@@ -2349,7 +2371,7 @@ mod tests {
             .collect()
     }
 
-    fn ctx(tools: &ToolRegistry, seed: u64) -> Ctx<'_> {
+    pub(super) fn ctx(tools: &ToolRegistry, seed: u64) -> Ctx<'_> {
         Ctx {
             tools,
             now_ms: NOW,
@@ -2375,11 +2397,11 @@ mod tests {
         last
     }
 
-    fn pending_id(s: &Session) -> ToolCallId {
+    pub(super) fn pending_id(s: &Session) -> ToolCallId {
         s.pending_approvals()[0].id.clone()
     }
 
-    fn approve(s: &Session) -> Input {
+    pub(super) fn approve(s: &Session) -> Input {
         Input::Decide(Submission::one(pending_id(s), Decision::approve()))
     }
 

@@ -9,8 +9,13 @@
 //! deliberately does not restart itself: its supervisor (the orchestrator
 //! for a root, the parent's actor for a child) reloads the last checkpoint
 //! and respawns it.
+//!
+//! At rest (idle, everything durable) it keeps only the header and queue:
+//! the transcript and metadata are released and read back from the store
+//! before the next input that needs them (`rest`).
 
 mod delegate;
+mod rest;
 mod task;
 
 use std::collections::HashMap;
@@ -220,8 +225,9 @@ impl Actor for SessionActor {
         // Boxed: ractor keeps this future inside the actor's message loop,
         // which lives as long as the actor, so its size is held by every
         // live session, idle or not (see `the_futures_of_every_message_stay_small`).
-        let result = Box::pin(state.on_message(&myself, msg).instrument(span)).await;
+        let result = Box::pin(state.on_input(&myself, msg).instrument(span)).await;
         state.arm_idle_timer(&myself);
+        state.release_at_rest();
         result
     }
 
@@ -238,12 +244,31 @@ impl Actor for SessionActor {
         let result = Box::pin(state.on_supervision(&myself, event).instrument(span)).await;
         // A child or tool that stopped may be what kept this session awake.
         state.arm_idle_timer(&myself);
+        state.release_at_rest();
         result
     }
 }
 
 impl SessionState {
-    /// What `handle` does with a message other than a hibernation request.
+    /// What `handle` does with a message other than a hibernation request:
+    /// first takes back what the session released at rest, if the message
+    /// needs it (see [`rest`]). Until that read returns, this actor handles
+    /// nothing else, so no message is ever handled on a released session;
+    /// the read holds up this session's mailbox alone, as a checkpoint does.
+    async fn on_input(
+        &mut self,
+        myself: &ActorRef<SessionMsg>,
+        msg: SessionMsg,
+    ) -> Result<(), ActorProcessingErr> {
+        if self.session.is_released() && rest::needs_session(&msg, self.stream_attempt) {
+            if let Err(why) = self.restore().await {
+                return self.unrestored(msg, why);
+            }
+        }
+        self.on_message(myself, msg).await
+    }
+
+    /// What `on_input` does with a message once the session holds what it needs.
     async fn on_message(
         &mut self,
         myself: &ActorRef<SessionMsg>,
@@ -503,6 +528,12 @@ impl SessionState {
         myself: &ActorRef<SessionMsg>,
         input: Input,
     ) -> Result<Result<(), SessionError>, ActorProcessingErr> {
+        if self.session.is_released() {
+            // A backstop: messages restore in `on_input` (where a request
+            // that cannot be restored for is answered); a supervision
+            // event of a session at rest has no child or tool to be about.
+            self.restore().await.map_err(rest::Unrestored::into_fatal)?;
+        }
         let before = self.session.header.status;
         let tools = self.runtime.tools_for(self.session.header.id);
         let ctx = self

@@ -1,12 +1,19 @@
 //! Internals that tests reach for (feature `testing`, never enabled by the
 //! `overseer` crate's normal dependency; `tests/it/layout.rs` guards that):
 //! a session's actor cell, to watch where it is supervised and when it
-//! stops, a hibernation raced by a decision, and the pure machine's first checkpoint after a load; and [`sim`],
-//! the checkpoint simulator the store tests share.
+//! stops, a hibernation raced by a decision, the pure machine's first
+//! checkpoint after a load, and sessions that keep their transcript at rest
+//! (a reference run for the release at rest); [`sim`], the checkpoint
+//! simulator the store tests share; and [`store`], the in-memory store with
+//! the faults and probes the actor tests share.
 //!
 //! Nothing here is API: it may change with the internals it shows.
 
 pub mod sim;
+pub mod store;
+
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
 
 use ractor::ActorCell;
 
@@ -51,4 +58,25 @@ pub fn is_session_cell(cell: &ActorCell) -> bool {
 pub fn checkpoint_after_load(stored: StoredSession) -> Option<Checkpoint> {
     let session = Session::from_stored(stored);
     session.is_dirty().then(|| session.checkpoint())
+}
+
+/// Sessions that keep their transcript and metadata at rest: set only by
+/// tests, so untouched (and never allocated) elsewhere.
+static KEPT_AT_REST: OnceLock<Mutex<HashSet<SessionId>>> = OnceLock::new();
+
+/// Session `id` (created or not yet) never releases its transcript and
+/// metadata at rest: a reference run, to compare a released one with.
+pub fn keep_at_rest(id: SessionId) {
+    KEPT_AT_REST
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id);
+}
+
+/// Whether [`keep_at_rest`] was asked for `id`.
+pub(crate) fn kept_at_rest(id: SessionId) -> bool {
+    KEPT_AT_REST
+        .get()
+        .is_some_and(|kept| kept.lock().unwrap_or_else(|e| e.into_inner()).contains(&id))
 }

@@ -19,5 +19,7 @@ mod long_conversations;
 mod ownership;
 #[path = "it/recovery.rs"]
 mod recovery;
+#[path = "it/resting.rs"]
+mod resting;
 #[path = "it/turn_loop.rs"]
 mod turn_loop;

@@ -9,7 +9,6 @@
 
 use crate::common;
 
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,12 +20,10 @@ use overseer_actors::model::{
 };
 use overseer_actors::provider::{Provider, ProviderError, ProviderRequest, ProviderStream};
 use overseer_actors::scripted::{Scenario, ScriptedProvider};
-use overseer_actors::store::{
-    Checkpoint, CheckpointStore, MemStore, SessionSummary, StoreError, StoredSession,
-};
+use overseer_actors::store::{CheckpointStore, MemStore};
+use overseer_actors::testing::store::TestStore;
 use overseer_actors::{CreateSession, Overseer, RuntimeConfig, SessionError};
 use serde_json::{json, Value};
-use tokio::sync::Semaphore;
 
 fn named(name: &str, tools: &[&str]) -> AgentConfig {
     AgentConfig::new(name, tools)
@@ -124,153 +121,6 @@ async fn until_nothing_held(ov: &Overseer) {
     assert_eq!(ov.restart_histories().await.unwrap(), 0);
 }
 
-// ---- a store that can hold a session's checkpoints ------------------------
-
-/// The in-memory store, except that checkpoints of "held" sessions wait
-/// until released (a slow disk for one session).
-#[derive(Clone)]
-struct GatedStore {
-    inner: MemStore,
-    held: Arc<Mutex<HashSet<SessionId>>>,
-    gate: Arc<Semaphore>,
-    entered: Arc<tokio::sync::Notify>,
-}
-
-impl Default for GatedStore {
-    fn default() -> Self {
-        Self {
-            inner: MemStore::new(),
-            held: Arc::default(),
-            gate: Arc::new(Semaphore::new(0)),
-            entered: Arc::default(),
-        }
-    }
-}
-
-impl GatedStore {
-    fn hold(&self, id: SessionId) {
-        self.held.lock().unwrap().insert(id);
-    }
-
-    fn release(&self, id: SessionId) {
-        self.held.lock().unwrap().remove(&id);
-        self.gate.add_permits(1_000);
-    }
-}
-
-#[async_trait::async_trait]
-impl CheckpointStore for GatedStore {
-    async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
-        let id = checkpoint.header.id;
-        if self.held.lock().unwrap().contains(&id) {
-            self.entered.notify_one();
-            while self.held.lock().unwrap().contains(&id) {
-                // Permits are only a wake-up; the set decides.
-                if let Ok(p) = self.gate.acquire().await {
-                    p.forget();
-                }
-            }
-        }
-        self.inner.checkpoint(checkpoint).await
-    }
-    async fn load(&self, id: SessionId) -> Result<Option<StoredSession>, StoreError> {
-        self.inner.load(id).await
-    }
-    async fn load_header(
-        &self,
-        id: SessionId,
-    ) -> Result<Option<overseer_actors::model::SessionHeader>, StoreError> {
-        self.inner.load_header(id).await
-    }
-    async fn events_after(
-        &self,
-        id: SessionId,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<overseer_actors::model::Event>, StoreError> {
-        self.inner.events_after(id, after, limit).await
-    }
-    async fn list_by_status(
-        &self,
-        statuses: &[SessionStatus],
-        after: Option<SessionId>,
-        limit: usize,
-    ) -> Result<Vec<SessionSummary>, StoreError> {
-        self.inner.list_by_status(statuses, after, limit).await
-    }
-    async fn list_tenant(
-        &self,
-        tenant: &str,
-        after: Option<SessionId>,
-        limit: usize,
-    ) -> Result<Vec<SessionSummary>, StoreError> {
-        self.inner.list_tenant(tenant, after, limit).await
-    }
-    async fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush().await
-    }
-}
-
-// ---- a store that is down ----------------------------------------------------
-
-/// The in-memory store, except that its next `failing` checkpoints fail as
-/// `Unavailable` (a disk that is full for a while).
-#[derive(Clone, Default)]
-struct DownStore {
-    inner: MemStore,
-    failing: Arc<std::sync::atomic::AtomicU32>,
-}
-
-#[async_trait::async_trait]
-impl CheckpointStore for DownStore {
-    async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
-        let down = self
-            .failing
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if down {
-            return Err(StoreError::Unavailable("the disk is full (a test)".into()));
-        }
-        self.inner.checkpoint(checkpoint).await
-    }
-    async fn load(&self, id: SessionId) -> Result<Option<StoredSession>, StoreError> {
-        self.inner.load(id).await
-    }
-    async fn load_header(
-        &self,
-        id: SessionId,
-    ) -> Result<Option<overseer_actors::model::SessionHeader>, StoreError> {
-        self.inner.load_header(id).await
-    }
-    async fn events_after(
-        &self,
-        id: SessionId,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<overseer_actors::model::Event>, StoreError> {
-        self.inner.events_after(id, after, limit).await
-    }
-    async fn list_by_status(
-        &self,
-        statuses: &[SessionStatus],
-        after: Option<SessionId>,
-        limit: usize,
-    ) -> Result<Vec<SessionSummary>, StoreError> {
-        self.inner.list_by_status(statuses, after, limit).await
-    }
-    async fn list_tenant(
-        &self,
-        tenant: &str,
-        after: Option<SessionId>,
-        limit: usize,
-    ) -> Result<Vec<SessionSummary>, StoreError> {
-        self.inner.list_tenant(tenant, after, limit).await
-    }
-    async fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush().await
-    }
-}
-
 /// A store that is down is nobody's fault: the caller is told so
 /// (`Store(Unavailable)`, HTTP 503 `store_unavailable`), and a session's
 /// failures while it lasts do not count against its restarts (§10): more of
@@ -278,7 +128,7 @@ impl CheckpointStore for DownStore {
 /// good, and once the store takes writes again it goes on.
 #[tokio::test(start_paused = true)]
 async fn failures_while_the_store_is_down_never_fail_a_session() {
-    let store = DownStore::default();
+    let store = TestStore::new();
     let ov = start_with(
         vec![named("a", &[])],
         Arc::new(store.clone()),
@@ -295,7 +145,7 @@ async fn failures_while_the_store_is_down_never_fail_a_session() {
         .await
         .unwrap();
     let limit = RuntimeConfig::default().restart.max_restarts;
-    store.failing.store(limit + 1, Ordering::SeqCst);
+    store.fail_checkpoints(limit + 1);
     for _ in 0..=limit {
         let err = bounded(
             "a message while the store is down",
@@ -333,7 +183,7 @@ async fn failures_while_the_store_is_down_never_fail_a_session() {
 /// again, not `AlreadyExists` for ever.
 #[tokio::test]
 async fn a_dropped_create_releases_its_id() {
-    let store = GatedStore::default();
+    let store = TestStore::new();
     let ov = start_with(
         vec![named("a", &[])],
         Arc::new(store.clone()),
@@ -349,18 +199,17 @@ async fn a_dropped_create_releases_its_id() {
         id: Some(id),
         ..CreateSession::default()
     };
-    store.hold(id);
-    let entered = store.entered.clone();
+    store.hold_checkpoints(id);
     bounded("the create to reach its checkpoint", async {
         tokio::select! {
             r = ov.create_session(req.clone()) => panic!("the create finished while held: {r:?}"),
-            () = entered.notified() => {}
+            () = store.checkpoint_entered() => {}
         }
     })
     .await;
     // The create future is dropped here, mid-checkpoint.
     assert_eq!(ov.bookkeeping().creating, 0);
-    store.release(id);
+    store.release_checkpoints(id);
     let created = bounded("the second create", ov.create_session(req)).await;
     assert_eq!(created.unwrap(), id);
 }
@@ -661,7 +510,7 @@ mod faults {
 /// the caller has no answer. Once it is durable, all of it follows.
 #[tokio::test(start_paused = true)]
 async fn nothing_happens_before_the_checkpoint_that_records_it_is_durable() {
-    let store = GatedStore::default();
+    let store = TestStore::new();
     let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let ov = Overseer::start(
         vec![named("a", &["echo"])],
@@ -680,7 +529,7 @@ async fn nothing_happens_before_the_checkpoint_that_records_it_is_durable() {
     .call
     .id;
     let mut rx = ov.subscribe(id);
-    store.hold(id);
+    store.hold_checkpoints(id);
     let decide = {
         let ov = ov.clone();
         tokio::spawn(async move {
@@ -688,7 +537,7 @@ async fn nothing_happens_before_the_checkpoint_that_records_it_is_durable() {
                 .await
         })
     };
-    bounded("the decision's checkpoint", store.entered.notified()).await;
+    bounded("the decision's checkpoint", store.checkpoint_entered()).await;
     // Paused time moves only when every task is idle: whatever could run
     // before the checkpoint is durable has run by now (well within the
     // caller's timeout).
@@ -710,7 +559,7 @@ async fn nothing_happens_before_the_checkpoint_that_records_it_is_durable() {
         "the caller was answered before the write"
     );
 
-    store.release(id);
+    store.release_checkpoints(id);
     bounded("the decision", decide).await.unwrap().unwrap();
     assert_eq!(turn_end(&mut rx).await, StopReason::EndTurn);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -723,7 +572,7 @@ async fn nothing_happens_before_the_checkpoint_that_records_it_is_durable() {
 /// reaches it as a message, handled when it can).
 #[tokio::test]
 async fn cancelling_a_tree_does_not_wait_for_a_busy_child() {
-    let store = GatedStore::default();
+    let store = TestStore::new();
     let agents = vec![
         lead("busy_lead", "busy_child"),
         named("busy_child", &["echo"]),
@@ -746,7 +595,7 @@ async fn cancelling_a_tree_does_not_wait_for_a_busy_child() {
     .await;
     let child = pending.session_id;
     // The child's next checkpoint (the decision) hangs: its mailbox is stuck.
-    store.hold(child);
+    store.hold_checkpoints(child);
     let decide = {
         let ov = ov.clone();
         let call = pending.call.id.clone();
@@ -755,13 +604,13 @@ async fn cancelling_a_tree_does_not_wait_for_a_busy_child() {
                 .await
         })
     };
-    bounded("the child to be busy", store.entered.notified()).await;
+    bounded("the child to be busy", store.checkpoint_entered()).await;
     bounded("the root's cancel", ov.cancel(id)).await.unwrap();
     assert_eq!(
         ov.state(id).await.unwrap().header.status,
         SessionStatus::Cancelled
     );
-    store.release(child);
+    store.release_checkpoints(child);
     let _ = bounded("the child's decision", decide).await.unwrap();
     let child_status = poll(
         "the child to be cancelled",
@@ -1012,95 +861,12 @@ async fn concurrent_requests_to_a_hibernated_child_activate_one_actor_under_its_
 
 // ---- the orchestrator's mailbox never waits on the store --------------------
 
-/// The in-memory store, except that reads of "held" sessions wait until
-/// released (a slow disk), and the next checkpoint of a "doomed" session
-/// fails (its actor fails and is restarted).
-#[derive(Clone)]
-struct SlowReads {
-    inner: MemStore,
-    held: Arc<Mutex<HashSet<SessionId>>>,
-    doomed: Arc<Mutex<HashSet<SessionId>>>,
-    gate: Arc<Semaphore>,
-    entered: Arc<tokio::sync::Notify>,
-}
-
-impl SlowReads {
-    fn new() -> Self {
-        Self {
-            inner: MemStore::new(),
-            held: Arc::default(),
-            doomed: Arc::default(),
-            gate: Arc::new(Semaphore::new(0)),
-            entered: Arc::default(),
-        }
-    }
-
-    fn release(&self, id: SessionId) {
-        self.held.lock().unwrap().remove(&id);
-        self.gate.add_permits(1_000);
-    }
-}
-
-#[async_trait::async_trait]
-impl CheckpointStore for SlowReads {
-    async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
-        if self.doomed.lock().unwrap().remove(&checkpoint.header.id) {
-            return Err(StoreError::Io("the disk refused the write (a test)".into()));
-        }
-        self.inner.checkpoint(checkpoint).await
-    }
-    async fn load(&self, id: SessionId) -> Result<Option<StoredSession>, StoreError> {
-        if self.held.lock().unwrap().contains(&id) {
-            self.entered.notify_one();
-            while self.held.lock().unwrap().contains(&id) {
-                if let Ok(p) = self.gate.acquire().await {
-                    p.forget();
-                }
-            }
-        }
-        self.inner.load(id).await
-    }
-    async fn load_header(
-        &self,
-        id: SessionId,
-    ) -> Result<Option<overseer_actors::model::SessionHeader>, StoreError> {
-        self.inner.load_header(id).await
-    }
-    async fn events_after(
-        &self,
-        id: SessionId,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<overseer_actors::model::Event>, StoreError> {
-        self.inner.events_after(id, after, limit).await
-    }
-    async fn list_by_status(
-        &self,
-        statuses: &[SessionStatus],
-        after: Option<SessionId>,
-        limit: usize,
-    ) -> Result<Vec<SessionSummary>, StoreError> {
-        self.inner.list_by_status(statuses, after, limit).await
-    }
-    async fn list_tenant(
-        &self,
-        tenant: &str,
-        after: Option<SessionId>,
-        limit: usize,
-    ) -> Result<Vec<SessionSummary>, StoreError> {
-        self.inner.list_tenant(tenant, after, limit).await
-    }
-    async fn flush(&self) -> Result<(), StoreError> {
-        self.inner.flush().await
-    }
-}
-
 /// A root restarting reads its checkpoint in a task of its own: while that
 /// read waits on a slow store, the orchestrator starts other roots at once
 /// (a create answers), and the restart completes when the read does.
 #[tokio::test(start_paused = true)]
 async fn a_restart_waiting_on_the_store_holds_up_no_other_root() {
-    let store = SlowReads::new();
+    let store = TestStore::new();
     let steps = json!({
         "slow": [
             {"tool_calls": [{"name": "echo", "arguments": {"text": "x"}}]},
@@ -1115,7 +881,19 @@ async fn a_restart_waiting_on_the_store_holds_up_no_other_root() {
         RuntimeConfig::default(),
     )
     .await;
-    let slow = create(&ov, "slow", "go").await;
+    // Kept at rest: its decision goes straight to the checkpoint that
+    // fails, with no read of its transcript first (which this test holds).
+    let slow = SessionId::generate();
+    overseer_actors::testing::keep_at_rest(slow);
+    ov.create_session(CreateSession {
+        id: Some(slow),
+        agent: "slow".into(),
+        tenant: "t".into(),
+        prompt: Some("go".into()),
+        ..CreateSession::default()
+    })
+    .await
+    .unwrap();
     let mut slow_rx = ov.subscribe(slow);
     let call = poll("the approval", Duration::from_millis(10), || async {
         ov.pending_approvals(slow).await.unwrap().into_iter().next()
@@ -1126,11 +904,11 @@ async fn a_restart_waiting_on_the_store_holds_up_no_other_root() {
 
     // The approval's checkpoint fails: nothing is accepted, the actor
     // fails, and the orchestrator's restart reads the session, slowly.
-    store.doomed.lock().unwrap().insert(slow);
-    store.held.lock().unwrap().insert(slow);
+    store.doom(slow);
+    store.hold_loads(slow);
     let approve = || Submission::one(call.clone(), Decision::approve());
     assert!(ov.submit(slow, approve()).await.is_err());
-    bounded("the restart to read the store", store.entered.notified()).await;
+    bounded("the restart to read the store", store.load_entered()).await;
 
     // Meanwhile another root starts and finishes its turn.
     let quick = bounded(
@@ -1156,7 +934,7 @@ async fn a_restart_waiting_on_the_store_holds_up_no_other_root() {
     assert!(!ov.is_live(slow), "the restart is still reading");
 
     // The read returns: the session is back, waiting for the same decision.
-    store.release(slow);
+    store.release_loads(slow);
     poll("the restart", Duration::from_millis(10), || async {
         ov.is_live(slow).then_some(())
     })

@@ -700,6 +700,10 @@ pub async fn wait_for(id: SessionId, rx: oneshot::Receiver<Reached>) -> Res<Reac
 
 #[async_trait::async_trait]
 impl CheckpointStore for Probe {
+    fn reads_are_local(&self) -> bool {
+        self.inner.reads_are_local()
+    }
+
     async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
         // Decided before the write (it only looks at the header and the event
         // kinds), announced after it: a milestone counts once it is durable.

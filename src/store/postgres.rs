@@ -369,6 +369,11 @@ impl PgStore {
 
 #[async_trait::async_trait]
 impl CheckpointStore for PgStore {
+    /// Every read is a round trip to the database.
+    fn reads_are_local(&self) -> bool {
+        false
+    }
+
     async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
         let id = checkpoint.header.id;
         let root = checkpoint.header.root_id;

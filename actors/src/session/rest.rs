@@ -8,6 +8,10 @@
 //! not when its actor starts: an actor is started (woken, restarted) for
 //! the message that follows, which would read the store again at once.
 //!
+//! Only on a store whose reads are local ([`CheckpointStore::reads_are_local`]):
+//! a read over the network before every decision costs more than the memory
+//! saves, so there sessions keep what they hold until they hibernate.
+//!
 //! A failed read loses nothing: the session is at rest, so the store holds
 //! all of it. A request is refused (the caller retries), the session stays
 //! released and the next message reads again. An input nobody waits for (a
@@ -27,7 +31,7 @@ use super::SessionState;
 use crate::error::SessionError;
 use crate::machine::RestoreError;
 use crate::messages::SessionMsg;
-use crate::store::StoreError;
+use crate::store::{CheckpointStore, StoreError};
 
 /// Why a released session could not take back what it released.
 #[derive(Debug)]
@@ -127,7 +131,11 @@ impl SessionState {
         if crate::testing::kept_at_rest(self.session.header.id) {
             return;
         }
-        if !self.draining && self.is_idle() && self.session.release() {
+        if !self.draining
+            && self.runtime.store.reads_are_local()
+            && self.is_idle()
+            && self.session.release()
+        {
             tracing::trace!(session_id = %self.session.header.id, "released at rest");
         }
     }

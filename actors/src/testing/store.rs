@@ -19,7 +19,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, Semaphore};
@@ -57,6 +57,7 @@ struct Probes {
     doomed: Mutex<HashSet<SessionId>>,
     held_loads: Gate,
     held_checkpoints: Gate,
+    remote_reads: AtomicBool,
 }
 
 /// Sessions whose operations wait, and the wake-ups of those waiting.
@@ -110,6 +111,12 @@ impl TestStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Makes the store say its reads go over the network
+    /// ([`CheckpointStore::reads_are_local`]), as PostgreSQL's do.
+    pub fn remote_reads(&self) {
+        self.probes.remote_reads.store(true, Ordering::SeqCst);
     }
 
     /// The store underneath (its own probes: checkpoints written).
@@ -190,6 +197,10 @@ impl TestStore {
 
 #[async_trait::async_trait]
 impl CheckpointStore for TestStore {
+    fn reads_are_local(&self) -> bool {
+        !self.probes.remote_reads.load(Ordering::SeqCst)
+    }
+
     async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
         let id = checkpoint.header.id;
         if self.probes.doomed.lock().unwrap().remove(&id) {

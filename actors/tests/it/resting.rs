@@ -171,6 +171,25 @@ async fn a_parked_session_releases_its_transcript_and_a_decision_brings_it_back(
     assert_eq!(r.metadata, k.metadata);
 }
 
+/// On a store whose reads go over the network (PostgreSQL), a parked
+/// session keeps what it holds: neither its state nor its decision reads
+/// the store, so a decision costs no round trip.
+#[tokio::test]
+async fn a_session_of_a_remote_store_keeps_its_transcript_at_rest() {
+    let store = TestStore::new();
+    store.remote_reads();
+    let ov = start(&store).await;
+    let id = SessionId::generate();
+    create_until(&ov, id, "a", SessionStatus::AwaitingApproval).await;
+    let before = store.loads(id);
+    let state = ov.state(id).await.unwrap();
+    assert_eq!(state.transcript.len(), 2, "the prompt and the proposal");
+    let sub = approval(&ov, id).await;
+    assert_eq!(decide_to_the_end(&ov, id, sub).await, StopReason::EndTurn);
+    assert_eq!(store.loads(id), before, "nothing was read back");
+    assert!(final_text(&transcript_of(&ov, id).await).starts_with("Result: "));
+}
+
 /// A message to a session awaiting input reads its transcript back first:
 /// the scripted model picks its step by the assistant entries it is sent,
 /// so an answer other than the second would show a request built without

@@ -8,7 +8,7 @@
 //! not when its actor starts: an actor is started (woken, restarted) for
 //! the message that follows, which would read the store again at once.
 //!
-//! Only on a store whose reads are local ([`CheckpointStore::reads_are_local`]):
+//! Only on a store whose reads are local ([`crate::store::CheckpointStore::reads_are_local`]):
 //! a read over the network before every decision costs more than the memory
 //! saves, so there sessions keep what they hold until they hibernate.
 //!
@@ -31,7 +31,7 @@ use super::SessionState;
 use crate::error::SessionError;
 use crate::machine::RestoreError;
 use crate::messages::SessionMsg;
-use crate::store::{CheckpointStore, StoreError};
+use crate::store::StoreError;
 
 /// Why a released session could not take back what it released.
 #[derive(Debug)]

@@ -1656,23 +1656,7 @@ fn the_layout_3_fixture_is_read_whole_and_its_parked_session_completes() {
     let before = fixture_sessions(&data, FIXTURE_PARKED);
 
     // Anything else refuses to migrate it, in one line.
-    let refused = overseer(
-        &[
-            "run",
-            "--approve",
-            "auto",
-            "--resume",
-            FIXTURE_PARKED,
-            "--data",
-        ],
-        &data,
-    );
-    assert!(!refused.status.success());
-    assert!(
-        error_line(&refused).contains("start `overseer serve --upgrade`"),
-        "{}",
-        text(&refused.stderr)
-    );
+    refuses_to_resume_before_the_upgrade(&data, FIXTURE_PARKED);
 
     let (status, stderr) = serve_upgrade(&data, None);
     assert!(ended_on_sigterm(status), "{stderr}");
@@ -1774,23 +1758,7 @@ fn the_layout_4_fixture_is_read_whole_and_its_parked_session_completes() {
     let (old, records) = old_rows_and_records(&data);
     assert!(old > 0 && records == 0, "{old} {records}");
 
-    let refused = overseer(
-        &[
-            "run",
-            "--approve",
-            "auto",
-            "--resume",
-            FIXTURE_4_PARKED,
-            "--data",
-        ],
-        &data,
-    );
-    assert!(!refused.status.success());
-    assert!(
-        error_line(&refused).contains("start `overseer serve --upgrade`"),
-        "{}",
-        text(&refused.stderr)
-    );
+    refuses_to_resume_before_the_upgrade(&data, FIXTURE_4_PARKED);
 
     let (status, stderr) = serve_upgrade(&data, None);
     assert!(ended_on_sigterm(status), "{stderr}");
@@ -1889,4 +1857,19 @@ fn a_backup_of_a_layout_4_directory_restores_the_same_sessions() {
     check_passes_at_layout(&restored, 5);
     assert_eq!(every_session(&restored), before);
     complete_the_parked_session(&restored, FIXTURE_4_PARKED);
+}
+
+/// `overseer run --resume` on a directory of an older layout refuses to
+/// migrate it, in one line that says how.
+fn refuses_to_resume_before_the_upgrade(data: &Path, parked: &str) {
+    let refused = overseer(
+        &["run", "--approve", "auto", "--resume", parked, "--data"],
+        data,
+    );
+    assert!(!refused.status.success());
+    assert!(
+        error_line(&refused).contains("start `overseer serve --upgrade`"),
+        "{}",
+        text(&refused.stderr)
+    );
 }

@@ -12,10 +12,11 @@
 //!   kept (the sled store implements it in `crate::store`, PostgreSQL in
 //!   `crate::store::postgres`): this module never names a store;
 //! - [`Subscriptions`] (`outbox`): the cheap, shared view of which tenants
-//!   have endpoints that the store's write path consults to derive the
-//!   outbox rows of a checkpoint *in the checkpoint's own write*;
-//! - the delivery task (`dispatch`): it sends the outbox's rows straight
-//!   from the outbox (a delivery enters the log at its first outcome, and
+//!   have endpoints that the store's write path consults to derive which
+//!   deliveries a checkpoint's events owe ([`seeds_of`], each under a
+//!   `webhook-id` derived from its session and event, [`webhook_id`]);
+//! - the delivery task (`dispatch`): it sends fresh deliveries as the store
+//!   hands them over (a delivery enters the log at its first outcome, and
 //!   the retry schedule only if that attempt failed), builds each
 //!   body once (`payload`: the approval card of `GET /v1/approvals` and
 //!   links to the inbox), signs (`signing`) and sends it, and retries with
@@ -26,13 +27,15 @@
 //!   registration and again, on the addresses a name resolves to, at every
 //!   connection.
 //!
-//! Guarantees: an event's deliveries are written with the checkpoint that
-//! records the event, so a webhook is lost neither by a crash (kill -9) nor
-//! by a failover; a delivery is only sent once the store says its event is
+//! Guarantees: what an event's deliveries need to be found again is
+//! committed with the checkpoint that records the event (PostgreSQL: the
+//! delivery rows; sled: the session's mark, the event itself being the
+//! rest), so a webhook is lost neither by a crash (kill -9) nor by a
+//! failover; a delivery is only sent once the store says its event is
 //! committed; it may be sent more than once (at least once), always with the
 //! same `webhook-id`. Deliveries run on their own task with bounded
-//! concurrency and never on a session's path: a session's checkpoint only
-//! adds rows to its write.
+//! concurrency and never on a session's path: a session's checkpoint adds
+//! at most a row to its write.
 //!
 //! It deliberately owns no HTTP routes (`crate::http::webhooks`), no SQL and
 //! no sled trees, and gives no ordering guarantee between deliveries.
@@ -58,7 +61,7 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 pub use dispatch::{Clock, ManualClock, SystemClock};
-pub use outbox::{describes, seeds, Subscriptions};
+pub use outbox::{describes, seeds, seeds_of, webhook_id, Subscriptions};
 pub use signing::{sign, Secret};
 pub use target::{TargetError, TargetRules};
 
@@ -186,9 +189,9 @@ impl Endpoint {
 }
 
 /// What a checkpoint says about one event that goes out as a webhook: a
-/// reference to the event, written into the outbox with the checkpoint
-/// (the event and its call are durable in that checkpoint already), from
-/// which the body is built when it is first sent.
+/// reference to the event (the event and its call are durable in that
+/// checkpoint already), from which the body is built when it is first
+/// sent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Seed {
     /// The `webhook-id`: the same for every endpoint and every attempt.
@@ -230,8 +233,8 @@ pub struct Seed {
 }
 
 /// Where a delivery stands. A delivery not attempted yet is not in the log
-/// on a store that sends it straight from the outbox (sled): it appears
-/// with its first attempt's outcome.
+/// on a store that sends it before recording it (sled): it appears with
+/// its first attempt's outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryStatus {
@@ -341,8 +344,9 @@ pub struct Claim {
     pub delivery: Delivery,
     /// Its endpoint.
     pub endpoint: Option<Endpoint>,
-    /// Taken straight from the outbox ([`WebhookStore::intake`]): nothing
-    /// but its outbox row records it until its first outcome is saved.
+    /// Handed over by [`WebhookStore::intake`]: nothing but its event (and
+    /// what the store keeps to find it again) records it until its first
+    /// outcome is saved.
     pub fresh: bool,
 }
 
@@ -354,9 +358,9 @@ pub struct Outcome {
     pub delivery: Delivery,
     /// When it was due at its claim.
     pub was_due_at: i64,
-    /// Its claim was fresh ([`Claim::fresh`]): saving it retires the outbox
-    /// row, and writes the delivery into the log (and, still pending, into
-    /// the retry schedule).
+    /// Its claim was fresh ([`Claim::fresh`]): saving it writes the
+    /// delivery into the log (and, still pending, into the retry schedule),
+    /// and settles it where the store tracks what its events owe.
     pub fresh: bool,
 }
 
@@ -385,14 +389,14 @@ pub trait WebhookStore: Send + Sync + 'static {
     /// Deletes an endpoint with its deliveries, durably; `false` if none.
     async fn delete_endpoint(&self, id: Uuid) -> Result<bool, StoreError>;
 
-    /// Up to `limit` fresh deliveries straight from the outbox, none of
-    /// `busy`, each with its endpoint: rows whose events the store has
-    /// committed durably, as deliveries due at `now_ms` ([`Claim::fresh`]).
-    /// Nothing is written for them here: the outbox row stays the
-    /// delivery's record until its outcome is saved, so a crash before that
-    /// sends it again (the same `webhook-id`). Rows no commit covers, and
-    /// rows whose endpoint no longer wants them, are dropped. A store that
-    /// writes deliveries directly in the checkpoint keeps the default.
+    /// Up to `limit` fresh deliveries, none of `busy`, each with its
+    /// endpoint: deliveries owed by events the store has committed durably,
+    /// due at `now_ms` ([`Claim::fresh`]). Nothing is written for them
+    /// here: until its outcome is saved the store finds a delivery again
+    /// from its event, so a crash before that sends it again (the same
+    /// `webhook-id`). Deliveries whose endpoint no longer wants them, or
+    /// that the log holds already, are dropped. A store that writes
+    /// deliveries directly in the checkpoint keeps the default.
     async fn intake(
         &self,
         now_ms: i64,
@@ -421,7 +425,7 @@ pub trait WebhookStore: Send + Sync + 'static {
 
     /// Records the new state of deliveries (after attempts, or given up),
     /// in as few writes as the store can: a fresh one that was delivered
-    /// costs its outbox row's removal and a log entry, nothing more.
+    /// costs a log entry (and moves its session's mark), nothing more.
     async fn save_deliveries(&self, outcomes: &[Outcome]) -> Result<(), StoreError>;
 
     /// How many deliveries are pending (all endpoints), for the metrics.
@@ -539,7 +543,7 @@ impl std::fmt::Debug for Webhooks {
 }
 
 impl Webhooks {
-    /// Webhooks over `store`, whose write path derives the outbox through
+    /// Webhooks over `store`, whose write path derives deliveries through
     /// `subscriptions` (the view is filled here from the stored endpoints,
     /// so install it on the store before any session checkpoints, and open
     /// this before the runtime recovers sessions).
@@ -639,7 +643,7 @@ impl Webhooks {
     /// Deletes one endpoint of `tenant` and its deliveries.
     pub async fn delete(&self, tenant: &str, id: &str) -> Result<(), WebhookError> {
         let endpoint = self.get(tenant, id).await?;
-        // Out of the view first: no new outbox row names it from now on.
+        // Out of the view first: no new checkpoint owes it a delivery.
         self.subscriptions.remove(endpoint.id, &endpoint.tenant);
         self.store.delete_endpoint(endpoint.id).await?;
         Ok(())

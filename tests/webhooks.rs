@@ -15,9 +15,9 @@
 //!   verifier accepts either), and alone once the grace is over;
 //! - an endpoint id that is not a UUID is a 400;
 //! - deliveries are counted in the Prometheus metrics;
-//! - a session purged before delivery: its rows dropped and counted;
-//! - a backlog waiting in the outbox is sent from it, each webhook once,
-//!   each logged once;
+//! - a session purged before delivery: its deliveries dropped and counted;
+//! - a backlog of deliveries waiting for the delivery task is sent, each
+//!   webhook once, each logged once;
 //! - the delivery task runs at the lowest CPU priority.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -1099,9 +1099,9 @@ async fn an_endpoint_id_that_is_not_a_uuid_is_a_400() {
 
 /// A session purged before its webhooks were sent (the retention janitor's
 /// purge, while the delivery task was not running): nothing is sent for
-/// it, its outbox rows are dropped and counted
-/// (`overseer_webhook_dropped_total{reason="not_committed"}`: no stored
-/// event backs them any more), and another session's webhooks still go.
+/// it, its deliveries are dropped and counted
+/// (`overseer_webhook_dropped_total`, reason `purged`: no stored event
+/// backs them any more), and another session's webhooks still go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_purged_before_delivery_is_dropped_and_counted() {
     let metrics = overseer::metrics::install_recorder().unwrap();
@@ -1109,10 +1109,9 @@ async fn a_session_purged_before_delivery_is_dropped_and_counted() {
         metrics
             .render()
             .lines()
-            .find(|l| l.starts_with("overseer_webhook_dropped_total{reason=\"not_committed\"}"))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
+            .filter(|l| l.starts_with("overseer_webhook_dropped_total{reason=\"purged\"}"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
     };
     let options = overseer::webhooks::WebhookOptions {
         targets: loopback(),
@@ -1124,7 +1123,7 @@ async fn a_session_purged_before_delivery_is_dropped_and_counted() {
     let (_, secret) = register(&server.base, &tok, &rx.url, &[]).await;
     rx.set_secret(&secret);
 
-    // approval.requested, then session.finished (cancelled): two rows.
+    // approval.requested, then session.finished (cancelled): two deliveries.
     let (purged, _) = server.create_pending(&tok).await.unwrap();
     let (status, v) = post(
         &server.base,
@@ -1220,15 +1219,14 @@ async fn the_delivery_task_runs_at_the_lowest_cpu_priority() {
     finish(server, stop, delivery).await;
 }
 
-/// The invariant "a fresh delivery is sent straight from the outbox, once":
-/// events checkpointed while the delivery task is stopped wait as outbox
-/// rows; once it runs, each reaches the receiver (verified with the
+/// The invariant "a fresh delivery is sent once": events checkpointed
+/// while the delivery task is stopped wait in the store; once it runs, each reaches the receiver (verified with the
 /// specification's algorithm) exactly once with its own `webhook-id`, even
 /// while more events arrive and are taken in beside the ones in flight
 /// (two slots only), and each has one log entry, delivered at its first
 /// attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backlog_in_the_outbox_is_delivered_once_each_and_logged_once_each() {
+async fn a_backlog_is_delivered_once_each_and_logged_once_each() {
     let options = overseer::webhooks::WebhookOptions {
         targets: loopback(),
         concurrency: 2,

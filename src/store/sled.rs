@@ -20,7 +20,8 @@
 //! | queue (`Q`)        | id ‖ big-endian u64 seq          | a queued message JSON         |
 //! | metadata (`M`)     | id                               | the caller's metadata JSON    |
 //! | decisions (`D`)    | tenant ‖ 0x00 ‖ time ‖ id ‖ call | a decision index row          |
-//! | webhook outbox (`O`) | id ‖ seq ‖ endpoint            | a webhook seed (`webhooks`)   |
+//! | webhook marks (`W`) | id                              | empty or a big-endian u64: the session's events may owe webhook deliveries; all are settled through that event (`webhooks`) |
+//! | webhook outbox (`O`) | id ‖ seq ‖ endpoint            | written by earlier binaries only: a webhook seed, delivered and removed (`webhooks`) |
 //! | configs (`G`)      | sha256 hex of a configuration    | its JSON, once per distinct configuration (`configs`) |
 //! | config refs (`g`)  | sha256 hex ‖ id                  | empty: the session's header names the configuration |
 //! | meta (`m`)         | `commit_seq`, `health_check`, `purge:` ‖ id, `migrate4`, `migrate5` | big-endian u64; a nonce; the tenant of a purge under way; a migration's progress |
@@ -51,7 +52,7 @@
 //!
 //! Atomicity and durability: the writer applies each group of checkpoints
 //! (each one's header and its ONE record, its blobs, queue, metadata,
-//! decision and outbox rows, the index entries gained and lost, and the
+//! decision rows and webhook mark, the index entries gained and lost, and the
 //! group's number `commit_seq`) as ONE `sled::Batch` on the one tree, with one
 //! `Tree::apply_batch`. sled 0.34 documents a `Batch` as "a batch of updates
 //! that will be applied atomically to the Tree", and its `apply_batch`
@@ -235,9 +236,10 @@ struct Inner {
     // directory is closed (and its lock released), so it can be reopened at
     // once, e.g. by a restarted runtime or a test.
     commit: GroupCommit,
-    /// Webhooks (`webhooks`): which tenants' events each checkpoint writes
-    /// outbox rows for. Unset: none.
+    /// Webhooks (`webhooks`): which tenants' events go out. Unset: none.
     webhooks: std::sync::OnceLock<Arc<crate::webhooks::Subscriptions>>,
+    /// The deliveries this process's checkpoints owe (`webhooks`).
+    feed: Arc<webhooks::Feed>,
 }
 
 impl std::fmt::Debug for SledStore {
@@ -300,6 +302,7 @@ impl SledStore {
                 commit,
                 slots: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_COMMANDS)),
                 webhooks: std::sync::OnceLock::new(),
+                feed: Arc::new(webhooks::Feed::new()),
                 #[cfg(test)]
                 least_free: std::sync::atomic::AtomicUsize::new(usize::MAX),
             }),
@@ -857,10 +860,13 @@ impl Trees {
 impl CheckpointStore for SledStore {
     async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
         let id = checkpoint.header.id;
-        // The webhook outbox rows of its events go in the same write (see
-        // `webhooks`); for a tenant without endpoints this is a lookup.
-        let outbox = match self.inner.webhooks.get() {
-            Some(subscriptions) => webhooks::outbox_rows(subscriptions, &checkpoint)?,
+        let last_seq = checkpoint.header.last_event_seq;
+        // The deliveries its events owe: for a tenant without endpoints
+        // this is a lookup. They are handed to the delivery task once the
+        // checkpoint is committed; the write itself carries at most the
+        // session's mark (see `webhooks`).
+        let hooks = match self.inner.webhooks.get() {
+            Some(subscriptions) => subscriptions.rows(&checkpoint),
             None => Vec::new(),
         };
         let mut prepared = if codec::may_be_large(&checkpoint) {
@@ -872,16 +878,25 @@ impl CheckpointStore for SledStore {
             // blocking pool.
             layout::prepare(&checkpoint)?
         };
-        let wrote_outbox = !outbox.is_empty();
-        prepared.outbox = outbox;
+        prepared.hooked = !hooks.is_empty();
         let bytes = prepared.size() as u64;
-        self.send(
-            |reply| Command::Checkpoint(Box::new(prepared), reply),
-            || format!("the checkpoint of session {id}"),
-        )
-        .await?;
+        let sent = self
+            .send(
+                |reply| Command::Checkpoint(Box::new(prepared), reply),
+                || format!("the checkpoint of session {id}"),
+            )
+            .await;
+        if let Err(e) = sent {
+            // A write that failed may still be on disk, with its mark: a
+            // scan of the marks decides.
+            if !hooks.is_empty() {
+                self.inner.feed.refuse(id);
+            }
+            return Err(e);
+        }
         overseer_actors::metrics::record_checkpoint_bytes(bytes);
-        if wrote_outbox {
+        if !hooks.is_empty() {
+            self.inner.feed.push(id, last_seq, hooks);
             if let Some(subscriptions) = self.inner.webhooks.get() {
                 subscriptions.written();
             }

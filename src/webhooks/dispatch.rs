@@ -1,15 +1,15 @@
 //! The delivery task: one per node, beside the actor tree, never on a
 //! session's path.
 //!
-//! It loops: take a batch of the outbox's committed rows as fresh
-//! deliveries ([`WebhookStore::intake`]: nothing is written for them until
-//! their first outcome, so a delivery that succeeds at once costs the store
-//! its row's removal and a log entry, saved with the others of its round),
+//! It loops: take a batch of the fresh deliveries committed events owe
+//! ([`WebhookStore::intake`]: nothing is written for them until their first
+//! outcome, so a delivery that succeeds at once costs the store a log
+//! entry, saved with the others of its round),
 //! claim the retries that are due (in a cluster, with a lease so that two
 //! nodes do not send the same one at once, and a dead node's claim runs
 //! out), fill the free slots of `concurrency` with the retries first and
-//! the fresh ones after, and send each on a task of its own. Rows waiting
-//! for a slot or in flight are not taken again. An attempt builds the body if
+//! the fresh ones after, and send each on a task of its own. Deliveries
+//! waiting for a slot or in flight are not taken again. An attempt builds the body if
 //! it has none yet (`payload`; stored with the attempt's outcome, so every
 //! retry sends the same bytes), signs it (Standard Webhooks headers, the
 //! `webhook-id` of its seed) and POSTs it. A 2xx is delivered. Anything else
@@ -18,23 +18,23 @@
 //! event; past that, or past `max_attempts`, or on `410 Gone`, the delivery
 //! fails and its endpoint is disabled with the reason recorded.
 //!
-//! When not paced, it sleeps until the earliest of: a checkpoint wrote outbox rows (the
-//! store says so through [`Subscriptions::written`]), an attempt finished,
-//! the next delivery is due, or [`SWEEP`] passed (rows another node wrote,
-//! a claim that ran out). Time comes from a [`Clock`], so tests can move it
+//! When not paced, it sleeps until the earliest of: a checkpoint owed
+//! deliveries (the store says so through [`Subscriptions::written`]), an
+//! attempt finished, the next delivery is due, or [`SWEEP`] passed (rows
+//! another node wrote, a claim that ran out). Time comes from a [`Clock`], so tests can move it
 //! by hours ([`ManualClock`]) instead of waiting.
 //!
 //! It yields to sessions. It runs on a thread of its own with a runtime of
 //! its own, at the lowest CPU priority (nice 19; its store calls' blocking
 //! threads inherit it), so the scheduler gives the cores to turns first.
-//! And while checkpoints are writing outbox rows (their sessions are busy:
-//! [`Subscriptions::busy`]), it paces itself ([`PACE`]): a few rows are
+//! And while checkpoints owe deliveries (their sessions are busy:
+//! [`Subscriptions::busy`]), it paces itself ([`PACE`]): a few are
 //! taken in (a store flush) at most once a second, attempts start at most
 //! `batch` per `tick`, a trickle that keeps the oldest moving, and the
 //! gauges (which scan the store) wait; once the burst is over, the backlog
-//! drains at full concurrency in batches of [`INTAKE_BATCH`] rows. A
-//! burst's deliveries are therefore late by up to the burst's length plus
-//! the drain, never lost (they wait in the outbox).
+//! drains at full concurrency in batches of [`INTAKE_BATCH`]. A burst's
+//! deliveries are therefore late by up to the burst's length plus the
+//! drain, never lost (they wait in the store).
 //!
 //! Memory is bounded: `concurrency` attempts in flight and their bodies;
 //! everything else waits in the store.
@@ -67,7 +67,7 @@ pub const SWEEP: Duration = Duration::from_secs(2);
 /// How deliveries keep out of the way of busy sessions.
 struct Pace {
     /// Sessions whose events go out count as busy until their checkpoints
-    /// have written no outbox row for this long.
+    /// have owed no delivery for this long.
     quiet: Duration,
     /// While busy, attempts start at most once per `tick`…
     tick: Duration,
@@ -291,12 +291,12 @@ async fn run(
     let mut busy: HashSet<DeliveryKey> = HashSet::new();
     let mut running: HashMap<tokio::task::Id, DeliveryKey> = HashMap::new();
     let bodies: Bodies = Arc::default();
-    // Fresh deliveries taken from the outbox, waiting for a free slot (their
+    // Fresh deliveries taken in, waiting for a free slot (their
     // keys are in `busy`, so an intake does not take them again).
     let mut ready: VecDeque<Claim> = VecDeque::new();
-    // Whether the outbox may hold rows to take in: at start (what a previous
-    // process left), after a checkpoint wrote some, and at every sweep; not
-    // merely because an attempt finished.
+    // Whether the store may hold fresh deliveries to take in: at start (what
+    // a previous process left), after a checkpoint owed some, and at every
+    // sweep; not merely because an attempt finished.
     let mut intake = true;
     let mut gauges_at: Option<Instant> = None;
     // While sessions are busy: when rows were last taken in and attempts
@@ -332,7 +332,7 @@ async fn run(
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "webhooks: cannot take outbox rows; retrying");
+                    tracing::warn!(error = %e, "webhooks: cannot take fresh deliveries in; retrying");
                     trouble = true;
                 }
             }

@@ -1,32 +1,33 @@
-//! The outbox's write side: which events of a checkpoint go out as webhooks
-//! ([`seeds`], a pure function of the checkpoint), and the view of which
-//! tenants have endpoints ([`Subscriptions`]) that a store's write path
-//! consults to add the outbox rows to the checkpoint's own write.
+//! What goes out, decided at the checkpoint: which events of a checkpoint
+//! go out as webhooks ([`seeds_of`], a pure function of the session's
+//! header and events, each under a `webhook-id` derived from the session
+//! and the event's number, [`webhook_id`]), and the view of which tenants
+//! have endpoints ([`Subscriptions`]) that a store's write path consults.
 //!
-//! The view is what the sled store (one process writes it) derives rows
-//! from: it is updated before a registration is answered, so every event
-//! checkpointed after that answer has its row. PostgreSQL, shared by many
-//! nodes, does not trust any node's view: its checkpoint statement joins the
-//! seeds with the endpoints table itself.
+//! The view is what the sled store (one process writes it) decides by: it
+//! is updated before a registration is answered, so every event
+//! checkpointed after that answer is owed to the endpoint. PostgreSQL,
+//! shared by many nodes, does not trust any node's view: its checkpoint
+//! statement joins the seeds with the endpoints table itself.
 //!
-//! A row is a reference, not a copy: the event's kind, session, sequence
-//! number, time and call id (a few hundred bytes). The event and the call
-//! are durable in the same checkpoint already, so the body is built from
-//! the session's stored state at delivery time (`payload`), and a
-//! checkpoint's write grows by little more than a key per endpoint.
+//! A seed is a reference, not a copy: the event's kind, session, sequence
+//! number, time and call id. The event and the call are durable in the
+//! checkpoint already, so the body is built from the session's stored state
+//! at delivery time (`payload`).
 //!
 //! The view also says whether such checkpoints are being written right now
 //! ([`Subscriptions::busy`]): the delivery task paces itself by it, so
 //! deliveries do not take the machine from the turns that cause them.
 //!
-//! It deliberately does no I/O: the store writes what it returns.
+//! It deliberately does no I/O: the store writes and hands over what it
+//! returns.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
-use overseer_actors::model::{Event, EventKind, SessionStatus};
+use overseer_actors::model::{Event, EventKind, SessionHeader, SessionId, SessionStatus};
 use overseer_actors::store::Checkpoint;
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -50,9 +51,10 @@ pub struct Subscriptions {
     /// Whether any tenant has an endpoint: most servers have none, and
     /// their checkpoints then skip even the lookup.
     any: AtomicBool,
-    /// Signalled when rows were written (or a delivery may have become due).
+    /// Signalled when deliveries were committed (or one may have become due).
     wake: Notify,
-    /// When rows were last written: ms since [`epoch`], plus one (0: never).
+    /// When deliveries were last committed: ms since [`epoch`], plus one
+    /// (0: never).
     last_write: AtomicU64,
 }
 
@@ -109,12 +111,15 @@ impl Subscriptions {
         self.any.store(!map.is_empty(), Ordering::Release);
     }
 
-    /// The outbox rows of `cp`: one per event that goes out and endpoint of
-    /// the session's tenant that wants it. Costs one atomic load for a
+    /// The deliveries `cp` owes: one per event that goes out and endpoint
+    /// of the session's tenant that wants it. Costs one atomic load for a
     /// server without endpoints, a map lookup for a tenant without any.
     pub fn rows(&self, cp: &Checkpoint) -> Vec<(Uuid, Seed)> {
         if !self.any.load(Ordering::Acquire)
-            || !cp.events.iter().any(|e| event_type(e, cp).is_some())
+            || !cp
+                .events
+                .iter()
+                .any(|e| event_type(e, &cp.header).is_some())
         {
             return Vec::new();
         }
@@ -136,15 +141,15 @@ impl Subscriptions {
         rows
     }
 
-    /// Tells the delivery task that rows were committed (or that it should
-    /// look again).
+    /// Tells the delivery task that deliveries were committed (or that it
+    /// should look again).
     pub fn written(&self) {
         self.last_write
             .store(since_epoch_ms().saturating_add(1), Ordering::Relaxed);
         self.wake.notify_one();
     }
 
-    /// Whether a checkpoint wrote outbox rows within the last `quiet`: the
+    /// Whether a checkpoint owed deliveries within the last `quiet`: the
     /// sessions whose events go out are busy, and deliveries should keep out
     /// of their way.
     pub fn busy(&self, quiet: Duration) -> bool {
@@ -164,14 +169,14 @@ impl Subscriptions {
     }
 }
 
-/// Which webhook `event` of `cp` is, if any.
-fn event_type(event: &Event, cp: &Checkpoint) -> Option<EventType> {
+/// Which webhook `event` of the session `header` describes is, if any.
+fn event_type(event: &Event, header: &SessionHeader) -> Option<EventType> {
     match &event.kind {
         EventKind::ApprovalRequested { .. } => Some(EventType::ApprovalRequested),
         EventKind::DecisionRecorded { .. } => Some(EventType::ApprovalDecided),
         // A child's end is its parent's business (its result comes back as
         // a tool result); people hear of the roots they started.
-        EventKind::StatusChanged { status } if cp.header.parent.is_none() => match status {
+        EventKind::StatusChanged { status } if header.parent.is_none() => match status {
             SessionStatus::Completed | SessionStatus::Cancelled => Some(EventType::SessionFinished),
             SessionStatus::Failed => Some(EventType::SessionFailed),
             _ => None,
@@ -180,19 +185,48 @@ fn event_type(event: &Event, cp: &Checkpoint) -> Option<EventType> {
     }
 }
 
-/// The events of `cp` that go out as webhooks, whoever listens: each with a
-/// fresh `webhook-id` and a reference to the event (its session, sequence
+/// The `webhook-id` of the event `seq` of session `session`, which
+/// happened at `at_ms`: `msg_` and a UUIDv7 whose time is the event's and
+/// whose other bits are a SHA-256 of the session and the number. Derived,
+/// not drawn, so that whoever finds the event again (a restart reading the
+/// session back, another node) sends it under the same id and a receiver
+/// drops the duplicate (a committed event's number is never reused); and
+/// ordered by time like the ids before it, so a delivery log keyed by it
+/// still lists the newest first.
+pub fn webhook_id(session: &SessionId, seq: u64, at_ms: i64) -> String {
+    use sha2::Digest as _;
+    let mut hash = sha2::Sha256::new();
+    hash.update(b"overseer webhook-id\0");
+    hash.update(session.as_bytes());
+    hash.update(seq.to_be_bytes());
+    let digest = hash.finalize();
+    let mut rest = [0u8; 10];
+    rest.copy_from_slice(&digest[..10]);
+    let millis = u64::try_from(at_ms).unwrap_or(0);
+    let id = uuid::Builder::from_unix_timestamp_millis(millis, &rest).into_uuid();
+    format!("msg_{}", id.simple())
+}
+
+/// The events of `cp` that go out as webhooks, whoever listens (see
+/// [`seeds_of`]).
+pub fn seeds(cp: &Checkpoint) -> Vec<Seed> {
+    seeds_of(&cp.header, &cp.events)
+}
+
+/// The events among `events` of the session `header` describes that go out
+/// as webhooks, whoever listens: each with its `webhook-id`
+/// ([`webhook_id`]) and a reference to the event (its session, sequence
 /// number, time, call id or new status), not its content: the body is
 /// built from the stored session when it is sent.
-pub fn seeds(cp: &Checkpoint) -> Vec<Seed> {
-    let h = &cp.header;
+pub fn seeds_of(header: &SessionHeader, events: &[Event]) -> Vec<Seed> {
+    let h = header;
     let mut out = Vec::new();
-    for event in cp.events.iter() {
-        let Some(kind) = event_type(event, cp) else {
+    for event in events {
+        let Some(kind) = event_type(event, h) else {
             continue;
         };
         let mut seed = Seed {
-            id: format!("msg_{}", Uuid::now_v7().simple()),
+            id: webhook_id(&h.id, event.seq, event.at_ms),
             event: kind,
             tenant: h.tenant.clone(),
             session_id: h.id,
@@ -346,6 +380,17 @@ mod tests {
             .map(|(_, s)| s.id.as_str())
             .collect();
         assert_eq!(requested_ids[0], requested_ids[1]);
+        // Derived from the session and the event: found again, it is the
+        // same; another event or session has another.
+        assert_eq!(requested_ids[0], webhook_id(&cp.header.id, 2, 11));
+        assert_eq!(seeds(&cp)[0].id, requested_ids[0]);
+        assert_ne!(webhook_id(&cp.header.id, 3, 11), requested_ids[0]);
+        assert_ne!(webhook_id(&SessionId::generate(), 2, 11), requested_ids[0]);
+        let hex = requested_ids[0].strip_prefix("msg_").unwrap();
+        let uuid = Uuid::parse_str(hex).unwrap();
+        assert_eq!(uuid.get_version_num(), 7);
+        // Ordered by the event's time, as the delivery log lists them.
+        assert!(webhook_id(&SessionId::generate(), 9, 12) > webhook_id(&cp.header.id, 2, 11));
         let seed = &rows[0].1;
         // A reference to the event, not a copy of the call.
         assert_eq!(seed.call_id.as_deref(), Some("call_1"));

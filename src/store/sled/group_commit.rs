@@ -811,6 +811,9 @@ struct Known {
     active: Option<bool>,
     /// The configuration the header names (`None`: it embeds one).
     config: Option<String>,
+    /// Whether the session has its webhook mark (`None`: not known; read
+    /// when a checkpoint needs it).
+    hooked: Option<bool>,
 }
 
 /// The header state of sessions the writer itself committed recently, so that
@@ -866,8 +869,8 @@ type Write = (sled::IVec, Option<sled::IVec>);
 /// The writes of one group, per kind (see [`apply`]).
 #[derive(Default)]
 struct Writes {
-    /// Webhook outbox rows (`super::webhooks`).
-    outbox: Vec<Write>,
+    /// Webhook marks of sessions that need one (`super::webhooks`).
+    hooked: Vec<Write>,
     blobs: Vec<Write>,
     blob_refs: Vec<Write>,
     records: Vec<Write>,
@@ -924,9 +927,19 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
             Some(previous) => Ok(previous.clone()),
             None => stored_previous(trees, p),
         };
-        match previous.and_then(|previous| check(trees, p, previous, &blobs_in_group)) {
-            Ok((previous, new_blobs)) => {
+        let checked = previous.and_then(|previous| {
+            let (hooked, mark) = webhook_mark(trees, p, &previous)?;
+            let (previous, new_blobs) = check(trees, p, previous, &blobs_in_group)?;
+            Ok((previous, new_blobs, hooked, mark))
+        });
+        match checked {
+            Ok((previous, new_blobs, hooked, mark)) => {
                 before.entry(p.id).or_insert(previous);
+                if mark {
+                    writes
+                        .hooked
+                        .push((p.id.as_bytes()[..].into(), Some(empty())));
+                }
                 after.insert(
                     p.id,
                     Some(Known {
@@ -934,6 +947,7 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                         tenant: Some(p.tenant.clone()),
                         active: Some(p.active),
                         config: Some(p.config.0.clone()),
+                        hooked,
                     }),
                 );
                 if p.terminal {
@@ -961,9 +975,6 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                 }
                 for (k, v) in &p.queued {
                     writes.queue.push((k[..].into(), Some(v.clone())));
-                }
-                for (k, v) in &p.outbox {
-                    writes.outbox.push((k[..].into(), Some(v.clone())));
                 }
                 if let Some(m) = &p.metadata {
                     writes
@@ -1108,7 +1119,7 @@ fn empty() -> sled::IVec {
 /// no writes at all, so it leaves the files untouched.
 fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
     let Writes {
-        outbox,
+        hooked,
         blobs,
         blob_refs,
         records,
@@ -1124,7 +1135,7 @@ fn write(trees: &Trees, writes: Writes, seq: u64) -> Result<(), WriteError> {
         queue_removed,
     } = writes;
     let kinds = [
-        (&trees.outbox, outbox),
+        (&trees.hooked, hooked),
         (&trees.blobs, blobs),
         (&trees.blob_refs, blob_refs),
         (&trees.records, records),
@@ -1233,6 +1244,35 @@ fn check(
     Ok((previous, new_blobs))
 }
 
+/// Whether the session of `p` has its webhook mark once `p` is written, and
+/// whether `p`'s write must add it: a checkpoint whose events go out as
+/// webhooks needs one (`super::webhooks`). What the writer knows answers
+/// without a read, so a session reads its mark at most once per stay in the
+/// cache, and only if it has webhooks.
+fn webhook_mark(
+    trees: &Trees,
+    p: &Prepared,
+    previous: &Previous,
+) -> Result<(Option<bool>, bool), StoreError> {
+    let known = match previous {
+        None => Some(false),
+        Some(known) => known.hooked,
+    };
+    if !p.hooked || known == Some(true) {
+        return Ok((known, false));
+    }
+    let marked = match known {
+        Some(marked) => marked,
+        None => trees.hooked.contains_key(p.id.as_bytes()).map_err(|e| {
+            StoreError::io(
+                format!("checkpoint of session {}: reading its webhook mark", p.id),
+                e,
+            )
+        })?,
+    };
+    Ok((Some(true), !marked))
+}
+
 /// The state of the header a checkpoint is about to replace, read from disk.
 fn stored_previous(trees: &Trees, p: &Prepared) -> Result<Previous, StoreError> {
     let stored = trees.sessions.get(p.id.as_bytes()).map_err(|e| {
@@ -1250,12 +1290,14 @@ fn stored_previous(trees: &Trees, p: &Prepared) -> Result<Previous, StoreError> 
             active: Some(peek.is_active()),
             tenant: peek.tenant,
             config: crate::store::configs::hash_of(&bytes).map(str::to_owned),
+            hooked: None,
         },
         Err(_) => Known {
             schema_version: 0,
             tenant: None,
             active: None,
             config: crate::store::configs::hash_of(&bytes).map(str::to_owned),
+            hooked: None,
         },
     };
     Ok(Some(known))
@@ -1285,7 +1327,7 @@ mod tests {
             queued: Vec::new(),
             dequeued: Vec::new(),
             metadata: None,
-            outbox: Vec::new(),
+            hooked: false,
             decisions: Vec::new(),
             config: ("0".repeat(64), sled::IVec::from(&b"{}"[..])),
         })

@@ -133,9 +133,9 @@ pub(in crate::store) struct Prepared {
     pub(in crate::store) dequeued: Vec<[u8; 24]>,
     /// The metadata, in the checkpoint that writes it.
     pub(in crate::store) metadata: Option<IVec>,
-    /// Webhook outbox rows of its events (`webhooks::outbox_key` → seed),
-    /// written before the header like every row it commits.
-    pub(in crate::store) outbox: Vec<([u8; 40], IVec)>,
+    /// Whether some of its events go out as webhooks: the writer then makes
+    /// sure the session has its mark (`webhooks`) in the same batch.
+    pub(in crate::store) hooked: bool,
     /// Rows of the decision index its decisions add (key, row JSON).
     pub(in crate::store) decisions: Vec<(Vec<u8>, IVec)>,
     /// The configuration the header names (sha256 hex, JSON): written,
@@ -156,7 +156,6 @@ impl Prepared {
                 .sum::<usize>()
             + self.queued.iter().map(|(_, v)| v.len() + 24).sum::<usize>()
             + self.metadata.as_ref().map_or(0, |m| m.len())
-            + self.outbox.iter().map(|(_, v)| v.len() + 40).sum::<usize>()
             + self
                 .decisions
                 .iter()
@@ -211,7 +210,7 @@ pub(in crate::store) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError>
         queued,
         dequeued: cp.dequeued.clone().map(|seq| seq_key(&id, seq)).collect(),
         metadata,
-        outbox: Vec::new(),
+        hooked: false,
         decisions,
         config: (config.hash, IVec::from(config.json)),
     })

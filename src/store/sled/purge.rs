@@ -86,7 +86,7 @@ pub(super) fn purge(trees: &Trees, id: &SessionId) -> Result<bool, PurgeError> {
     }
     remove_rows(trees, id, &tenant)?;
     // Its webhook deliveries too (their log is indexed by session).
-    super::webhooks::purge_deliveries(&trees.db, id).map_err(|e| {
+    super::webhooks::purge_deliveries(trees, id).map_err(|e| {
         io(
             format_args!("purging session {id}: its webhook deliveries"),
             e,
@@ -155,8 +155,9 @@ fn remove_rows(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeE
         remove_prefix(tree, prefix)
             .map_err(|e| io(format_args!("purging session {id}: removing its {name}"), e))?;
     }
-    let single: [(&View, Vec<u8>, &str); 3] = [
+    let single: [(&View, Vec<u8>, &str); 4] = [
         (&trees.metadata, prefix.to_vec(), "metadata"),
+        (&trees.hooked, prefix.to_vec(), "webhook mark"),
         (&trees.active, prefix.to_vec(), "active index entry"),
         (
             &trees.tenants,

@@ -33,7 +33,8 @@ pub(in crate::store) enum Kind {
     /// `commit_seq`, `health_check`, purge markers (not `format_version`,
     /// which stays in the `meta` tree, where every binary looks for it).
     Meta,
-    /// The webhook outbox rows checkpoints write (`webhooks`).
+    /// The webhook outbox rows checkpoints wrote before [`Kind::Hooked`]
+    /// (`webhooks`): still read, to deliver what an older binary left.
     Outbox,
     /// Interned agent configurations: sha256 hex → JSON (`configs`). No
     /// layout-3 binary wrote any; a layout-3 directory made from a newer one
@@ -47,6 +48,11 @@ pub(in crate::store) enum Kind {
     /// 5 had it, so the move into one tree (`migrate`) has nothing of it to
     /// copy; `migrate5` writes it.
     Records,
+    /// id → BE u64 (or empty: 0): a session whose events may still owe
+    /// webhook deliveries, and the sequence number through which every one
+    /// of them is settled (`webhooks`). Not in [`Kind::ALL`]: no layout
+    /// before 5 had it.
+    Hooked,
 }
 
 impl Kind {
@@ -88,6 +94,7 @@ impl Kind {
             Kind::Configs => b'G',
             Kind::ConfigRefs => b'g',
             Kind::Records => b'C',
+            Kind::Hooked => b'W',
         }
     }
 
@@ -108,8 +115,9 @@ impl Kind {
             Kind::Outbox => "webhook_outbox",
             Kind::Configs => "configs",
             Kind::ConfigRefs => "config_refs",
-            // Never a tree of its own (see the variant).
+            // Never trees of their own (see the variants).
             Kind::Records => "records",
+            Kind::Hooked => "webhook_marks",
         }
     }
 }
@@ -314,8 +322,12 @@ pub(in crate::store) struct Trees {
     /// (see `layout::decision_key`).
     pub(in crate::store) decisions: View,
     pub(in crate::store) meta: View,
-    /// The webhook outbox rows checkpoints write (`webhooks`).
+    /// The webhook outbox rows checkpoints of layouts 4 and 5 before
+    /// webhook marks wrote (`webhooks`): read until drained, never written.
     pub(in crate::store) outbox: View,
+    /// Sessions whose events may still owe webhook deliveries
+    /// ([`Kind::Hooked`]).
+    pub(in crate::store) hooked: View,
     /// sha256 hex → an agent configuration's JSON, once per distinct
     /// configuration (`configs`).
     pub(in crate::store) configs: View,
@@ -379,6 +391,8 @@ impl Trees {
             decisions: view(Kind::Decisions)?,
             meta: view(Kind::Meta)?,
             outbox: view(Kind::Outbox)?,
+            // Layout 3 had none, like records.
+            hooked: View::new(&data, Kind::Hooked),
             configs: interned(Kind::Configs)?,
             config_refs: interned(Kind::ConfigRefs)?,
             data,

@@ -1,4 +1,4 @@
-//! The webhook outbox and delivery log in the sled store: the
+//! The webhook deliveries and their log in the sled store: the
 //! [`WebhookStore`] of a single node.
 //!
 //! Trees (beside the session trees of the parent module):
@@ -6,7 +6,8 @@
 //! | tree                 | key                                   | value |
 //! |----------------------|---------------------------------------|-------|
 //! | `webhooks`           | endpoint id (16 bytes)                | endpoint JSON |
-//! | (`data`, kind `O`)   | session id ‖ BE u64 event seq ‖ endpoint id | seed JSON |
+//! | (`data`, kind `W`)   | session id                            | empty, or BE u64: settled through that event |
+//! | (`data`, kind `O`)   | session id ‖ BE u64 event seq ‖ endpoint id | seed JSON (earlier binaries only) |
 //! | `webhook_deliveries` | endpoint id ‖ `webhook-id` (16 bytes) | delivery JSON |
 //! | `webhook_due`        | BE u64 due ms ‖ endpoint id ‖ `webhook-id` | empty |
 //! | `webhook_sessions`   | session id ‖ endpoint id ‖ `webhook-id` | empty |
@@ -17,30 +18,37 @@
 //! call its seed carried, and once delivered its body
 //! (`Delivery::compact`); at most [`LOG_KEEP`] finished ones per endpoint.
 //!
-//! **The outbox is written with the checkpoint.** The checkpoint's writer
-//! puts its outbox rows (derived from its events through
-//! [`Subscriptions::rows`]) in the same atomic batch as the checkpoint's
-//! other rows and its header (layout 4), so after a crash a row exists for
-//! every committed event and for no other. A row naming an event its
-//! session's log does not hold can still be found in a directory migrated
-//! from layout 3 (whose writer wrote rows before their header): such a row
-//! is never delivered. [`WebhookStore::intake`] hands out a row only if the
-//! session's header covers its event *and* the event committed at that
-//! number is the one the row describes (`outbox::describes`), and it looks
-//! only at rows it saw before a flush of the store (so their checkpoints
-//! are durable); every other row is dropped.
+//! **A checkpoint writes no delivery.** Its events are committed with it,
+//! and what goes out is derived from them (`crate::webhooks::seeds_of`,
+//! each under a `webhook-id` derived from the session and the event's
+//! number, so that deriving it again gives the same id). The checkpoint's
+//! batch carries at most the session's *mark* (kind `W`), written by the
+//! first checkpoint of the session whose events go out, and no other: a
+//! row per session, not per event. Once the write is confirmed, the
+//! deliveries are handed to the delivery task in memory ([`Feed`]).
 //!
-//! **A delivery is sent straight from its outbox row.** Intake writes
-//! nothing for the rows it hands out: until its first attempt's outcome is
-//! saved, the row is the delivery's only record (a crash before that sends
-//! it again, under the same `webhook-id`, which the row holds). Saving the
-//! outcomes of a round of fresh attempts is one batch per tree: a log entry
-//! and its session index entry each (and a due entry if it is to be
-//! retried), then the rows' removal. So a delivery that succeeds at once
-//! costs its row, its removal and its log entry, not a life in the
-//! schedule; only one whose first attempt failed enters the due index.
-//! The order leaves a crash harmless: a row whose delivery is in the log
-//! already is dropped at intake, not sent again.
+//! **The mark is what survives a crash.** Its value says through which
+//! event everything the session owes is settled (delivered, given up, or in
+//! the log to be retried); the delivery task moves it forward as outcomes
+//! are saved, and removes it once the session is over and settled whole.
+//! A start (and a feed that had to refuse deliveries, or lost track of
+//! some) scans the marks: for each session, the events after its cursor
+//! give its deliveries again, and those the log holds already are settled.
+//! So a crash between a checkpoint and its deliveries sends them after the
+//! restart, under the same `webhook-id`.
+//!
+//! **A delivery is sent before anything records it.** Until its first
+//! attempt's outcome is saved, its event (and the mark) is its only record
+//! (a crash before that sends it again). Saving the outcomes of a round of
+//! fresh attempts is one batch per tree: a log entry and its session index
+//! entry each (and a due entry if it is to be retried). So a delivery that
+//! succeeds at once costs its log entry, not a life in the schedule; only
+//! one whose first attempt failed enters the due index.
+//!
+//! Rows of the outbox (kind `O`), which earlier binaries wrote with every
+//! checkpoint, are still delivered as they were: taken, checked against the
+//! event they name (`outbox::describes`), sent, and removed once their
+//! outcome is logged.
 //!
 //! Retries live in the delivery log and its due index, written by the
 //! delivery task directly (not through the checkpoint writer: they are not
@@ -51,23 +59,26 @@
 //! answered. A write failure closes the store's gate, as a failed
 //! checkpoint would.
 
+mod feed;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use overseer_actors::model::SessionId;
-use overseer_actors::store::{Checkpoint, CheckpointStore, StoreError};
+use overseer_actors::store::{CheckpointStore, StoreError};
 use sled::{IVec, Tree};
 use uuid::Uuid;
 
 use super::codec::{self, corrupt};
 use super::layout;
-use super::trees::{Generation, Kind, View, DATA_TREE};
+use super::trees::{Generation, Trees, View};
 use super::SledStore;
 use crate::webhooks::{
-    describes, Claim, Delivery, DeliveryKey, DeliveryStatus, Endpoint, Outcome, Seed,
+    describes, seeds_of, Claim, Delivery, DeliveryKey, DeliveryStatus, Endpoint, Outcome, Seed,
     Subscriptions, WebhookStore, LOG_KEEP,
 };
+pub(super) use feed::Feed;
 
 /// Finished deliveries between two prunings of an endpoint's log.
 const PRUNE_EVERY: u64 = 256;
@@ -82,10 +93,11 @@ struct HookTrees {
 }
 
 impl HookTrees {
-    fn open(db: &sled::Db) -> Result<Self, sled::Error> {
+    fn open(trees: &Trees) -> Result<Self, sled::Error> {
+        let db = &trees.db;
         Ok(Self {
             endpoints: db.open_tree("webhooks")?,
-            outbox: View::new(&db.open_tree(DATA_TREE)?, Kind::Outbox),
+            outbox: trees.outbox.clone(),
             deliveries: db.open_tree("webhook_deliveries")?,
             due: db.open_tree("webhook_due")?,
             sessions: db.open_tree("webhook_sessions")?,
@@ -104,8 +116,8 @@ fn session_key(session: &SessionId, dkey: &[u8; 32]) -> [u8; 48] {
 /// Deletes the deliveries of session `id` (its purge). Their due entries go
 /// stale and are dropped when met. Called by the purge before it removes
 /// its marker, so a purge cut short does this again.
-pub(super) fn purge_deliveries(db: &sled::Db, id: &SessionId) -> Result<(), sled::Error> {
-    let trees = HookTrees::open(db)?;
+pub(super) fn purge_deliveries(trees: &Trees, id: &SessionId) -> Result<(), sled::Error> {
+    let trees = HookTrees::open(trees)?;
     for key in trees.sessions.scan_prefix(id.as_bytes()).keys() {
         let key = key?;
         if let Some(dkey) = key.get(16..48) {
@@ -122,25 +134,6 @@ pub(super) fn outbox_key(session: &SessionId, seq: u64, endpoint: &Uuid) -> [u8;
     key[..24].copy_from_slice(&layout::seq_key(session, seq));
     key[24..].copy_from_slice(endpoint.as_bytes());
     key
-}
-
-/// The outbox rows of `cp` for the endpoints `subscriptions` knows, encoded.
-pub(super) fn outbox_rows(
-    subscriptions: &Subscriptions,
-    cp: &Checkpoint,
-) -> Result<Vec<([u8; 40], IVec)>, StoreError> {
-    subscriptions
-        .rows(cp)
-        .into_iter()
-        .map(|(endpoint, seed)| {
-            let value = serde_json::to_vec(&seed)
-                .map_err(|e| corrupt(cp.header.id, format!("cannot encode a webhook seed: {e}")))?;
-            Ok((
-                outbox_key(&seed.session_id, seed.seq, &endpoint),
-                IVec::from(value),
-            ))
-        })
-        .collect()
 }
 
 /// The 16 bytes of a `webhook-id` (`msg_` + a UUID's hex).
@@ -210,8 +203,8 @@ fn write_err(what: &'static str) -> impl Fn(sled::Error) -> OpError {
 }
 
 impl SledStore {
-    /// From now on, checkpoints write the outbox rows `subscriptions`
-    /// derives from their events, and tell it when they are durable. Call
+    /// From now on, checkpoints hand the deliveries `subscriptions` derives
+    /// from their events to the delivery task, and tell it when. Call
     /// once, before any session checkpoints (later calls are ignored).
     pub fn set_webhooks(&self, subscriptions: Arc<Subscriptions>) {
         let _ = self.inner.webhooks.set(subscriptions);
@@ -227,7 +220,7 @@ impl SledStore {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let generation = inner.shared.gate.get()?;
-            let trees = HookTrees::open(&generation.trees.db)
+            let trees = HookTrees::open(&generation.trees)
                 .map_err(|e| StoreError::io("webhooks: opening their trees", e))?;
             match f(&trees, &generation) {
                 Ok(v) => Ok(v),
@@ -241,6 +234,316 @@ impl SledStore {
         .await
         .map_err(|e| StoreError::io("webhooks: store task", e))?
     }
+}
+
+impl SledStore {
+    /// Up to `limit` fresh deliveries from outbox rows an earlier binary
+    /// wrote (see the module docs).
+    async fn intake_outbox(
+        &self,
+        now_ms: i64,
+        limit: usize,
+        busy: &HashSet<DeliveryKey>,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let busy = busy.clone();
+        let rows: Vec<(IVec, Option<Seed>)> = self
+            .hooks(move |t, _| {
+                let mut rows = Vec::new();
+                for item in t.outbox.iter() {
+                    if rows.len() >= limit {
+                        break;
+                    }
+                    let (key, value) = item.map_err(read_err("reading the outbox"))?;
+                    let seed = serde_json::from_slice::<Seed>(&value).ok();
+                    // Waiting for its attempt or in flight already.
+                    if let (Some(endpoint), Some(seed)) = (uuid_at(&key, 24), &seed) {
+                        if busy.contains(&(endpoint, seed.id.clone())) {
+                            continue;
+                        }
+                    }
+                    rows.push((key, seed));
+                }
+                Ok(rows)
+            })
+            .await?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Every row seen was written by a checkpoint group the writer had
+        // begun; the flush is queued behind that group, so once it returns
+        // the group is applied whole (its headers too) and durable.
+        self.flush().await?;
+        self.hooks(move |t, generation| {
+            let mut out = Vec::new();
+            let mut dropped = Vec::new();
+            // A batch names few endpoints: each is read once.
+            let mut endpoints: HashMap<Uuid, Option<Endpoint>> = HashMap::new();
+            for (key, seed) in rows {
+                let keep = match (uuid_at(&key, 24), seed) {
+                    (Some(endpoint_id), Some(seed)) => {
+                        let endpoint = match endpoints.get(&endpoint_id) {
+                            Some(e) => e.clone(),
+                            None => {
+                                let e = endpoint_of(t, &endpoint_id)?;
+                                endpoints.insert(endpoint_id, e.clone());
+                                e
+                            }
+                        };
+                        match (endpoint, delivery_key(&endpoint_id, &seed.id)) {
+                            (Some(e), Some(dkey)) if e.tenant == seed.tenant && e.wants(seed.event) => {
+                                if t
+                                    .deliveries
+                                    .contains_key(dkey)
+                                    .map_err(read_err("reading a delivery"))?
+                                {
+                                    // Its outcome was logged before a crash
+                                    // cut the row's removal short: it is
+                                    // done, or retried from the log.
+                                    None
+                                } else if committed(generation, &seed)? {
+                                    Some((e, seed))
+                                } else {
+                                    // A checkpoint cut short, or a session
+                                    // purged before its rows were taken.
+                                    crate::webhooks::metrics::dropped("not_committed");
+                                    None
+                                }
+                            }
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                match keep {
+                    Some((endpoint, seed)) => out.push(Claim {
+                        delivery: Delivery::new(endpoint.id, seed, now_ms),
+                        endpoint: Some(endpoint),
+                        fresh: true,
+                    }),
+                    None => {
+                        tracing::debug!(row = ?key, "webhooks: dropping an outbox row (no committed event backs it, its endpoint no longer wants it, or it is logged already)");
+                        dropped.push(key);
+                    }
+                }
+            }
+            if !dropped.is_empty() {
+                t.outbox
+                    .remove_all(dropped)
+                    .map_err(write_err("dropping outbox rows"))?;
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Up to `room` fresh deliveries that checkpoints owe: from the feed,
+    /// then from a scan of the marks if one is due. `idle`: nothing is in
+    /// flight, so whatever the feed counts as taken was lost.
+    async fn intake_feed(
+        &self,
+        now_ms: i64,
+        room: usize,
+        idle: bool,
+    ) -> Result<Vec<Claim>, StoreError> {
+        let feed = self.inner.feed.clone();
+        if idle {
+            feed.forget_lost();
+        }
+        let mut rows = feed.take(room);
+        if rows.len() < room {
+            if let Some(from) = feed.rescan_due() {
+                let want = room - rows.len();
+                let feed = feed.clone();
+                let found = self
+                    .hooks(move |t, generation| rescan(t, &generation.trees, &feed, from, want))
+                    .await?;
+                rows.extend(found);
+            }
+        }
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        // A confirmed checkpoint is on disk under `fsync`, not yet under
+        // `os`: nothing goes out before its event is durable.
+        self.flush().await?;
+        self.hooks(move |t, generation| {
+            let mut out = Vec::with_capacity(rows.len());
+            let mut dropped: Vec<(DeliveryKey, SessionId, u64)> = Vec::new();
+            let mut endpoints: HashMap<Uuid, Option<Endpoint>> = HashMap::new();
+            for (endpoint_id, seed) in rows {
+                let endpoint = match endpoints.get(&endpoint_id) {
+                    Some(e) => e.clone(),
+                    None => {
+                        let e = endpoint_of(t, &endpoint_id)?;
+                        endpoints.insert(endpoint_id, e.clone());
+                        e
+                    }
+                };
+                // Logged already: its outcome was saved before a crash or
+                // a lost track (it is done, or retried from the log).
+                let logged = match delivery_key(&endpoint_id, &seed.id) {
+                    Some(dkey) => t
+                        .deliveries
+                        .contains_key(dkey)
+                        .map_err(read_err("reading a delivery"))?,
+                    None => true,
+                };
+                match endpoint {
+                    Some(e) if e.tenant == seed.tenant && e.wants(seed.event) && !logged => {
+                        out.push(Claim {
+                            delivery: Delivery::new(e.id, seed, now_ms),
+                            endpoint: Some(e),
+                            fresh: true,
+                        });
+                    }
+                    // Its endpoint is gone or no longer wants it.
+                    _ => dropped.push(((endpoint_id, seed.id), seed.session_id, seed.seq)),
+                }
+            }
+            if !dropped.is_empty() {
+                let cursors = feed.settle(dropped.iter().map(|(k, s, q)| (k, *s, *q)));
+                advance_marks(&generation.trees, &cursors)?;
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
+
+/// The cursor a mark holds (empty: nothing settled yet).
+fn mark_cursor(value: &[u8]) -> u64 {
+    <[u8; 8]>::try_from(value).map_or(0, u64::from_be_bytes)
+}
+
+/// Moves the marks of sessions forward to what is settled of them
+/// (`cursors`: through which event): a session that is over and settled
+/// whole loses its mark; a mark already gone (its session settled or
+/// purged) stays gone. Only the delivery task writes a mark that exists;
+/// the checkpoint writer only adds one that does not, and never for a
+/// session that is over (a terminal session takes no event that goes out).
+fn advance_marks(trees: &Trees, cursors: &[(SessionId, u64)]) -> Result<(), OpError> {
+    for (id, through) in cursors {
+        let Some(value) = trees
+            .hooked
+            .get(id.as_bytes())
+            .map_err(read_err("reading a webhook mark"))?
+        else {
+            continue;
+        };
+        let header = trees
+            .sessions
+            .get(id.as_bytes())
+            .map_err(read_err("reading a session header"))?;
+        let done = match &header {
+            // Purged meanwhile.
+            None => true,
+            Some(bytes) => {
+                let peek = codec::peek(id, bytes)?;
+                let over = [
+                    overseer_actors::model::SessionStatus::Completed,
+                    overseer_actors::model::SessionStatus::Failed,
+                    overseer_actors::model::SessionStatus::Cancelled,
+                ]
+                .into_iter()
+                .any(|s| peek.status_is(s));
+                over && *through >= peek.last_event_seq.unwrap_or(0)
+            }
+        };
+        if done {
+            trees
+                .hooked
+                .remove(id.as_bytes())
+                .map_err(write_err("removing a webhook mark"))?;
+        } else if *through > mark_cursor(&value) {
+            trees
+                .hooked
+                .insert(id.as_bytes(), &through.to_be_bytes()[..])
+                .map_err(write_err("moving a webhook mark"))?;
+        }
+    }
+    Ok(())
+}
+
+/// One step of a scan of the marks, from the key `from`: for each marked
+/// session, the deliveries its events after the mark's cursor owe and the
+/// log does not hold, adopted by the feed, until about `want` are found.
+/// A session owing nothing has its mark moved forward (or removed, once it
+/// is over). Tells the feed where the next step starts.
+fn rescan(
+    t: &HookTrees,
+    trees: &Trees,
+    feed: &Feed,
+    from: Vec<u8>,
+    want: usize,
+) -> Result<Vec<(Uuid, Seed)>, OpError> {
+    let mut by_tenant: HashMap<String, Vec<Endpoint>> = HashMap::new();
+    for item in t.endpoints.iter() {
+        let (_, bytes) = item.map_err(read_err("listing endpoints"))?;
+        let endpoint: Endpoint = decode("endpoint", &bytes)?;
+        by_tenant
+            .entry(endpoint.tenant.clone())
+            .or_default()
+            .push(endpoint);
+    }
+    let mut out = Vec::new();
+    let mut next = None;
+    for item in trees.hooked.range(from..) {
+        let (key, value) = item.map_err(read_err("reading webhook marks"))?;
+        if out.len() >= want {
+            next = Some(key.to_vec());
+            break;
+        }
+        let Some(id) = layout::id_from(&key) else {
+            trees
+                .hooked
+                .remove(&key)
+                .map_err(write_err("dropping a malformed webhook mark"))?;
+            continue;
+        };
+        let cursor = mark_cursor(&value);
+        let Some(header) = trees.header(&id)? else {
+            // Purged after its mark was read, or before a crash let the
+            // purge finish.
+            trees
+                .hooked
+                .remove(&key)
+                .map_err(write_err("dropping a webhook mark"))?;
+            continue;
+        };
+        let last = header.last_event_seq;
+        let mut events = Vec::new();
+        if last > cursor {
+            trees.committed_events(&id, cursor + 1, last, |event| {
+                events.push(event);
+                true
+            })?;
+        }
+        let mut owed = Vec::new();
+        let endpoints = by_tenant.get(&header.tenant).map_or(&[][..], Vec::as_slice);
+        for seed in seeds_of(&header, &events) {
+            for endpoint in endpoints.iter().filter(|e| e.wants(seed.event)) {
+                let logged = match delivery_key(&endpoint.id, &seed.id) {
+                    Some(dkey) => t
+                        .deliveries
+                        .contains_key(dkey)
+                        .map_err(read_err("reading a delivery"))?,
+                    None => true,
+                };
+                if !logged {
+                    owed.push((endpoint.id, seed.clone()));
+                }
+            }
+        }
+        if owed.is_empty() {
+            if feed.seen_whole(id, last) {
+                advance_marks(trees, &[(id, last)])?;
+            }
+        } else {
+            out.extend(feed.adopt(id, last, owed));
+        }
+    }
+    feed.rescanned(next);
+    Ok(out)
 }
 
 fn endpoint_of(trees: &HookTrees, id: &Uuid) -> Result<Option<Endpoint>, OpError> {
@@ -351,95 +654,12 @@ impl WebhookStore for SledStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let busy = busy.clone();
-        let rows: Vec<(IVec, Option<Seed>)> = self
-            .hooks(move |t, _| {
-                let mut rows = Vec::new();
-                for item in t.outbox.iter() {
-                    if rows.len() >= limit {
-                        break;
-                    }
-                    let (key, value) = item.map_err(read_err("reading the outbox"))?;
-                    let seed = serde_json::from_slice::<Seed>(&value).ok();
-                    // Waiting for its attempt or in flight already.
-                    if let (Some(endpoint), Some(seed)) = (uuid_at(&key, 24), &seed) {
-                        if busy.contains(&(endpoint, seed.id.clone())) {
-                            continue;
-                        }
-                    }
-                    rows.push((key, seed));
-                }
-                Ok(rows)
-            })
-            .await?;
-        if rows.is_empty() {
-            return Ok(Vec::new());
+        let mut claims = self.intake_outbox(now_ms, limit, busy).await?;
+        if claims.len() < limit {
+            let room = limit - claims.len();
+            claims.extend(self.intake_feed(now_ms, room, busy.is_empty()).await?);
         }
-        // Every row seen was written by a checkpoint group the writer had
-        // begun; the flush is queued behind that group, so once it returns
-        // the group is applied whole (its headers too) and durable.
-        self.flush().await?;
-        self.hooks(move |t, generation| {
-            let mut out = Vec::new();
-            let mut dropped = Vec::new();
-            // A batch names few endpoints: each is read once.
-            let mut endpoints: HashMap<Uuid, Option<Endpoint>> = HashMap::new();
-            for (key, seed) in rows {
-                let keep = match (uuid_at(&key, 24), seed) {
-                    (Some(endpoint_id), Some(seed)) => {
-                        let endpoint = match endpoints.get(&endpoint_id) {
-                            Some(e) => e.clone(),
-                            None => {
-                                let e = endpoint_of(t, &endpoint_id)?;
-                                endpoints.insert(endpoint_id, e.clone());
-                                e
-                            }
-                        };
-                        match (endpoint, delivery_key(&endpoint_id, &seed.id)) {
-                            (Some(e), Some(dkey)) if e.tenant == seed.tenant && e.wants(seed.event) => {
-                                if t
-                                    .deliveries
-                                    .contains_key(dkey)
-                                    .map_err(read_err("reading a delivery"))?
-                                {
-                                    // Its outcome was logged before a crash
-                                    // cut the row's removal short: it is
-                                    // done, or retried from the log.
-                                    None
-                                } else if committed(generation, &seed)? {
-                                    Some((e, seed))
-                                } else {
-                                    // A checkpoint cut short, or a session
-                                    // purged before its rows were taken.
-                                    crate::webhooks::metrics::dropped("not_committed");
-                                    None
-                                }
-                            }
-                            _ => None,
-                        }
-                    }
-                    _ => None,
-                };
-                match keep {
-                    Some((endpoint, seed)) => out.push(Claim {
-                        delivery: Delivery::new(endpoint.id, seed, now_ms),
-                        endpoint: Some(endpoint),
-                        fresh: true,
-                    }),
-                    None => {
-                        tracing::debug!(row = ?key, "webhooks: dropping an outbox row (no committed event backs it, its endpoint no longer wants it, or it is logged already)");
-                        dropped.push(key);
-                    }
-                }
-            }
-            if !dropped.is_empty() {
-                t.outbox
-                    .remove_all(dropped)
-                    .map_err(write_err("dropping outbox rows"))?;
-            }
-            Ok(out)
-        })
-        .await
+        Ok(claims)
     }
 
     async fn claim_due(
@@ -527,7 +747,11 @@ impl WebhookStore for SledStore {
 
     async fn save_deliveries(&self, outcomes: &[Outcome]) -> Result<(), StoreError> {
         let outcomes = outcomes.to_vec();
-        self.hooks(move |t, _| {
+        let feed = self.inner.feed.clone();
+        self.hooks(move |t, generation| {
+            // Fresh deliveries the feed gave (the others came from outbox
+            // rows an earlier binary wrote).
+            let mut from_feed: Vec<(DeliveryKey, SessionId, u64)> = Vec::new();
             let mut finished: HashMap<Uuid, u64> = HashMap::new();
             let mut fresh = FreshWrites::default();
             let mut endpoints: HashMap<Uuid, bool> = HashMap::new();
@@ -549,7 +773,12 @@ impl WebhookStore for SledStore {
                             exists
                         }
                     };
-                    fresh.add(delivery, exists)?;
+                    let key = delivery.key();
+                    let fed = feed.is_open(&key);
+                    fresh.add(delivery, exists, !fed)?;
+                    if fed {
+                        from_feed.push((key, delivery.seed.session_id, delivery.seed.seq));
+                    }
                 } else {
                     save_one(t, delivery, *was_due_at)?;
                 }
@@ -558,6 +787,9 @@ impl WebhookStore for SledStore {
                 }
             }
             fresh.apply(t)?;
+            // Only once their outcomes are written may the marks say so.
+            let cursors = feed.settle(from_feed.iter().map(|(k, s, q)| (k, *s, *q)));
+            advance_marks(&generation.trees, &cursors)?;
             for (endpoint, n) in finished {
                 let before = FINISHED.fetch_add(n, Ordering::Relaxed);
                 if before / PRUNE_EVERY != (before + n) / PRUNE_EVERY {
@@ -570,10 +802,12 @@ impl WebhookStore for SledStore {
     }
 
     async fn pending_count(&self) -> Result<u64, StoreError> {
-        // A delivery not yet attempted is its outbox row; one being retried
-        // has an entry in the due index (and, briefly, stale ones a claim
-        // drops): close enough for a gauge, and scans of keys only.
-        self.hooks(|t, _| Ok((t.outbox.len() + t.due.len()) as u64))
+        // A delivery not yet attempted waits in the feed (or, left by an
+        // earlier binary, is an outbox row); one being retried has an entry
+        // in the due index (and, briefly, stale ones a claim drops): close
+        // enough for a gauge, and scans of keys only.
+        let queued = self.inner.feed.queued() as u64;
+        self.hooks(move |t, _| Ok((t.outbox.len() + t.due.len()) as u64 + queued))
             .await
     }
 
@@ -660,9 +894,10 @@ fn save_one(t: &HookTrees, delivery: &Delivery, was_due: i64) -> Result<(), OpEr
 /// The writes that record fresh deliveries' outcomes ([`Claim::fresh`]),
 /// one batch per tree, applied in an order a crash leaves harmless: the
 /// schedule and the session index before the log entries they point to,
-/// the outbox rows last. A crash before the last leaves a row whose
-/// delivery is logged already, which the next intake drops (it is done, or
-/// retried from the log); never a delivery without a record.
+/// then the outbox rows taken, then (by the caller) the marks. A crash
+/// before the last leaves a row or a mark behind a delivery that is logged
+/// already, which the next intake drops (it is done, or retried from the
+/// log); never a delivery without a record.
 #[derive(Default)]
 struct FreshWrites {
     due: sled::Batch,
@@ -674,9 +909,15 @@ struct FreshWrites {
 }
 
 impl FreshWrites {
-    /// One fresh outcome; nothing but the row's removal if its endpoint is
-    /// gone (deleted while it was in flight).
-    fn add(&mut self, delivery: &Delivery, endpoint_exists: bool) -> Result<(), OpError> {
+    /// One fresh outcome; nothing but the removal of its outbox row (if
+    /// `from_outbox`) if its endpoint is gone (deleted while it was in
+    /// flight).
+    fn add(
+        &mut self,
+        delivery: &Delivery,
+        endpoint_exists: bool,
+        from_outbox: bool,
+    ) -> Result<(), OpError> {
         let Some(dkey) = delivery_key(&delivery.endpoint, &delivery.seed.id) else {
             return Err(OpError::Read(corrupt(
                 "webhooks",
@@ -684,14 +925,16 @@ impl FreshWrites {
             )));
         };
         self.any = true;
-        self.taken.push(
-            outbox_key(
-                &delivery.seed.session_id,
-                delivery.seed.seq,
-                &delivery.endpoint,
-            )[..]
-                .to_vec(),
-        );
+        if from_outbox {
+            self.taken.push(
+                outbox_key(
+                    &delivery.seed.session_id,
+                    delivery.seed.seq,
+                    &delivery.endpoint,
+                )[..]
+                    .to_vec(),
+            );
+        }
         if !endpoint_exists {
             return Ok(());
         }
@@ -780,8 +1023,10 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::store::sled::trees::DATA_TREE;
     use crate::store::Durability;
     use crate::webhooks::EventType;
+    use overseer_actors::store::Checkpoint;
 
     struct Session {
         header: SessionHeader,
@@ -852,6 +1097,25 @@ mod tests {
         }
     }
 
+    /// Writes the outbox rows an earlier binary wrote with `cp`.
+    fn legacy_rows(view: &Subscriptions, outbox: &View, cp: &Checkpoint) {
+        for (endpoint, seed) in view.rows(cp) {
+            let key = outbox_key(&seed.session_id, seed.seq, &endpoint);
+            outbox
+                .insert(key, serde_json::to_vec(&seed).unwrap())
+                .unwrap();
+        }
+    }
+
+    /// The mark of `session`: `None` if it has none, else its cursor.
+    fn mark(store: &SledStore, session: &SessionId) -> Option<u64> {
+        let marks = store.current().trees.hooked.clone();
+        marks
+            .get(session.as_bytes())
+            .unwrap()
+            .map(|v| mark_cursor(&v))
+    }
+
     /// The invariant "an outbox row whose event no header covers is never
     /// delivered": a row of a checkpoint a crash cut short before its header
     /// (which layout 3 could leave, and its migration copies as is) is
@@ -867,13 +1131,13 @@ mod tests {
         store.set_webhooks(view.clone());
         let hook = endpoint();
         store.put_endpoint(&hook).await.unwrap();
-        view.put(&hook);
 
+        // An earlier binary's outbox row, beside a session it committed
+        // (written with no endpoint known to this process's feed).
         let mut session = Session::new();
-        store
-            .checkpoint(session.checkpoint(vec![requested()], 10))
-            .await
-            .unwrap();
+        let committed = session.checkpoint(vec![requested()], 10);
+        store.checkpoint(committed.clone()).await.unwrap();
+        view.put(&hook);
 
         // Cut short before its header: an approval.decided at seq 2.
         let decided = EventKind::DecisionRecorded {
@@ -890,9 +1154,8 @@ mod tests {
             header: session.header.clone(),
         };
         let outbox = store.current().trees.outbox.clone();
-        for (key, seed) in outbox_rows(&view, &lost.checkpoint(vec![decided], 20)).unwrap() {
-            outbox.insert(key, seed).unwrap();
-        }
+        legacy_rows(&view, &outbox, &committed);
+        legacy_rows(&view, &outbox, &lost.checkpoint(vec![decided], 20));
         let rows = |store: &SledStore| store.current().trees.outbox.len();
         assert_eq!(rows(&store), 2, "the committed row and the orphan");
 
@@ -929,19 +1192,28 @@ mod tests {
         assert_eq!(log.len(), 1, "the orphan never became a delivery");
     }
 
-    /// The invariant "a fresh delivery costs no write before its outcome,
-    /// and is never lost": taking it from the outbox writes nothing (no log
-    /// entry, no due entry; the row stays); a store dropped before its
-    /// outcome was saved (a crash after the send, say) gives the same
-    /// `webhook-id` again when reopened; once delivered, its row is gone,
-    /// the log holds one entry and the due index none; and a row put back
-    /// as a crash between the log write and the row's removal leaves it is
-    /// dropped at the next intake, not sent again.
+    /// The invariant "a checkpoint writes at most its session's mark, and a
+    /// delivery is never lost": three checkpoints whose events go out write
+    /// one mark and no outbox row; taking the deliveries writes nothing; a
+    /// store dropped before their outcomes were saved (a crash after the
+    /// send) gives the same `webhook-id`s again when reopened, found from
+    /// the mark; saved outcomes move the mark forward, and a mark put back
+    /// (a crash before it moved) gives nothing again, the log holding them.
     #[tokio::test]
-    async fn a_fresh_delivery_writes_nothing_until_its_outcome_and_survives_a_crash() {
+    async fn a_checkpoint_writes_one_mark_and_a_crash_before_the_outcome_sends_again() {
         let dir = tempfile::tempdir().unwrap();
         let hook = endpoint();
         let mut session = Session::new();
+        let decided = || EventKind::DecisionRecorded {
+            call_id: ToolCallId("call_1".into()),
+            record: DecisionRecord {
+                decision: Decision::approve(),
+                by: Some("alice".into()),
+                at_ms: 20,
+                metadata: None,
+                args_diff: None,
+            },
+        };
         let first = {
             let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
             let view = Arc::new(Subscriptions::new());
@@ -952,55 +1224,159 @@ mod tests {
                 .checkpoint(session.checkpoint(vec![requested()], 10))
                 .await
                 .unwrap();
+            store
+                .checkpoint(session.checkpoint(vec![decided(), requested()], 20))
+                .await
+                .unwrap();
+            let db = store.current().trees.db.clone();
+            let data = db.open_tree(DATA_TREE).unwrap();
+            let before = data.len();
+            store
+                .checkpoint(session.checkpoint(vec![decided()], 30))
+                .await
+                .unwrap();
+            assert_eq!(
+                data.len(),
+                before + 1,
+                "a checkpoint of a marked session adds its record, nothing for its webhooks"
+            );
+            assert_eq!(store.current().trees.outbox.len(), 0, "no outbox row");
+            assert_eq!(store.current().trees.hooked.len(), 1, "one mark");
+            assert_eq!(mark(&store, &session.header.id), Some(0));
             let claims = store.intake(100, 10, &HashSet::new()).await.unwrap();
-            assert_eq!(claims.len(), 1);
-            let busy: HashSet<DeliveryKey> = [claims[0].delivery.key()].into();
+            assert_eq!(claims.len(), 4, "{claims:?}");
+            let busy: HashSet<DeliveryKey> = claims.iter().map(|c| c.delivery.key()).collect();
             assert!(
                 store.intake(100, 10, &busy).await.unwrap().is_empty(),
-                "a busy row is not taken twice"
+                "a taken delivery is not taken twice"
             );
-            let db = store.current().trees.db.clone();
             for tree in ["webhook_deliveries", "webhook_due", "webhook_sessions"] {
                 assert_eq!(db.open_tree(tree).unwrap().len(), 0, "{tree}");
             }
-            assert_eq!(store.current().trees.outbox.len(), 1);
-            claims[0].delivery.seed.id.clone()
-            // Dropped here without its outcome: the crash.
+            let mut ids: Vec<String> = claims.iter().map(|c| c.delivery.seed.id.clone()).collect();
+            ids.sort();
+            ids
+            // Dropped here without their outcomes: the crash.
         };
         let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
         let again = store.intake(200, 10, &HashSet::new()).await.unwrap();
-        assert_eq!(again.len(), 1);
-        assert_eq!(again[0].delivery.seed.id, first, "the same webhook-id");
-        let db = store.current().trees.db.clone();
-        let outbox = store.current().trees.outbox.clone();
-        let (row_key, row) = outbox.iter().next().unwrap().unwrap();
-        let mut d = again[0].delivery.clone();
-        d.status = DeliveryStatus::Delivered;
-        d.attempts = 1;
-        d.compact();
-        store
-            .save_deliveries(&[Outcome {
+        let mut ids: Vec<String> = again.iter().map(|c| c.delivery.seed.id.clone()).collect();
+        ids.sort();
+        assert_eq!(ids, first, "the same webhook-ids, found from the mark");
+        // The first three settle; the cursor stops before the fourth.
+        let outcome = |c: &Claim| {
+            let mut d = c.delivery.clone();
+            d.status = DeliveryStatus::Delivered;
+            d.attempts = 1;
+            d.compact();
+            Outcome {
                 delivery: d,
                 was_due_at: 200,
                 fresh: true,
-            }])
-            .await
-            .unwrap();
-        assert_eq!(outbox.len(), 0);
+            }
+        };
+        let (last, rest): (Vec<&Claim>, Vec<&Claim>) =
+            again.iter().partition(|c| c.delivery.seed.seq == 4);
+        let saved: Vec<Outcome> = rest.iter().map(|c| outcome(c)).collect();
+        store.save_deliveries(&saved).await.unwrap();
+        assert_eq!(mark(&store, &session.header.id), Some(3));
+        store.save_deliveries(&[outcome(last[0])]).await.unwrap();
+        assert_eq!(mark(&store, &session.header.id), Some(4));
+        let db = store.current().trees.db.clone();
         assert_eq!(db.open_tree("webhook_due").unwrap().len(), 0);
-        assert_eq!(db.open_tree("webhook_sessions").unwrap().len(), 1);
+        assert_eq!(db.open_tree("webhook_sessions").unwrap().len(), 4);
         let log = store.deliveries(hook.id, None, 10).await.unwrap();
-        assert_eq!(log.len(), 1);
-        assert_eq!(log[0].status, DeliveryStatus::Delivered);
-        assert_eq!(log[0].seed.id, first);
+        assert_eq!(log.len(), 4);
+        assert!(log.iter().all(|d| d.status == DeliveryStatus::Delivered));
 
-        outbox.insert(row_key, row).unwrap();
+        // A crash before the mark moved: the scan finds them logged.
+        store
+            .current()
+            .trees
+            .hooked
+            .insert(session.header.id.as_bytes(), &[][..])
+            .unwrap();
+        db.flush().unwrap();
+        drop((db, store));
+        let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
         assert!(store
             .intake(300, 10, &HashSet::new())
             .await
             .unwrap()
             .is_empty());
-        assert_eq!(outbox.len(), 0, "a logged row is dropped");
+        assert_eq!(
+            mark(&store, &session.header.id),
+            Some(4),
+            "moved by the scan"
+        );
+    }
+
+    /// A session that is over and settled whole loses its mark; one that
+    /// is not over keeps it; a deleted endpoint's deliveries settle too.
+    #[tokio::test]
+    async fn a_mark_goes_once_its_session_is_over_and_settled() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), Durability::Os).unwrap();
+        let view = Arc::new(Subscriptions::new());
+        store.set_webhooks(view.clone());
+        let hook = endpoint();
+        store.put_endpoint(&hook).await.unwrap();
+        view.put(&hook);
+        let mut session = Session::new();
+        store
+            .checkpoint(session.checkpoint(vec![requested()], 10))
+            .await
+            .unwrap();
+        session.header.status = SessionStatus::Completed;
+        session.header.open_calls.clear();
+        store
+            .checkpoint(session.checkpoint(
+                vec![EventKind::StatusChanged {
+                    status: SessionStatus::Completed,
+                }],
+                20,
+            ))
+            .await
+            .unwrap();
+        let claims = store.intake(100, 10, &HashSet::new()).await.unwrap();
+        assert_eq!(claims.len(), 2, "requested and finished");
+        // The first attempt of one fails: logged, to be retried; settled.
+        let outcomes: Vec<Outcome> = claims
+            .iter()
+            .map(|c| {
+                let mut d = c.delivery.clone();
+                d.attempts = 1;
+                if d.seed.event == EventType::SessionFinished {
+                    d.next_attempt_at_ms = 5_000;
+                } else {
+                    d.status = DeliveryStatus::Delivered;
+                }
+                Outcome {
+                    delivery: d,
+                    was_due_at: 100,
+                    fresh: true,
+                }
+            })
+            .collect();
+        assert_eq!(mark(&store, &session.header.id), Some(0));
+        store.save_deliveries(&outcomes).await.unwrap();
+        assert_eq!(mark(&store, &session.header.id), None, "over and settled");
+        assert_eq!(store.next_due(0).await.unwrap(), Some(5_000));
+
+        // An endpoint deleted while its deliveries wait: they settle.
+        let mut other = Session::new();
+        store
+            .checkpoint(other.checkpoint(vec![requested()], 10))
+            .await
+            .unwrap();
+        store.delete_endpoint(hook.id).await.unwrap();
+        view.remove(hook.id, "acme");
+        assert!(store
+            .intake(100, 10, &HashSet::new())
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(mark(&store, &other.header.id), Some(1), "not over: kept");
     }
 
     /// A delivery's due entry is written before the delivery it schedules
@@ -1149,7 +1525,10 @@ mod tests {
             .checkpoint(session.checkpoint(vec![EventKind::TurnStarted { turn: 2 }], 20))
             .await
             .unwrap();
+        assert!(mark(&store, &session.header.id).is_some());
         store.purge(session.header.id).await.unwrap();
+        assert_eq!(mark(&store, &session.header.id), None, "purged with it");
+        assert_eq!(mark(&store, &other.header.id), Some(1));
         let left = store.deliveries(hook.id, None, 10).await.unwrap();
         assert_eq!(left.len(), 1, "{left:?}");
         assert_eq!(left[0].seed.session_id, other.header.id);

@@ -245,6 +245,7 @@ impl SledStore {
         limit: usize,
         busy: &HashSet<DeliveryKey>,
     ) -> Result<Vec<Claim>, StoreError> {
+        let idle = busy.is_empty();
         let busy = busy.clone();
         let rows: Vec<(IVec, Option<Seed>)> = self
             .hooks(move |t, _| {
@@ -267,6 +268,9 @@ impl SledStore {
             })
             .await?;
         if rows.is_empty() {
+            if idle {
+                self.inner.feed.outbox_empty();
+            }
             return Ok(Vec::new());
         }
         // Every row seen was written by a checkpoint group the writer had
@@ -654,7 +658,11 @@ impl WebhookStore for SledStore {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let mut claims = self.intake_outbox(now_ms, limit, busy).await?;
+        let mut claims = if self.inner.feed.outbox_left() {
+            self.intake_outbox(now_ms, limit, busy).await?
+        } else {
+            Vec::new()
+        };
         if claims.len() < limit {
             let room = limit - claims.len();
             claims.extend(self.intake_feed(now_ms, room, busy.is_empty()).await?);

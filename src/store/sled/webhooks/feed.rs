@@ -16,6 +16,7 @@
 //! for a few map operations, never across a read, a write or an await.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use overseer_actors::model::SessionId;
@@ -31,6 +32,8 @@ pub(super) const CAPACITY: usize = 1 << 17;
 #[derive(Debug)]
 pub(in crate::store) struct Feed {
     state: Mutex<State>,
+    /// No outbox row of an earlier binary is left (this one writes none).
+    outbox_drained: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -109,6 +112,7 @@ impl Feed {
                 rescan: Some(Rescan::default()),
                 ..State::default()
             }),
+            outbox_drained: AtomicBool::new(false),
         }
     }
 
@@ -152,6 +156,16 @@ impl Feed {
     /// marks decides.
     pub(in crate::store) fn refuse(&self, session: SessionId) {
         self.state().refuse(session);
+    }
+
+    /// Whether outbox rows of an earlier binary may be left.
+    pub(in crate::store) fn outbox_left(&self) -> bool {
+        !self.outbox_drained.load(Ordering::Acquire)
+    }
+
+    /// A look at the outbox found no row: none will come.
+    pub(in crate::store) fn outbox_empty(&self) {
+        self.outbox_drained.store(true, Ordering::Release);
     }
 
     /// Up to `limit` queued deliveries (they stay open until settled).

@@ -20,7 +20,7 @@
 //! | queue (`Q`)        | id ‖ big-endian u64 seq          | a queued message JSON         |
 //! | metadata (`M`)     | id                               | the caller's metadata JSON    |
 //! | decisions (`D`)    | tenant ‖ 0x00 ‖ time ‖ id ‖ call | a decision index row          |
-//! | webhook marks (`W`) | id                              | empty or a big-endian u64: the session's events may owe webhook deliveries; all are settled through that event (`webhooks`) |
+//! | webhook groups (`W`) | big-endian u64 group number    | the sessions and event numbers of the group's checkpoints that owe webhook deliveries, until all are settled (`webhooks`) |
 //! | webhook outbox (`O`) | id ‖ seq ‖ endpoint            | written by earlier binaries only: a webhook seed, delivered and removed (`webhooks`) |
 //! | configs (`G`)      | sha256 hex of a configuration    | its JSON, once per distinct configuration (`configs`) |
 //! | config refs (`g`)  | sha256 hex ‖ id                  | empty: the session's header names the configuration |
@@ -52,7 +52,7 @@
 //!
 //! Atomicity and durability: the writer applies each group of checkpoints
 //! (each one's header and its ONE record, its blobs, queue, metadata,
-//! decision rows and webhook mark, the index entries gained and lost, and the
+//! decision rows, the index entries gained and lost, its row of owed webhooks, and the
 //! group's number `commit_seq`) as ONE `sled::Batch` on the one tree, with one
 //! `Tree::apply_batch`. sled 0.34 documents a `Batch` as "a batch of updates
 //! that will be applied atomically to the Tree", and its `apply_batch`
@@ -293,7 +293,9 @@ impl SledStore {
             flushes: Default::default(),
             full: Default::default(),
         });
-        let commit = GroupCommit::start(shared.clone(), generation, opened.commit_seq)?;
+        let feed = Arc::new(webhooks::Feed::new());
+        let commit =
+            GroupCommit::start(shared.clone(), generation, opened.commit_seq, feed.clone())?;
         let readers = Readers::start(shared.clone())?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -302,7 +304,7 @@ impl SledStore {
                 commit,
                 slots: Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_COMMANDS)),
                 webhooks: std::sync::OnceLock::new(),
-                feed: Arc::new(webhooks::Feed::new()),
+                feed,
                 #[cfg(test)]
                 least_free: std::sync::atomic::AtomicUsize::new(usize::MAX),
             }),
@@ -860,11 +862,9 @@ impl Trees {
 impl CheckpointStore for SledStore {
     async fn checkpoint(&self, checkpoint: Checkpoint) -> Result<(), StoreError> {
         let id = checkpoint.header.id;
-        let last_seq = checkpoint.header.last_event_seq;
         // The deliveries its events owe: for a tenant without endpoints
-        // this is a lookup. They are handed to the delivery task once the
-        // checkpoint is committed; the write itself carries at most the
-        // session's mark (see `webhooks`).
+        // this is a lookup. The writer names them in its group's row and
+        // hands them to the delivery task (see `webhooks`).
         let hooks = match self.inner.webhooks.get() {
             Some(subscriptions) => subscriptions.rows(&checkpoint),
             None => Vec::new(),
@@ -878,25 +878,16 @@ impl CheckpointStore for SledStore {
             // blocking pool.
             layout::prepare(&checkpoint)?
         };
-        prepared.hooked = !hooks.is_empty();
+        let owes = !hooks.is_empty();
+        prepared.hooks = hooks;
         let bytes = prepared.size() as u64;
-        let sent = self
-            .send(
-                |reply| Command::Checkpoint(Box::new(prepared), reply),
-                || format!("the checkpoint of session {id}"),
-            )
-            .await;
-        if let Err(e) = sent {
-            // A write that failed may still be on disk, with its mark: a
-            // scan of the marks decides.
-            if !hooks.is_empty() {
-                self.inner.feed.refuse(id);
-            }
-            return Err(e);
-        }
+        self.send(
+            |reply| Command::Checkpoint(Box::new(prepared), reply),
+            || format!("the checkpoint of session {id}"),
+        )
+        .await?;
         overseer_actors::metrics::record_checkpoint_bytes(bytes);
-        if !hooks.is_empty() {
-            self.inner.feed.push(id, last_seq, hooks);
+        if owes {
             if let Some(subscriptions) = self.inner.webhooks.get() {
                 subscriptions.written();
             }

@@ -70,6 +70,7 @@ use super::open::{self, catch_sled_panic, OpenError, Purpose, COMMIT_KEY};
 use super::purge::{self, PurgeError};
 use super::sidecar::Sidecar;
 use super::trees::{Generation, Trees};
+use super::webhooks::Feed;
 use super::{Durability, StoreOptions};
 
 /// Most checkpoints in one group, and most bytes: bounds how long the first
@@ -209,6 +210,7 @@ impl GroupCommit {
         shared: Arc<Shared>,
         generation: Arc<Generation>,
         seq: u64,
+        feed: Arc<Feed>,
     ) -> Result<Self, StoreError> {
         let (tx, rx) = mpsc::channel::<Command>();
         let (flush_tx, flush_rx) = mpsc::channel::<Batch>();
@@ -230,6 +232,7 @@ impl GroupCommit {
                 .map_err(|e| StoreError::io("cannot start the store flusher thread", e))?
         };
         let writer = Writer {
+            feed,
             durability: shared.options.durability,
             shared,
             flush_tx,
@@ -327,6 +330,8 @@ impl State {
 
 struct Writer {
     shared: Arc<Shared>,
+    /// Where the webhook deliveries a group owes go once it is applied.
+    feed: Arc<Feed>,
     flush_tx: Sender<Batch>,
     durability: Durability,
     cache: Cache,
@@ -447,8 +452,10 @@ impl Writer {
 
     /// After `generation` failed (the gate is already closed on it).
     fn failed(&mut self, generation: Arc<Generation>) {
-        // What it says about stored headers may include writes now lost.
+        // What it says about stored headers may include writes now lost,
+        // and so may what the feed was given.
         self.cache.clear();
+        self.feed.reset();
         self.state = State::failed(Some(generation));
     }
 
@@ -460,7 +467,8 @@ impl Writer {
             purges,
         } = group;
         let (prepared, replies): (Vec<_>, Vec<_>) = checkpoints.into_iter().unzip();
-        let applied = apply(&generation.trees, &mut self.cache, &prepared, self.seq + 1);
+        let group_seq = self.seq + 1;
+        let applied = apply(&generation.trees, &mut self.cache, &prepared, group_seq);
         let mut failure = applied.failure;
         if applied.wrote && failure.is_none() {
             self.seq += 1;
@@ -532,6 +540,19 @@ impl Writer {
             return;
         }
 
+        // The group is applied: what it owes goes to the delivery task
+        // (which sends nothing before a flush covers it).
+        if applied.wrote {
+            let mut rows = Vec::new();
+            for (p, outcome) in prepared.into_iter().zip(&applied.outcomes) {
+                if outcome.is_ok() {
+                    rows.extend(p.hooks);
+                }
+            }
+            if !rows.is_empty() {
+                self.feed.push(group_seq, rows);
+            }
+        }
         let mut to_flush = flushes;
         to_flush.extend(health_ok);
         match self.durability {
@@ -811,9 +832,6 @@ struct Known {
     active: Option<bool>,
     /// The configuration the header names (`None`: it embeds one).
     config: Option<String>,
-    /// Whether the session has its webhook mark (`None`: not known; read
-    /// when a checkpoint needs it).
-    hooked: Option<bool>,
 }
 
 /// The header state of sessions the writer itself committed recently, so that
@@ -869,7 +887,8 @@ type Write = (sled::IVec, Option<sled::IVec>);
 /// The writes of one group, per kind (see [`apply`]).
 #[derive(Default)]
 struct Writes {
-    /// Webhook marks of sessions that need one (`super::webhooks`).
+    /// The group's row of owed webhook deliveries, if it owes any
+    /// (`super::webhooks`).
     hooked: Vec<Write>,
     blobs: Vec<Write>,
     blob_refs: Vec<Write>,
@@ -920,6 +939,8 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
     let mut terminal: HashSet<SessionId, SessionIdHasher> = HashSet::with_hasher(hasher());
     let mut blobs_in_group: HashSet<&str> = HashSet::new();
     let mut writes = Writes::default();
+    // What the group's checkpoints owe as webhooks (`super::webhooks`).
+    let mut owed = Vec::new();
     let mut accepted = Vec::with_capacity(group.len());
     for (n, p) in group.iter().enumerate() {
         // Later checkpoints of a session in the same group see the earlier ones.
@@ -927,19 +948,10 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
             Some(previous) => Ok(previous.clone()),
             None => stored_previous(trees, p),
         };
-        let checked = previous.and_then(|previous| {
-            let (hooked, mark) = webhook_mark(trees, p, &previous)?;
-            let (previous, new_blobs) = check(trees, p, previous, &blobs_in_group)?;
-            Ok((previous, new_blobs, hooked, mark))
-        });
-        match checked {
-            Ok((previous, new_blobs, hooked, mark)) => {
+        match previous.and_then(|previous| check(trees, p, previous, &blobs_in_group)) {
+            Ok((previous, new_blobs)) => {
                 before.entry(p.id).or_insert(previous);
-                if mark {
-                    writes
-                        .hooked
-                        .push((p.id.as_bytes()[..].into(), Some(empty())));
-                }
+                super::webhooks::owed_entry(&mut owed, p);
                 after.insert(
                     p.id,
                     Some(Known {
@@ -947,7 +959,6 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
                         tenant: Some(p.tenant.clone()),
                         active: Some(p.active),
                         config: Some(p.config.0.clone()),
-                        hooked,
                     }),
                 );
                 if p.terminal {
@@ -1055,6 +1066,11 @@ fn apply(trees: &Trees, cache: &mut Cache, group: &[Box<Prepared>], seq: u64) ->
         }
     }
 
+    if !owed.is_empty() {
+        writes
+            .hooked
+            .push((seq.to_be_bytes()[..].into(), Some(owed.into())));
+    }
     let written = match super::configs::rows(trees, configs) {
         Ok(rows) => {
             writes.configs = rows;
@@ -1244,35 +1260,6 @@ fn check(
     Ok((previous, new_blobs))
 }
 
-/// Whether the session of `p` has its webhook mark once `p` is written, and
-/// whether `p`'s write must add it: a checkpoint whose events go out as
-/// webhooks needs one (`super::webhooks`). What the writer knows answers
-/// without a read, so a session reads its mark at most once per stay in the
-/// cache, and only if it has webhooks.
-fn webhook_mark(
-    trees: &Trees,
-    p: &Prepared,
-    previous: &Previous,
-) -> Result<(Option<bool>, bool), StoreError> {
-    let known = match previous {
-        None => Some(false),
-        Some(known) => known.hooked,
-    };
-    if !p.hooked || known == Some(true) {
-        return Ok((known, false));
-    }
-    let marked = match known {
-        Some(marked) => marked,
-        None => trees.hooked.contains_key(p.id.as_bytes()).map_err(|e| {
-            StoreError::io(
-                format!("checkpoint of session {}: reading its webhook mark", p.id),
-                e,
-            )
-        })?,
-    };
-    Ok((Some(true), !marked))
-}
-
 /// The state of the header a checkpoint is about to replace, read from disk.
 fn stored_previous(trees: &Trees, p: &Prepared) -> Result<Previous, StoreError> {
     let stored = trees.sessions.get(p.id.as_bytes()).map_err(|e| {
@@ -1290,14 +1277,12 @@ fn stored_previous(trees: &Trees, p: &Prepared) -> Result<Previous, StoreError> 
             active: Some(peek.is_active()),
             tenant: peek.tenant,
             config: crate::store::configs::hash_of(&bytes).map(str::to_owned),
-            hooked: None,
         },
         Err(_) => Known {
             schema_version: 0,
             tenant: None,
             active: None,
             config: crate::store::configs::hash_of(&bytes).map(str::to_owned),
-            hooked: None,
         },
     };
     Ok(Some(known))
@@ -1327,7 +1312,7 @@ mod tests {
             queued: Vec::new(),
             dequeued: Vec::new(),
             metadata: None,
-            hooked: false,
+            hooks: Vec::new(),
             decisions: Vec::new(),
             config: ("0".repeat(64), sled::IVec::from(&b"{}"[..])),
         })
@@ -1473,5 +1458,67 @@ mod tests {
             .all(Result::is_ok));
         assert!(trees.active.contains_key(done.as_bytes()).unwrap());
         assert!(cache.get(&done).is_some());
+    }
+
+    /// The invariant "webhooks cost a group one row, not a row per event":
+    /// a group of checkpoints, three of which owe deliveries (one of them
+    /// several), writes exactly one webhook row naming each of the three
+    /// with its events; a group owing none writes none.
+    #[test]
+    fn a_group_names_what_its_checkpoints_owe_in_one_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let trees = trees(dir.path());
+        let mut cache = Cache::default();
+        let seed = |id: SessionId, seq: u64| crate::webhooks::Seed {
+            id: crate::webhooks::webhook_id(&id, seq, 1),
+            event: crate::webhooks::EventType::ApprovalRequested,
+            tenant: "t1".into(),
+            session_id: id,
+            root_session_id: id,
+            seq,
+            at_ms: 1,
+            call: None,
+            call_id: None,
+            decision: None,
+            status: None,
+            stop_reason: None,
+            detail: None,
+        };
+        let endpoint = uuid::Uuid::now_v7();
+        let ids: Vec<SessionId> = (0..4).map(|_| SessionId::generate()).collect();
+        let group: Vec<Box<Prepared>> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let mut p = prepared(*id, "t1", true, 1);
+                if i > 0 {
+                    p.hooks = (1..=i as u64)
+                        .map(|seq| (endpoint, seed(*id, seq + 3)))
+                        .collect();
+                }
+                p
+            })
+            .collect();
+        assert!(apply(&trees, &mut cache, &group, 7)
+            .outcomes
+            .iter()
+            .all(Result::is_ok));
+        let rows: Vec<(sled::IVec, sled::IVec)> = trees.hooked.iter().map(Result::unwrap).collect();
+        assert_eq!(rows.len(), 1, "one row for the group");
+        assert_eq!(&rows[0].0[..], &7u64.to_be_bytes()[..]);
+        let mut want = Vec::new();
+        for (i, id) in ids.iter().enumerate().skip(1) {
+            want.extend_from_slice(id.as_bytes());
+            want.extend_from_slice(&4u64.to_be_bytes());
+            want.extend_from_slice(&(3 + i as u64).to_be_bytes());
+        }
+        assert_eq!(&rows[0].1[..], &want[..]);
+
+        let quiet = [prepared(ids[0], "t1", true, 2)];
+        assert!(apply(&trees, &mut cache, &quiet, 8)
+            .outcomes
+            .iter()
+            .all(Result::is_ok));
+        assert_eq!(trees.hooked.len(), 1, "a group owing nothing writes none");
     }
 }

@@ -133,9 +133,10 @@ pub(in crate::store) struct Prepared {
     pub(in crate::store) dequeued: Vec<[u8; 24]>,
     /// The metadata, in the checkpoint that writes it.
     pub(in crate::store) metadata: Option<IVec>,
-    /// Whether some of its events go out as webhooks: the writer then makes
-    /// sure the session has its mark (`webhooks`) in the same batch.
-    pub(in crate::store) hooked: bool,
+    /// The webhook deliveries its events owe: the writer names them in its
+    /// group's row (`webhooks`) and hands them to the delivery task once
+    /// the group is applied.
+    pub(in crate::store) hooks: Vec<(uuid::Uuid, crate::webhooks::Seed)>,
     /// Rows of the decision index its decisions add (key, row JSON).
     pub(in crate::store) decisions: Vec<(Vec<u8>, IVec)>,
     /// The configuration the header names (sha256 hex, JSON): written,
@@ -210,7 +211,7 @@ pub(in crate::store) fn prepare(cp: &Checkpoint) -> Result<Prepared, StoreError>
         queued,
         dequeued: cp.dequeued.clone().map(|seq| seq_key(&id, seq)).collect(),
         metadata,
-        hooked: false,
+        hooks: Vec::new(),
         decisions,
         config: (config.hash, IVec::from(config.json)),
     })

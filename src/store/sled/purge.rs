@@ -155,9 +155,8 @@ fn remove_rows(trees: &Trees, id: &SessionId, tenant: &str) -> Result<(), PurgeE
         remove_prefix(tree, prefix)
             .map_err(|e| io(format_args!("purging session {id}: removing its {name}"), e))?;
     }
-    let single: [(&View, Vec<u8>, &str); 4] = [
+    let single: [(&View, Vec<u8>, &str); 3] = [
         (&trees.metadata, prefix.to_vec(), "metadata"),
-        (&trees.hooked, prefix.to_vec(), "webhook mark"),
         (&trees.active, prefix.to_vec(), "active index entry"),
         (
             &trees.tenants,

@@ -48,10 +48,10 @@ pub(in crate::store) enum Kind {
     /// 5 had it, so the move into one tree (`migrate`) has nothing of it to
     /// copy; `migrate5` writes it.
     Records,
-    /// id → BE u64 (or empty: 0): a session whose events may still owe
-    /// webhook deliveries, and the sequence number through which every one
-    /// of them is settled (`webhooks`). Not in [`Kind::ALL`]: no layout
-    /// before 5 had it.
+    /// BE u64 group number → the sessions and event numbers of the group's
+    /// checkpoints whose events owe webhook deliveries, until every one is
+    /// settled (`webhooks`). Not in [`Kind::ALL`]: no layout before 5 had
+    /// it.
     Hooked,
 }
 
@@ -117,7 +117,7 @@ impl Kind {
             Kind::ConfigRefs => "config_refs",
             // Never trees of their own (see the variants).
             Kind::Records => "records",
-            Kind::Hooked => "webhook_marks",
+            Kind::Hooked => "webhook_groups",
         }
     }
 }
@@ -325,7 +325,7 @@ pub(in crate::store) struct Trees {
     /// The webhook outbox rows checkpoints of layouts 4 and 5 before
     /// webhook marks wrote (`webhooks`): read until drained, never written.
     pub(in crate::store) outbox: View,
-    /// Sessions whose events may still owe webhook deliveries
+    /// Groups whose checkpoints' events still owe webhook deliveries
     /// ([`Kind::Hooked`]).
     pub(in crate::store) hooked: View,
     /// sha256 hex → an agent configuration's JSON, once per distinct

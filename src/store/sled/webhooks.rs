@@ -6,7 +6,7 @@
 //! | tree                 | key                                   | value |
 //! |----------------------|---------------------------------------|-------|
 //! | `webhooks`           | endpoint id (16 bytes)                | endpoint JSON |
-//! | (`data`, kind `W`)   | session id                            | empty, or BE u64: settled through that event |
+//! | (`data`, kind `W`)   | BE u64 group number                   | (session id ‖ BE u64 first ‖ last event) per checkpoint that owes |
 //! | (`data`, kind `O`)   | session id ‖ BE u64 event seq ‖ endpoint id | seed JSON (earlier binaries only) |
 //! | `webhook_deliveries` | endpoint id ‖ `webhook-id` (16 bytes) | delivery JSON |
 //! | `webhook_due`        | BE u64 due ms ‖ endpoint id ‖ `webhook-id` | empty |
@@ -20,25 +20,25 @@
 //!
 //! **A checkpoint writes no delivery.** Its events are committed with it,
 //! and what goes out is derived from them (`crate::webhooks::seeds_of`,
-//! each under a `webhook-id` derived from the session and the event's
-//! number, so that deriving it again gives the same id). The checkpoint's
-//! batch carries at most the session's *mark* (kind `W`), written by the
-//! first checkpoint of the session whose events go out, and no other: a
-//! row per session, not per event. Once the write is confirmed, the
-//! deliveries are handed to the delivery task in memory ([`Feed`]).
+//! each under a `webhook-id` derived from the session and the event, so
+//! that deriving it again gives the same id). A *group* of checkpoints
+//! (one batch of the writer, `group_commit`) whose events owe deliveries
+//! writes one row (kind `W`, keyed by the group's number) naming, per such
+//! checkpoint, its session and the first and last numbers of those events:
+//! under load one row for a hundred checkpoints, not a row per event. Once
+//! the group is applied, the writer hands its deliveries to the delivery
+//! task in memory ([`Feed`]), which sends none before a flush covers it.
 //!
-//! **The mark is what survives a crash.** Its value says through which
-//! event everything the session owes is settled (delivered, given up, or in
-//! the log to be retried); the delivery task moves it forward as outcomes
-//! are saved, and removes it once the session is over and settled whole.
-//! A start (and a feed that had to refuse deliveries, or lost track of
-//! some) scans the marks: for each session, the events after its cursor
-//! give its deliveries again, and those the log holds already are settled.
-//! So a crash between a checkpoint and its deliveries sends them after the
-//! restart, under the same `webhook-id`.
+//! **The group's row is what survives a crash.** It stays until every
+//! delivery it owes is settled (delivered, given up, or in the log to be
+//! retried), then the delivery task removes it. A start (and a feed that
+//! had to refuse deliveries, or lost track of some) scans the rows: the
+//! events each names give its deliveries again, and those the log holds
+//! already are settled. So a crash between a checkpoint and its deliveries
+//! sends them after the restart, under the same `webhook-id`.
 //!
 //! **A delivery is sent before anything records it.** Until its first
-//! attempt's outcome is saved, its event (and the mark) is its only record
+//! attempt's outcome is saved, its event (and its group's row) is its only record
 //! (a crash before that sends it again). Saving the outcomes of a round of
 //! fresh attempts is one batch per tree: a log entry and its session index
 //! entry each (and a due entry if it is to be retried). So a delivery that
@@ -341,7 +341,7 @@ impl SledStore {
     }
 
     /// Up to `room` fresh deliveries that checkpoints owe: from the feed,
-    /// then from a scan of the marks if one is due. `idle`: nothing is in
+    /// then from a scan of the group rows if one is due. `idle`: nothing is in
     /// flight, so whatever the feed counts as taken was lost.
     async fn intake_feed(
         &self,
@@ -372,7 +372,7 @@ impl SledStore {
         self.flush().await?;
         self.hooks(move |t, generation| {
             let mut out = Vec::with_capacity(rows.len());
-            let mut dropped: Vec<(DeliveryKey, SessionId, u64)> = Vec::new();
+            let mut dropped: Vec<feed::Owed> = Vec::new();
             let mut endpoints: HashMap<Uuid, Option<Endpoint>> = HashMap::new();
             for (endpoint_id, seed) in rows {
                 let endpoint = match endpoints.get(&endpoint_id) {
@@ -401,12 +401,11 @@ impl SledStore {
                         });
                     }
                     // Its endpoint is gone or no longer wants it.
-                    _ => dropped.push(((endpoint_id, seed.id), seed.session_id, seed.seq)),
+                    _ => dropped.push(feed::owed(endpoint_id, &seed)),
                 }
             }
             if !dropped.is_empty() {
-                let cursors = feed.settle(dropped.iter().map(|(k, s, q)| (k, *s, *q)));
-                advance_marks(&generation.trees, &cursors)?;
+                drop_groups(&generation.trees, &feed.settle(&dropped))?;
             }
             Ok(out)
         })
@@ -414,65 +413,45 @@ impl SledStore {
     }
 }
 
-/// The cursor a mark holds (empty: nothing settled yet).
-fn mark_cursor(value: &[u8]) -> u64 {
-    <[u8; 8]>::try_from(value).map_or(0, u64::from_be_bytes)
+/// Adds to a group's row (`owed`) what the checkpoint `p` owes, if
+/// anything: its session and the first and last numbers of the events
+/// that go out (16 + 8 + 8 bytes).
+pub(super) fn owed_entry(owed: &mut Vec<u8>, p: &super::layout::Prepared) {
+    let seqs = p.hooks.iter().map(|(_, seed)| seed.seq);
+    let (Some(first), Some(last)) = (seqs.clone().min(), seqs.max()) else {
+        return;
+    };
+    owed.extend_from_slice(p.id.as_bytes());
+    owed.extend_from_slice(&first.to_be_bytes());
+    owed.extend_from_slice(&last.to_be_bytes());
 }
 
-/// Moves the marks of sessions forward to what is settled of them
-/// (`cursors`: through which event): a session that is over and settled
-/// whole loses its mark; a mark already gone (its session settled or
-/// purged) stays gone. Only the delivery task writes a mark that exists;
-/// the checkpoint writer only adds one that does not, and never for a
-/// session that is over (a terminal session takes no event that goes out).
-fn advance_marks(trees: &Trees, cursors: &[(SessionId, u64)]) -> Result<(), OpError> {
-    for (id, through) in cursors {
-        let Some(value) = trees
+/// The entries of a group's row: (session, first, last event number).
+fn owed_entries(value: &[u8]) -> impl Iterator<Item = (SessionId, u64, u64)> + '_ {
+    value.chunks_exact(32).filter_map(|entry| {
+        let id = layout::id_from(entry.get(..16)?)?;
+        let first = u64::from_be_bytes(entry.get(16..24)?.try_into().ok()?);
+        let last = u64::from_be_bytes(entry.get(24..32)?.try_into().ok()?);
+        Some((id, first, last))
+    })
+}
+
+/// Removes the rows of groups settled whole.
+fn drop_groups(trees: &Trees, groups: &[u64]) -> Result<(), OpError> {
+    for group in groups {
+        trees
             .hooked
-            .get(id.as_bytes())
-            .map_err(read_err("reading a webhook mark"))?
-        else {
-            continue;
-        };
-        let header = trees
-            .sessions
-            .get(id.as_bytes())
-            .map_err(read_err("reading a session header"))?;
-        let done = match &header {
-            // Purged meanwhile.
-            None => true,
-            Some(bytes) => {
-                let peek = codec::peek(id, bytes)?;
-                let over = [
-                    overseer_actors::model::SessionStatus::Completed,
-                    overseer_actors::model::SessionStatus::Failed,
-                    overseer_actors::model::SessionStatus::Cancelled,
-                ]
-                .into_iter()
-                .any(|s| peek.status_is(s));
-                over && *through >= peek.last_event_seq.unwrap_or(0)
-            }
-        };
-        if done {
-            trees
-                .hooked
-                .remove(id.as_bytes())
-                .map_err(write_err("removing a webhook mark"))?;
-        } else if *through > mark_cursor(&value) {
-            trees
-                .hooked
-                .insert(id.as_bytes(), &through.to_be_bytes()[..])
-                .map_err(write_err("moving a webhook mark"))?;
-        }
+            .remove(group.to_be_bytes())
+            .map_err(write_err("removing a settled group's webhook row"))?;
     }
     Ok(())
 }
 
-/// One step of a scan of the marks, from the key `from`: for each marked
-/// session, the deliveries its events after the mark's cursor owe and the
-/// log does not hold, adopted by the feed, until about `want` are found.
-/// A session owing nothing has its mark moved forward (or removed, once it
-/// is over). Tells the feed where the next step starts.
+/// One step of a scan of the group rows, from the key `from`: for each
+/// group, the deliveries its checkpoints' events owe and the log does not
+/// hold, adopted by the feed, until about `want` are found. A group owing
+/// nothing any more loses its row. Tells the feed where the next step
+/// starts.
 fn rescan(
     t: &HookTrees,
     trees: &Trees,
@@ -492,59 +471,56 @@ fn rescan(
     let mut out = Vec::new();
     let mut next = None;
     for item in trees.hooked.range(from..) {
-        let (key, value) = item.map_err(read_err("reading webhook marks"))?;
+        let (key, value) = item.map_err(read_err("reading the webhook groups"))?;
         if out.len() >= want {
             next = Some(key.to_vec());
             break;
         }
-        let Some(id) = layout::id_from(&key) else {
+        let Some(group) = <[u8; 8]>::try_from(key.as_ref())
+            .ok()
+            .map(u64::from_be_bytes)
+        else {
             trees
                 .hooked
                 .remove(&key)
-                .map_err(write_err("dropping a malformed webhook mark"))?;
+                .map_err(write_err("dropping a malformed webhook group row"))?;
             continue;
         };
-        let cursor = mark_cursor(&value);
-        let Some(header) = trees.header(&id)? else {
-            // Purged after its mark was read, or before a crash let the
-            // purge finish.
-            trees
-                .hooked
-                .remove(&key)
-                .map_err(write_err("dropping a webhook mark"))?;
-            continue;
-        };
-        let last = header.last_event_seq;
-        let mut events = Vec::new();
-        if last > cursor {
-            trees.committed_events(&id, cursor + 1, last, |event| {
-                events.push(event);
-                true
-            })?;
-        }
         let mut owed = Vec::new();
-        let endpoints = by_tenant.get(&header.tenant).map_or(&[][..], Vec::as_slice);
-        for seed in seeds_of(&header, &events) {
-            for endpoint in endpoints.iter().filter(|e| e.wants(seed.event)) {
-                let logged = match delivery_key(&endpoint.id, &seed.id) {
-                    Some(dkey) => t
-                        .deliveries
-                        .contains_key(dkey)
-                        .map_err(read_err("reading a delivery"))?,
-                    None => true,
-                };
-                if !logged {
-                    owed.push((endpoint.id, seed.clone()));
+        for (id, first, last) in owed_entries(&value) {
+            // Purged since: it owes nothing.
+            let Some(header) = trees.header(&id)? else {
+                continue;
+            };
+            let mut events = Vec::new();
+            let last = last.min(header.last_event_seq);
+            if first <= last {
+                trees.committed_events(&id, first, last, |event| {
+                    events.push(event);
+                    true
+                })?;
+            }
+            let endpoints = by_tenant.get(&header.tenant).map_or(&[][..], Vec::as_slice);
+            for seed in seeds_of(&header, &events) {
+                for endpoint in endpoints.iter().filter(|e| e.wants(seed.event)) {
+                    let logged = match delivery_key(&endpoint.id, &seed.id) {
+                        Some(dkey) => t
+                            .deliveries
+                            .contains_key(dkey)
+                            .map_err(read_err("reading a delivery"))?,
+                        None => true,
+                    };
+                    if !logged {
+                        owed.push((endpoint.id, seed.clone()));
+                    }
                 }
             }
         }
-        if owed.is_empty() {
-            if feed.seen_whole(id, last) {
-                advance_marks(trees, &[(id, last)])?;
-            }
-        } else {
-            out.extend(feed.adopt(id, last, owed));
+        let (adopted, settled) = feed.adopt(group, owed);
+        if settled {
+            drop_groups(trees, &[group])?;
         }
+        out.extend(adopted);
     }
     feed.rescanned(next);
     Ok(out)
@@ -759,7 +735,7 @@ impl WebhookStore for SledStore {
         self.hooks(move |t, generation| {
             // Fresh deliveries the feed gave (the others came from outbox
             // rows an earlier binary wrote).
-            let mut from_feed: Vec<(DeliveryKey, SessionId, u64)> = Vec::new();
+            let mut from_feed: Vec<feed::Owed> = Vec::new();
             let mut finished: HashMap<Uuid, u64> = HashMap::new();
             let mut fresh = FreshWrites::default();
             let mut endpoints: HashMap<Uuid, bool> = HashMap::new();
@@ -781,11 +757,11 @@ impl WebhookStore for SledStore {
                             exists
                         }
                     };
-                    let key = delivery.key();
-                    let fed = feed.is_open(&key);
+                    let owed = feed::owed(delivery.endpoint, &delivery.seed);
+                    let fed = feed.is_open(&owed);
                     fresh.add(delivery, exists, !fed)?;
                     if fed {
-                        from_feed.push((key, delivery.seed.session_id, delivery.seed.seq));
+                        from_feed.push(owed);
                     }
                 } else {
                     save_one(t, delivery, *was_due_at)?;
@@ -795,9 +771,8 @@ impl WebhookStore for SledStore {
                 }
             }
             fresh.apply(t)?;
-            // Only once their outcomes are written may the marks say so.
-            let cursors = feed.settle(from_feed.iter().map(|(k, s, q)| (k, *s, *q)));
-            advance_marks(&generation.trees, &cursors)?;
+            // Only once their outcomes are written may their groups go.
+            drop_groups(&generation.trees, &feed.settle(&from_feed))?;
             for (endpoint, n) in finished {
                 let before = FINISHED.fetch_add(n, Ordering::Relaxed);
                 if before / PRUNE_EVERY != (before + n) / PRUNE_EVERY {
@@ -902,8 +877,8 @@ fn save_one(t: &HookTrees, delivery: &Delivery, was_due: i64) -> Result<(), OpEr
 /// The writes that record fresh deliveries' outcomes ([`Claim::fresh`]),
 /// one batch per tree, applied in an order a crash leaves harmless: the
 /// schedule and the session index before the log entries they point to,
-/// then the outbox rows taken, then (by the caller) the marks. A crash
-/// before the last leaves a row or a mark behind a delivery that is logged
+/// then the outbox rows taken, then (by the caller) the settled groups'
+/// rows. A crash before the last leaves a row behind a delivery that is logged
 /// already, which the next intake drops (it is done, or retried from the
 /// log); never a delivery without a record.
 #[derive(Default)]
@@ -1115,13 +1090,12 @@ mod tests {
         }
     }
 
-    /// The mark of `session`: `None` if it has none, else its cursor.
-    fn mark(store: &SledStore, session: &SessionId) -> Option<u64> {
-        let marks = store.current().trees.hooked.clone();
-        marks
-            .get(session.as_bytes())
-            .unwrap()
-            .map(|v| mark_cursor(&v))
+    /// The (session, first, last) entries of every webhook group row.
+    fn groups(store: &SledStore) -> Vec<Vec<(SessionId, u64, u64)>> {
+        let rows = store.current().trees.hooked.clone();
+        rows.iter()
+            .map(|item| owed_entries(&item.unwrap().1).collect())
+            .collect()
     }
 
     /// The invariant "an outbox row whose event no header covers is never
@@ -1200,18 +1174,20 @@ mod tests {
         assert_eq!(log.len(), 1, "the orphan never became a delivery");
     }
 
-    /// The invariant "a checkpoint writes at most its session's mark, and a
-    /// delivery is never lost": three checkpoints whose events go out write
-    /// one mark and no outbox row; taking the deliveries writes nothing; a
-    /// store dropped before their outcomes were saved (a crash after the
-    /// send) gives the same `webhook-id`s again when reopened, found from
-    /// the mark; saved outcomes move the mark forward, and a mark put back
-    /// (a crash before it moved) gives nothing again, the log holding them.
+    /// The invariant "a group of checkpoints writes at most one row for
+    /// its webhooks, and a delivery is never lost": a checkpoint whose
+    /// events go out writes its group's row and no outbox row; taking the
+    /// deliveries writes nothing; a store dropped before their outcomes
+    /// were saved (a crash after the send) gives the same `webhook-id`s
+    /// again when reopened, found from the rows; a row goes once all it
+    /// owes is settled, and a row put back (a crash before it went) gives
+    /// nothing again, the log holding its deliveries, and goes.
     #[tokio::test]
-    async fn a_checkpoint_writes_one_mark_and_a_crash_before_the_outcome_sends_again() {
+    async fn a_group_writes_one_row_and_a_crash_before_the_outcome_sends_again() {
         let dir = tempfile::tempdir().unwrap();
         let hook = endpoint();
         let mut session = Session::new();
+        let id = session.header.id;
         let decided = || EventKind::DecisionRecorded {
             call_id: ToolCallId("call_1".into()),
             record: DecisionRecord {
@@ -1222,7 +1198,7 @@ mod tests {
                 args_diff: None,
             },
         };
-        let first = {
+        let (first, rows) = {
             let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
             let view = Arc::new(Subscriptions::new());
             store.set_webhooks(view.clone());
@@ -1232,27 +1208,29 @@ mod tests {
                 .checkpoint(session.checkpoint(vec![requested()], 10))
                 .await
                 .unwrap();
-            store
-                .checkpoint(session.checkpoint(vec![decided(), requested()], 20))
-                .await
-                .unwrap();
             let db = store.current().trees.db.clone();
             let data = db.open_tree(DATA_TREE).unwrap();
             let before = data.len();
             store
-                .checkpoint(session.checkpoint(vec![decided()], 30))
+                .checkpoint(session.checkpoint(
+                    vec![decided(), EventKind::TurnStarted { turn: 2 }, requested()],
+                    20,
+                ))
                 .await
                 .unwrap();
             assert_eq!(
                 data.len(),
-                before + 1,
-                "a checkpoint of a marked session adds its record, nothing for its webhooks"
+                before + 3,
+                "its record, its decision's row and its group's row: nothing per event"
             );
+            store
+                .checkpoint(session.checkpoint(vec![EventKind::TurnStarted { turn: 3 }], 30))
+                .await
+                .unwrap();
             assert_eq!(store.current().trees.outbox.len(), 0, "no outbox row");
-            assert_eq!(store.current().trees.hooked.len(), 1, "one mark");
-            assert_eq!(mark(&store, &session.header.id), Some(0));
+            assert_eq!(groups(&store), vec![vec![(id, 1, 1)], vec![(id, 2, 4)]]);
             let claims = store.intake(100, 10, &HashSet::new()).await.unwrap();
-            assert_eq!(claims.len(), 4, "{claims:?}");
+            assert_eq!(claims.len(), 3, "{claims:?}");
             let busy: HashSet<DeliveryKey> = claims.iter().map(|c| c.delivery.key()).collect();
             assert!(
                 store.intake(100, 10, &busy).await.unwrap().is_empty(),
@@ -1263,15 +1241,21 @@ mod tests {
             }
             let mut ids: Vec<String> = claims.iter().map(|c| c.delivery.seed.id.clone()).collect();
             ids.sort();
-            ids
+            let rows: Vec<(IVec, IVec)> = store
+                .current()
+                .trees
+                .hooked
+                .iter()
+                .map(Result::unwrap)
+                .collect();
+            (ids, rows)
             // Dropped here without their outcomes: the crash.
         };
         let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
         let again = store.intake(200, 10, &HashSet::new()).await.unwrap();
         let mut ids: Vec<String> = again.iter().map(|c| c.delivery.seed.id.clone()).collect();
         ids.sort();
-        assert_eq!(ids, first, "the same webhook-ids, found from the mark");
-        // The first three settle; the cursor stops before the fourth.
+        assert_eq!(ids, first, "the same webhook-ids, found from the rows");
         let outcome = |c: &Claim| {
             let mut d = c.delivery.clone();
             d.status = DeliveryStatus::Delivered;
@@ -1283,46 +1267,43 @@ mod tests {
                 fresh: true,
             }
         };
-        let (last, rest): (Vec<&Claim>, Vec<&Claim>) =
-            again.iter().partition(|c| c.delivery.seed.seq == 4);
-        let saved: Vec<Outcome> = rest.iter().map(|c| outcome(c)).collect();
-        store.save_deliveries(&saved).await.unwrap();
-        assert_eq!(mark(&store, &session.header.id), Some(3));
-        store.save_deliveries(&[outcome(last[0])]).await.unwrap();
-        assert_eq!(mark(&store, &session.header.id), Some(4));
+        // The second group owes two: one settled leaves its row.
+        let by_seq = |seq: u64| again.iter().find(|c| c.delivery.seed.seq == seq).unwrap();
+        store
+            .save_deliveries(&[outcome(by_seq(1)), outcome(by_seq(2))])
+            .await
+            .unwrap();
+        assert_eq!(groups(&store), vec![vec![(id, 2, 4)]]);
+        store.save_deliveries(&[outcome(by_seq(4))]).await.unwrap();
+        assert!(groups(&store).is_empty(), "settled whole: gone");
         let db = store.current().trees.db.clone();
         assert_eq!(db.open_tree("webhook_due").unwrap().len(), 0);
-        assert_eq!(db.open_tree("webhook_sessions").unwrap().len(), 4);
+        assert_eq!(db.open_tree("webhook_sessions").unwrap().len(), 3);
         let log = store.deliveries(hook.id, None, 10).await.unwrap();
-        assert_eq!(log.len(), 4);
+        assert_eq!(log.len(), 3);
         assert!(log.iter().all(|d| d.status == DeliveryStatus::Delivered));
 
-        // A crash before the mark moved: the scan finds them logged.
-        store
-            .current()
-            .trees
-            .hooked
-            .insert(session.header.id.as_bytes(), &[][..])
-            .unwrap();
+        // A crash before the rows went: the scan finds them logged.
+        let hooked = store.current().trees.hooked.clone();
+        for (key, value) in rows {
+            hooked.insert(key, value).unwrap();
+        }
         db.flush().unwrap();
-        drop((db, store));
+        drop((db, hooked, store));
         let store = SledStore::open(dir.path(), Durability::Fsync).unwrap();
         assert!(store
             .intake(300, 10, &HashSet::new())
             .await
             .unwrap()
             .is_empty());
-        assert_eq!(
-            mark(&store, &session.header.id),
-            Some(4),
-            "moved by the scan"
-        );
+        assert!(groups(&store).is_empty(), "removed by the scan");
     }
 
-    /// A session that is over and settled whole loses its mark; one that
-    /// is not over keeps it; a deleted endpoint's deliveries settle too.
+    /// A delivery whose first attempt failed is settled (the log retries
+    /// it), and so is one whose endpoint was deleted while it waited: their
+    /// groups' rows go.
     #[tokio::test]
-    async fn a_mark_goes_once_its_session_is_over_and_settled() {
+    async fn a_group_row_goes_once_what_it_owes_is_settled_or_dropped() {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path(), Durability::Os).unwrap();
         let view = Arc::new(Subscriptions::new());
@@ -1335,48 +1316,29 @@ mod tests {
             .checkpoint(session.checkpoint(vec![requested()], 10))
             .await
             .unwrap();
-        session.header.status = SessionStatus::Completed;
-        session.header.open_calls.clear();
+        let claims = store.intake(100, 10, &HashSet::new()).await.unwrap();
+        assert_eq!(claims.len(), 1);
+        let mut d = claims[0].delivery.clone();
+        d.attempts = 1;
+        d.next_attempt_at_ms = 5_000;
+        assert_eq!(groups(&store).len(), 1);
         store
-            .checkpoint(session.checkpoint(
-                vec![EventKind::StatusChanged {
-                    status: SessionStatus::Completed,
-                }],
-                20,
-            ))
+            .save_deliveries(&[Outcome {
+                delivery: d,
+                was_due_at: 100,
+                fresh: true,
+            }])
             .await
             .unwrap();
-        let claims = store.intake(100, 10, &HashSet::new()).await.unwrap();
-        assert_eq!(claims.len(), 2, "requested and finished");
-        // The first attempt of one fails: logged, to be retried; settled.
-        let outcomes: Vec<Outcome> = claims
-            .iter()
-            .map(|c| {
-                let mut d = c.delivery.clone();
-                d.attempts = 1;
-                if d.seed.event == EventType::SessionFinished {
-                    d.next_attempt_at_ms = 5_000;
-                } else {
-                    d.status = DeliveryStatus::Delivered;
-                }
-                Outcome {
-                    delivery: d,
-                    was_due_at: 100,
-                    fresh: true,
-                }
-            })
-            .collect();
-        assert_eq!(mark(&store, &session.header.id), Some(0));
-        store.save_deliveries(&outcomes).await.unwrap();
-        assert_eq!(mark(&store, &session.header.id), None, "over and settled");
+        assert!(groups(&store).is_empty(), "in the log to be retried");
         assert_eq!(store.next_due(0).await.unwrap(), Some(5_000));
 
-        // An endpoint deleted while its deliveries wait: they settle.
         let mut other = Session::new();
         store
             .checkpoint(other.checkpoint(vec![requested()], 10))
             .await
             .unwrap();
+        assert_eq!(groups(&store).len(), 1);
         store.delete_endpoint(hook.id).await.unwrap();
         view.remove(hook.id, "acme");
         assert!(store
@@ -1384,7 +1346,7 @@ mod tests {
             .await
             .unwrap()
             .is_empty());
-        assert_eq!(mark(&store, &other.header.id), Some(1), "not over: kept");
+        assert!(groups(&store).is_empty(), "dropped with its endpoint");
     }
 
     /// A delivery's due entry is written before the delivery it schedules
@@ -1533,10 +1495,7 @@ mod tests {
             .checkpoint(session.checkpoint(vec![EventKind::TurnStarted { turn: 2 }], 20))
             .await
             .unwrap();
-        assert!(mark(&store, &session.header.id).is_some());
         store.purge(session.header.id).await.unwrap();
-        assert_eq!(mark(&store, &session.header.id), None, "purged with it");
-        assert_eq!(mark(&store, &other.header.id), Some(1));
         let left = store.deliveries(hook.id, None, 10).await.unwrap();
         assert_eq!(left.len(), 1, "{left:?}");
         assert_eq!(left[0].seed.session_id, other.header.id);

@@ -61,7 +61,7 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 pub use dispatch::{Clock, ManualClock, SystemClock};
-pub use outbox::{describes, seeds, seeds_of, webhook_id, Subscriptions};
+pub use outbox::{describes, named, seeds, seeds_of, webhook_id, Subscriptions};
 pub use signing::{sign, Secret};
 pub use target::{TargetError, TargetRules};
 

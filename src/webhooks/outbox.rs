@@ -114,6 +114,8 @@ impl Subscriptions {
     /// The deliveries `cp` owes: one per event that goes out and endpoint
     /// of the session's tenant that wants it. Costs one atomic load for a
     /// server without endpoints, a map lookup for a tenant without any.
+    /// The seeds are not named yet (their `id` is empty): this runs on a
+    /// session's path, and whoever hands them out names them ([`named`]).
     pub fn rows(&self, cp: &Checkpoint) -> Vec<(Uuid, Seed)> {
         if !self.any.load(Ordering::Acquire)
             || !cp
@@ -123,18 +125,26 @@ impl Subscriptions {
         {
             return Vec::new();
         }
-        let subs = match self.by_tenant.read() {
-            Ok(map) => match map.get(&cp.header.tenant) {
-                Some(subs) => subs.clone(),
-                None => return Vec::new(),
-            },
-            Err(_) => return Vec::new(),
+        // Held for the loop below only: no I/O, no await.
+        let Ok(map) = self.by_tenant.read() else {
+            return Vec::new();
+        };
+        let Some(subs) = map.get(&cp.header.tenant) else {
+            return Vec::new();
         };
         let mut rows = Vec::new();
-        for seed in seeds(cp) {
-            for sub in &subs {
-                if sub.events & seed.event.bit() != 0 {
+        for event in cp.events.iter() {
+            let Some(seed) = unnamed(event, &cp.header) else {
+                continue;
+            };
+            let bit = seed.event.bit();
+            let mut wanting = subs.iter().filter(|sub| sub.events & bit != 0).peekable();
+            while let Some(sub) = wanting.next() {
+                if wanting.peek().is_some() {
                     rows.push((sub.endpoint, seed.clone()));
+                } else {
+                    rows.push((sub.endpoint, seed));
+                    break;
                 }
             }
         }
@@ -219,41 +229,51 @@ pub fn seeds(cp: &Checkpoint) -> Vec<Seed> {
 /// number, time, call id or new status), not its content: the body is
 /// built from the stored session when it is sent.
 pub fn seeds_of(header: &SessionHeader, events: &[Event]) -> Vec<Seed> {
-    let h = header;
-    let mut out = Vec::new();
-    for event in events {
-        let Some(kind) = event_type(event, h) else {
-            continue;
-        };
-        let mut seed = Seed {
-            id: webhook_id(&h.id, event.seq, event.at_ms),
-            event: kind,
-            tenant: h.tenant.clone(),
-            session_id: h.id,
-            root_session_id: h.root_id,
-            seq: event.seq,
-            at_ms: event.at_ms,
-            call: None,
-            call_id: None,
-            decision: None,
-            status: None,
-            stop_reason: None,
-            detail: None,
-        };
-        match &event.kind {
-            EventKind::ApprovalRequested { call_id, .. }
-            | EventKind::DecisionRecorded { call_id, .. } => {
-                seed.call_id = Some(call_id.to_string());
-            }
-            EventKind::StatusChanged { status } => {
-                seed.status = Some(*status);
-                seed.stop_reason = h.last_stop_reason;
-            }
-            _ => {}
-        }
-        out.push(seed);
+    events
+        .iter()
+        .filter_map(|event| unnamed(event, header))
+        .map(named)
+        .collect()
+}
+
+/// `seed` with its `webhook-id` ([`webhook_id`]), if it has none yet.
+pub fn named(mut seed: Seed) -> Seed {
+    if seed.id.is_empty() {
+        seed.id = webhook_id(&seed.session_id, seed.seq, seed.at_ms);
     }
-    out
+    seed
+}
+
+/// The seed of `event` if it goes out, not yet named.
+fn unnamed(event: &Event, header: &SessionHeader) -> Option<Seed> {
+    let kind = event_type(event, header)?;
+    let mut seed = Seed {
+        id: String::new(),
+        event: kind,
+        tenant: header.tenant.clone(),
+        session_id: header.id,
+        root_session_id: header.root_id,
+        seq: event.seq,
+        at_ms: event.at_ms,
+        call: None,
+        call_id: None,
+        decision: None,
+        status: None,
+        stop_reason: None,
+        detail: None,
+    };
+    match &event.kind {
+        EventKind::ApprovalRequested { call_id, .. }
+        | EventKind::DecisionRecorded { call_id, .. } => {
+            seed.call_id = Some(call_id.0.clone());
+        }
+        EventKind::StatusChanged { status } => {
+            seed.status = Some(*status);
+            seed.stop_reason = header.last_stop_reason;
+        }
+        _ => {}
+    }
+    Some(seed)
 }
 
 /// Whether `seed` was derived from `event` (the event committed at its
@@ -363,7 +383,14 @@ mod tests {
         for e in [&all, &approvals, &other] {
             subs.put(e);
         }
-        let rows = subs.rows(&cp);
+        let rows: Vec<(Uuid, Seed)> = subs
+            .rows(&cp)
+            .into_iter()
+            .map(|(e, seed)| {
+                assert!(seed.id.is_empty(), "named only when handed out");
+                (e, named(seed))
+            })
+            .collect();
         let mut got: Vec<(Uuid, EventType)> = rows.iter().map(|(e, s)| (*e, s.event)).collect();
         got.sort();
         let mut want = vec![

@@ -1083,6 +1083,7 @@ mod tests {
     /// Writes the outbox rows an earlier binary wrote with `cp`.
     fn legacy_rows(view: &Subscriptions, outbox: &View, cp: &Checkpoint) {
         for (endpoint, seed) in view.rows(cp) {
+            let seed = crate::webhooks::named(seed);
             let key = outbox_key(&seed.session_id, seed.seq, &endpoint);
             outbox
                 .insert(key, serde_json::to_vec(&seed).unwrap())

@@ -142,10 +142,16 @@ impl Feed {
     pub(in crate::store) fn take(&self, limit: usize) -> Vec<(Uuid, Seed)> {
         let mut state = self.state();
         let n = limit.min(state.queue.len());
-        state
+        let taken: Vec<(Uuid, Seed)> = state
             .queue
             .drain(..n)
             .map(|(_, endpoint, seed)| (endpoint, seed))
+            .collect();
+        drop(state);
+        // Named here, on the delivery task, not on the session's path.
+        taken
+            .into_iter()
+            .map(|(endpoint, seed)| (endpoint, crate::webhooks::named(seed)))
             .collect()
     }
 

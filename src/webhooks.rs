@@ -29,8 +29,8 @@
 //!
 //! Guarantees: what an event's deliveries need to be found again is
 //! committed with the checkpoint that records the event (PostgreSQL: the
-//! delivery rows; sled: the session's mark, the event itself being the
-//! rest), so a webhook is lost neither by a crash (kill -9) nor by a
+//! delivery rows; sled: a row per group of checkpoints naming the events,
+//! which are the rest), so a webhook is lost neither by a crash (kill -9) nor by a
 //! failover; a delivery is only sent once the store says its event is
 //! committed; it may be sent more than once (at least once), always with the
 //! same `webhook-id`. Deliveries run on their own task with bounded
@@ -425,7 +425,8 @@ pub trait WebhookStore: Send + Sync + 'static {
 
     /// Records the new state of deliveries (after attempts, or given up),
     /// in as few writes as the store can: a fresh one that was delivered
-    /// costs a log entry (and moves its session's mark), nothing more.
+    /// costs a log entry (and, once its group is settled, the removal of
+    /// the group's row), nothing more.
     async fn save_deliveries(&self, outcomes: &[Outcome]) -> Result<(), StoreError>;
 
     /// How many deliveries are pending (all endpoints), for the metrics.

@@ -323,7 +323,8 @@ pub(in crate::store) struct Trees {
     pub(in crate::store) decisions: View,
     pub(in crate::store) meta: View,
     /// The webhook outbox rows checkpoints of layouts 4 and 5 before
-    /// webhook marks wrote (`webhooks`): read until drained, never written.
+    /// webhook group rows wrote (`webhooks`): read until drained, never
+    /// written.
     pub(in crate::store) outbox: View,
     /// Groups whose checkpoints' events still owe webhook deliveries
     /// ([`Kind::Hooked`]).

@@ -232,6 +232,27 @@ pub struct Seed {
     pub detail: Option<String>,
 }
 
+/// A seed of an `approval.requested` at `seq` of `session` (tenant
+/// `acme`), for tests.
+#[cfg(test)]
+pub(crate) fn test_seed(session: SessionId, seq: u64) -> Seed {
+    Seed {
+        id: webhook_id(&session, seq, 1),
+        event: EventType::ApprovalRequested,
+        tenant: "acme".into(),
+        session_id: session,
+        root_session_id: session,
+        seq,
+        at_ms: 1,
+        call: None,
+        call_id: None,
+        decision: None,
+        status: None,
+        stop_reason: None,
+        detail: None,
+    }
+}
+
 /// Where a delivery stands. A delivery not attempted yet is not in the log
 /// on a store that sends it before recording it (sled): it appears with
 /// its first attempt's outcome.

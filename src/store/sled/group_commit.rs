@@ -1469,21 +1469,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let trees = trees(dir.path());
         let mut cache = Cache::default();
-        let seed = |id: SessionId, seq: u64| crate::webhooks::Seed {
-            id: crate::webhooks::webhook_id(&id, seq, 1),
-            event: crate::webhooks::EventType::ApprovalRequested,
-            tenant: "t1".into(),
-            session_id: id,
-            root_session_id: id,
-            seq,
-            at_ms: 1,
-            call: None,
-            call_id: None,
-            decision: None,
-            status: None,
-            stop_reason: None,
-            detail: None,
-        };
+        let seed = crate::webhooks::test_seed;
         let endpoint = uuid::Uuid::now_v7();
         let ids: Vec<SessionId> = (0..4).map(|_| SessionId::generate()).collect();
         let group: Vec<Box<Prepared>> = ids

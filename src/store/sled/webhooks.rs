@@ -1071,6 +1071,21 @@ mod tests {
         }
     }
 
+    /// A store in `dir` whose write path knows one endpoint of `acme`
+    /// that wants every event.
+    async fn hooked(
+        dir: &std::path::Path,
+        durability: Durability,
+    ) -> (SledStore, Arc<Subscriptions>, Endpoint) {
+        let store = SledStore::open(dir, durability).unwrap();
+        let view = Arc::new(Subscriptions::new());
+        store.set_webhooks(view.clone());
+        let hook = endpoint();
+        store.put_endpoint(&hook).await.unwrap();
+        view.put(&hook);
+        (store, view, hook)
+    }
+
     fn requested() -> EventKind {
         EventKind::ApprovalRequested {
             call_id: ToolCallId("call_1".into()),
@@ -1306,12 +1321,7 @@ mod tests {
     #[tokio::test]
     async fn a_group_row_goes_once_what_it_owes_is_settled_or_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path(), Durability::Os).unwrap();
-        let view = Arc::new(Subscriptions::new());
-        store.set_webhooks(view.clone());
-        let hook = endpoint();
-        store.put_endpoint(&hook).await.unwrap();
-        view.put(&hook);
+        let (store, view, hook) = hooked(dir.path(), Durability::Os).await;
         let mut session = Session::new();
         store
             .checkpoint(session.checkpoint(vec![requested()], 10))
@@ -1356,12 +1366,7 @@ mod tests {
     #[tokio::test]
     async fn a_saved_attempt_reschedules_and_a_finished_one_leaves_the_due_index() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path(), Durability::Os).unwrap();
-        let view = Arc::new(Subscriptions::new());
-        store.set_webhooks(view.clone());
-        let hook = endpoint();
-        store.put_endpoint(&hook).await.unwrap();
-        view.put(&hook);
+        let (store, _view, hook) = hooked(dir.path(), Durability::Os).await;
         let mut session = Session::new();
         store
             .checkpoint(session.checkpoint(vec![requested()], 10))
@@ -1442,12 +1447,7 @@ mod tests {
     #[tokio::test]
     async fn a_delivered_entry_is_small_and_a_purge_deletes_its_session_deliveries() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SledStore::open(dir.path(), Durability::Os).unwrap();
-        let view = Arc::new(Subscriptions::new());
-        store.set_webhooks(view.clone());
-        let hook = endpoint();
-        store.put_endpoint(&hook).await.unwrap();
-        view.put(&hook);
+        let (store, _view, hook) = hooked(dir.path(), Durability::Os).await;
         let mut session = Session::new();
         let mut other = Session::new();
         store

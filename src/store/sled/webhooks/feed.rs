@@ -259,25 +259,7 @@ impl Feed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::webhooks::{webhook_id, EventType};
-
-    fn seed(session: SessionId, seq: u64) -> Seed {
-        Seed {
-            id: webhook_id(&session, seq, 1),
-            event: EventType::ApprovalRequested,
-            tenant: "acme".into(),
-            session_id: session,
-            root_session_id: session,
-            seq,
-            at_ms: 1,
-            call: None,
-            call_id: None,
-            decision: None,
-            status: None,
-            stop_reason: None,
-            detail: None,
-        }
-    }
+    use crate::webhooks::test_seed as seed;
 
     #[test]
     fn a_group_is_settled_once_all_it_owes_is() {

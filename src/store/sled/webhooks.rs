@@ -234,9 +234,7 @@ impl SledStore {
         .await
         .map_err(|e| StoreError::io("webhooks: store task", e))?
     }
-}
 
-impl SledStore {
     /// Up to `limit` fresh deliveries from outbox rows an earlier binary
     /// wrote (see the module docs).
     async fn intake_outbox(

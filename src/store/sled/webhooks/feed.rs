@@ -65,6 +65,14 @@ struct Rescan {
 }
 
 impl State {
+    /// Nothing known, a scan of the group rows due from the start.
+    fn unknown() -> Self {
+        Self {
+            rescan: Some(Rescan::default()),
+            ..Self::default()
+        }
+    }
+
     fn rescan_again(&mut self) {
         match &mut self.rescan {
             Some(rescan) => rescan.again = true,
@@ -100,10 +108,7 @@ impl Feed {
     /// process left owed).
     pub(in crate::store) fn new() -> Self {
         Self {
-            state: Mutex::new(State {
-                rescan: Some(Rescan::default()),
-                ..State::default()
-            }),
+            state: Mutex::new(State::unknown()),
             outbox_drained: AtomicBool::new(false),
         }
     }
@@ -133,9 +138,7 @@ impl Feed {
     /// perhaps after reaching the disk, and the store was reopened): it
     /// forgets everything and lets a scan of the group rows decide.
     pub(in crate::store) fn reset(&self) {
-        let mut state = self.state();
-        *state = State::default();
-        state.rescan_again();
+        *self.state() = State::unknown();
     }
 
     /// Up to `limit` queued deliveries (they stay open until settled).

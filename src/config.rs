@@ -433,6 +433,7 @@ impl Config {
                 share_pct: self.runtime.idle_pressure_share_pct,
                 floor: Duration::from_secs(self.runtime.idle_hibernate_floor_secs),
             },
+            rest_after: Duration::from_secs(self.runtime.rest_after_secs),
             limits: self.limits.to_limits(),
             compaction_threshold_pct: self.runtime.compaction_threshold_pct,
             janitor: Some(overseer_actors::JanitorConfig {

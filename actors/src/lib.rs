@@ -68,5 +68,5 @@ pub use model::SessionOverrides;
 pub use overseer::{
     CreateSession, HistoryPoint, Overseer, PendingApproval, TaskRun, TreeNode, WeakOverseer,
 };
-pub use runtime::{Bookkeeping, JanitorConfig, Metrics, RuntimeConfig};
+pub use runtime::{Bookkeeping, JanitorConfig, Metrics, RuntimeConfig, DEFAULT_REST_AFTER};
 pub use tool_call::run as run_tool;

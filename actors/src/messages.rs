@@ -97,6 +97,9 @@ pub(crate) enum SessionMsg {
     },
     /// The idle timer armed after message number `n` fired.
     Hibernate(u64),
+    /// The session has been idle for the rest delay since message number
+    /// `n`: let go of what can be read back, if nothing happened since.
+    Rest(u64),
     /// The runtime is at its live-session limit: hibernate now if idle.
     HibernateIfIdle,
     /// A child session ended its turn.

@@ -36,6 +36,11 @@ use crate::supervision::{Decision, RestartPolicy, Restarts};
 use crate::timers::{ApprovalTimers, Due, IdleLook, IdleTimers};
 use crate::tool::ToolRegistry;
 
+/// The default of [`RuntimeConfig::rest_after`]: long enough that an
+/// automated approver or a person answering at once finds the session as
+/// it left it, short beside the idle time before hibernation.
+pub const DEFAULT_REST_AFTER: Duration = Duration::from_secs(10);
+
 /// Tunables of the runtime.
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
@@ -49,6 +54,12 @@ pub struct RuntimeConfig {
     /// How the idle time shortens as live sessions approach
     /// `limits.max_live_sessions`.
     pub idle_pressure: crate::limits::IdlePressure,
+    /// How long a session stays at rest (idle, everything durable) before
+    /// its actor lets go of what it can read back from a local store (its
+    /// transcript and metadata). A decision or message within this time is
+    /// handled from memory; one after it reads the session back first.
+    /// Zero releases as soon as the session is at rest.
+    pub rest_after: Duration,
     /// Size and admission limits.
     pub limits: Limits,
     /// Share of a model's context window, in percent, past which a session
@@ -65,6 +76,7 @@ impl Default for RuntimeConfig {
             call_timeout: Duration::from_secs(30),
             idle_hibernate: Some(Duration::from_secs(300)),
             idle_pressure: crate::limits::IdlePressure::default(),
+            rest_after: DEFAULT_REST_AFTER,
             limits: Limits::default(),
             compaction_threshold_pct: crate::machine::DEFAULT_COMPACTION_THRESHOLD_PCT,
             janitor: Some(JanitorConfig::default()),
@@ -774,9 +786,11 @@ impl Runtime {
         actor: ActorRef<SessionMsg>,
         activity: u64,
     ) {
-        let Some(idle) = self.config.idle_hibernate else {
+        if !self.times_idleness() {
             return;
-        };
+        }
+        let idle = self.config.idle_hibernate;
+        let rest = self.delays_rest().then_some(self.config.rest_after);
         self.idle.start(|| {
             let rt = Arc::downgrade(self);
             Box::new(move || {
@@ -785,12 +799,26 @@ impl Runtime {
                     live: rt.live.len(),
                     limit: rt.config.limits.max_live_sessions,
                     idle,
+                    rest,
                     pressure: rt.config.idle_pressure,
                 })
             })
         });
         self.idle
             .arm(id, actor, activity, tokio::time::Instant::now());
+    }
+
+    /// Whether an idle session's actor is timed: it hibernates after the
+    /// idle time, or rests after a delay.
+    pub(crate) fn times_idleness(&self) -> bool {
+        self.config.idle_hibernate.is_some() || self.delays_rest()
+    }
+
+    /// Whether sessions rest after a delay, asked by the idle driver: only
+    /// where they rest at all (a local store, see
+    /// `CheckpointStore::reads_are_local`).
+    fn delays_rest(&self) -> bool {
+        !self.config.rest_after.is_zero() && self.store.reads_are_local()
     }
 
     /// Arms the approval timer of a call (see [`crate::timers`]): it fires

@@ -198,6 +198,14 @@ impl Actor for SessionActor {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        if let SessionMsg::Rest(n) = msg {
+            // Not an input: nothing happened to the session, so it neither
+            // counts as activity nor re-arms the idle timer.
+            if n == state.activity {
+                state.release_at_rest();
+            }
+            return Ok(());
+        }
         let hibernate = match msg {
             SessionMsg::Hibernate(n) => Some(n == state.activity),
             SessionMsg::HibernateIfIdle => Some(true),
@@ -227,7 +235,7 @@ impl Actor for SessionActor {
         // live session, idle or not (see `the_futures_of_every_message_stay_small`).
         let result = Box::pin(state.on_input(&myself, msg).instrument(span)).await;
         state.arm_idle_timer(&myself);
-        state.release_at_rest();
+        state.rest_at_once();
         result
     }
 
@@ -244,7 +252,7 @@ impl Actor for SessionActor {
         let result = Box::pin(state.on_supervision(&myself, event).instrument(span)).await;
         // A child or tool that stopped may be what kept this session awake.
         state.arm_idle_timer(&myself);
-        state.release_at_rest();
+        state.rest_at_once();
         result
     }
 }
@@ -374,7 +382,7 @@ impl SessionState {
                 )
                 .await
                 .map(|_| ()),
-            SessionMsg::Hibernate(_) | SessionMsg::HibernateIfIdle => Ok(()),
+            SessionMsg::Hibernate(_) | SessionMsg::HibernateIfIdle | SessionMsg::Rest(_) => Ok(()),
             SessionMsg::ChildFinished {
                 call_id,
                 attempt,
@@ -471,7 +479,7 @@ impl SessionState {
             let _ = myself.drain();
             return;
         }
-        if self.is_idle() && self.runtime.config.idle_hibernate.is_some() {
+        if self.is_idle() && self.runtime.times_idleness() {
             // Idle from now: re-armed after every message, so the idle time
             // counts from the last thing that happened.
             self.runtime

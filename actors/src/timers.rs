@@ -16,15 +16,19 @@
 //! about 1.4 KB per timer and a spawn per approval, which every session
 //! parked at a restart paid (131 MiB at 100,000 parked sessions).
 //!
-//! Idle timers (hibernation) follow the same pattern: an entry per idle
-//! session actor in one queue, one driver per runtime (see [`IdleTimers`]),
-//! in place of a sleeping task per session that a `send_after` cost.
+//! Idle timers follow the same pattern: an entry per idle session actor in
+//! one queue, one driver per runtime (see [`IdleTimers`]), in place of a
+//! sleeping task per session that a `send_after` cost. The same entry
+//! serves both things idleness leads to: after the rest delay the session
+//! lets go of what it can read back (`SessionMsg::Rest`), after the idle
+//! time it hibernates (`SessionMsg::Hibernate`).
 //!
 //! This module owns the bookkeeping and the waiting only; what a timeout
 //! means, and delivering it, is the runtime's and the machine's; how long a
 //! session may stay idle is [`crate::limits::IdlePressure`]'s.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tokio::sync::Notify;
@@ -278,6 +282,9 @@ struct IdleState {
     /// Idle sessions by when they became idle, earliest first.
     queue: BTreeMap<Slot, (SessionId, Idle)>,
     next: u64,
+    /// The last entry asked to rest: every entry up to it has been, and
+    /// every one armed since sits after it (slots only grow, see `arm`).
+    rested: Option<Slot>,
 }
 
 /// What the driver reads, once each time it looks, to know how long a
@@ -288,18 +295,29 @@ pub(crate) struct IdleLook {
     pub(crate) live: usize,
     /// The live-session limit.
     pub(crate) limit: usize,
-    /// The idle time without pressure.
-    pub(crate) idle: std::time::Duration,
-    /// How pressure shortens it.
+    /// The idle time without pressure; `None` never hibernates.
+    pub(crate) idle: Option<std::time::Duration>,
+    /// How long a session stays idle before it is asked to rest; `None`
+    /// asks none (sessions release at once, or never).
+    pub(crate) rest: Option<std::time::Duration>,
+    /// How pressure shortens the idle time.
     pub(crate) pressure: crate::limits::IdlePressure,
 }
 
 impl IdleLook {
     /// The idle time once `taken` of the live sessions have been asked to
     /// hibernate.
-    fn idle_time(&self, taken: usize) -> std::time::Duration {
-        self.pressure
-            .idle_time(self.idle, self.live.saturating_sub(taken), self.limit)
+    fn idle_time(&self, taken: usize) -> Option<std::time::Duration> {
+        let idle = self.idle?;
+        Some(
+            self.pressure
+                .idle_time(idle, self.live.saturating_sub(taken), self.limit),
+        )
+    }
+
+    /// Whether pressure shortens the idle time now.
+    fn pressed(&self) -> bool {
+        matches!((self.idle_time(0), self.idle), (Some(now), Some(idle)) if now < idle)
     }
 }
 
@@ -363,6 +381,13 @@ impl IdleTimers {
     ) {
         let first = {
             let mut state = self.shared.lock();
+            // Never before the newest entry: `now` was read before the
+            // lock, and an entry placed behind the rest cursor would never
+            // be asked to rest.
+            let now = state
+                .queue
+                .last_key_value()
+                .map_or(now, |(last, _)| now.max(last.0));
             let slot = (now, state.next);
             state.next += 1;
             if let Some(old) = state.by_session.insert(id, slot) {
@@ -418,26 +443,67 @@ impl Drop for IdleTimers {
     }
 }
 
+/// What the driver does after one look: the sessions to hibernate (taken
+/// out of the queue), those to ask to rest (left in it), and when the next
+/// one of either is due.
+#[derive(Default)]
+struct Taken {
+    hibernate: Vec<Idle>,
+    rest: Vec<(ActorRef<SessionMsg>, u64)>,
+    next: Option<Instant>,
+}
+
+impl Taken {
+    fn due_at(&mut self, at: Instant) {
+        self.next = Some(self.next.map_or(at, |next| next.min(at)));
+    }
+}
+
 /// Takes out, oldest first, the entries idle for longer than the idle time
-/// at `now`, which grows by each one taken. Returns them and when the next
-/// one is due.
-fn take_idle(state: &mut IdleState, now: Instant, look: &IdleLook) -> (Vec<Idle>, Option<Instant>) {
-    let mut due = Vec::new();
+/// at `now`, which grows by each one taken; then names, oldest first, the
+/// entries past the rest cursor idle for longer than the rest delay, and
+/// moves the cursor past them. Both are prefixes of the queue: every entry
+/// waits the same time, counted from its slot.
+fn take_idle(state: &mut IdleState, now: Instant, look: &IdleLook) -> Taken {
+    let mut taken = Taken::default();
     while let Some((&slot, _)) = state.queue.first_key_value() {
-        let at = slot.0 + look.idle_time(due.len());
+        // An idle time too long to add is never reached.
+        let Some(at) = look
+            .idle_time(taken.hibernate.len())
+            .and_then(|idle| slot.0.checked_add(idle))
+        else {
+            break;
+        };
         if at > now {
-            return (due, Some(at));
+            taken.due_at(at);
+            break;
         }
         if let Some((id, idle)) = state.queue.remove(&slot) {
             state.by_session.remove(&id);
-            due.push(idle);
+            taken.hibernate.push(idle);
         }
     }
-    (due, None)
+    let Some(rest) = look.rest else {
+        return taken;
+    };
+    let from = state.rested.map_or(Bound::Unbounded, Bound::Excluded);
+    for (&slot, (_, idle)) in state.queue.range((from, Bound::Unbounded)) {
+        let Some(at) = slot.0.checked_add(rest) else {
+            break;
+        };
+        if at > now {
+            taken.due_at(at);
+            break;
+        }
+        taken.rest.push((idle.actor.clone(), idle.activity));
+        state.rested = Some(slot);
+    }
+    taken
 }
 
 /// The idle driver: asks the sessions idle past the idle time of the
-/// moment to hibernate, sleeps until the next one is due (or until woken),
+/// moment to hibernate and those idle past the rest delay to rest, sleeps
+/// until the next one is due (or until woken),
 /// and again, until aborted or the runtime is gone. It says when pressure
 /// begins to shorten the idle time, and when it no longer does.
 async fn drive_idle(shared: Arc<IdleShared>, look: Look) {
@@ -445,14 +511,14 @@ async fn drive_idle(shared: Arc<IdleShared>, look: Look) {
     loop {
         // Read outside the lock: it counts the live sessions.
         let Some(now_look) = look() else { return };
-        let shortened = now_look.idle_time(0) < now_look.idle;
+        let shortened = now_look.pressed();
         if shortened != pressed {
             pressed = shortened;
             if pressed {
                 tracing::info!(
                     live = now_look.live,
                     limit = now_look.limit,
-                    idle_secs = now_look.idle_time(0).as_secs_f64(),
+                    idle_secs = now_look.idle_time(0).unwrap_or_default().as_secs_f64(),
                     "live sessions past the pressure share: idle sessions hibernate sooner"
                 );
             } else {
@@ -462,12 +528,15 @@ async fn drive_idle(shared: Arc<IdleShared>, look: Look) {
                 );
             }
         }
-        let (due, next) = take_idle(&mut shared.lock(), Instant::now(), &now_look);
-        for idle in due {
-            // Refused: the actor is already stopping.
+        let taken = take_idle(&mut shared.lock(), Instant::now(), &now_look);
+        // Refused: the actor is already stopping.
+        for idle in taken.hibernate {
             let _ = idle.actor.cast(SessionMsg::Hibernate(idle.activity));
         }
-        match next {
+        for (actor, activity) in taken.rest {
+            let _ = actor.cast(SessionMsg::Rest(activity));
+        }
+        match taken.next {
             Some(at) => {
                 tokio::select! {
                     () = tokio::time::sleep_until(at) => {}
@@ -574,9 +643,16 @@ mod tests {
         assert!(timers.is_empty());
     }
 
-    /// Stands in for a session actor: reports the hibernation requests it
-    /// gets.
-    struct Sink(tokio::sync::mpsc::UnboundedSender<u64>);
+    /// What the idle driver asked a session, with the activity it named.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Asked {
+        Hibernate(u64),
+        Rest(u64),
+    }
+
+    /// Stands in for a session actor: reports the hibernation and rest
+    /// requests it gets.
+    struct Sink(tokio::sync::mpsc::UnboundedSender<Asked>);
 
     impl ractor::Actor for Sink {
         type Msg = SessionMsg;
@@ -597,16 +673,19 @@ mod tests {
             msg: SessionMsg,
             (): &mut (),
         ) -> Result<(), ractor::ActorProcessingErr> {
-            if let SessionMsg::Hibernate(n) = msg {
-                let _ = self.0.send(n);
-            }
+            let asked = match msg {
+                SessionMsg::Hibernate(n) => Asked::Hibernate(n),
+                SessionMsg::Rest(n) => Asked::Rest(n),
+                _ => return Ok(()),
+            };
+            let _ = self.0.send(asked);
             Ok(())
         }
     }
 
     async fn sink() -> (
         ActorRef<SessionMsg>,
-        tokio::sync::mpsc::UnboundedReceiver<u64>,
+        tokio::sync::mpsc::UnboundedReceiver<Asked>,
     ) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let (actor, _) = ractor::Actor::spawn(None, Sink(tx), ()).await.unwrap();
@@ -614,13 +693,22 @@ mod tests {
     }
 
     /// A look at `live` (shared with the test) under a limit of 10, 300 s
-    /// idle, pressure from 5 live down to 10 s at the limit.
+    /// idle, pressure from 5 live down to 10 s at the limit, no rest delay.
     fn look(live: Arc<std::sync::atomic::AtomicUsize>) -> Look {
+        look_resting(live, None)
+    }
+
+    /// [`look`] with a rest delay.
+    fn look_resting(
+        live: Arc<std::sync::atomic::AtomicUsize>,
+        rest: Option<Duration>,
+    ) -> Look {
         Box::new(move || {
             Some(IdleLook {
                 live: live.load(std::sync::atomic::Ordering::Relaxed),
                 limit: 10,
-                idle: Duration::from_secs(300),
+                idle: Some(Duration::from_secs(300)),
+                rest,
                 pressure: crate::limits::IdlePressure {
                     share_pct: 50,
                     floor: Duration::from_secs(10),
@@ -671,8 +759,8 @@ mod tests {
         // ~20 s (9 live), which the second has been idle for too.
         live.store(10, std::sync::atomic::Ordering::Relaxed);
         idle.nudge();
-        assert_eq!(rx.recv().await, Some(1));
-        assert_eq!(rx.recv().await, Some(2));
+        assert_eq!(rx.recv().await, Some(Asked::Hibernate(1)));
+        assert_eq!(rx.recv().await, Some(Asked::Hibernate(2)));
         assert_eq!(start.elapsed(), Duration::from_secs(50), "at once");
         assert!(idle.is_empty());
         // Without pressure again, the configured idle time.
@@ -680,7 +768,7 @@ mod tests {
         let id = SessionId::generate();
         let armed = Instant::now();
         idle.arm(id, actor.clone(), 3, armed);
-        assert_eq!(rx.recv().await, Some(3));
+        assert_eq!(rx.recv().await, Some(Asked::Hibernate(3)));
         assert_eq!(armed.elapsed(), Duration::from_secs(300));
         // Another actor of the same session cannot disarm this one's timer.
         let (other, _rx) = sink().await;
@@ -688,6 +776,36 @@ mod tests {
         idle.disarm(id, other.get_id());
         assert_eq!(idle.len(), 1);
         idle.disarm(id, actor.get_id());
+        assert!(idle.is_empty());
+    }
+
+    /// Every idle entry is asked to rest once, after the rest delay and in
+    /// the order it came to rest, and stays armed for hibernation; an entry
+    /// armed again (the session did something) is asked again a delay
+    /// later, with its new activity, and never with the old one.
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_driver_asks_to_rest_after_the_delay_and_keeps_the_entry_for_hibernation() {
+        let (actor, mut rx) = sink().await;
+        let idle = IdleTimers::default();
+        idle.start(|| look_resting(Arc::new(2.into()), Some(Duration::from_secs(10))));
+        let start = Instant::now();
+        let (first, second) = (SessionId::generate(), SessionId::generate());
+        idle.arm(first, actor.clone(), 1, start);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        idle.arm(second, actor.clone(), 1, Instant::now());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // The second does something at 6 s: its rest counts from then.
+        idle.arm(second, actor.clone(), 2, Instant::now());
+        assert_eq!(rx.recv().await, Some(Asked::Rest(1)));
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
+        assert_eq!(rx.recv().await, Some(Asked::Rest(2)));
+        assert_eq!(start.elapsed(), Duration::from_secs(16));
+        assert_eq!(idle.len(), 2, "resting leaves both armed");
+        // Asked once each: next comes the first's hibernation at 300 s.
+        assert_eq!(rx.recv().await, Some(Asked::Hibernate(1)));
+        assert_eq!(start.elapsed(), Duration::from_secs(300));
+        assert_eq!(rx.recv().await, Some(Asked::Hibernate(2)));
+        assert_eq!(start.elapsed(), Duration::from_secs(306));
         assert!(idle.is_empty());
     }
 }

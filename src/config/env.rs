@@ -28,6 +28,7 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
         "OVERSEER_IDLE_HIBERNATE_SECS",
         "runtime.idle_hibernate_secs",
     ),
+    ("OVERSEER_REST_AFTER_SECS", "runtime.rest_after_secs"),
     ("OVERSEER_CALL_TIMEOUT_SECS", "runtime.call_timeout_secs"),
     ("OVERSEER_PROVIDER", "provider.kind"),
     ("OVERSEER_SCENARIO", "provider.scenario"),
@@ -102,6 +103,13 @@ impl Config {
             "OVERSEER_IDLE_HIBERNATE_SECS",
             true,
             &mut rt.idle_hibernate_secs,
+            &mut problems,
+        );
+        env_value(
+            &get,
+            "OVERSEER_REST_AFTER_SECS",
+            true,
+            &mut rt.rest_after_secs,
             &mut problems,
         );
         env_value(

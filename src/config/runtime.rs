@@ -25,6 +25,10 @@ pub struct RuntimeSection {
     /// The shortest idle time, reached at the live-session limit, seconds.
     #[serde(default = "default_idle_hibernate_floor_secs")]
     pub idle_hibernate_floor_secs: u64,
+    /// How long a session stays at rest before it lets go of what it can
+    /// read back, seconds; 0 at once.
+    #[serde(default = "default_rest_after_secs")]
+    pub rest_after_secs: u64,
     /// How long an API call waits for a session actor, seconds.
     #[serde(default = "default_call_timeout_secs")]
     pub call_timeout_secs: u64,
@@ -40,6 +44,9 @@ fn default_idle_pressure_share_pct() -> u8 {
 fn default_idle_hibernate_floor_secs() -> u64 {
     overseer_actors::IdlePressure::default().floor.as_secs()
 }
+fn default_rest_after_secs() -> u64 {
+    overseer_actors::DEFAULT_REST_AFTER.as_secs()
+}
 fn default_compaction_threshold_pct() -> u8 {
     overseer_actors::DEFAULT_COMPACTION_THRESHOLD_PCT
 }
@@ -52,6 +59,7 @@ impl Default for RuntimeSection {
             idle_hibernate_secs: default_idle_hibernate_secs(),
             idle_pressure_share_pct: default_idle_pressure_share_pct(),
             idle_hibernate_floor_secs: default_idle_hibernate_floor_secs(),
+            rest_after_secs: default_rest_after_secs(),
             call_timeout_secs: default_call_timeout_secs(),
             compaction_threshold_pct: default_compaction_threshold_pct(),
         }

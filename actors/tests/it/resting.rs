@@ -26,9 +26,22 @@ use overseer_actors::testing::{self, store::TestStore};
 use overseer_actors::{CreateSession, Overseer, RuntimeConfig, SessionError};
 use serde_json::{json, Value};
 
+/// [`start_with`] a runtime that releases a session as soon as it is at
+/// rest, so each test sees a release after every message.
+async fn start(store: &TestStore) -> Overseer {
+    start_with(
+        store,
+        RuntimeConfig {
+            rest_after: Duration::ZERO,
+            ..RuntimeConfig::default()
+        },
+    )
+    .await
+}
+
 /// Agent `a` asks to run `echo` and quotes its result; agent `chat`
 /// answers two messages in turn.
-async fn start(store: &TestStore) -> Overseer {
+async fn start_with(store: &TestStore, config: RuntimeConfig) -> Overseer {
     let scenario = json!({
         "a": echo_then_answer(),
         "chat": [{"text": "first answer"}, {"text": "second answer"}]
@@ -45,7 +58,7 @@ async fn start(store: &TestStore) -> Overseer {
         Arc::new(store.clone()),
         provider,
         tools(Default::default(), Default::default()),
-        RuntimeConfig::default(),
+        config,
     )
     .await
     .unwrap()
@@ -169,6 +182,55 @@ async fn a_parked_session_releases_its_transcript_and_a_decision_brings_it_back(
     assert_eq!(r.transcript.len(), 4);
     assert!(final_text(&transcript_of(&ov, released).await).starts_with("Result: "));
     assert_eq!(r.metadata, k.metadata);
+}
+
+/// With a rest delay (the default), a session keeps what it holds until
+/// it has stayed at rest that long: a decision or a read within the delay
+/// reads nothing back. Past it, the session lets go, and the next input
+/// reads it back once; each input restarts the delay. Both end alike.
+#[tokio::test(start_paused = true)]
+async fn a_session_rests_only_once_idle_for_the_rest_delay() {
+    let store = TestStore::new();
+    let ov = start_with(&store, RuntimeConfig::default()).await;
+    let delay = RuntimeConfig::default().rest_after;
+    assert!(delay > Duration::ZERO, "the default waits");
+    let (quick, slow) = (SessionId::generate(), SessionId::generate());
+    for id in [quick, slow] {
+        create_until(&ov, id, "a", SessionStatus::AwaitingApproval).await;
+    }
+    let (quick_before, slow_before) = (store.loads(quick), store.loads(slow));
+
+    let sub = approval(&ov, quick).await;
+    assert_eq!(decide_to_the_end(&ov, quick, sub).await, StopReason::EndTurn);
+    assert_eq!(
+        store.loads(quick),
+        quick_before,
+        "decided within the delay: nothing read back"
+    );
+    tokio::time::sleep(delay / 2).await;
+    assert_eq!(ov.state(slow).await.unwrap().transcript.len(), 2);
+    assert_eq!(store.loads(slow), slow_before, "kept within the delay");
+    // The read was an input: the delay counts again from it.
+    tokio::time::sleep(delay * 3 / 4).await;
+    assert_eq!(ov.state(slow).await.unwrap().transcript.len(), 2);
+    assert_eq!(store.loads(slow), slow_before, "the delay restarted");
+    tokio::time::sleep(delay + Duration::from_secs(1)).await;
+    assert_eq!(ov.state(slow).await.unwrap().transcript.len(), 2);
+    assert_eq!(
+        store.loads(slow),
+        slow_before + 1,
+        "idle past the delay: released, then read back"
+    );
+    let sub = approval(&ov, slow).await;
+    assert_eq!(decide_to_the_end(&ov, slow, sub).await, StopReason::EndTurn);
+    assert_eq!(
+        store.loads(slow),
+        slow_before + 1,
+        "decided right after the read: nothing read again"
+    );
+    let (q, s) = (stored(&store, quick).await, stored(&store, slow).await);
+    assert_eq!(alike(&q.transcript), alike(&s.transcript));
+    assert_eq!(q.metadata, s.metadata);
 }
 
 /// On a store whose reads go over the network (PostgreSQL), a parked

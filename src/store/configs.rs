@@ -18,6 +18,9 @@
 //! It owns no I/O and no engine: where the configurations live, and when one
 //! is deleted, is each engine's (`sled/configs`, `postgres`).
 
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 use overseer_actors::model::{SessionHeader, SessionId};
 use overseer_actors::store::StoreError;
 
@@ -29,6 +32,13 @@ const REF_KEY: &[u8] = b"\"config_hash\":\"";
 const EMBEDDED_KEY: &[u8] = b"\"config\":";
 /// Hex digits of a hash.
 const HASH_HEX: usize = 64;
+
+/// Searchers for the two keys, built once: every checkpoint looks for its
+/// configuration in its header's JSON, and every read for the reference.
+/// (A byte-by-byte scan was a seventh of encoding a header; a searcher
+/// built per call for the whole configuration's bytes cost twice that.)
+static EMBEDDED: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(EMBEDDED_KEY));
+static REFERENCE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(REF_KEY));
 
 /// A configuration to store once: its hash (hex) and its JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,21 +61,21 @@ pub(super) fn encode_header(header: &SessionHeader) -> Result<(Vec<u8>, Interned
         .ok_or_else(|| corrupt(id, "cannot encode the configuration"))?
         .get()
         .as_bytes();
-    let mut field = Vec::with_capacity(EMBEDDED_KEY.len() + raw.len());
-    field.extend_from_slice(EMBEDDED_KEY);
-    field.extend_from_slice(raw);
-    let at = find(&whole, &field)
+    let at = EMBEDDED
+        .find(&whole)
+        .filter(|&at| whole[at + EMBEDDED_KEY.len()..].starts_with(raw))
         .ok_or_else(|| corrupt(id, "the encoded header does not hold its configuration"))?;
+    let field_len = EMBEDDED_KEY.len() + raw.len();
     let mut hex = [0u8; HASH_HEX];
     hex::encode_to_slice(header.config.hash(), &mut hex)
         .map_err(|e| corrupt(id, format!("cannot name the configuration: {e}")))?;
     let hash = String::from_utf8_lossy(&hex).into_owned();
-    let mut out = Vec::with_capacity(whole.len() - field.len() + REF_KEY.len() + HASH_HEX + 1);
+    let mut out = Vec::with_capacity(whole.len() - field_len + REF_KEY.len() + HASH_HEX + 1);
     out.extend_from_slice(&whole[..at]);
     out.extend_from_slice(REF_KEY);
     out.extend_from_slice(hash.as_bytes());
     out.push(b'"');
-    out.extend_from_slice(&whole[at + field.len()..]);
+    out.extend_from_slice(&whole[at + field_len..]);
     Ok((
         out,
         Interned {
@@ -79,7 +89,7 @@ pub(super) fn encode_header(header: &SessionHeader) -> Result<(Vec<u8>, Interned
 /// whole `"config_hash":"…"` member and the hash; `None` for a header that
 /// embeds its configuration.
 fn reference(bytes: &[u8]) -> Option<(std::ops::Range<usize>, &str)> {
-    let start = find(bytes, REF_KEY)?;
+    let start = REFERENCE.find(bytes)?;
     let from = start + REF_KEY.len();
     let hash = bytes.get(from..from + HASH_HEX)?;
     if bytes.get(from + HASH_HEX) != Some(&b'"') || !hash.iter().all(u8::is_ascii_hexdigit) {
@@ -144,12 +154,6 @@ pub(super) fn decode_header<B: AsRef<[u8]>>(
     }
 }
 
-/// The first position of `needle` in `haystack` (every checkpoint looks
-/// for its configuration in its header's JSON: a byte-by-byte scan was a
-/// seventh of encoding a header).
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    memchr::memmem::find(haystack, needle)
-}
 
 #[cfg(test)]
 mod tests {

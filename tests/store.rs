@@ -312,7 +312,8 @@ async fn store_check_passes_a_healthy_store_and_names_each_damage() {
         .map(Sim::id);
     // One record per checkpoint (three each): the second of each goes, so
     // what follows the first's counters is missing.
-    let (missing_entry, missing_event);
+    let (missing_entry, missing_event, past_ends);
+    let (orphan, past) = (SessionId::generate(), sims[4].id());
     {
         let db = open_raw(dir.path());
         let records = rows(&db, "records");
@@ -335,6 +336,19 @@ async fn store_check_passes_a_healthy_store_and_names_each_damage() {
         records.remove(&event_records[1].0).unwrap().unwrap();
         missing_event = event_records[0].1 + 1;
         records.insert(&of(corrupted)[0].0, &b"\xffnot a record"[..]);
+        // A record of a session with no header, and one past what its
+        // header covers: a batch commits both together, so neither can be
+        // left by a crash.
+        let key = |id: SessionId, events: u64, entries: u64| {
+            let mut key = id.as_bytes().to_vec();
+            key.extend_from_slice(&events.to_be_bytes());
+            key.extend_from_slice(&entries.to_be_bytes());
+            key
+        };
+        records.insert(key(orphan, 3, 2), &b"\x92\x90\x90"[..]);
+        let (_, events, entries) = of(past).pop().unwrap();
+        past_ends = (events + 4, entries + 2);
+        records.insert(key(past, past_ends.0, past_ends.1), &b"\x92\x90\x90"[..]);
         let mut tenant_key = b"acme\0".to_vec();
         tenant_key.extend_from_slice(unindexed.as_bytes());
         rows(&db, "tenants").remove(tenant_key).unwrap().unwrap();
@@ -370,6 +384,21 @@ async fn store_check_passes_a_healthy_store_and_names_each_damage() {
     assert!(
         stdout.contains(&format!(
             "session {unindexed} is missing from the index of tenant \"acme\""
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "session {orphan}: a checkpoint record (events to 3, entries to 2) without the \
+             session's header"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!(
+            "session {past}: a checkpoint record (events to {}, entries to {}) past what its \
+             header covers",
+            past_ends.0, past_ends.1
         )),
         "{stdout}"
     );

@@ -14,7 +14,7 @@
 //!
 //! It deliberately repairs nothing: it reports, and the operator decides.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -178,6 +178,9 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
 
     let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
     let (mut sessions, mut entries, mut events) = (0u64, 0u64, 0u64);
+    // What each header covers (events, entries), for the records: `None`
+    // for a header that could not be read (already reported).
+    let mut covered: HashMap<SessionId, Option<(u64, u64)>> = HashMap::new();
     for item in trees.sessions.iter() {
         let (key, bytes) = or_stop!(report, item, "reading the sessions tree");
         sessions += 1;
@@ -188,6 +191,7 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
             ));
             continue;
         };
+        covered.insert(id, None);
         let peek = match codec::peek(&id, &bytes) {
             Ok(peek) => peek,
             Err(e) => {
@@ -205,6 +209,7 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
                 continue;
             }
         };
+        covered.insert(id, Some((header.last_event_seq, header.transcript_len)));
         *by_status
             .entry(header.status.as_str().to_owned())
             .or_default() += 1;
@@ -259,17 +264,23 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
         or_stop!(report, item, "reading the blob_refs tree");
         refs += 1;
     }
+    let (mut purges, mut purging) = (0u64, HashSet::new());
+    for item in trees.meta.scan_prefix(layout::PURGE_PREFIX) {
+        let (key, _) = or_stop!(report, item, "reading the purge markers");
+        purges += 1;
+        if let Some(id) = key.get(layout::PURGE_PREFIX.len()..).and_then(layout::id_from) {
+            purging.insert(id);
+        }
+    }
     let mut records = 0u64;
     if trees.per_checkpoint {
         for item in trees.records.iter() {
-            or_stop!(report, item, "reading the checkpoint records");
+            let (key, _) = or_stop!(report, item, "reading the checkpoint records");
             records += 1;
+            if let Err(e) = check_record_key(&key, &covered, &purging) {
+                report.problem(e);
+            }
         }
-    }
-    let mut purges = 0u64;
-    for item in trees.meta.scan_prefix(layout::PURGE_PREFIX) {
-        or_stop!(report, item, "reading the purge markers");
-        purges += 1;
     }
     let statuses = by_status
         .iter()
@@ -302,6 +313,40 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
         report.summary.push(format!(
             "{purges} purge(s) under way, finished when a server next opens the store"
         ));
+    }
+}
+
+/// A record is committed with its header, in one batch: so its session
+/// has a header (unless a purge of it is under way, which removes the
+/// header first), and the header's counters reach the record's ends.
+fn check_record_key(
+    key: &[u8],
+    covered: &HashMap<SessionId, Option<(u64, u64)>>,
+    purging: &HashSet<SessionId>,
+) -> Result<(), String> {
+    let (Some(id), Some((events_end, entries_end))) = (
+        key.get(..16).and_then(layout::id_from),
+        layout::record_ends(key),
+    ) else {
+        return Err(format!(
+            "records: a key of {} bytes, expected 32",
+            key.len()
+        ));
+    };
+    match covered.get(&id) {
+        None if purging.contains(&id) => Ok(()),
+        None => Err(format!(
+            "session {id}: a checkpoint record (events to {events_end}, entries to \
+             {entries_end}) without the session's header: no reader sees it"
+        )),
+        Some(Some((last_event, len))) if events_end > *last_event || entries_end > *len => {
+            Err(format!(
+                "session {id}: a checkpoint record (events to {events_end}, entries to \
+                 {entries_end}) past what its header covers (events to {last_event}, entries \
+                 to {len})"
+            ))
+        }
+        Some(_) => Ok(()),
     }
 }
 

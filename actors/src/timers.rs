@@ -699,10 +699,7 @@ mod tests {
     }
 
     /// [`look`] with a rest delay.
-    fn look_resting(
-        live: Arc<std::sync::atomic::AtomicUsize>,
-        rest: Option<Duration>,
-    ) -> Look {
+    fn look_resting(live: Arc<std::sync::atomic::AtomicUsize>, rest: Option<Duration>) -> Look {
         Box::new(move || {
             Some(IdleLook {
                 live: live.load(std::sync::atomic::Ordering::Relaxed),

@@ -154,7 +154,6 @@ pub(super) fn decode_header<B: AsRef<[u8]>>(
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

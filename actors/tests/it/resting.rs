@@ -201,7 +201,10 @@ async fn a_session_rests_only_once_idle_for_the_rest_delay() {
     let (quick_before, slow_before) = (store.loads(quick), store.loads(slow));
 
     let sub = approval(&ov, quick).await;
-    assert_eq!(decide_to_the_end(&ov, quick, sub).await, StopReason::EndTurn);
+    assert_eq!(
+        decide_to_the_end(&ov, quick, sub).await,
+        StopReason::EndTurn
+    );
     assert_eq!(
         store.loads(quick),
         quick_before,

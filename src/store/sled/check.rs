@@ -268,7 +268,10 @@ fn verify(trees: &Trees, report: &mut CheckReport) {
     for item in trees.meta.scan_prefix(layout::PURGE_PREFIX) {
         let (key, _) = or_stop!(report, item, "reading the purge markers");
         purges += 1;
-        if let Some(id) = key.get(layout::PURGE_PREFIX.len()..).and_then(layout::id_from) {
+        if let Some(id) = key
+            .get(layout::PURGE_PREFIX.len()..)
+            .and_then(layout::id_from)
+        {
             purging.insert(id);
         }
     }

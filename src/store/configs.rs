@@ -15,13 +15,19 @@
 //! other field before it holds an object with free-form keys, and a JSON
 //! string cannot hold an unescaped quote, so the first match is the field.
 //!
+//! A store that reads many headers keeps the configurations it has read
+//! ([`DecodedConfigs`]): a hash names one content for ever, so a header
+//! naming a configuration already read is parsed without it and shares it,
+//! its hash already made.
+//!
 //! It owns no I/O and no engine: where the configurations live, and when one
 //! is deleted, is each engine's (`sled/configs`, `postgres`).
 
-use std::sync::LazyLock;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use memchr::memmem::Finder;
-use overseer_actors::model::{SessionHeader, SessionId};
+use overseer_actors::model::{EffectiveConfig, SessionHeader, SessionId, SharedConfig};
 use overseer_actors::store::StoreError;
 
 use super::codec::{corrupt, decode_header as decode_whole, to_json, HEADER_GUESS};
@@ -154,6 +160,105 @@ pub(super) fn decode_header<B: AsRef<[u8]>>(
     }
 }
 
+/// Configurations already read, by hash, shared by every header read
+/// later that names one: such a header is parsed with a small stand-in in
+/// place of the configuration, which is then swapped for the one kept. A
+/// hash names one content, so what is kept never goes stale; a
+/// configuration purged since stays kept, harmlessly, until the store
+/// closes. Recovery reads every active header, and every activation one
+/// more: parsing the configuration each time, and hashing it again for the
+/// session's next checkpoint, was a third of reading a header back with
+/// the default agent's short instructions, more with real ones.
+#[derive(Default)]
+pub(in crate::store) struct DecodedConfigs(Mutex<Decoded>);
+
+#[derive(Default)]
+struct Decoded {
+    by_hash: HashMap<String, SharedConfig>,
+    /// The JSON of a configuration with every list and text emptied: what
+    /// stands in for a kept configuration while a header is parsed. Made
+    /// from the first configuration kept, so it parses whatever fields the
+    /// configuration has.
+    stand_in: Option<Arc<[u8]>>,
+}
+
+/// Distinct configurations kept at most. Sessions of one agent share one;
+/// past this many (overrides on every session), the rest are parsed with
+/// their headers, as before.
+const DECODED_MAX: usize = 4_096;
+
+impl std::fmt::Debug for DecodedConfigs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecodedConfigs")
+            .field("kept", &self.lock().by_hash.len())
+            .finish()
+    }
+}
+
+impl DecodedConfigs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Decoded> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The configuration kept under `hash`, and the stand-in.
+    fn get(&self, hash: &str) -> Option<(SharedConfig, Arc<[u8]>)> {
+        let decoded = self.lock();
+        Some((decoded.by_hash.get(hash)?.clone(), decoded.stand_in.clone()?))
+    }
+
+    /// Keeps `config`, read under `hash`.
+    fn keep(&self, hash: &str, config: &SharedConfig) {
+        // Made outside the lock, once per distinct configuration: the hash
+        // (which every sharer's next checkpoint names) and the stand-in.
+        config.hash();
+        let stand_in = stand_in(config);
+        let mut decoded = self.lock();
+        if decoded.by_hash.len() >= DECODED_MAX {
+            return;
+        }
+        decoded.by_hash.insert(hash.to_owned(), config.clone());
+        if decoded.stand_in.is_none() {
+            decoded.stand_in = stand_in.map(Arc::from);
+        }
+    }
+}
+
+/// `config` with its texts and lists emptied, as JSON.
+fn stand_in(config: &EffectiveConfig) -> Option<Vec<u8>> {
+    let mut small = config.clone();
+    small.instructions.clear();
+    small.tools.clear();
+    small.model.clear();
+    small.route = None;
+    small.subagents.clear();
+    small.output_schema = None;
+    small.tool_approvals.clear();
+    small.skills.clear();
+    small.tasks.clear();
+    serde_json::to_vec(&small).ok()
+}
+
+/// [`decode_header`], sharing the configurations `decoded` keeps and
+/// keeping the one it reads.
+pub(in crate::store) fn decode_header_kept<B: AsRef<[u8]>>(
+    id: &SessionId,
+    bytes: &[u8],
+    decoded: &DecodedConfigs,
+    config: impl FnOnce(&str) -> Result<Option<B>, StoreError>,
+) -> Result<SessionHeader, StoreError> {
+    let Some((_, hash)) = reference(bytes) else {
+        return decode_header(id, bytes, config);
+    };
+    if let Some((kept, stand_in)) = decoded.get(hash) {
+        let mut header = decode_header(id, bytes, |_| Ok(Some(&*stand_in)))?;
+        header.config = kept;
+        return Ok(header);
+    }
+    let header = decode_header(id, bytes, config)?;
+    decoded.keep(hash, &header.config);
+    Ok(header)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -235,6 +340,41 @@ mod tests {
         // Its configuration stored or not.
         let (_, interned) = encode_header(&header).unwrap();
         let err = decode_header(&header.id, &stored, |_| Ok(Some(interned.json))).unwrap_err();
+        assert!(matches!(err, StoreError::SchemaTooNew { .. }), "{err}");
+    }
+
+    /// A header naming a configuration already read shares it, never looks
+    /// it up again, and reads exactly as a header decoded whole does.
+    #[test]
+    fn a_configuration_read_once_is_shared_by_every_header_naming_it() {
+        let kept = DecodedConfigs::default();
+        let first = header();
+        let mut second = header();
+        second.title = Some("another".into());
+        second.config = first.config.clone();
+        let (a, interned) = encode_header(&first).unwrap();
+        let (b, _) = encode_header(&second).unwrap();
+        let lookups = std::cell::Cell::new(0);
+        let look = |_: &str| {
+            lookups.set(lookups.get() + 1);
+            Ok(Some(interned.json.clone()))
+        };
+        let read_a = decode_header_kept(&first.id, &a, &kept, look).unwrap();
+        assert_eq!(lookups.get(), 1);
+        let read_b = decode_header_kept(&second.id, &b, &kept, |_| -> Result<Option<Vec<u8>>, _> {
+            panic!("a kept configuration is looked up again")
+        })
+        .unwrap();
+        assert_eq!(read_a, decode_header(&first.id, &a, look).unwrap());
+        assert_eq!(read_b, decode_header(&second.id, &b, look).unwrap());
+        assert_eq!(read_b, second);
+        assert!(read_a.config.ptr_eq(&read_b.config), "one configuration, shared");
+        assert_eq!(read_b.config.hash(), first.config.hash());
+        // A newer header naming it is refused as newer all the same.
+        let mut newer = second.clone();
+        newer.schema_version = SCHEMA_VERSION + 1;
+        let (stored, _) = encode_header(&newer).unwrap();
+        let err = decode_header_kept(&newer.id, &stored, &kept, look).unwrap_err();
         assert!(matches!(err, StoreError::SchemaTooNew { .. }), "{err}");
     }
 }

@@ -39,13 +39,14 @@ pub(super) fn ref_key(hash: &str, id: &SessionId) -> Vec<u8> {
 
 impl Trees {
     /// Decodes a stored header with the configuration it names (see
-    /// `store::configs`); a header embedding its configuration as it is.
+    /// `store::configs`), shared with every header read since the store
+    /// opened that names it; a header embedding its configuration as it is.
     pub(in crate::store) fn decode_header(
         &self,
         id: &SessionId,
         bytes: &[u8],
     ) -> Result<SessionHeader, StoreError> {
-        configs::decode_header(id, bytes, |hash| {
+        configs::decode_header_kept(id, bytes, &self.decoded_configs, |hash| {
             self.configs.get(hash.as_bytes()).map_err(|e| {
                 StoreError::io(format!("reading configuration {hash} of session {id}"), e)
             })

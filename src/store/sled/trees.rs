@@ -335,6 +335,8 @@ pub(in crate::store) struct Trees {
     /// sha256 hex ‖ id → empty: which sessions' headers name each
     /// configuration, so a purge deletes only one nobody else names.
     pub(in crate::store) config_refs: View,
+    /// The configurations headers read so far name (`store::configs`).
+    pub(in crate::store) decoded_configs: std::sync::Arc<crate::store::configs::DecodedConfigs>,
     /// Test hook: when set, the writer fails each group right before it
     /// applies its batch, as a crash there would leave the tree.
     #[cfg(test)]
@@ -396,6 +398,7 @@ impl Trees {
             hooked: View::new(&data, Kind::Hooked),
             configs: interned(Kind::Configs)?,
             config_refs: interned(Kind::ConfigRefs)?,
+            decoded_configs: Default::default(),
             data,
             #[cfg(test)]
             drop_headers: Default::default(),

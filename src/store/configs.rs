@@ -203,7 +203,10 @@ impl DecodedConfigs {
     /// The configuration kept under `hash`, and the stand-in.
     fn get(&self, hash: &str) -> Option<(SharedConfig, Arc<[u8]>)> {
         let decoded = self.lock();
-        Some((decoded.by_hash.get(hash)?.clone(), decoded.stand_in.clone()?))
+        Some((
+            decoded.by_hash.get(hash)?.clone(),
+            decoded.stand_in.clone()?,
+        ))
     }
 
     /// Keeps `config`, read under `hash`.
@@ -368,7 +371,10 @@ mod tests {
         assert_eq!(read_a, decode_header(&first.id, &a, look).unwrap());
         assert_eq!(read_b, decode_header(&second.id, &b, look).unwrap());
         assert_eq!(read_b, second);
-        assert!(read_a.config.ptr_eq(&read_b.config), "one configuration, shared");
+        assert!(
+            read_a.config.ptr_eq(&read_b.config),
+            "one configuration, shared"
+        );
         assert_eq!(read_b.config.hash(), first.config.hash());
         // A newer header naming it is refused as newer all the same.
         let mut newer = second.clone();

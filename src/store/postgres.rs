@@ -210,6 +210,8 @@ struct Inner {
     round_trips: Arc<AtomicU64>,
     /// Webhooks: when set, checkpoints insert the deliveries of their events.
     webhooks: std::sync::OnceLock<Arc<crate::webhooks::Subscriptions>>,
+    /// The configurations headers read so far name (`store::configs`).
+    decoded_configs: crate::store::configs::DecodedConfigs,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -321,6 +323,7 @@ impl PgStore {
                 heartbeat_conn: std::sync::Mutex::new(None),
                 round_trips,
                 webhooks: std::sync::OnceLock::new(),
+                decoded_configs: Default::default(),
             }),
         })
     }

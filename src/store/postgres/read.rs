@@ -20,18 +20,22 @@ use super::codec::corrupt;
 use super::{map_pg, retrying, session_id, signed, PgStore, READ_RETRY};
 use crate::store::{configs, record};
 
-/// A stored header joined with the configuration it names (`config`: the
-/// `configs` row of its `config_hash`, read in the same query); one that
-/// embeds its configuration (written before migration 7) as it is.
-fn decode_header(
-    id: &SessionId,
-    text: &str,
-    config: Option<String>,
-) -> Result<SessionHeader, StoreError> {
-    configs::decode_header(id, text.as_bytes(), |_| Ok(config))
-}
-
 impl PgStore {
+    /// A stored header joined with the configuration it names (`config`:
+    /// the `configs` row of its `config_hash`, read in the same query),
+    /// shared with every header this store read that names it; one that
+    /// embeds its configuration (written before migration 7) as it is.
+    fn decode_header(
+        &self,
+        id: &SessionId,
+        text: &str,
+        config: Option<String>,
+    ) -> Result<SessionHeader, StoreError> {
+        configs::decode_header_kept(id, text.as_bytes(), &self.inner.decoded_configs, |_| {
+            Ok(config)
+        })
+    }
+
     pub(super) async fn read_session(
         &self,
         id: SessionId,
@@ -66,7 +70,7 @@ impl PgStore {
             return Ok(None);
         };
         let header_text: String = row.get(0);
-        let header = decode_header(&id, &header_text, row.get(7))?;
+        let header = self.decode_header(&id, &header_text, row.get(7))?;
         let metadata: Option<String> = row.get(1);
         let metadata = match metadata {
             Some(m) => serde_json::from_str(&m)
@@ -155,17 +159,17 @@ impl PgStore {
             .map_err(map_pg)?;
         row.map(|r| {
             let text: String = r.get(0);
-            decode_header(&id, &text, r.get(1))
+            self.decode_header(&id, &text, r.get(1))
         })
         .transpose()
     }
 
-    fn headers(rows: &[tokio_postgres::Row]) -> Result<Vec<SessionSummary>, StoreError> {
+    fn headers(&self, rows: &[tokio_postgres::Row]) -> Result<Vec<SessionSummary>, StoreError> {
         rows.iter()
             .map(|r| {
                 let id = session_id(r.get(0));
                 let text: String = r.get(1);
-                decode_header(&id, &text, r.get(2))
+                self.decode_header(&id, &text, r.get(2))
             })
             .collect()
     }
@@ -254,7 +258,7 @@ impl PgStore {
             .map_err(map_pg)
         })
         .await?;
-        Self::headers(&rows)
+        self.headers(&rows)
     }
 
     pub(super) async fn read_tenant(
@@ -279,7 +283,7 @@ impl PgStore {
                 .map_err(map_pg)
         })
         .await?;
-        Self::headers(&rows)
+        self.headers(&rows)
     }
 
     pub(super) async fn read_scan(
@@ -307,7 +311,7 @@ impl PgStore {
                 .map_err(map_pg)
         })
         .await?;
-        Self::headers(&rows)
+        self.headers(&rows)
     }
 
     /// One indexed query (the primary key's order); one row more than the

@@ -333,6 +333,7 @@ fn plan(args: &Args) -> Vec<Case> {
     }
     for &n in &sizes {
         add(Workload::Idle, "idle", idle_mode, n);
+        add(Workload::Idle, "actor-floor", idle_mode, n);
         add(Workload::Idle, "hibernate", idle_mode, n);
     }
     if args.full && args.sessions.is_none() {
@@ -593,6 +594,7 @@ fn run_case(case: &str, args: &Args) -> Res<ExitCode> {
             "round-trip" => approve::serial(mode, n, limit, &base, &mut failures).await,
             "idle" => idle::run(mode, n, limit, &base).await,
             "hibernate" => idle::hibernated(mode, n, limit, &base).await,
+            "actor-floor" => idle::actor_floor(mode, n).await,
             "checkpoint" => checkpoint::run(mode, rounds, &base).await,
             "recovery" => recovery::run(mode, n, limit, &base, &mut failures).await,
             "http" => http::run(mode, n, &base, &mut failures).await,

@@ -143,6 +143,59 @@ pub async fn hibernated(mode: Mode, n: usize, limit: usize, base: &Path) -> Res<
     Ok(rows.rows)
 }
 
+/// Workload 2's floor: RSS per bare ractor actor with an empty state, in
+/// a process of its own. What any live session costs at least, whatever it
+/// holds: its mailbox's channels (ractor boxes every message, so their
+/// slots do not depend on the message type), its task and message loop,
+/// its cell.
+pub async fn actor_floor(mode: Mode, n: usize) -> Res<Vec<Row>> {
+    /// Holds nothing and handles nothing.
+    struct Bare;
+
+    impl ractor::Actor for Bare {
+        type Msg = ();
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(
+            &self,
+            _: ractor::ActorRef<Self::Msg>,
+            (): (),
+        ) -> Result<(), ractor::ActorProcessingErr> {
+            Ok(())
+        }
+    }
+
+    let mut actors = Vec::with_capacity(n + WARM_UP);
+    for _ in 0..WARM_UP {
+        actors.push(ractor::Actor::spawn(None, Bare, ()).await?);
+    }
+    settle(300).await;
+    let before = rss_bytes()?;
+    for _ in 0..n {
+        actors.push(ractor::Actor::spawn(None, Bare, ()).await?);
+    }
+    settle(300).await;
+    let after = rss_bytes()?;
+    eprintln!(
+        "  {n} bare actors; RSS {} -> {} MiB",
+        before >> 20,
+        after >> 20
+    );
+    for (actor, handle) in actors {
+        actor.stop(None);
+        handle.await?;
+    }
+    let mut rows = Rows::new(NAME, Some(mode), n);
+    rows.add(
+        "RSS per bare ractor actor (the floor of a live session)",
+        Some(after.saturating_sub(before) as f64 / n.max(1) as f64),
+        "bytes",
+        "",
+    );
+    Ok(rows.rows)
+}
+
 /// What hibernated sessions cost, from [`hibernated_rss`].
 struct Hibernated {
     /// RSS growth over the second half of the sessions, per session: what

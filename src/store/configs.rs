@@ -182,10 +182,11 @@ struct Decoded {
     stand_in: Option<Arc<[u8]>>,
 }
 
-/// Distinct configurations kept at most. Sessions of one agent share one;
-/// past this many (overrides on every session), the rest are parsed with
-/// their headers, as before.
-const DECODED_MAX: usize = 4_096;
+/// Distinct configurations kept at most (a few megabytes with long
+/// instructions). Sessions of one agent share one; past this many
+/// (overrides on every session), the rest are parsed with their headers,
+/// as before.
+const DECODED_MAX: usize = 1_024;
 
 impl std::fmt::Debug for DecodedConfigs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -215,7 +215,12 @@ impl DecodedConfigs {
         // Made outside the lock, once per distinct configuration: the hash
         // (which every sharer's next checkpoint names) and the stand-in.
         config.hash();
-        let stand_in = stand_in(config);
+        let stand_in = self
+            .lock()
+            .stand_in
+            .is_none()
+            .then(|| stand_in(config))
+            .flatten();
         let mut decoded = self.lock();
         if decoded.by_hash.len() >= DECODED_MAX {
             return;

@@ -385,8 +385,12 @@ pub async fn pending(world: &World, node: &Node, id: &str) -> anyhow::Result<Vec
 }
 
 /// Approves `calls` of `id` on `node`, retrying while the answer is a 503
-/// (the owner unreachable or the session moving); returns the status of the
-/// answer that was not a 503.
+/// (the owner unreachable, the session moving, the database away); returns
+/// the status of the answer that was not a 503. An attempt answered 503, or
+/// cut off, may still have committed (the database went away between the
+/// decision's commit and its reply): a retry that then finds the calls
+/// already decided is that decision's answer, and counts as a 200. A 409
+/// without an earlier ambiguous attempt is returned as it is.
 pub async fn approve(
     world: &World,
     node: &Node,
@@ -398,6 +402,7 @@ pub async fn approve(
         .map(|c| (c.clone(), json!({"decision": "approve"})))
         .collect();
     let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut ambiguous = false;
     loop {
         let sent = send(
             world
@@ -409,7 +414,11 @@ pub async fn approve(
         .await;
         match sent {
             Ok((503, _)) | Err(_) if tokio::time::Instant::now() < deadline => {
+                ambiguous = true;
                 tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Ok((409, v)) if ambiguous && v["error"]["code"] == "already_decided" => {
+                return Ok((200, v))
             }
             other => return other,
         }

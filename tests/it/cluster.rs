@@ -484,48 +484,6 @@ async fn a_node_paused_past_its_lease_lands_no_write_whether_its_clock_or_the_fe
     assert!(ledger.values().all(|&n| n == 1), "{ledger:?}");
 }
 
-/// Approves `calls` of `id` on `node` while the database may go away,
-/// retrying as [`approve`] does. An attempt answered 503, or cut off, may
-/// still have committed: the database can go away after the decision's
-/// commit and before its reply, and the node can only say the store is
-/// unavailable. A retry that then finds the calls already decided is that
-/// decision's answer, and counts as a 200. The test's ledger still checks
-/// that each tool ran exactly once. A 409 without an earlier ambiguous
-/// attempt is returned as it is.
-async fn approve_across_outage(
-    world: &World,
-    node: &Node,
-    id: &str,
-    calls: &[String],
-) -> anyhow::Result<(u16, serde_json::Value)> {
-    let decisions: serde_json::Map<String, serde_json::Value> = calls
-        .iter()
-        .map(|c| (c.clone(), serde_json::json!({"decision": "approve"})))
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut ambiguous = false;
-    loop {
-        let sent = common::send(
-            world
-                .client
-                .post(format!("{}/v1/sessions/{id}/approvals", node.url))
-                .bearer_auth(world.token())
-                .json(&serde_json::json!({ "decisions": decisions })),
-        )
-        .await;
-        match sent {
-            Ok((503, _)) | Err(_) if Instant::now() < deadline => {
-                ambiguous = true;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Ok((409, v)) if ambiguous && v["error"]["code"] == "already_decided" => {
-                return Ok((200, v));
-            }
-            other => return other,
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_database_restart_under_load_loses_nothing_acknowledged() {
     let _turn = SERIAL.lock().await;
@@ -563,8 +521,7 @@ async fn a_database_restart_under_load_loses_nothing_acknowledged() {
                 };
                 let _ = acked_tx.send(());
                 let calls = pending(world, &nodes[(i + 1) % 2], &id).await?;
-                let (status, v) =
-                    approve_across_outage(world, &nodes[(i + 1) % 2], &id, &calls).await?;
+                let (status, v) = approve(world, &nodes[(i + 1) % 2], &id, &calls).await?;
                 anyhow::ensure!(status == 200, "approval answered {status}: {v}");
                 anyhow::Ok(id)
             }

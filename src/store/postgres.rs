@@ -63,6 +63,7 @@
 //! It deliberately owns no cluster behaviour (heartbeat cadence, failover,
 //! routing): `crate::cluster` drives it through the methods here.
 
+mod claims;
 mod import;
 mod leases;
 mod membership;
@@ -195,6 +196,8 @@ struct Inner {
     node: Uuid,
     options: PgOptions,
     leases: DashMap<SessionId, Lease, SessionIdHasher>,
+    /// Claims of single trees waiting to be taken together (`claims`).
+    claims: claims::ClaimQueue,
     /// Set when a write or claim was refused because this node's own lease
     /// had lapsed (the tree it was for is let go, whether or not the
     /// heartbeat loop noticed the lapse): the node takes back its own
@@ -317,6 +320,7 @@ impl PgStore {
                 node: Uuid::new_v4(),
                 options,
                 leases: DashMap::default(),
+                claims: Default::default(),
                 let_go: std::sync::atomic::AtomicBool::new(false),
                 clock: NodeClock::new(),
                 writer,

@@ -1278,15 +1278,19 @@ async fn heartbeats_renew_while_the_pool_is_taken_up_and_reconnect_after_a_loss(
         .batch_execute("BEGIN; LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
-    // Both pooled connections now wait on the lock.
+    // Both pooled connections now wait on the lock: a claim, and a
+    // failover's claim (claims made together would share one statement).
     let roots = [SessionId::generate(), SessionId::generate()];
-    let claims: Vec<_> = roots
-        .iter()
-        .map(|&root| {
+    let claims = [
+        tokio::spawn({
             let store = store.clone();
-            tokio::spawn(async move { store.claim(root).await })
-        })
-        .collect();
+            async move { store.claim(roots[0]).await }
+        }),
+        tokio::spawn({
+            let store = store.clone();
+            async move { Ok(store.claim_many(&roots[1..]).await? == roots[1..]) }
+        }),
+    ];
     let waiting = "SELECT count(*) FROM pg_stat_activity
                    WHERE datname = current_database() AND application_name = 'overseer'
                      AND wait_event_type = 'Lock'"
@@ -1325,8 +1329,78 @@ async fn heartbeats_renew_while_the_pool_is_taken_up_and_reconnect_after_a_loss(
     // The waiting claims go through once the lock is released.
     locker.batch_execute("ROLLBACK").await.unwrap();
     for claim in claims {
-        assert!(claim.await.unwrap().unwrap());
+        assert!(
+            claim.await.unwrap().unwrap(),
+            "a waiting claim took its tree"
+        );
     }
+}
+
+/// Claims made together are taken together: while one claim's statement
+/// waits on a lock, the claims made meanwhile queue, and the next statement
+/// takes them all (a root asked twice among them); each caller gets its own
+/// answer: a root another live node holds is refused, naming that node,
+/// and the rest of its group lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_made_together_share_one_statement_and_each_gets_its_own_answer() {
+    let url = shared().database().await.unwrap();
+    let lease = Duration::from_secs(60);
+    let a = open_pg(&url, lease).await;
+    let b = open_pg(&url, lease).await;
+    let mut held = Sim::new("acme");
+    held.status(SessionStatus::AwaitingApproval);
+    held.write(&b).await;
+
+    let (locker, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    locker
+        .batch_execute("BEGIN; LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let trips = a.round_trips();
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { a.claim(SessionId::generate()).await }
+    });
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE datname = current_database() AND application_name = 'overseer'
+                     AND wait_event_type = 'Lock'";
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            (PgServer::scalar(&url, waiting).await.unwrap() == 1).then_some(())
+        })
+        .await,
+        "the first claim never waited on the lock"
+    );
+    let roots: Vec<SessionId> = (0..40).map(|_| SessionId::generate()).collect();
+    let asked: Vec<SessionId> = roots.iter().copied().chain([roots[0], held.id()]).collect();
+    let mut claims: Vec<_> = asked.iter().map(|&root| Box::pin(a.claim(root))).collect();
+    for claim in &mut claims {
+        // Polled once: queued, waiting for the statement under way.
+        assert!(futures::poll!(claim.as_mut()).is_pending());
+    }
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    assert!(first.await.unwrap().unwrap());
+    let answers = futures::future::join_all(claims).await;
+
+    for (root, answer) in asked.iter().zip(&answers) {
+        if *root == held.id() {
+            match answer {
+                Err(StoreError::NotOwner { reason, .. }) => {
+                    assert!(reason.contains(&b.node_id().to_string()), "{reason}")
+                }
+                other => panic!("a tree another live node holds: {other:?}"),
+            }
+        } else {
+            assert!(matches!(answer, Ok(true)), "{root:?}: {answer:?}");
+        }
+    }
+    assert_eq!(a.leases_held(), 1 + roots.len());
+    // The first claim's statement, one for the 41 claims queued while it
+    // waited, and the look-up of who holds the refused one.
+    assert_eq!(a.round_trips() - trips, 3);
 }
 
 async fn wait_for<F, Fut, T>(patience: Duration, mut f: F) -> bool

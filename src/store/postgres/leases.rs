@@ -338,7 +338,7 @@ impl PgStore {
     /// was too short for the heartbeat loop to notice and drop everything.
     /// The lease itself is kept: once the node heartbeats again, nobody
     /// having taken it, the tree's writes land again.
-    fn owe_take_back(&self) {
+    pub(super) fn owe_take_back(&self) {
         self.inner.let_go.store(true, Ordering::Release);
     }
 
@@ -354,62 +354,5 @@ impl PgStore {
         self.publish_owned();
         metrics::counter!(overseer_actors::metrics::CLUSTER_FENCED_WRITES_TOTAL, "by" => "database")
             .increment(1);
-    }
-
-    /// Takes the lease of `root`'s tree for this node (the port's `claim`).
-    pub(super) async fn claim_root(&self, root: SessionId) -> Result<bool, StoreError> {
-        if !self.inner.clock.valid() {
-            self.owe_take_back();
-            return Err(StoreError::NotOwner {
-                session: root,
-                reason: "this node's lease has run out (no recent heartbeat)".into(),
-            });
-        }
-        if self.inner.leases.contains_key(&root) {
-            return Ok(false);
-        }
-        let lease = self.inner.options.lease.as_secs_f64();
-        let row = retrying(READ_RETRY, || async {
-            let client = self.client().await?;
-            let statement = client
-                .prepare_cached(
-                    "INSERT INTO leases AS l (root_id, node_id, epoch) VALUES ($1, $2, 1)
-                     ON CONFLICT (root_id) DO UPDATE
-                       SET node_id = EXCLUDED.node_id, epoch = l.epoch + 1, claimed_at = now()
-                       WHERE l.node_id IS NULL OR l.node_id = $2 OR NOT EXISTS (
-                         SELECT 1 FROM nodes n WHERE n.id = l.node_id
-                           AND n.heartbeat_at > now() - make_interval(secs => $3))
-                     RETURNING epoch, (xmax = 0)",
-                )
-                .await
-                .map_err(map_pg)?;
-            self.trip();
-            client
-                .query_opt(&statement, &[&root.0, &self.inner.node, &lease])
-                .await
-                .map_err(map_pg)
-        })
-        .await?;
-        match row {
-            Some(r) => {
-                let epoch: i64 = r.get(0);
-                let created: bool = r.get(1);
-                self.hold(root, epoch);
-                let reason = if created { "create" } else { "activate" };
-                metrics::counter!(overseer_actors::metrics::CLUSTER_CLAIMS_TOTAL, "reason" => reason)
-                    .increment(1);
-                Ok(true)
-            }
-            None => {
-                let owner = match self.owner(root).await? {
-                    Owner::Node { url, .. } => format!("node {url} holds its lease"),
-                    _ => "another node took its lease just now".into(),
-                };
-                Err(StoreError::NotOwner {
-                    session: root,
-                    reason: owner,
-                })
-            }
-        }
     }
 }

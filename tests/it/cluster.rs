@@ -1772,6 +1772,18 @@ async fn migration_6_moves_layout_2_rows_into_records_and_the_parked_sessions_fi
             6,
             "one record per session"
         );
+        // Migration 8 computed `active` for every row it found.
+        let active = expected
+            .iter()
+            .filter(|s| {
+                ["running", "awaiting_approval"].contains(&s["header"]["status"].as_str().unwrap())
+            })
+            .count();
+        assert!(active >= 3, "{active}");
+        assert_eq!(
+            scalar("SELECT count(*) FROM sessions WHERE active").await,
+            active as i64
+        );
         for want in &expected {
             let id: SessionId = serde_json::from_value(want["header"]["id"].clone()).unwrap();
             let s = store.load(id).await.unwrap().unwrap();

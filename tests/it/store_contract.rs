@@ -1336,6 +1336,49 @@ async fn heartbeats_renew_while_the_pool_is_taken_up_and_reconnect_after_a_loss(
     }
 }
 
+/// A checkpoint that keeps its session active (running or awaiting
+/// approval, as every turn's do) changes no indexed column of its header
+/// row, so PostgreSQL rewrites the row on its page with no new entry in
+/// any index (a HOT update): only a session's start and its end (`active`
+/// changes) write index entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_updates_while_a_session_stays_active_write_no_index_entry() {
+    let url = shared().database().await.unwrap();
+    let store = open_pg(&url, Duration::from_secs(60)).await;
+    let mut sim = Sim::new("acme");
+    sim.status(SessionStatus::Running);
+    sim.write(&store).await;
+    for turn in 0..10 {
+        sim.status(if turn % 2 == 0 {
+            SessionStatus::AwaitingApproval
+        } else {
+            SessionStatus::Running
+        });
+        sim.write(&store).await;
+    }
+    sim.status(SessionStatus::AwaitingInput);
+    sim.write(&store).await;
+    // The writing connections report their counters within seconds of
+    // going idle.
+    let counts = "SELECT n_tup_upd * 1000 + n_tup_hot_upd FROM pg_stat_user_tables
+                  WHERE relname = 'sessions'";
+    let seen = std::cell::Cell::new(0);
+    assert!(
+        wait_for(Duration::from_secs(60), || async {
+            seen.set(PgServer::scalar(&url, counts).await.unwrap());
+            (seen.get() / 1000 >= 11).then_some(())
+        })
+        .await,
+        "the updates were never counted: {}",
+        seen.get()
+    );
+    assert_eq!(
+        (seen.get() / 1000, seen.get() % 1000),
+        (11, 10),
+        "updates, of which HOT: each but the end's"
+    );
+}
+
 /// Claims made together are taken together: while one claim's statement
 /// waits on a lock, the claims made meanwhile queue, and the next statement
 /// takes them all (a root asked twice among them); each caller gets its own

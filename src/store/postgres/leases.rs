@@ -194,7 +194,7 @@ impl PgStore {
                  FROM sessions s
                  LEFT JOIN leases l ON l.root_id = s.id
                  LEFT JOIN nodes n ON n.id = l.node_id
-                 WHERE s.status IN ('running', 'awaiting_approval')
+                 WHERE s.active
                    AND s.parent_id IS NULL
                    AND ($4::uuid IS NULL OR s.id > $4)
                    AND (l.node_id IS NULL OR n.id IS NULL
@@ -234,7 +234,7 @@ impl PgStore {
         let rows = client
             .query(
                 "SELECT s.id FROM leases l JOIN sessions s ON s.id = l.root_id
-                 WHERE l.node_id = $1 AND s.status IN ('running', 'awaiting_approval')",
+                 WHERE l.node_id = $1 AND s.active",
                 &[&self.inner.node],
             )
             .await

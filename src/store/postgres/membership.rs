@@ -282,7 +282,7 @@ impl PgStore {
                         EXTRACT(EPOCH FROM now() - n.heartbeat_at)::float8,
                         (SELECT count(*) FROM leases l JOIN sessions s ON s.root_id = l.root_id
                           WHERE l.node_id = n.id
-                            AND s.status IN ('running', 'awaiting_approval'))
+                            AND s.active)
                  FROM nodes n ORDER BY n.started_at, n.id",
                 &[&self.inner.options.lease.as_secs_f64()],
             )

@@ -228,6 +228,24 @@ impl PgStore {
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         let names: Vec<String> = statuses.iter().map(|s| s.as_str().to_owned()).collect();
+        // Active statuses only (recovery's question): `active` lets the
+        // planner page through the index of active sessions.
+        let active = statuses
+            .iter()
+            .all(|s| matches!(s, SessionStatus::Running | SessionStatus::AwaitingApproval));
+        let by_status = if active {
+            "SELECT id, header,
+                    (SELECT c.config FROM configs c WHERE c.hash = sessions.config_hash)
+             FROM sessions
+             WHERE active AND status = ANY($1) AND ($2::uuid IS NULL OR id > $2)
+             ORDER BY id LIMIT $3"
+        } else {
+            "SELECT id, header,
+                    (SELECT c.config FROM configs c WHERE c.hash = sessions.config_hash)
+             FROM sessions
+             WHERE status = ANY($1) AND ($2::uuid IS NULL OR id > $2)
+             ORDER BY id LIMIT $3"
+        };
         let after = after.map(|a| a.0);
         let limit = signed(limit as u64);
         let rows = retrying(READ_RETRY, || async {
@@ -244,16 +262,7 @@ impl PgStore {
                     )
                     .await
             } else {
-                client
-                    .query(
-                        "SELECT id, header,
-                                (SELECT c.config FROM configs c WHERE c.hash = sessions.config_hash)
-                         FROM sessions
-                         WHERE status = ANY($1) AND ($2::uuid IS NULL OR id > $2)
-                         ORDER BY id LIMIT $3",
-                        &[&names, &after, &limit],
-                    )
-                    .await
+                client.query(by_status, &[&names, &after, &limit]).await
             }
             .map_err(map_pg)
         })

@@ -256,6 +256,28 @@ CREATE INDEX sessions_by_config ON sessions (config_hash) WHERE config_hash IS N
 "#,
         then: None,
     },
+    // Header updates that stay on their page (HOT): an update that changes
+    // no indexed column and finds room on the row's page writes no index
+    // entry. The active-session indexes named `status` (in their predicate),
+    // so every change of status (a checkpoint in two) wrote a new entry in
+    // each of the table's indexes. They now name `active`, computed from the
+    // status, which a session keeps from its first checkpoint to its last
+    // but one; the index by status alone had no reader left. Pages are
+    // filled to 60 %, leaving room on each for the next versions of its rows.
+    // Nodes of the previous release keep working on this schema: they write
+    // `status` as before, and their reads by `status` are still correct.
+    Migration {
+        version: 8,
+        sql: r#"
+ALTER TABLE sessions ADD COLUMN active boolean NOT NULL
+    GENERATED ALWAYS AS (status IN ('running', 'awaiting_approval')) STORED;
+DROP INDEX sessions_active;
+DROP INDEX sessions_active_by_id;
+CREATE INDEX sessions_active_by_id ON sessions (id) WHERE active;
+ALTER TABLE sessions SET (fillfactor = 60);
+"#,
+        then: None,
+    },
 ];
 
 /// The newest schema version this binary knows.

@@ -7,7 +7,8 @@
 //! transaction and one statement per group of checkpoints (`writer`: group
 //! commit), the reads (`read`), retention (`purge`), `store copy`'s
 //! writes (`import`), the rows of cluster membership (`membership`: `nodes`,
-//! heartbeats) and ownership (`leases`: claims and fencing) with the
+//! heartbeats) and ownership (`leases`: claims and fencing; `claims`: the
+//! claims of single trees made together, taken by one statement) with the
 //! conditional updates that move them, the webhook outbox (`webhooks`), and
 //! what a failure is retried as (`retry`). This file holds the store itself:
 //! opening it and the port's methods. The sled store's guarantees carry

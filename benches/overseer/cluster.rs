@@ -68,6 +68,25 @@ fn machine_cpu_seconds() -> Res<f64> {
     Ok(busy / 100.0)
 }
 
+/// The machine's CPU per approval while finishing, and the cores busy in
+/// each phase, from the machine's CPU seconds at the start, between the
+/// phases and at the end.
+fn phase_rows(rows: &mut Rows, n: usize, m: [f64; 3], park: Duration, finish: Duration) {
+    rows.add(
+        "machine CPU per approval (finish phase alone)",
+        Some((m[2] - m[1]) * 1e3 / n as f64),
+        "ms",
+        "",
+    );
+    rows.add("cores busy (park)", busy(m[1] - m[0], park), "cores", "");
+    rows.add(
+        "cores busy (finish)",
+        busy(m[2] - m[1], finish),
+        "cores",
+        "",
+    );
+}
+
 async fn pg_commits(url: &str) -> Res<i64> {
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     let task = tokio::spawn(conn);
@@ -207,19 +226,7 @@ pub async fn approve(
         "ms",
         "",
     );
-    rows.add(
-        "machine CPU per approval (finish phase alone)",
-        Some((m2 - m1) * 1e3 / n as f64),
-        "ms",
-        "",
-    );
-    rows.add("cores busy (park)", busy(m1 - m0, park_time), "cores", "");
-    rows.add(
-        "cores busy (finish)",
-        busy(m2 - m1, finish_time),
-        "cores",
-        "",
-    );
+    phase_rows(&mut rows, n, [m0, m1, m2], park_time, finish_time);
     rows.add(
         "tools run exactly once",
         Some((n - bad.len().min(n)) as f64),
@@ -474,19 +481,7 @@ pub async fn http(
         "ms",
         "",
     );
-    rows.add(
-        "machine CPU per approval (finish phase alone)",
-        Some((m2 - m1) * 1e3 / n as f64),
-        "ms",
-        "",
-    );
-    rows.add("cores busy (park)", busy(m1 - m0, park_time), "cores", "");
-    rows.add(
-        "cores busy (finish)",
-        busy(m2 - m1, finish_time),
-        "cores",
-        "",
-    );
+    phase_rows(&mut rows, n, [m0, m1, m2], park_time, finish_time);
     let _ = failures;
     Ok(rows.rows)
 }

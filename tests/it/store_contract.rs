@@ -1270,14 +1270,7 @@ async fn heartbeats_renew_while_the_pool_is_taken_up_and_reconnect_after_a_loss(
         async move { PgServer::scalar(&url, &sql).await.unwrap() }
     };
 
-    let (locker, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    locker
-        .batch_execute("BEGIN; LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
+    let locker = lock_leases(&url).await;
     // Both pooled connections now wait on the lock: a claim, and a
     // failover's claim (claims made together would share one statement).
     let roots = [SessionId::generate(), SessionId::generate()];
@@ -1291,13 +1284,9 @@ async fn heartbeats_renew_while_the_pool_is_taken_up_and_reconnect_after_a_loss(
             async move { Ok(store.claim_many(&roots[1..]).await? == roots[1..]) }
         }),
     ];
-    let waiting = "SELECT count(*) FROM pg_stat_activity
-                   WHERE datname = current_database() AND application_name = 'overseer'
-                     AND wait_event_type = 'Lock'"
-        .to_owned();
     assert!(
         wait_for(patience, || async {
-            (scalar(waiting.clone()).await == 2).then_some(())
+            (scalar(WAITING_ON_LOCKS.to_owned()).await == 2).then_some(())
         })
         .await,
         "both pooled connections never waited on the lock"
@@ -1394,25 +1383,15 @@ async fn claims_made_together_share_one_statement_and_each_gets_its_own_answer()
     held.status(SessionStatus::AwaitingApproval);
     held.write(&b).await;
 
-    let (locker, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    locker
-        .batch_execute("BEGIN; LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
+    let locker = lock_leases(&url).await;
     let trips = a.round_trips();
     let first = tokio::spawn({
         let a = a.clone();
         async move { a.claim(SessionId::generate()).await }
     });
-    let waiting = "SELECT count(*) FROM pg_stat_activity
-                   WHERE datname = current_database() AND application_name = 'overseer'
-                     AND wait_event_type = 'Lock'";
     assert!(
         wait_for(Duration::from_secs(30), || async {
-            (PgServer::scalar(&url, waiting).await.unwrap() == 1).then_some(())
+            (PgServer::scalar(&url, WAITING_ON_LOCKS).await.unwrap() == 1).then_some(())
         })
         .await,
         "the first claim never waited on the lock"
@@ -1444,6 +1423,25 @@ async fn claims_made_together_share_one_statement_and_each_gets_its_own_answer()
     // The first claim's statement, one for the 41 claims queued while it
     // waited, and the look-up of who holds the refused one.
     assert_eq!(a.round_trips() - trips, 3);
+}
+
+/// Connections of overseer stores waiting on a lock now.
+const WAITING_ON_LOCKS: &str = "SELECT count(*) FROM pg_stat_activity
+    WHERE datname = current_database() AND application_name = 'overseer'
+      AND wait_event_type = 'Lock'";
+
+/// A connection holding every row of `leases` locked until it rolls back:
+/// each claim (and each checkpoint's fence) waits on it.
+async fn lock_leases(url: &str) -> tokio_postgres::Client {
+    let (locker, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    locker
+        .batch_execute("BEGIN; LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    locker
 }
 
 async fn wait_for<F, Fut, T>(patience: Duration, mut f: F) -> bool

@@ -1195,6 +1195,114 @@ async fn a_purge_never_deletes_a_configuration_a_concurrent_checkpoint_takes_up(
     }
 }
 
+/// The lock a purge and a checkpoint taking a configuration up share, from
+/// the purge's side: a purge that finds the configuration held by a
+/// transaction taking it up (another connection here, as a checkpoint)
+/// waits for it, then sees that transaction's session naming it, and keeps
+/// the configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_waits_for_a_checkpoint_taking_its_configuration_up_and_keeps_it() {
+    let url = shared().database().await.unwrap();
+    let store = open_pg(&url, Duration::from_secs(60)).await;
+    let mut gone = Sim::new("acme");
+    gone.header.config.make_mut().instructions = "purged while taken up".into();
+    let hash = hex::encode(gone.header.config.hash());
+    gone.status(SessionStatus::Completed);
+    gone.write(&store).await;
+
+    let taker = connect(&url).await;
+    taker
+        .batch_execute(&format!("BEGIN; {}", lock_config(&hash, true)))
+        .await
+        .unwrap();
+    let purge = tokio::spawn({
+        let store = store.clone();
+        let id = gone.id();
+        async move { store.purge(id).await }
+    });
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            (PgServer::scalar(&url, WAITING_ON_LOCKS).await.unwrap() == 1).then_some(())
+        })
+        .await,
+        "the purge never waited on the configuration's lock"
+    );
+    taker
+        .batch_execute(&format!(
+            "INSERT INTO sessions (id, root_id, tenant, status, schema_version, last_event_seq,
+                                   transcript_len, header, config_hash)
+             VALUES (gen_random_uuid(), gen_random_uuid(), 'acme', 'idle', 1, 0, 0, '{{}}',
+                     '{hash}');
+             COMMIT"
+        ))
+        .await
+        .unwrap();
+    purge.await.unwrap().unwrap();
+    let kept = format!("SELECT count(*) FROM configs WHERE hash = '{hash}'");
+    assert_eq!(
+        PgServer::scalar(&url, &kept).await.unwrap(),
+        1,
+        "a configuration a committed session names is kept"
+    );
+}
+
+/// From the checkpoint's side: a checkpoint taking up a configuration that
+/// a purge holds waits for the purge; the purge, which cannot see the
+/// uncommitted session, deletes it, and the checkpoint then stores it anew:
+/// its session reads back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_taking_up_a_configuration_a_purge_holds_waits_and_stores_it_anew() {
+    let url = shared().database().await.unwrap();
+    let store = open_pg(&url, Duration::from_secs(60)).await;
+    let mut sim = Sim::new("acme");
+    sim.header.config.make_mut().instructions = "taken up under a purge".into();
+    let hash = hex::encode(sim.header.config.hash());
+    let json = sim.header.config.json().unwrap().get().to_owned();
+
+    // A purge of the last session that named it, past its look at who
+    // else does: the row is there, and the purge holds its lock.
+    let purger = connect(&url).await;
+    purger
+        .execute(
+            "INSERT INTO configs (hash, config) VALUES ($1, $2)",
+            &[&hash, &json],
+        )
+        .await
+        .unwrap();
+    purger
+        .batch_execute(&format!("BEGIN; {}", lock_config(&hash, false)))
+        .await
+        .unwrap();
+    store.claim(sim.id()).await.unwrap();
+    let write = tokio::spawn({
+        let store = store.clone();
+        let cp = sim.checkpoint();
+        async move { store.checkpoint(cp).await }
+    });
+    assert!(
+        wait_for(Duration::from_secs(30), || async {
+            (PgServer::scalar(&url, WAITING_ON_LOCKS).await.unwrap() == 1).then_some(())
+        })
+        .await,
+        "the checkpoint never waited on the configuration's lock"
+    );
+    let deleted = purger
+        .execute(
+            "DELETE FROM configs c WHERE c.hash = $1
+               AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.config_hash = c.hash)",
+            &[&hash],
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the purge sees no committed session naming it");
+    purger.batch_execute("COMMIT").await.unwrap();
+    write.await.unwrap().unwrap();
+    let stored = store.load(sim.id()).await.unwrap();
+    assert_same(&stored.expect("written"), &sim);
+    let kept = format!("SELECT count(*) FROM configs WHERE hash = '{hash}'");
+    assert_eq!(PgServer::scalar(&url, &kept).await.unwrap(), 1);
+}
+
 /// A node whose own lease ran out by its own clock (no heartbeat since)
 /// refuses to write and to claim, though it still holds the tree's lease
 /// and the database would take the write (the lease row names it, at its
@@ -1425,6 +1533,26 @@ async fn claims_made_together_share_one_statement_and_each_gets_its_own_answer()
     assert_eq!(a.round_trips() - trips, 3);
 }
 
+/// A connection of the test's own (not an overseer store's).
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+}
+
+/// Takes configuration `hash`'s advisory lock for the transaction, as a
+/// checkpoint taking it up (`shared`) or a purge (not) does.
+fn lock_config(hash: &str, shared: bool) -> String {
+    let f = if shared {
+        "pg_advisory_xact_lock_shared"
+    } else {
+        "pg_advisory_xact_lock"
+    };
+    format!("SELECT {f}(1870029670, ('x' || left('{hash}', 8))::bit(32)::int)")
+}
+
 /// Connections of overseer stores waiting on a lock now.
 const WAITING_ON_LOCKS: &str = "SELECT count(*) FROM pg_stat_activity
     WHERE datname = current_database() AND application_name = 'overseer'
@@ -1433,10 +1561,7 @@ const WAITING_ON_LOCKS: &str = "SELECT count(*) FROM pg_stat_activity
 /// A connection holding every row of `leases` locked until it rolls back:
 /// each claim (and each checkpoint's fence) waits on it.
 async fn lock_leases(url: &str) -> tokio_postgres::Client {
-    let (locker, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let locker = connect(url).await;
     locker
         .batch_execute("BEGIN; LOCK TABLE leases IN ACCESS EXCLUSIVE MODE")
         .await

@@ -21,7 +21,9 @@ impl PgStore {
     /// Locks, in this order: the session's row (`FOR UPDATE`: a checkpoint
     /// of it waits, then finds nothing to update), its tree's lease row
     /// (`FOR SHARE`: a claim waits), the blobs it names (`FOR UPDATE`, in
-    /// hash order), then its configuration (`FOR UPDATE`; see `writer`). A
+    /// hash order), then its configuration (its advisory lock, exclusive,
+    /// which a checkpoint taking the configuration up holds shared; see
+    /// `writer`). A
     /// checkpoint that stores a blob locks its row too
     /// (`ON CONFLICT DO UPDATE`), so a blob another session is taking up
     /// just now is either seen referenced here (that checkpoint committed
@@ -96,7 +98,7 @@ impl PgStore {
         // still name it: see `writer` on a checkpoint taking it up at the
         // same time.
         if let Some(hash) = &config_hash {
-            tx.execute("SELECT 1 FROM configs WHERE hash = $1 FOR UPDATE", &[hash])
+            tx.execute(super::writer::LOCK_CONFIGS, &[&vec![hash.as_str()]])
                 .await
                 .map_err(map_pg)?;
         }

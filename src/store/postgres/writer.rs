@@ -54,14 +54,18 @@ const NOTIFY_CHUNK: usize = 7_000;
 /// was before it): a first checkpoint, a change of configuration, a header
 /// from before migration 7. A purge deletes a configuration no session
 /// names (`purge`), so such a checkpoint must not lose its configuration to
-/// a purge running at the same time. It writes the row (`ON CONFLICT DO
-/// UPDATE`, not `DO NOTHING`), which locks it until the commit, as blobs
-/// are: a purge locks the configuration `FOR UPDATE` before it looks for
-/// sessions naming it, so either it waits for this commit and then sees the
-/// new session's row (read committed: its next statement's snapshot), or
-/// it deleted first and this insert, waiting on its lock, then inserts the
-/// row anew (PostgreSQL's upsert guarantees an insert or an update). Any
-/// other checkpoint's session already names the configuration in a
+/// a purge running at the same time. It takes the configuration's advisory
+/// lock, shared (`gk`, in hash order, before `g` inserts anything: `g`'s
+/// one-time filter reads all of `gk` first), and a purge takes the same
+/// lock exclusively ([`LOCK_CONFIGS`]) before it asks whether any session
+/// names the configuration. So either the purge waits for this commit and
+/// then sees the new session's row (read committed: its next statement's
+/// snapshot), or it committed first and this checkpoint, having waited,
+/// finds the row gone and inserts it anew (`ON CONFLICT DO NOTHING` skips
+/// only a row that is there). Checkpoints share the lock with each other:
+/// a burst of new sessions of one configuration does not commit one group
+/// at a time, as it did while the lock was the row's own (an upsert).
+/// Any other checkpoint's session already names the configuration in a
 /// committed row, which keeps it from every purge's `NOT EXISTS` but that
 /// session's own. The last column says which configuration a session left
 /// (its row before the statement): see [`DELETE_LEFT_CONFIGS`].
@@ -103,13 +107,19 @@ WITH i AS (
     ON CONFLICT (session_id, events_end, entries_end) DO UPDATE
         SET first_event = EXCLUDED.first_event, first_entry = EXCLUDED.first_entry,
             blobs = EXCLUDED.blobs, record = EXCLUDED.record
-), g AS (
-    INSERT INTO configs (hash, config)
+), gt AS (
     SELECT DISTINCT ON (w.chash) w.chash, w.config
     FROM w LEFT JOIN sessions old ON old.id = w.id
     WHERE old.config_hash IS DISTINCT FROM w.chash
     ORDER BY w.chash
-    ON CONFLICT (hash) DO UPDATE SET hash = EXCLUDED.hash
+), gk AS (
+    SELECT pg_advisory_xact_lock_shared(1870029670, ('x' || left(gt.chash, 8))::bit(32)::int)
+    FROM gt
+), g AS (
+    INSERT INTO configs (hash, config)
+    SELECT gt.chash, gt.config FROM gt
+    WHERE (SELECT count(*) FROM gk) >= 0
+    ON CONFLICT (hash) DO NOTHING
 ), b AS (
     INSERT INTO blobs (hash, data)
     SELECT DISTINCT ON (u.hash) u.hash, u.data
@@ -151,15 +161,29 @@ SELECT EXISTS (SELECT 1 FROM s WHERE s.id = i.id),
         WHERE x.id = i.id AND x.config_hash IS DISTINCT FROM i.chash)
 FROM i ORDER BY i.ord";
 
+/// The advisory lock class of configurations: a configuration's lock is
+/// this class and the first 32 bits of its hash (two hashes sharing them
+/// only wait for each other), as the SQL below names it. [`GROUP_SQL`]
+/// takes it shared.
+#[cfg(test)]
+const CONFIG_LOCK_CLASS: i32 = 1_870_029_670;
+
+/// Takes the configurations `$1` (hashes) exclusively, in hash order, for
+/// the transaction: once granted, every checkpoint that took one up before
+/// has committed, and any that comes after waits for this transaction (see
+/// [`GROUP_SQL`]). Then a statement asking whether a session names one
+/// sees every such session.
+pub(super) const LOCK_CONFIGS: &str =
+    "SELECT pg_advisory_xact_lock(1870029670, ('x' || left(h, 8))::bit(32)::int)
+     FROM (SELECT DISTINCT unnest($1::text[]) AS h ORDER BY 1) s";
+
 /// After a group in which sessions left configurations (a change of
 /// configuration): each that no session names any more is deleted, as a
-/// purge does (`purge`): locked first, so a checkpoint of another
-/// transaction taking it up at the same time is either seen (it committed
-/// before the lock was granted; read committed gives the delete a snapshot
-/// taken after) or inserts it again (see [`GROUP_SQL`]). Rare: a
+/// purge does (`purge`): locked first ([`LOCK_CONFIGS`]), so a checkpoint
+/// of another transaction taking it up at the same time is either seen (it
+/// committed before the lock was granted; read committed gives the delete
+/// a snapshot taken after) or inserts it again (see [`GROUP_SQL`]). Rare: a
 /// configuration changes once or twice in a session's life, if ever.
-const LOCK_LEFT_CONFIGS: &str =
-    "SELECT 1 FROM configs WHERE hash = ANY($1) ORDER BY hash FOR UPDATE";
 const DELETE_LEFT_CONFIGS: &str = "DELETE FROM configs c WHERE c.hash = ANY($1)
     AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.config_hash = c.hash)";
 
@@ -370,7 +394,7 @@ async fn transaction(
     if !left.is_empty() {
         left.sort_unstable();
         left.dedup();
-        for sql in [LOCK_LEFT_CONFIGS, DELETE_LEFT_CONFIGS] {
+        for sql in [LOCK_CONFIGS, DELETE_LEFT_CONFIGS] {
             tx.execute(sql, &[&left]).await.map_err(map_pg)?;
             cleanup += 1;
         }
@@ -570,5 +594,19 @@ impl Group {
             &self.config_hashes,
             &self.configs,
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checkpoint statement and a purge lock a configuration under one
+    /// advisory lock class, or neither excludes the other.
+    #[test]
+    fn checkpoints_and_purges_lock_configurations_in_one_class() {
+        let class = CONFIG_LOCK_CLASS.to_string();
+        assert!(GROUP_SQL.contains(&format!("pg_advisory_xact_lock_shared({class},")));
+        assert!(LOCK_CONFIGS.contains(&format!("pg_advisory_xact_lock({class},")));
     }
 }

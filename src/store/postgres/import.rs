@@ -65,11 +65,13 @@ impl PgStore {
         if inserted == 0 {
             return Ok(false);
         }
-        // The configuration the header names, locked as a checkpoint's is
-        // (see `writer`), so a concurrent purge cannot delete it under us.
+        // The configuration the header names, locked as a checkpoint locks
+        // it (see `writer`), so a concurrent purge cannot delete it under us.
+        tx.execute(super::writer::LOCK_CONFIG_SHARED, &[&prepared.config_hash])
+            .await
+            .map_err(map_pg)?;
         tx.execute(
-            "INSERT INTO configs (hash, config) VALUES ($1, $2)
-             ON CONFLICT (hash) DO UPDATE SET hash = EXCLUDED.hash",
+            "INSERT INTO configs (hash, config) VALUES ($1, $2) ON CONFLICT (hash) DO NOTHING",
             &[&prepared.config_hash, &prepared.config],
         )
         .await

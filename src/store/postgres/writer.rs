@@ -168,6 +168,11 @@ FROM i ORDER BY i.ord";
 #[cfg(test)]
 const CONFIG_LOCK_CLASS: i32 = 1_870_029_670;
 
+/// Takes configuration `$1`'s lock shared, as [`GROUP_SQL`] does for a
+/// configuration a session takes up: for a copy's single writes.
+pub(super) const LOCK_CONFIG_SHARED: &str =
+    "SELECT pg_advisory_xact_lock_shared(1870029670, ('x' || left($1, 8))::bit(32)::int)";
+
 /// Takes the configurations `$1` (hashes) exclusively, in hash order, for
 /// the transaction: once granted, every checkpoint that took one up before
 /// has committed, and any that comes after waits for this transaction (see
@@ -608,5 +613,6 @@ mod tests {
         let class = CONFIG_LOCK_CLASS.to_string();
         assert!(GROUP_SQL.contains(&format!("pg_advisory_xact_lock_shared({class},")));
         assert!(LOCK_CONFIGS.contains(&format!("pg_advisory_xact_lock({class},")));
+        assert!(LOCK_CONFIG_SHARED.contains(&format!("pg_advisory_xact_lock_shared({class},")));
     }
 }

@@ -48,6 +48,10 @@ pub enum SessionError {
     /// A submission named calls that were already decided.
     #[error("tool call(s) already decided: {}", join(.0))]
     AlreadyDecided(Vec<ToolCallId>),
+    /// A submission named calls whose approval deadline has passed: the
+    /// timeout decides them (denied), whatever arrives after it.
+    #[error("the approval deadline of tool call(s) passed, so the timeout denies them: {}", join(.0))]
+    ApprovalExpired(Vec<ToolCallId>),
     /// Metadata for calls not decided in the same submission.
     #[error("metadata given for tool call(s) not decided in this submission: {}", join(.0))]
     StrayMetadata(Vec<ToolCallId>),

@@ -1151,6 +1151,20 @@ impl Session {
         if !decided.is_empty() {
             return Err(SessionError::AlreadyDecided(decided));
         }
+        // Past its deadline a call is the timeout's to decide, even when the
+        // timer has not fired yet (a session resumed after the deadline arms
+        // it to fire at once): a decision arriving then never runs it.
+        let expired: Vec<ToolCallId> = self
+            .header
+            .open_calls
+            .iter()
+            .filter(|c| sub.decisions.contains_key(&c.id))
+            .filter(|c| c.approval_deadline_ms.is_some_and(|d| d <= ctx.now_ms))
+            .map(|c| c.id.clone())
+            .collect();
+        if !expired.is_empty() {
+            return Err(SessionError::ApprovalExpired(expired));
+        }
         let stray: Vec<ToolCallId> = sub
             .metadata
             .keys()
@@ -2403,6 +2417,47 @@ mod tests {
 
     pub(super) fn approve(s: &Session) -> Input {
         Input::Decide(Submission::one(pending_id(s), Decision::approve()))
+    }
+
+    /// Past its deadline a call is the timeout's: a decision that arrives
+    /// before the timer fired (as after a restart past the deadline) is
+    /// refused and changes nothing, and the timeout then denies the call.
+    #[test]
+    fn a_decision_past_the_call_deadline_is_refused_and_the_timeout_decides() {
+        let tools = registry();
+        let at = |now_ms| Ctx {
+            now_ms,
+            ..ctx(&tools, 42)
+        };
+        let mut s = session();
+        drive(&mut s, &tools, [vec![msg("hi")], calls(&["ask"])].concat()).unwrap();
+        let id = pending_id(&s);
+        let before = s.header.clone();
+        match s.apply(approve(&s), at(NOW + 30_000)) {
+            Err(SessionError::ApprovalExpired(ids)) => assert_eq!(ids, vec![id.clone()]),
+            other => panic!("a decision at the deadline: {other:?}"),
+        }
+        assert_eq!(s.header, before, "nothing changed");
+        let fx = s
+            .apply(
+                Input::ApprovalTimedOut {
+                    call_id: id,
+                    deadline_ms: NOW + 30_000,
+                },
+                at(NOW + 30_000),
+            )
+            .unwrap();
+        assert!(
+            !shape(&fx).iter().any(|e| e.starts_with("dispatch")),
+            "{fx:?}"
+        );
+        assert_eq!(s.header.status, SessionStatus::Running);
+
+        // Just before the deadline, the decision is the person's.
+        let mut s = session();
+        drive(&mut s, &tools, [vec![msg("hi")], calls(&["ask"])].concat()).unwrap();
+        let fx = s.apply(approve(&s), at(NOW + 29_999)).unwrap();
+        assert_eq!(shape(&fx), vec!["dispatch ask #1"]);
     }
 
     #[test]

@@ -263,6 +263,16 @@ impl From<SessionError> for ApiError {
                 format!("tool call(s) already decided: {}", list_ids(&ids)),
             )
             .with_details(json!({"call_ids": echo_ids(&ids)})),
+            // The same code as a call decided by anyone else: the timeout
+            // decides it; the message says so.
+            SessionError::ApprovalExpired(ids) => Self::conflict(
+                "already_decided",
+                format!(
+                    "the approval deadline of tool call(s) passed, so the timeout denies them: {}",
+                    list_ids(&ids)
+                ),
+            )
+            .with_details(json!({"call_ids": echo_ids(&ids)})),
             SessionError::StrayMetadata(ids) => Self::bad_request(
                 "stray_metadata",
                 format!(

@@ -233,18 +233,25 @@ impl PgStore {
         let active = statuses
             .iter()
             .all(|s| matches!(s, SessionStatus::Running | SessionStatus::AwaitingApproval));
+        // The predicate is spelled out, not a parameter: only a literal
+        // `active` lets a generic plan use the partial index.
+        macro_rules! by_status {
+            ($active:literal) => {
+                concat!(
+                    "SELECT id, header,
+                            (SELECT c.config FROM configs c WHERE c.hash = sessions.config_hash)
+                     FROM sessions
+                     WHERE ",
+                    $active,
+                    " status = ANY($1) AND ($2::uuid IS NULL OR id > $2)
+                     ORDER BY id LIMIT $3"
+                )
+            };
+        }
         let by_status = if active {
-            "SELECT id, header,
-                    (SELECT c.config FROM configs c WHERE c.hash = sessions.config_hash)
-             FROM sessions
-             WHERE active AND status = ANY($1) AND ($2::uuid IS NULL OR id > $2)
-             ORDER BY id LIMIT $3"
+            by_status!("active AND")
         } else {
-            "SELECT id, header,
-                    (SELECT c.config FROM configs c WHERE c.hash = sessions.config_hash)
-             FROM sessions
-             WHERE status = ANY($1) AND ($2::uuid IS NULL OR id > $2)
-             ORDER BY id LIMIT $3"
+            by_status!("")
         };
         let after = after.map(|a| a.0);
         let limit = signed(limit as u64);

@@ -32,6 +32,17 @@ const MAX_PENDING: usize = 4096;
 /// Largest `pg_notify` payload we send (PostgreSQL's limit is 8000 bytes).
 const NOTIFY_CHUNK: usize = 7_000;
 
+/// A configuration's advisory lock, as SQL arguments of
+/// `pg_advisory_xact_lock[_shared]`: one class for all configurations and
+/// the first 32 bits of the hash `$hash` names (two hashes sharing them only
+/// wait for each other). Every statement that locks a configuration names
+/// its lock through this one place.
+macro_rules! config_lock {
+    ($hash:literal) => {
+        concat!("1870029670, ('x' || left(", $hash, ", 8))::bit(32)::int")
+    };
+}
+
 /// The statement of a group of checkpoints (of distinct sessions): one
 /// multi-row write per kind, from arrays (`unnest`), whatever the group's
 /// size. Per checkpoint (`i`, one element each): the header row and, when
@@ -69,7 +80,8 @@ const NOTIFY_CHUNK: usize = 7_000;
 /// committed row, which keeps it from every purge's `NOT EXISTS` but that
 /// session's own. The last column says which configuration a session left
 /// (its row before the statement): see [`DELETE_LEFT_CONFIGS`].
-const GROUP_SQL: &str = "
+const GROUP_SQL: &str = concat!(
+    "
 WITH i AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bigint[], $4::uuid[], $5::text[],
                          $6::text[], $7::integer[], $8::bigint[], $9::bigint[], $10::text[],
@@ -113,7 +125,9 @@ WITH i AS (
     WHERE old.config_hash IS DISTINCT FROM w.chash
     ORDER BY w.chash
 ), gk AS (
-    SELECT pg_advisory_xact_lock_shared(1870029670, ('x' || left(gt.chash, 8))::bit(32)::int)
+    SELECT pg_advisory_xact_lock_shared(",
+    config_lock!("gt.chash"),
+    ")
     FROM gt
 ), g AS (
     INSERT INTO configs (hash, config)
@@ -159,28 +173,28 @@ SELECT EXISTS (SELECT 1 FROM s WHERE s.id = i.id),
        (SELECT x.schema_version FROM sessions x WHERE x.id = i.id),
        (SELECT x.config_hash FROM sessions x
         WHERE x.id = i.id AND x.config_hash IS DISTINCT FROM i.chash)
-FROM i ORDER BY i.ord";
-
-/// The advisory lock class of configurations: a configuration's lock is
-/// this class and the first 32 bits of its hash (two hashes sharing them
-/// only wait for each other), as the SQL below names it. [`GROUP_SQL`]
-/// takes it shared.
-#[cfg(test)]
-const CONFIG_LOCK_CLASS: i32 = 1_870_029_670;
+FROM i ORDER BY i.ord"
+);
 
 /// Takes configuration `$1`'s lock shared, as [`GROUP_SQL`] does for a
 /// configuration a session takes up: for a copy's single writes.
-pub(super) const LOCK_CONFIG_SHARED: &str =
-    "SELECT pg_advisory_xact_lock_shared(1870029670, ('x' || left($1, 8))::bit(32)::int)";
+pub(super) const LOCK_CONFIG_SHARED: &str = concat!(
+    "SELECT pg_advisory_xact_lock_shared(",
+    config_lock!("$1"),
+    ")"
+);
 
 /// Takes the configurations `$1` (hashes) exclusively, in hash order, for
 /// the transaction: once granted, every checkpoint that took one up before
 /// has committed, and any that comes after waits for this transaction (see
 /// [`GROUP_SQL`]). Then a statement asking whether a session names one
 /// sees every such session.
-pub(super) const LOCK_CONFIGS: &str =
-    "SELECT pg_advisory_xact_lock(1870029670, ('x' || left(h, 8))::bit(32)::int)
-     FROM (SELECT DISTINCT unnest($1::text[]) AS h ORDER BY 1) s";
+pub(super) const LOCK_CONFIGS: &str = concat!(
+    "SELECT pg_advisory_xact_lock(",
+    config_lock!("h"),
+    ")
+     FROM (SELECT DISTINCT unnest($1::text[]) AS h ORDER BY 1) s"
+);
 
 /// After a group in which sessions left configurations (a change of
 /// configuration): each that no session names any more is deleted, as a
@@ -607,12 +621,17 @@ mod tests {
     use super::*;
 
     /// The checkpoint statement and a purge lock a configuration under one
-    /// advisory lock class, or neither excludes the other.
+    /// advisory lock (class and key), or neither excludes the other.
     #[test]
     fn checkpoints_and_purges_lock_configurations_in_one_class() {
-        let class = CONFIG_LOCK_CLASS.to_string();
-        assert!(GROUP_SQL.contains(&format!("pg_advisory_xact_lock_shared({class},")));
-        assert!(LOCK_CONFIGS.contains(&format!("pg_advisory_xact_lock({class},")));
-        assert!(LOCK_CONFIG_SHARED.contains(&format!("pg_advisory_xact_lock_shared({class},")));
+        let key = |hash: &str| format!("1870029670, ('x' || left({hash}, 8))::bit(32)::int)");
+        let shared = |hash| format!("pg_advisory_xact_lock_shared({}", key(hash));
+        assert!(GROUP_SQL.contains(&shared("gt.chash")), "{GROUP_SQL}");
+        assert!(
+            LOCK_CONFIG_SHARED.contains(&shared("$1")),
+            "{LOCK_CONFIG_SHARED}"
+        );
+        let exclusive = format!("pg_advisory_xact_lock({}", key("h"));
+        assert!(LOCK_CONFIGS.contains(&exclusive), "{LOCK_CONFIGS}");
     }
 }

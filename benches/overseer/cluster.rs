@@ -107,6 +107,77 @@ async fn pg_commits(url: &str) -> Res<i64> {
     Ok(v)
 }
 
+/// One in-process node over PostgreSQL database `url`, joined to a cluster
+/// of one.
+struct OneNode {
+    store: PgStore,
+    probe: Arc<Probe>,
+    runs: Arc<Runs>,
+    ov: overseer::actors::Overseer,
+    cluster: Cluster,
+}
+
+impl OneNode {
+    async fn start(url: &str, mode: Mode) -> Res<Self> {
+        let store = PgStore::open(
+            url,
+            PgOptions {
+                durability: durability(mode),
+                ..PgOptions::default()
+            },
+        )
+        .await?;
+        let probe = Arc::new(Probe::new(Arc::new(store.clone())));
+        let runs = Arc::new(Runs::default());
+        let ov = start_with(probe.clone(), runs.clone(), RuntimeConfig::default()).await?;
+        let cluster = Cluster::join(
+            store.clone(),
+            ov.clone(),
+            ClusterOptions::new("http://127.0.0.1:1"),
+        )
+        .await?;
+        Ok(Self {
+            store,
+            probe,
+            runs,
+            ov,
+            cluster,
+        })
+    }
+}
+
+/// Brings a throwaway server to where a server in service is before the
+/// measured round: the same workload once in a database of its own, then
+/// that database dropped and a checkpoint. Without it, the measured round
+/// paid what only a new server pays: every commit that crossed into a new
+/// write-ahead log segment wrote the whole segment (16 MiB) full of zeros
+/// first (`XLogFileInit`), and each shared buffer was touched for the first
+/// time (a page fault), together about a sixth of PostgreSQL's CPU in the
+/// finish phase (`perf`, PROFILE.md). A server in service recycles the
+/// segments its checkpoints free, as this one does after the checkpoint.
+async fn warm_up(server: &PgServer, mode: Mode, n: usize, limit: usize) -> Res<()> {
+    let url = server.database().await.map_err(|e| e.to_string())?;
+    let node = OneNode::start(&url, mode).await?;
+    let parked = park(&node.ov, &node.probe, 1..=n, limit).await?;
+    finish(&node.ov, &node.probe, parked, limit).await?;
+    node.cluster.stop_tasks();
+    node.ov.shutdown().await?;
+    drop(node);
+    let name = url
+        .rsplit('/')
+        .next()
+        .ok_or("a database URL without a name")?;
+    let admin = server.url("postgres");
+    // The store's pool may still be closing its connections.
+    PgServer::execute(&admin, &format!("DROP DATABASE {name} WITH (FORCE)"))
+        .await
+        .map_err(|e| e.to_string())?;
+    PgServer::execute(&admin, "CHECKPOINT")
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
 /// Workload 1 on one in-process node over PostgreSQL.
 pub async fn approve(
     mode: Mode,
@@ -116,24 +187,15 @@ pub async fn approve(
     failures: &mut Vec<String>,
 ) -> Res<Vec<Row>> {
     let server = PgServer::start_with(mode == Mode::Fsync).map_err(|e| e.to_string())?;
+    warm_up(&server, mode, n, limit).await?;
     let url = server.database().await.map_err(|e| e.to_string())?;
-    let store = PgStore::open(
-        &url,
-        PgOptions {
-            durability: durability(mode),
-            ..PgOptions::default()
-        },
-    )
-    .await?;
-    let probe = Arc::new(Probe::new(Arc::new(store.clone())));
-    let runs = Arc::new(Runs::default());
-    let ov = start_with(probe.clone(), runs.clone(), RuntimeConfig::default()).await?;
-    let cluster = Cluster::join(
-        store.clone(),
-        ov.clone(),
-        ClusterOptions::new("http://127.0.0.1:1"),
-    )
-    .await?;
+    let OneNode {
+        store,
+        probe,
+        runs,
+        ov,
+        cluster,
+    } = OneNode::start(&url, mode).await?;
     let mut rows = Rows::new("pg-approve (1 node, in-process)", Some(mode), n);
 
     // Counters after the join (its heartbeat, migrations and scans).

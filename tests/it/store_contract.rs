@@ -1476,6 +1476,73 @@ async fn header_updates_while_a_session_stays_active_write_no_index_entry() {
     );
 }
 
+/// A checkpoint's fence reads the lease of its own tree, not every lease its
+/// node holds: what a group of checkpoints costs does not grow with the
+/// number of trees its node owns. Counted by PostgreSQL: the lease rows
+/// read by 300 checkpoints written together (queued behind a lock, so
+/// that they go in large groups) by a node holding 2,310 trees, whose
+/// statistics lag behind, as after a burst of new trees or a failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_reads_its_own_lease_not_every_lease_its_node_holds() {
+    let url = shared().database().await.unwrap();
+    let store = open_pg(&url, Duration::from_secs(60)).await;
+    for _ in 0..10 {
+        assert!(store.claim(SessionId::generate()).await.unwrap());
+    }
+    PgServer::execute(&url, "ANALYZE leases").await.unwrap();
+    let mut sims: Vec<Sim> = (0..300).map(|_| Sim::new("acme")).collect();
+    let roots = sims
+        .iter()
+        .map(|s| s.id())
+        .chain((0..2_000).map(|_| SessionId::generate()));
+    let held = 10 + 300 + 2_000;
+    for claimed in futures::future::join_all(roots.map(|r| store.claim(r))).await {
+        assert!(claimed.unwrap());
+    }
+    // A backend reports all its counters together, within seconds of
+    // going idle: once the claims' rows are counted, so are their reads.
+    let stat =
+        |column: &str| format!("SELECT {column} FROM pg_stat_user_tables WHERE relname = 'leases'");
+    let counted = |sql: String, at_least: i64| {
+        let url = url.clone();
+        async move {
+            let seen = std::cell::Cell::new(0);
+            let ok = wait_for(Duration::from_secs(60), || async {
+                seen.set(PgServer::scalar(&url, &sql).await.unwrap());
+                (seen.get() >= at_least).then_some(())
+            })
+            .await;
+            assert!(ok, "never counted ({sql}): {}", seen.get());
+        }
+    };
+    counted(stat("n_tup_ins"), held).await;
+    let reads = stat("seq_tup_read + coalesce(idx_tup_fetch, 0)");
+    let before = PgServer::scalar(&url, &reads).await.unwrap();
+
+    let locker = lock_leases(&url).await;
+    let mut writes: Vec<_> = sims
+        .iter_mut()
+        .map(|sim| {
+            sim.status(SessionStatus::Running);
+            Box::pin(store.checkpoint(sim.checkpoint()))
+        })
+        .collect();
+    for write in &mut writes {
+        assert!(futures::poll!(write.as_mut()).is_pending());
+    }
+    locker.batch_execute("ROLLBACK").await.unwrap();
+    for written in futures::future::join_all(writes).await {
+        written.unwrap();
+    }
+    let sessions = "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'sessions'";
+    counted(sessions.to_owned(), 300).await;
+    let read = PgServer::scalar(&url, &reads).await.unwrap() - before;
+    assert!(
+        read < held,
+        "300 checkpoints read {read} lease rows of the {held} their node holds"
+    );
+}
+
 /// Claims made together are taken together: while one claim's statement
 /// waits on a lock, the claims made meanwhile queue, and the next statement
 /// takes them all (a root asked twice among them); each caller gets its own

@@ -50,9 +50,12 @@ macro_rules! config_lock {
 /// one record); then its blobs, queue changes, webhook deliveries and
 /// decision rows, each kind's rows for the whole group in one array tagged
 /// with the checkpoint's ordinal. A checkpoint is written only if its
-/// tree's lease still has this node and its epoch (`fence`, `FOR SHARE`)
-/// and the stored header is not of a newer schema than this binary knows
-/// (`$21`: the header this binary writes would drop what it does not
+/// tree's lease still has this node and its epoch (`fence`, `FOR SHARE`;
+/// each distinct tree's lease looked up by its key, `LATERAL`, so the
+/// planner cannot choose to read every lease the node holds, which it did
+/// for large groups whenever its statistics lagged behind the node's
+/// leases) and the stored header is not of a newer schema than this binary
+/// knows (`$21`: the header this binary writes would drop what it does not
 /// know); every other row follows its header row's write (`w`). It answers,
 /// per checkpoint in order, whether its header was written, whether the
 /// fence held, and the schema of the header it found (to tell a fenced
@@ -92,9 +95,11 @@ WITH i AS (
                              metadata, record, fev, fen, rblobs, dq_from, dq_to, now_ms, agent,
                              chash, config, ord)
 ), fence AS (
-    SELECT l.root_id, l.epoch FROM leases l
-    WHERE l.node_id = $20 AND (l.root_id, l.epoch) IN (SELECT root, epoch FROM i)
-    FOR SHARE
+    SELECT l.root_id, l.epoch
+    FROM (SELECT DISTINCT root, epoch FROM i ORDER BY root) r,
+    LATERAL (SELECT l.root_id, l.epoch FROM leases l
+             WHERE l.root_id = r.root AND l.epoch = r.epoch AND l.node_id = $20
+             FOR SHARE) l
 ), s AS (
     INSERT INTO sessions AS x (id, root_id, parent_id, tenant, status, schema_version,
                                last_event_seq, transcript_len, header, config_hash, metadata,

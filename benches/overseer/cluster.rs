@@ -7,7 +7,8 @@
 //!   as workload 1 on sled), joined to a cluster of one: sessions parked
 //!   and approvals finished per second, PostgreSQL round trips and
 //!   transactions per session, CPU per session (this process, and the whole
-//!   machine, PostgreSQL included).
+//!   machine, PostgreSQL included). Measured after a round of warm-up on
+//!   the same server (see `warm_up`).
 //! - `pg-http`: workload 1 over HTTP against one and against three
 //!   `overseer serve` processes (sessions created round-robin, approvals
 //!   sent to random nodes: two in three are forwarded to the owner), 64

@@ -470,21 +470,22 @@ fn waves<'a>(jobs: &[&'a Prepared]) -> Vec<Vec<(usize, &'a Prepared)>> {
 
 /// The parameters of one wave's statement: one array per column, one
 /// element per checkpoint (or per row of a kind, tagged with the
-/// checkpoint's 1-based ordinal).
+/// checkpoint's 1-based ordinal). It borrows the checkpoints' encoded
+/// rows: the driver copies each once, into the statement's message.
 #[derive(Default)]
-struct Group {
+struct Group<'a> {
     ids: Vec<Uuid>,
     roots: Vec<Uuid>,
     epochs: Vec<Option<i64>>,
     parents: Vec<Option<Uuid>>,
-    tenants: Vec<String>,
-    statuses: Vec<String>,
+    tenants: Vec<&'a str>,
+    statuses: Vec<&'a str>,
     schema_versions: Vec<i32>,
     last_event_seqs: Vec<i64>,
     transcript_lens: Vec<i64>,
-    headers: Vec<String>,
-    metadata: Vec<Option<String>>,
-    records: Vec<Vec<u8>>,
+    headers: Vec<&'a str>,
+    metadata: Vec<Option<&'a str>>,
+    records: Vec<&'a [u8]>,
     first_events: Vec<Option<i64>>,
     first_entries: Vec<Option<i64>>,
     /// The blobs each record names, as an array literal (`{h1,h2}`: hex
@@ -494,31 +495,31 @@ struct Group {
     dequeue_from: Vec<i64>,
     dequeue_to: Vec<i64>,
     hook_now_ms: Vec<i64>,
-    agents: Vec<String>,
+    agents: Vec<&'a str>,
     node: Option<Uuid>,
     blob_ord: Vec<i64>,
-    blob_hashes: Vec<String>,
-    blob_data: Vec<String>,
+    blob_hashes: Vec<&'a str>,
+    blob_data: Vec<&'a str>,
     queue_ord: Vec<i64>,
     queue_seqs: Vec<i64>,
-    queued: Vec<String>,
+    queued: Vec<&'a str>,
     hook_ord: Vec<i64>,
-    hook_ids: Vec<String>,
-    hook_events: Vec<String>,
-    hook_seeds: Vec<String>,
+    hook_ids: Vec<&'a str>,
+    hook_events: Vec<&'a str>,
+    hook_seeds: Vec<&'a str>,
     decision_ord: Vec<i64>,
     decision_at: Vec<i64>,
-    decision_calls: Vec<String>,
-    decision_tools: Vec<String>,
-    decision_by: Vec<Option<String>>,
-    decision_rows: Vec<String>,
+    decision_calls: Vec<&'a str>,
+    decision_tools: Vec<&'a str>,
+    decision_by: Vec<Option<&'a str>>,
+    decision_rows: Vec<&'a str>,
     /// The configuration each header names, and its JSON (`$38`, `$39`).
-    config_hashes: Vec<String>,
-    configs: Vec<String>,
+    config_hashes: Vec<&'a str>,
+    configs: Vec<&'a str>,
 }
 
-impl Group {
-    fn of(wave: &[(usize, &Prepared)]) -> Self {
+impl<'a> Group<'a> {
+    fn of(wave: &[(usize, &'a Prepared)]) -> Self {
         let mut g = Self::default();
         for (n, (_, p)) in wave.iter().enumerate() {
             let ord = n as i64 + 1;
@@ -526,14 +527,14 @@ impl Group {
             g.roots.push(p.root);
             g.epochs.push(p.epoch);
             g.parents.push(p.parent);
-            g.tenants.push(p.tenant.clone());
-            g.statuses.push(p.status.clone());
+            g.tenants.push(&p.tenant);
+            g.statuses.push(&p.status);
             g.schema_versions.push(p.schema_version);
             g.last_event_seqs.push(p.last_event_seq);
             g.transcript_lens.push(p.transcript_len);
-            g.headers.push(p.header.clone());
-            g.metadata.push(p.metadata.clone());
-            g.records.push(p.record.clone());
+            g.headers.push(&p.header);
+            g.metadata.push(p.metadata.as_deref());
+            g.records.push(&p.record);
             g.first_events.push(p.first_event);
             g.first_entries.push(p.first_entry);
             g.record_blobs.push(
@@ -544,33 +545,33 @@ impl Group {
             g.dequeue_from.push(p.dequeue_from);
             g.dequeue_to.push(p.dequeue_to);
             g.hook_now_ms.push(p.hook_now_ms);
-            g.agents.push(p.agent.clone());
-            g.config_hashes.push(p.config_hash.clone());
-            g.configs.push(p.config.clone());
+            g.agents.push(&p.agent);
+            g.config_hashes.push(&p.config_hash);
+            g.configs.push(&p.config);
             g.node = g.node.or(p.node);
             for (hash, data) in p.blob_hashes.iter().zip(&p.blob_data) {
                 g.blob_ord.push(ord);
-                g.blob_hashes.push(hash.clone());
-                g.blob_data.push(data.clone());
+                g.blob_hashes.push(hash);
+                g.blob_data.push(data);
             }
             for (seq, message) in p.queue_seqs.iter().zip(&p.queued) {
                 g.queue_ord.push(ord);
                 g.queue_seqs.push(*seq);
-                g.queued.push(message.clone());
+                g.queued.push(message);
             }
             for ((id, event), seed) in p.hook_ids.iter().zip(&p.hook_events).zip(&p.hook_seeds) {
                 g.hook_ord.push(ord);
-                g.hook_ids.push(id.clone());
-                g.hook_events.push(event.clone());
-                g.hook_seeds.push(seed.clone());
+                g.hook_ids.push(id);
+                g.hook_events.push(event);
+                g.hook_seeds.push(seed);
             }
             for i in 0..p.decision_rows.len() {
                 g.decision_ord.push(ord);
                 g.decision_at.push(p.decision_at[i]);
-                g.decision_calls.push(p.decision_calls[i].clone());
-                g.decision_tools.push(p.decision_tools[i].clone());
-                g.decision_by.push(p.decision_by[i].clone());
-                g.decision_rows.push(p.decision_rows[i].clone());
+                g.decision_calls.push(&p.decision_calls[i]);
+                g.decision_tools.push(&p.decision_tools[i]);
+                g.decision_by.push(p.decision_by[i].as_deref());
+                g.decision_rows.push(&p.decision_rows[i]);
             }
         }
         g

@@ -1459,18 +1459,9 @@ async fn header_updates_while_a_session_stays_active_write_no_index_entry() {
     // going idle.
     let counts = "SELECT n_tup_upd * 1000 + n_tup_hot_upd FROM pg_stat_user_tables
                   WHERE relname = 'sessions'";
-    let seen = std::cell::Cell::new(0);
-    assert!(
-        wait_for(Duration::from_secs(60), || async {
-            seen.set(PgServer::scalar(&url, counts).await.unwrap());
-            (seen.get() / 1000 >= 11).then_some(())
-        })
-        .await,
-        "the updates were never counted: {}",
-        seen.get()
-    );
+    let seen = counted(&url, counts, 11 * 1000).await;
     assert_eq!(
-        (seen.get() / 1000, seen.get() % 1000),
+        (seen / 1000, seen % 1000),
         (11, 10),
         "updates, of which HOT: each but the end's"
     );
@@ -1503,19 +1494,7 @@ async fn a_checkpoint_reads_its_own_lease_not_every_lease_its_node_holds() {
     // going idle: once the claims' rows are counted, so are their reads.
     let stat =
         |column: &str| format!("SELECT {column} FROM pg_stat_user_tables WHERE relname = 'leases'");
-    let counted = |sql: String, at_least: i64| {
-        let url = url.clone();
-        async move {
-            let seen = std::cell::Cell::new(0);
-            let ok = wait_for(Duration::from_secs(60), || async {
-                seen.set(PgServer::scalar(&url, &sql).await.unwrap());
-                (seen.get() >= at_least).then_some(())
-            })
-            .await;
-            assert!(ok, "never counted ({sql}): {}", seen.get());
-        }
-    };
-    counted(stat("n_tup_ins"), held).await;
+    counted(&url, &stat("n_tup_ins"), held).await;
     let reads = stat("seq_tup_read + coalesce(idx_tup_fetch, 0)");
     let before = PgServer::scalar(&url, &reads).await.unwrap();
 
@@ -1535,7 +1514,7 @@ async fn a_checkpoint_reads_its_own_lease_not_every_lease_its_node_holds() {
         written.unwrap();
     }
     let sessions = "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'sessions'";
-    counted(sessions.to_owned(), 300).await;
+    counted(&url, sessions, 300).await;
     let read = PgServer::scalar(&url, &reads).await.unwrap() - before;
     assert!(
         read < held,
@@ -1634,6 +1613,20 @@ async fn lock_leases(url: &str) -> tokio_postgres::Client {
         .await
         .unwrap();
     locker
+}
+
+/// Waits (a minute at most) until the count `sql` asks of PostgreSQL's
+/// statistics reaches `at_least`, and returns it: a backend reports its
+/// counters within seconds of going idle.
+async fn counted(url: &str, sql: &str, at_least: i64) -> i64 {
+    let seen = std::cell::Cell::new(0);
+    let ok = wait_for(Duration::from_secs(60), || async {
+        seen.set(PgServer::scalar(url, sql).await.unwrap());
+        (seen.get() >= at_least).then_some(())
+    })
+    .await;
+    assert!(ok, "never counted ({sql}): {}", seen.get());
+    seen.get()
 }
 
 async fn wait_for<F, Fut, T>(patience: Duration, mut f: F) -> bool

@@ -205,23 +205,30 @@ impl StoreError {
 }
 
 /// Reads every session whose status is one of `statuses` (all when empty),
-/// `page` headers at a time in id order, handing each page to `each` before
-/// the next is read: a listing over a whole store holds one page at a time.
+/// `page` headers at a time in id order, handing each page to `each` while
+/// the next one is read: a listing over a whole store holds two pages at a
+/// time, and what `each` does costs no time of its own as long as it is
+/// quicker than the store's read (boot recovery arms a parked session's
+/// timers while the store reads and decodes the next page).
 pub async fn each_page_by_status<S: CheckpointStore + ?Sized>(
     store: &S,
     statuses: &[SessionStatus],
     page: usize,
     mut each: impl FnMut(Vec<SessionSummary>) + Send,
 ) -> Result<(), StoreError> {
-    let mut after = None;
-    loop {
-        let next = store.list_by_status(statuses, after, page).await?;
-        let Some(last) = next.last() else {
-            return Ok(());
-        };
-        after = Some(last.id);
-        each(next);
+    let mut current = store.list_by_status(statuses, None, page).await?;
+    while let Some(last) = current.last() {
+        let after = Some(last.id);
+        // `join` polls the listing first, so the store starts reading the
+        // next page before `each` takes this thread.
+        let (next, ()) =
+            futures::future::join(store.list_by_status(statuses, after, page), async {
+                each(std::mem::take(&mut current))
+            })
+            .await;
+        current = next?;
     }
+    Ok(())
 }
 
 /// [`each_page_by_status`], collected. For a few sessions (tests, tools).

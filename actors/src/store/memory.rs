@@ -37,6 +37,8 @@ struct Inner {
     checkpoints: u64,
     /// Most headers a page of `list_by_status` holds, below what was asked.
     page_cap: Option<usize>,
+    /// Calls of `list_by_status` so far.
+    listings: u64,
 }
 
 /// In-memory store. Cloning shares the data.
@@ -56,6 +58,11 @@ impl MemStore {
     /// Number of checkpoints written so far.
     pub fn checkpoints(&self) -> u64 {
         self.lock().checkpoints
+    }
+
+    /// Number of `list_by_status` calls begun so far.
+    pub fn listings(&self) -> u64 {
+        self.lock().listings
     }
 
     /// From now on, `list_by_status` answers pages of at most `n` headers
@@ -181,7 +188,8 @@ impl CheckpointStore for MemStore {
         after: Option<SessionId>,
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
-        let inner = self.lock();
+        let mut inner = self.lock();
+        inner.listings += 1;
         inner
             .headers
             .values()
@@ -388,6 +396,34 @@ mod tests {
             queued: Vec::new(),
             dequeued: 0..0,
         }
+    }
+
+    /// A listing page by page reads the next page while the caller handles
+    /// this one (boot recovery arms one page's timers meanwhile), and still
+    /// hands over every page, in order, once.
+    #[tokio::test]
+    async fn a_listing_reads_the_next_page_while_the_caller_handles_this_one() {
+        let store = MemStore::new();
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            let cp = checkpoint("a", SessionStatus::AwaitingApproval);
+            ids.push(cp.header.id);
+            store.checkpoint(cp).await.unwrap();
+        }
+        ids.sort();
+        let mut seen = Vec::new();
+        let mut begun = Vec::new();
+        crate::store::each_page_by_status(&store, &[], 1, |page| {
+            seen.extend(page.iter().map(|h| h.id));
+            begun.push(store.listings());
+        })
+        .await
+        .unwrap();
+        assert_eq!(seen, ids);
+        // While page k is handled, k + 1 listings have begun: this one's and
+        // the next one's (the fourth finds nothing and ends the listing).
+        assert_eq!(begun, vec![2, 3, 4]);
+        assert_eq!(store.listings(), 4);
     }
 
     #[tokio::test]

@@ -41,7 +41,7 @@ use crate::model::{
 use crate::provider::{
     FinishReason, ProviderError, ProviderEvent, ProviderRequest, RequestPurpose,
 };
-use crate::store::{Checkpoint, StoredSession};
+use crate::store::{Checkpoint, Resumable, StoredSession};
 use crate::tasks::{RunTaskArgs, RUN_TASK};
 use crate::tool::{not_available, ToolRegistry};
 
@@ -249,13 +249,22 @@ pub(crate) enum Effect {
 
 /// The timer of a call waiting for a decision, as of `now_ms`.
 fn approval_timer(call: &ToolCallRecord, timeout_secs: u64, now_ms: i64) -> Effect {
-    // Snapshots from before deadlines were recorded have none: their timer
-    // runs a full timeout from now.
     let deadline_ms = call
         .approval_deadline_ms
-        .unwrap_or_else(|| now_ms.saturating_add((timeout_secs as i64).saturating_mul(1000)));
+        .unwrap_or_else(|| full_timeout(timeout_secs, now_ms));
+    approval_timer_at(&call.id, deadline_ms, now_ms)
+}
+
+/// The deadline of a call waiting for a decision with none stored
+/// (snapshots from before deadlines were recorded): a full timeout from now.
+fn full_timeout(timeout_secs: u64, now_ms: i64) -> i64 {
+    now_ms.saturating_add((timeout_secs as i64).saturating_mul(1000))
+}
+
+/// The timer of call `call_id` due at `deadline_ms`, as of `now_ms`.
+fn approval_timer_at(call_id: &ToolCallId, deadline_ms: i64, now_ms: i64) -> Effect {
     Effect::ArmApprovalTimer {
-        call_id: call.id.clone(),
+        call_id: call_id.clone(),
         deadline_ms,
         after: Duration::from_millis(deadline_ms.saturating_sub(now_ms).max(0) as u64),
     }
@@ -272,18 +281,30 @@ fn approval_timer(call: &ToolCallRecord, timeout_secs: u64, now_ms: i64) -> Effe
 /// timers, and the first decision (or a timeout) activates the session.
 /// `machine::tests::a_parked_session_resumes_to_its_timers_alone` checks
 /// that it agrees with [`Input::Resume`].
-pub(crate) fn resume_of_parked(header: &SessionHeader, now_ms: i64) -> Option<Vec<Effect>> {
-    let calls = &header.open_calls;
-    let parked = header.status == SessionStatus::AwaitingApproval
+///
+/// From what recovery reads of the header ([`Resumable`]): a call with no
+/// deadline stored needs the configuration's timeout, and a session whose
+/// timeout was not read is not parked (its actor resumes it whole).
+pub(crate) fn resume_of_parked(session: &Resumable, now_ms: i64) -> Option<Vec<Effect>> {
+    let calls = &session.open_calls;
+    let parked = session.status == SessionStatus::AwaitingApproval
         && calls.iter().any(|c| c.state == CallState::AwaitingApproval)
         && calls.iter().all(|c| c.state != CallState::Running);
-    parked.then(|| {
-        calls
-            .iter()
-            .filter(|c| c.state == CallState::AwaitingApproval)
-            .map(|c| approval_timer(c, header.config.approval_timeout_secs, now_ms))
-            .collect()
-    })
+    if !parked {
+        return None;
+    }
+    calls
+        .iter()
+        .filter(|c| c.state == CallState::AwaitingApproval)
+        .map(|c| {
+            let deadline_ms = match (c.approval_deadline_ms, session.approval_timeout_secs) {
+                (Some(at), _) => at,
+                (None, Some(timeout_secs)) => full_timeout(timeout_secs, now_ms),
+                (None, None) => return None,
+            };
+            Some(approval_timer_at(&c.id, deadline_ms, now_ms))
+        })
+        .collect()
 }
 
 /// What the process knows of a dispatched call whose result the session has
@@ -2551,7 +2572,7 @@ mod tests {
                 let input = then(&s);
                 drive(&mut s, &tools, vec![input]).unwrap();
             }
-            let parked = resume_of_parked(&s.header, NOW);
+            let parked = resume_of_parked(&Resumable::from(&s.header), NOW);
             let want = want.map(|w| w.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>());
             assert_eq!(parked.as_deref().map(shape), want, "{name}");
             if let Some(parked) = parked {
@@ -2564,6 +2585,27 @@ mod tests {
                 assert!(!s.is_dirty(), "{name}: resuming changed the session");
             }
         }
+    }
+
+    /// A call awaiting approval with no deadline stored (a snapshot from
+    /// before deadlines were) gets a full timeout from now, which needs the
+    /// configuration's timeout; a store that did not read it leaves the
+    /// session to its actor rather than guess.
+    #[test]
+    fn a_parked_call_without_a_stored_deadline_needs_the_configured_timeout() {
+        let tools = registry();
+        let mut s = session();
+        drive(&mut s, &tools, [vec![msg("hi")], calls(&["ask"])].concat()).unwrap();
+        let mut parked = Resumable::from(&s.header);
+        parked.open_calls[0].approval_deadline_ms = Some(NOW + 5_000);
+        parked.approval_timeout_secs = None;
+        let timers = resume_of_parked(&parked, NOW).unwrap();
+        assert_eq!(shape(&timers), vec!["timer +5000ms @5000"]);
+        parked.open_calls[0].approval_deadline_ms = None;
+        assert!(resume_of_parked(&parked, NOW).is_none());
+        parked.approval_timeout_secs = Some(TIMEOUT_SECS);
+        let timers = resume_of_parked(&parked, NOW).unwrap();
+        assert_eq!(shape(&timers), vec!["timer +30000ms @30000"]);
     }
 
     #[test]

@@ -39,7 +39,7 @@ use crate::model::{
 use crate::orchestrator::{OrchestratorActor, OrchestratorArgs};
 use crate::provider::Provider;
 use crate::runtime::{Runtime, RuntimeConfig};
-use crate::store::{each_page_by_status, CheckpointStore, StoredSession};
+use crate::store::{each_resumable_page, CheckpointStore, StoredSession};
 use crate::tool::ToolRegistry;
 
 /// Sessions loaded concurrently during boot recovery.
@@ -216,25 +216,20 @@ impl Overseer {
         let mut children: Vec<(SessionId, SessionId)> = Vec::new();
         let mut roots = Vec::new();
         let mut parked = 0;
-        each_page_by_status(
-            self.runtime.store.as_ref(),
-            &[SessionStatus::Running, SessionStatus::AwaitingApproval],
-            RECOVERY_PAGE,
-            |page| {
-                for h in &page {
-                    active.insert(h.id);
-                    match &h.parent {
-                        // Costs its header (read above) and its timers: ready
-                        // after a restart does not wait for loading every
-                        // session that waits for a person, nor does memory
-                        // hold their actors.
-                        None if self.runtime.recover_parked(h) => parked += 1,
-                        None => roots.push(h.id),
-                        Some(link) => children.push((h.id, link.session_id)),
-                    }
+        each_resumable_page(self.runtime.store.as_ref(), RECOVERY_PAGE, |page| {
+            for h in &page {
+                active.insert(h.id);
+                match &h.parent {
+                    // Costs its header (read above) and its timers: ready
+                    // after a restart does not wait for loading every
+                    // session that waits for a person, nor does memory
+                    // hold their actors.
+                    None if self.runtime.recover_parked(h) => parked += 1,
+                    None => roots.push(h.id),
+                    Some(parent) => children.push((h.id, *parent)),
                 }
-            },
-        )
+            }
+        })
         .await?;
         let orphans = children
             .into_iter()

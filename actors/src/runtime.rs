@@ -31,7 +31,7 @@ use crate::model::{
     ToolCallId,
 };
 use crate::provider::Provider;
-use crate::store::{CheckpointStore, StoredSession};
+use crate::store::{CheckpointStore, Resumable, StoredSession};
 use crate::supervision::{Decision, RestartPolicy, Restarts};
 use crate::timers::{ApprovalTimers, Due, IdleLook, IdleTimers};
 use crate::tool::ToolRegistry;
@@ -756,8 +756,8 @@ impl Runtime {
     /// approval timers and counts its approvals, as its actor's resume
     /// would, and leaves it on disk. `false` (nothing done) when the
     /// session needs its actor to resume.
-    pub(crate) fn recover_parked(self: &Arc<Self>, header: &SessionHeader) -> bool {
-        let Some(timers) = crate::machine::resume_of_parked(header, self.now_ms()) else {
+    pub(crate) fn recover_parked(self: &Arc<Self>, session: &Resumable) -> bool {
+        let Some(timers) = crate::machine::resume_of_parked(session, self.now_ms()) else {
             return false;
         };
         let mut pending = 0;
@@ -768,11 +768,11 @@ impl Runtime {
                 after,
             } = timer
             {
-                self.arm_approval_timer(header.id, call_id, deadline_ms, after);
+                self.arm_approval_timer(session.id, call_id, deadline_ms, after);
                 pending += 1;
             }
         }
-        crate::metrics::set_pending(header.id, pending);
+        crate::metrics::set_pending(session.id, pending);
         true
     }
 

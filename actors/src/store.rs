@@ -25,7 +25,8 @@ use std::ops::Range;
 use serde_json::Value;
 
 use crate::model::{
-    Event, QueuedMessage, SessionHeader, SessionId, SessionStatus, TranscriptEntry,
+    CallState, Event, QueuedMessage, SessionHeader, SessionId, SessionStatus, ToolCallId,
+    TranscriptEntry,
 };
 
 /// One atomic write: the header as it is now, plus what was appended since the
@@ -69,6 +70,63 @@ pub struct StoredSession {
 /// A lightweight row for listing and boot recovery: the header alone, without
 /// the transcript, the metadata or the queue.
 pub type SessionSummary = SessionHeader;
+
+/// The statuses boot recovery resumes (see [`CheckpointStore::list_resumable`]).
+pub const RESUMABLE: [SessionStatus; 2] = [SessionStatus::Running, SessionStatus::AwaitingApproval];
+
+/// What boot recovery needs of a session it resumes: whether it is a root
+/// that only waits for decisions (its approval timers are then all it
+/// resumes to, see `machine::resume_of_parked`), and its parent. A store
+/// may read it without decoding the whole header: recovery reads every
+/// active session before the service is ready, and parsing each whole header
+/// (its configuration, its calls' arguments) was most of that time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resumable {
+    /// Session id.
+    pub id: SessionId,
+    /// The parent session of a child.
+    pub parent: Option<SessionId>,
+    /// Its status: one of [`RESUMABLE`].
+    pub status: SessionStatus,
+    /// Tool calls of the open step, in proposal order.
+    pub open_calls: Vec<OpenCall>,
+    /// The configuration's approval timeout, which only a call awaiting
+    /// approval with no deadline stored needs (snapshots from before
+    /// deadlines were recorded): `None` when the store did not read it,
+    /// and then such a session is activated instead of left parked.
+    pub approval_timeout_secs: Option<u64>,
+}
+
+/// What boot recovery needs of an open tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenCall {
+    /// Call id.
+    pub id: ToolCallId,
+    /// Where the call is.
+    pub state: CallState,
+    /// When its approval times out, if it waits for one and that is stored.
+    pub approval_deadline_ms: Option<i64>,
+}
+
+impl From<&SessionHeader> for Resumable {
+    fn from(header: &SessionHeader) -> Self {
+        Self {
+            id: header.id,
+            parent: header.parent.as_ref().map(|p| p.session_id),
+            status: header.status,
+            open_calls: header
+                .open_calls
+                .iter()
+                .map(|c| OpenCall {
+                    id: c.id.clone(),
+                    state: c.state,
+                    approval_deadline_ms: c.approval_deadline_ms,
+                })
+                .collect(),
+            approval_timeout_secs: Some(header.config.approval_timeout_secs),
+        }
+    }
+}
 
 /// Store failures.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -214,18 +272,43 @@ pub async fn each_page_by_status<S: CheckpointStore + ?Sized>(
     store: &S,
     statuses: &[SessionStatus],
     page: usize,
-    mut each: impl FnMut(Vec<SessionSummary>) + Send,
+    each: impl FnMut(Vec<SessionSummary>) + Send,
 ) -> Result<(), StoreError> {
-    let mut current = store.list_by_status(statuses, None, page).await?;
+    each_page(
+        |after| store.list_by_status(statuses, after, page),
+        |h| h.id,
+        each,
+    )
+    .await
+}
+
+/// [`each_page_by_status`] over [`CheckpointStore::list_resumable`]: boot
+/// recovery's walk.
+pub async fn each_resumable_page<S: CheckpointStore + ?Sized>(
+    store: &S,
+    page: usize,
+    each: impl FnMut(Vec<Resumable>) + Send,
+) -> Result<(), StoreError> {
+    each_page(|after| store.list_resumable(after, page), |r| r.id, each).await
+}
+
+/// Pages of `list` (what comes after an id, in id order) handed to `each`
+/// while the next one is read, until a page comes back empty.
+async fn each_page<T, F>(
+    list: impl Fn(Option<SessionId>) -> F,
+    id: impl Fn(&T) -> SessionId,
+    mut each: impl FnMut(Vec<T>) + Send,
+) -> Result<(), StoreError>
+where
+    F: std::future::Future<Output = Result<Vec<T>, StoreError>>,
+{
+    let mut current = list(None).await?;
     while let Some(last) = current.last() {
-        let after = Some(last.id);
+        let after = Some(id(last));
         // `join` polls the listing first, so the store starts reading the
         // next page before `each` takes this thread.
         let (next, ()) =
-            futures::future::join(store.list_by_status(statuses, after, page), async {
-                each(std::mem::take(&mut current))
-            })
-            .await;
+            futures::future::join(list(after), async { each(std::mem::take(&mut current)) }).await;
         current = next?;
     }
     Ok(())
@@ -290,6 +373,21 @@ pub trait CheckpointStore: Send + Sync + 'static {
         after: Option<SessionId>,
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError>;
+
+    /// Boot recovery's listing: what it needs of each session whose status
+    /// is one of [`RESUMABLE`], ascending by id, after `after`, at most
+    /// `limit` (paged as [`Self::list_by_status`] is). A header of a newer
+    /// schema fails it, as it fails a load: recovery must not skip a
+    /// session. By default the headers, cut down; a store that can read
+    /// these few fields without decoding the rest does so.
+    async fn list_resumable(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<Resumable>, StoreError> {
+        let headers = self.list_by_status(&RESUMABLE, after, limit).await?;
+        Ok(headers.iter().map(Resumable::from).collect())
+    }
 
     /// Headers of a tenant's sessions, ascending by id, after `cursor`, at most `limit`.
     async fn list_tenant(

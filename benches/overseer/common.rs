@@ -24,7 +24,7 @@ use overseer::actors::model::{
 };
 use overseer::actors::scripted::{Scenario, ScriptedProvider};
 use overseer::actors::store::{
-    Checkpoint, CheckpointStore, SessionSummary, StoreError, StoredSession,
+    Checkpoint, CheckpointStore, Resumable, SessionSummary, StoreError, StoredSession,
 };
 use overseer::actors::tool::{Tool, ToolContext, ToolError, ToolRegistry, ToolSpec};
 use overseer::actors::{CreateSession, Overseer, RuntimeConfig};
@@ -741,6 +741,14 @@ impl CheckpointStore for Probe {
         limit: usize,
     ) -> Result<Vec<SessionSummary>, StoreError> {
         self.inner.list_by_status(statuses, after, limit).await
+    }
+
+    async fn list_resumable(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<Resumable>, StoreError> {
+        self.inner.list_resumable(after, limit).await
     }
 
     async fn list_tenant(

@@ -116,7 +116,7 @@ use std::sync::Arc;
 use overseer_actors::model::{Event, SessionHeader, SessionId, SessionStatus, TranscriptEntry};
 use overseer_actors::store::{
     recorded_by, Checkpoint, CheckpointStore, DecisionPage, DecisionPosition, DecisionQuery,
-    DecisionRow, SessionSummary, StoreError, StoredSession,
+    DecisionRow, Resumable, SessionSummary, StoreError, StoredSession,
 };
 use tokio::sync::oneshot;
 
@@ -637,6 +637,68 @@ impl Trees {
 
     /// A page of [`CheckpointStore::list_by_status`]: empty only when no
     /// session after `after` has one of `statuses`.
+    /// Boot recovery's page: what it needs of each active session after
+    /// `after` (see [`codec::decode_resumable`]), its header decoded whole
+    /// only where that needs it.
+    fn resumable(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<Resumable>, StoreError> {
+        self.active_page(
+            after,
+            limit.max(1),
+            |id, bytes| match codec::decode_resumable(bytes) {
+                Some(session) => Ok(codec::is_active(session.status).then_some(session)),
+                None => self.decode_header(id, bytes).map(|header| {
+                    codec::is_active(header.status).then(|| Resumable::from(&header))
+                }),
+            },
+        )
+    }
+
+    /// The sessions of the `active` index after `after`, `limit` index
+    /// entries at a time, each header's bytes decoded by `decode` on every
+    /// core, until a page keeps some. The index is a superset: it may name
+    /// a session whose header says otherwise (a crash between a
+    /// checkpoint's writes) or that has no header yet; `decode` filters on
+    /// the header, so a page of index entries may come out empty, and then
+    /// the next one is read.
+    fn active_page<T: Send>(
+        &self,
+        mut after: Option<SessionId>,
+        limit: usize,
+        decode: impl Fn(&SessionId, &[u8]) -> Result<Option<T>, StoreError> + Sync,
+    ) -> Result<Vec<T>, StoreError> {
+        loop {
+            let mut rows = Vec::new();
+            let mut last = None;
+            for key in self
+                .active
+                .range::<Vec<u8>, _>((after_bound(after), std::ops::Bound::Unbounded))
+                .keys()
+                .take(limit)
+            {
+                let key = key.map_err(|e| io("reading the active index", e))?;
+                let id = layout::id_from(&key)
+                    .ok_or_else(|| corrupt("active index", "malformed key"))?;
+                last = Some(id);
+                if let Some(bytes) = self
+                    .sessions
+                    .get(&key)
+                    .map_err(|e| io(format_args!("reading session {id}"), e))?
+                {
+                    rows.push((id, bytes));
+                }
+            }
+            let page = decode_all(&rows, |(id, bytes)| decode(id, bytes))?;
+            match last {
+                Some(id) if page.is_empty() => after = Some(id),
+                _ => return Ok(page),
+            }
+        }
+    }
+
     fn by_status(
         &self,
         statuses: &[SessionStatus],
@@ -651,42 +713,11 @@ impl Trees {
         let limit = limit.max(1);
         let via_index = !statuses.is_empty() && statuses.iter().all(|s| codec::is_active(*s));
         if via_index {
-            // Boot recovery: only the sessions it resumes, not every session
-            // ever stored. The index is a superset: it may name a session
-            // whose header says otherwise (a crash between a checkpoint's
-            // writes) or that has no header yet; `wanted` filters on the
-            // header, so a page of index entries may come out empty, and
-            // then the next one is read.
-            let mut after = after;
-            loop {
-                let mut rows = Vec::new();
-                let mut last = None;
-                for key in self
-                    .active
-                    .range::<Vec<u8>, _>((after_bound(after), std::ops::Bound::Unbounded))
-                    .keys()
-                    .take(limit)
-                {
-                    let key = key.map_err(|e| io("reading the active index", e))?;
-                    let id = layout::id_from(&key)
-                        .ok_or_else(|| corrupt("active index", "malformed key"))?;
-                    last = Some(id);
-                    if let Some(bytes) = self
-                        .sessions
-                        .get(&key)
-                        .map_err(|e| io(format_args!("reading session {id}"), e))?
-                    {
-                        rows.push((id, bytes));
-                    }
-                }
-                let page = decode_all(&rows, |(id, bytes)| {
-                    self.decode_header(id, bytes).map(wanted)
-                })?;
-                match last {
-                    Some(id) if page.is_empty() => after = Some(id),
-                    _ => return Ok(page),
-                }
-            }
+            // Only the sessions of the `active` index, not every session
+            // ever stored.
+            return self.active_page(after, limit, |id, bytes| {
+                self.decode_header(id, bytes).map(wanted)
+            });
         }
         let mut out = Vec::new();
         for item in self
@@ -922,6 +953,14 @@ impl CheckpointStore for SledStore {
         let statuses = statuses.to_vec();
         self.list(move |trees| trees.by_status(&statuses, after, limit))
             .await
+    }
+
+    async fn list_resumable(
+        &self,
+        after: Option<SessionId>,
+        limit: usize,
+    ) -> Result<Vec<Resumable>, StoreError> {
+        self.list(move |trees| trees.resumable(after, limit)).await
     }
 
     async fn list_tenant(
@@ -1583,6 +1622,85 @@ mod tests {
         assert_eq!(all_by_status(&store, &[], 2).await.unwrap().len(), 5);
     }
 
+    /// Boot recovery reads a few fields of each active header, the rest
+    /// skipped: what it reads agrees with the headers decoded whole, for a
+    /// parked root, a parked child, a root whose tool runs and one whose
+    /// call has no deadline stored (read whole for its configuration's
+    /// timeout); a session that is not active is not listed.
+    #[tokio::test]
+    async fn recovery_reads_what_it_needs_of_each_header_as_the_whole_header_says() {
+        use overseer_actors::model::{CallState, ParentLink, ToolCallId, ToolCallRecord};
+        use overseer_actors::store::{each_resumable_page, Resumable, RESUMABLE};
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let call = |n: u32, state: CallState, deadline: Option<i64>| {
+            let mut c = ToolCallRecord::proposed(
+                ToolCallId::from(format!("call_{n}").as_str()),
+                "write_record".into(),
+                json!({"key": n, "text": "\"open_calls\":[]"}),
+                1,
+            );
+            c.state = state;
+            c.approval_deadline_ms = deadline;
+            c
+        };
+        let parked = |calls: Vec<ToolCallRecord>| {
+            let mut sim = Sim::new("acme");
+            sim.status(SessionStatus::AwaitingApproval);
+            sim.header.open_calls = calls;
+            sim
+        };
+        let root = parked(vec![
+            call(1, CallState::AwaitingApproval, Some(5_000)),
+            call(2, CallState::Approved, Some(6_000)),
+        ]);
+        let mut child = parked(vec![call(3, CallState::AwaitingApproval, Some(7_000))]);
+        child.header.parent = Some(ParentLink {
+            session_id: root.id(),
+            call_id: ToolCallId::from("call_0"),
+            attempt: 0,
+            propagate: true,
+            depth: 1,
+        });
+        let mut running = Sim::new("acme");
+        running.status(SessionStatus::Running);
+        running.header.open_calls = vec![call(4, CallState::Running, None)];
+        let old = parked(vec![call(5, CallState::AwaitingApproval, None)]);
+        let mut idle = Sim::new("acme");
+        idle.status(SessionStatus::AwaitingInput);
+        let mut sims = [root, child, running, old, idle];
+        for sim in &mut sims {
+            store.checkpoint(sim.checkpoint()).await.unwrap();
+        }
+
+        let mut read = Vec::new();
+        each_resumable_page(&store, 2, |page| read.extend(page))
+            .await
+            .unwrap();
+        let whole: Vec<Resumable> = all_by_status(&store, &RESUMABLE, 2)
+            .await
+            .unwrap()
+            .iter()
+            .map(Resumable::from)
+            .collect();
+        assert_eq!(read.len(), 4, "{read:?}");
+        let timeout = Some(sims[3].header.config.approval_timeout_secs);
+        for (r, w) in read.iter().zip(&whole) {
+            // The configuration is read only where it is needed.
+            let needed = r.id == sims[3].id();
+            assert_eq!(r.approval_timeout_secs, needed.then_some(timeout).flatten());
+            let r = Resumable {
+                approval_timeout_secs: w.approval_timeout_secs,
+                ..r.clone()
+            };
+            assert_eq!(&r, w);
+        }
+        let child_read = read.iter().find(|r| r.id == sims[1].id()).unwrap();
+        assert_eq!(child_read.parent, Some(sims[0].id()));
+        assert!(!read.iter().any(|r| r.id == sims[4].id()));
+    }
+
     #[tokio::test]
     async fn a_page_of_active_sessions_is_empty_only_at_the_end() {
         let dir = tempfile::tempdir().unwrap();
@@ -1680,6 +1798,8 @@ mod tests {
                 .unwrap_err(),
             too_new
         );
+        // Boot recovery too, though it reads a few fields only.
+        assert_eq!(store.list_resumable(None, 2).await.unwrap_err(), too_new);
         // Never overwritten either.
         sim.user("more");
         assert_eq!(

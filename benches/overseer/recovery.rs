@@ -153,7 +153,7 @@ pub async fn run(
         &format!("= {n}"),
     );
     let (ready_target, total_target) = if n >= 100_000 {
-        ("<= 2", "<= 10")
+        ("<= 0.5", "<= 5")
     } else {
         ("", "")
     };

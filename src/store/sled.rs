@@ -635,8 +635,6 @@ impl Trees {
         Ok(out)
     }
 
-    /// A page of [`CheckpointStore::list_by_status`]: empty only when no
-    /// session after `after` has one of `statuses`.
     /// Boot recovery's page: what it needs of each active session after
     /// `after` (see [`codec::decode_resumable`]), its header decoded whole
     /// only where that needs it.
@@ -645,16 +643,14 @@ impl Trees {
         after: Option<SessionId>,
         limit: usize,
     ) -> Result<Vec<Resumable>, StoreError> {
-        self.active_page(
-            after,
-            limit.max(1),
-            |id, bytes| match codec::decode_resumable(bytes) {
+        self.active_page(after, limit, |id, bytes| {
+            match codec::decode_resumable(bytes) {
                 Some(session) => Ok(codec::is_active(session.status).then_some(session)),
                 None => self.decode_header(id, bytes).map(|header| {
                     codec::is_active(header.status).then(|| Resumable::from(&header))
                 }),
-            },
-        )
+            }
+        })
     }
 
     /// The sessions of the `active` index after `after`, `limit` index
@@ -670,6 +666,7 @@ impl Trees {
         limit: usize,
         decode: impl Fn(&SessionId, &[u8]) -> Result<Option<T>, StoreError> + Sync,
     ) -> Result<Vec<T>, StoreError> {
+        let limit = limit.max(1);
         loop {
             let mut rows = Vec::new();
             let mut last = None;
@@ -699,6 +696,8 @@ impl Trees {
         }
     }
 
+    /// A page of [`CheckpointStore::list_by_status`]: empty only when no
+    /// session after `after` has one of `statuses`.
     fn by_status(
         &self,
         statuses: &[SessionStatus],
